@@ -1,0 +1,246 @@
+//! Time sources: the TSC clock (default), a coarse clock kept by an upkeep thread, and a
+//! manual clock for tests and simulations.
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// A monotonic time source in nanoseconds.
+///
+/// `now_nanos` counts from an origin fixed for the clock (and shared by its clones); only
+/// differences matter. Buckets read it once per decision, so it should be cheap.
+///
+/// Implementations must be monotonic: a reading never below an earlier one on the same
+/// thread. A bucket facing a clock that steps back adds no credit (invariant I2) and, when
+/// the step is larger than a lost race could explain, refuses with
+/// [`AcquireError::ClockWentBackwards`](crate::AcquireError::ClockWentBackwards).
+pub trait Clock: Send + Sync {
+    /// Nanoseconds since this clock's origin.
+    fn now_nanos(&self) -> u64;
+}
+
+impl<C: Clock + ?Sized> Clock for &C {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        (**self).now_nanos()
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        (**self).now_nanos()
+    }
+}
+
+/// The default clock: quanta's, reading the CPU's time-stamp counter where it is invariant
+/// and scaling it to nanoseconds with a multiply and a shift; the OS monotonic clock
+/// elsewhere.
+///
+/// The first clock in a process calibrates the counter (quanta does this once, in up to
+/// about 200 ms); later clocks are free to create.
+///
+/// ```
+/// use tokengate::{Clock, QuantaClock};
+/// let clock = QuantaClock::new();
+/// let a = clock.now_nanos();
+/// let b = clock.now_nanos();
+/// assert!(b >= a);
+/// ```
+#[derive(Clone, Debug)]
+pub struct QuantaClock {
+    inner: quanta::Clock,
+}
+
+impl QuantaClock {
+    /// A clock on quanta's calibrated counter.
+    pub fn new() -> QuantaClock {
+        QuantaClock {
+            inner: quanta::Clock::new(),
+        }
+    }
+}
+
+impl Default for QuantaClock {
+    fn default() -> Self {
+        QuantaClock::new()
+    }
+}
+
+impl Clock for QuantaClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.inner.delta_as_nanos(0, self.inner.raw())
+    }
+}
+
+/// How often the coarse clock's upkeep thread refreshes the time.
+pub const COARSE_INTERVAL: Duration = Duration::from_millis(1);
+
+/// Why the coarse clock could not start.
+#[derive(Debug)]
+pub struct ClockError(quanta::Error);
+
+impl fmt::Display for ClockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot start the coarse clock's upkeep thread: {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for ClockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+static UPKEEP: OnceLock<Result<Option<quanta::Handle>, String>> = OnceLock::new();
+
+/// A coarse clock: quanta's `Clock::recent`, a time an upkeep thread refreshes every
+/// [`COARSE_INTERVAL`] (1 ms), read with one atomic load instead of the counter.
+///
+/// For callers who accept up to about a millisecond of staleness in exchange for a
+/// cheaper read. Staleness never creates credit: a stale reading is an earlier time, so
+/// it can only delay refill.
+///
+/// The upkeep thread is process-wide, started by the first `CoarseClock::new()` and kept
+/// for the life of the process. If the application already runs quanta's upkeep thread,
+/// that one is used.
+///
+/// ```
+/// use tokengate::{Clock, CoarseClock};
+/// let clock = CoarseClock::new()?;
+/// let a = clock.now_nanos();
+/// std::thread::sleep(std::time::Duration::from_millis(5));
+/// assert!(clock.now_nanos() > a);
+/// # Ok::<(), tokengate::ClockError>(())
+/// ```
+#[derive(Clone)]
+pub struct CoarseClock {
+    inner: quanta::Clock,
+    origin: quanta::Instant,
+}
+
+impl fmt::Debug for CoarseClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CoarseClock")
+            .field("origin", &self.origin)
+            .finish()
+    }
+}
+
+impl CoarseClock {
+    /// Starts (once per process) the upkeep thread and returns a clock reading it.
+    ///
+    /// # Errors
+    ///
+    /// [`ClockError`] when the upkeep thread cannot be spawned.
+    pub fn new() -> Result<CoarseClock, ClockError> {
+        let started = UPKEEP.get_or_init(|| {
+            match quanta::Upkeep::new(COARSE_INTERVAL).start() {
+                Ok(handle) => Ok(Some(handle)),
+                // Someone else keeps the recent time: use theirs.
+                Err(quanta::Error::UpkeepRunning) => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        if let Err(msg) = started {
+            return Err(ClockError(quanta::Error::FailedToSpawnUpkeepThread(
+                std::io::Error::other(msg.clone()),
+            )));
+        }
+        let inner = quanta::Clock::new();
+        let origin = inner.recent();
+        Ok(CoarseClock { inner, origin })
+    }
+}
+
+impl Clock for CoarseClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        let d = self.inner.recent().saturating_duration_since(self.origin);
+        d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos())
+    }
+}
+
+/// A clock that moves only when told: for tests, simulations and loom models.
+///
+/// Clones share one time. It starts at zero. Built on the crate's atomics, so loom
+/// explores its reads and writes like any other shared state.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new();
+/// let other = clock.clone();
+/// clock.advance(Duration::from_millis(1500));
+/// assert_eq!(other.now(), Duration::from_millis(1500));
+/// other.set(Duration::from_secs(1)); // may go backwards, to test that
+/// assert_eq!(clock.now_nanos(), 1_000_000_000);
+/// ```
+#[derive(Clone)]
+pub struct ManualClock {
+    nanos: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ManualClock").field(&self.now()).finish()
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock::new()
+    }
+}
+
+impl ManualClock {
+    /// A clock at time zero.
+    pub fn new() -> ManualClock {
+        ManualClock {
+            nanos: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Moves the time forward by `by` (saturating at `u64::MAX` nanoseconds).
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let mut cur = self.nanos.load(Ordering::Relaxed);
+        loop {
+            match self.nanos.compare_exchange_weak(
+                cur,
+                cur.saturating_add(by),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Sets the time to `to` since the origin. May move backwards.
+    pub fn set(&self, to: Duration) {
+        let to = u64::try_from(to.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.store(to, Ordering::Relaxed);
+    }
+
+    /// The current time since the origin.
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.now_nanos())
+    }
+}
+
+impl Clock for ManualClock {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.nanos.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,48 @@
+//! Errors of bucket operations.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a bucket refused to decide. A rate-limit rejection is not an error: it is a
+/// [`Decision`](crate::Decision) that says rejected.
+///
+/// Both errors change nothing in the bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// The cost is above the bucket's capacity, so no amount of waiting could pay it
+    /// (invariant I8).
+    CostExceedsCapacity {
+        /// The cost asked for, in tokens.
+        cost: u64,
+        /// The bucket's capacity, in tokens.
+        capacity: u64,
+    },
+    /// The clock read earlier than the bucket's last update by more than a lost race
+    /// explains (about 1 ms), and the bucket is not full, so its balance at the clock's
+    /// time is unknown. No credit is added; the bucket decides again once the clock has
+    /// caught up, or after [`Bucket::reset`](crate::Bucket::reset).
+    ClockWentBackwards {
+        /// How far behind the bucket's last update the clock read.
+        by: Duration,
+    },
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireError::CostExceedsCapacity { cost, capacity } => write!(
+                f,
+                "cost {cost} tokens exceeds the bucket capacity of {capacity} tokens: \
+                 it can never be admitted"
+            ),
+            AcquireError::ClockWentBackwards { by } => write!(
+                f,
+                "the clock stepped back {by:?} behind the bucket's last update; \
+                 no credit was added and nothing changed"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AcquireError {}

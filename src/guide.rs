@@ -1,0 +1,34 @@
+//! How tokengate works: the packed word, its precision, and the invariants it keeps.
+//!
+//! This module holds documentation only.
+//!
+//! # The packed word
+//!
+//! ```text
+//! [ tick : T bits | units : 64 - T bits ]
+//! ```
+//!
+//! - `tick` is the monotonic clock's nanoseconds shifted right by `S` (a tick is `2^S` ns),
+//!   modulo `2^T`.
+//! - `units` is the balance in fixed point with `F` fraction bits (`2^F` units per token),
+//!   offset by the reservation allowance `base` (zero unless the policy allows reserving
+//!   ahead).
+//! - Refill adds `R` units per tick, an integer: `R = floor(r * 2^S * 2^F / 1e9)`. The one
+//!   approximation of the whole engine is this rounding, done once per policy and always
+//!   down, so the effective rate never exceeds the configured one.
+//!
+//! The layout is chosen per [`Policy`](crate::Policy): see the policy's documentation for
+//! the search and [`Layout`](crate::state::Layout) for the numbers.
+//!
+//! # Invariants
+//!
+//! - **I1** the balance never exceeds the capacity `B`.
+//! - **I2** the stored tick never moves backwards; a `now` older than the stored tick (a
+//!   lost race, or a clock that steps back) adds no credit and never panics.
+//! - **I3** refill is exact on the tick grid: nothing is created or lost per update.
+//! - **I4** for every interval, across all threads: tokens admitted ≤ balance at the start
+//!   + `R` × ticks elapsed.
+//! - **I5** a rejection is read-only: no store, no CAS.
+//! - **I6** a refund restores exactly the state the bucket would have had without the
+//!   reservation, capped at `B`.
+//! - **I8** a cost above `B` is an immediate, distinct error.

@@ -1,0 +1,69 @@
+//! A lock-free token-bucket admission engine: every bucket is one atomic 64-bit word.
+//!
+//! A token bucket separates two limits: the capacity `B` (the largest burst) and the
+//! refill rate `r` (the sustained rate). tokengate packs a bucket's fixed-point balance and
+//! its last-update tick into one `AtomicU64` updated by compare-and-swap, timed by a
+//! TSC-based monotonic clock, with refill computed lazily and exactly on an integer tick
+//! grid: no timer, no lock, no floating point or division on the hot path, and a rejection
+//! writes nothing.
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::Duration;
+//! use tokengate::{Bucket, ManualClock, Policy};
+//!
+//! // 100 tokens of burst, refilled at 20 per second.
+//! let policy = Policy::new(100, 20.0)?;
+//! let clock = ManualClock::new(); // `Bucket::new(policy)` uses the real TSC clock
+//! let bucket = Bucket::with_clock(policy, clock.clone());
+//!
+//! let decision = bucket.try_acquire(3)?; // a request costing 3 tokens
+//! assert!(decision.is_admitted());
+//! assert_eq!(decision.tokens_remaining(), 97.0);
+//!
+//! assert!(bucket.try_acquire(97)?.is_admitted());
+//! let rejected = bucket.try_acquire(1)?;
+//! assert!(rejected.is_rejected());
+//! // One token takes 50 ms; refill arrives at tick edges (about 1 ms apart).
+//! let wait = rejected.retry_after().unwrap();
+//! assert!(wait >= Duration::from_millis(50) && wait <= Duration::from_millis(52));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Layers
+//!
+//! - [`clock`](Clock): [`QuantaClock`] (default, TSC), [`CoarseClock`] (upkeep thread),
+//!   [`ManualClock`] (tests and simulations).
+//! - [`Policy`]: validated configuration and the fixed-point [`Layout`](state::Layout)
+//!   derived from it.
+//! - [`state`]: the packed word and its pure transition functions.
+//! - [`Bucket`]: one atomic word and the CAS loop around `state`.
+//!
+//! The packed word, its precision bounds and the invariants are described in the
+//! [`guide`] module.
+
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
+#![doc(test(attr(deny(warnings))))]
+
+mod bucket;
+mod clock;
+mod decision;
+mod error;
+pub mod guide;
+mod policy;
+pub mod state;
+mod sync;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use bucket::Bucket;
+pub use clock::{COARSE_INTERVAL, Clock, ClockError, CoarseClock, ManualClock, QuantaClock};
+pub use decision::Decision;
+pub use error::AcquireError;
+pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};

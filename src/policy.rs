@@ -1,0 +1,714 @@
+//! Validated configuration: capacity, refill rate, start state, and the fixed-point
+//! layout derived from them once.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::state::{Layout, MAX_TICK_SHIFT};
+
+/// Rate error the layout search aims for: the effective rate is within 0.01% of the
+/// configured one whenever the word allows it.
+pub const TARGET_RATE_ERROR: f64 = 1e-4;
+
+/// The largest rate error a policy accepts (0.1%); beyond it the rate is reported as not
+/// representable for this capacity.
+pub const MAX_RATE_ERROR: f64 = 1e-3;
+
+/// log2 of the wrap period, in nanoseconds, the layout search aims for (2^58 ns, about
+/// 9.1 years). Longer wraps cost refill precision and buy nothing.
+const TARGET_WRAP_BITS: u32 = 58;
+
+/// log2 of the shortest wrap period a policy accepts (2^50 ns, about 13 days).
+const MIN_WRAP_BITS: u32 = 50;
+
+/// Ticks need not be shorter than this (2^20 ns, about 1 ms) unless the bucket is small
+/// compared with its rate.
+const COARSE_TICK_SHIFT: u32 = 20;
+
+/// How a new or reset bucket starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Start {
+    /// Full: an immediate burst of `capacity` tokens is allowed (the default).
+    #[default]
+    Full,
+    /// Empty: nothing is admitted until tokens have refilled.
+    Empty,
+}
+
+/// The refill rate as given: tokens per second, or whole tokens per period.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rate {
+    PerSecond(f64),
+    PerPeriod { tokens: u64, nanos: u128 },
+}
+
+impl Rate {
+    fn per_second(&self) -> f64 {
+        match *self {
+            Rate::PerSecond(r) => r,
+            Rate::PerPeriod { tokens, nanos } => tokens as f64 * 1e9 / nanos as f64,
+        }
+    }
+
+    /// `floor(rate * 2^shift ns)` in units of `2^-0`: the exact integer refill per tick
+    /// for `shift = S + F`, rounded down. `None` when it does not fit a `u64`.
+    fn units_per_tick(&self, shift: u32) -> Option<u64> {
+        let exact = match *self {
+            Rate::PerSecond(r) => {
+                // r = m * 2^e exactly; R = floor(m * 2^(e + shift) / 1e9).
+                let (m, e) = decompose(r);
+                let k = e + shift as i32;
+                if k >= 0 {
+                    let k = k as u32;
+                    if k > 127 - 53 {
+                        return None;
+                    }
+                    (u128::from(m) << k) / 1_000_000_000
+                } else {
+                    let q = u128::from(m) / 1_000_000_000;
+                    q.checked_shr(k.unsigned_abs()).unwrap_or(0)
+                }
+            }
+            Rate::PerPeriod { tokens, nanos } => {
+                let n = u128::from(tokens).checked_shl(shift)?;
+                if n >> shift != u128::from(tokens) {
+                    return None;
+                }
+                n / nanos
+            }
+        };
+        u64::try_from(exact).ok()
+    }
+
+    /// The rate as an exact fraction `(numerator, denominator)` of tokens per nanosecond;
+    /// `None` when it does not fit in `u128`s.
+    fn per_nanosecond(&self) -> Option<(u128, u128)> {
+        match *self {
+            Rate::PerSecond(r) => {
+                let (m, e) = decompose(r);
+                if e >= 0 {
+                    let num = u128::from(m).checked_shl(e as u32)?;
+                    (num >> e == u128::from(m)).then_some((num, 1_000_000_000))
+                } else {
+                    let den = 1_000_000_000u128.checked_shl(e.unsigned_abs())?;
+                    (den >> e.unsigned_abs() == 1_000_000_000).then_some((u128::from(m), den))
+                }
+            }
+            Rate::PerPeriod { tokens, nanos } => Some((u128::from(tokens), nanos)),
+        }
+    }
+
+    /// The exact refill per tick as a float, for the rate error.
+    fn units_per_tick_f64(&self, shift: u32) -> f64 {
+        match *self {
+            Rate::PerSecond(r) => r * 2f64.powi(shift as i32) / 1e9,
+            Rate::PerPeriod { tokens, nanos } => {
+                tokens as f64 * 2f64.powi(shift as i32) / nanos as f64
+            }
+        }
+    }
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
+}
+
+/// Splits a positive finite `f64` into `m * 2^e` exactly, `m < 2^53`.
+fn decompose(x: f64) -> (u64, i32) {
+    let bits = x.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    let frac = bits & ((1 << 52) - 1);
+    if exp == 0 {
+        (frac, -1074)
+    } else {
+        (frac | (1 << 52), exp - 1075)
+    }
+}
+
+/// Why a policy is invalid. Each variant names the field, the value and the valid range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// `capacity` is zero.
+    ZeroCapacity,
+    /// `capacity` is above what the packed word holds at this rate.
+    CapacityTooLarge {
+        /// The capacity asked for.
+        capacity: u64,
+        /// The refill rate asked for, in tokens per second.
+        refill_per_second: f64,
+        /// The largest capacity representable at this rate.
+        max: u64,
+    },
+    /// `refill_per_second` is NaN or infinite.
+    RateNotFinite(f64),
+    /// `refill_per_second` is zero or negative.
+    RateNotPositive(f64),
+    /// `refill_per_second` is below what the packed word represents within 0.1%.
+    RateTooSmall {
+        /// The refill rate asked for, in tokens per second.
+        refill_per_second: f64,
+        /// The capacity asked for.
+        capacity: u64,
+        /// The smallest representable rate for this capacity, in tokens per second.
+        min: f64,
+    },
+    /// `refill_per_second` is above what the packed word represents.
+    RateTooLarge {
+        /// The refill rate asked for, in tokens per second.
+        refill_per_second: f64,
+        /// The capacity asked for.
+        capacity: u64,
+        /// The largest representable rate for this capacity, in tokens per second.
+        max: f64,
+    },
+    /// The refill period of [`Policy::per`] is zero.
+    ZeroPeriod,
+    /// `max_reservation` is longer than the packed word can owe at this rate.
+    ReservationTooLong {
+        /// The reservation horizon asked for.
+        max_reservation: Duration,
+        /// The longest horizon representable for this capacity and rate.
+        max: Duration,
+    },
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            PolicyError::ZeroCapacity => f.write_str("capacity must be at least 1 token, got 0"),
+            PolicyError::CapacityTooLarge {
+                capacity,
+                refill_per_second,
+                max,
+            } => write!(
+                f,
+                "capacity {capacity} tokens is above the largest the packed word holds at \
+                 {refill_per_second} tokens/s: at most {max}"
+            ),
+            PolicyError::RateNotFinite(r) => write!(
+                f,
+                "refill rate must be a finite number of tokens per second, got {r}"
+            ),
+            PolicyError::RateNotPositive(r) => {
+                write!(f, "refill rate must be above 0 tokens per second, got {r}")
+            }
+            PolicyError::RateTooSmall {
+                refill_per_second,
+                capacity,
+                min,
+            } => write!(
+                f,
+                "refill rate {refill_per_second:e} tokens/s is below the smallest this layout \
+                 represents for capacity {capacity}, {min:.3e}"
+            ),
+            PolicyError::RateTooLarge {
+                refill_per_second,
+                capacity,
+                max,
+            } => write!(
+                f,
+                "refill rate {refill_per_second:e} tokens/s is above the largest this layout \
+                 represents for capacity {capacity}, {max:.3e}"
+            ),
+            PolicyError::ZeroPeriod => f.write_str("refill period must be longer than zero"),
+            PolicyError::ReservationTooLong {
+                max_reservation,
+                max,
+            } => write!(
+                f,
+                "max reservation {max_reservation:?} is longer than the packed word can owe \
+                 at this rate: at most {max:?}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// A validated token-bucket policy: capacity `B`, refill rate `r`, the start state, and
+/// the fixed-point layout derived from them.
+///
+/// The layout search picks, once, a power-of-two tick and the fraction bits so that:
+///
+/// 1. the refill per tick `R = r * tick * 2^F` is an integer, rounded **down**, so the
+///    effective rate never exceeds the configured one, within 0.01% where the word allows
+///    it and always within 0.1% ([`rate_error`](Policy::rate_error));
+/// 2. the tick is at most about 1 ms, and at most 1/16 of the time the bucket takes to
+///    fill, so refill arrives in small steps ([`tick`](Policy::tick));
+/// 3. the tick field wraps as late as possible, aiming for 2^58 ns (about 9 years), never
+///    earlier than 2^50 ns (about 13 days) ([`wrap_period`](Policy::wrap_period)).
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate::Policy;
+///
+/// let policy = Policy::new(100, 20.0)?;
+/// assert_eq!(policy.capacity(), 100);
+/// assert!(policy.rate_error() < 1e-4);
+/// assert!(policy.tick() <= Duration::from_micros(1049));
+/// assert!(policy.wrap_period() > Duration::from_secs(9 * 365 * 86400));
+///
+/// assert!(Policy::new(0, 1.0).is_err());
+/// assert!(Policy::new(10, f64::NAN).is_err());
+/// # Ok::<(), tokengate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Policy {
+    rate: Rate,
+    start: Start,
+    max_reservation: Duration,
+    layout: Layout,
+}
+
+/// Builds a [`Policy`] with non-default options.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate::{Policy, Start};
+///
+/// let policy = Policy::builder(60, 10.0)
+///     .start(Start::Empty)
+///     .max_reservation(Duration::from_secs(2))
+///     .build()?;
+/// assert_eq!(policy.start(), Start::Empty);
+/// assert_eq!(policy.max_reservation(), Duration::from_secs(2));
+/// # Ok::<(), tokengate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyBuilder {
+    capacity: u64,
+    rate: Rate,
+    start: Start,
+    max_reservation: Duration,
+}
+
+impl PolicyBuilder {
+    /// Sets how a new or reset bucket starts (full by default).
+    pub fn start(mut self, start: Start) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Sets how far into the future the bucket may be reserved (zero by default): the
+    /// balance may go down to `-max_reservation * r`, and a reservation waits at most
+    /// this long. See [`Bucket::reserve`](crate::Bucket::reserve).
+    pub fn max_reservation(mut self, horizon: Duration) -> Self {
+        self.max_reservation = horizon;
+        self
+    }
+
+    /// Validates the policy and derives its layout.
+    ///
+    /// # Errors
+    ///
+    /// A [`PolicyError`] naming the field, the value and the valid range.
+    pub fn build(self) -> Result<Policy, PolicyError> {
+        if self.capacity == 0 {
+            return Err(PolicyError::ZeroCapacity);
+        }
+        if let Rate::PerSecond(r) = self.rate {
+            if !r.is_finite() {
+                return Err(PolicyError::RateNotFinite(r));
+            }
+            if r <= 0.0 {
+                return Err(PolicyError::RateNotPositive(r));
+            }
+        }
+        let horizon = self.max_reservation.as_nanos();
+        match search(self.capacity, &self.rate, horizon) {
+            Some(layout) => Ok(Policy {
+                rate: self.rate,
+                start: self.start,
+                max_reservation: self.max_reservation,
+                layout,
+            }),
+            None => Err(diagnose(self.capacity, &self.rate, self.max_reservation)),
+        }
+    }
+}
+
+impl Policy {
+    /// A policy of `capacity` tokens refilled at `refill_per_second` tokens per second,
+    /// starting full.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] for a zero capacity, a rate that is zero, negative, NaN or
+    /// infinite, or a combination the packed word cannot represent (the error gives the
+    /// valid range).
+    pub fn new(capacity: u64, refill_per_second: f64) -> Result<Policy, PolicyError> {
+        Policy::builder(capacity, refill_per_second).build()
+    }
+
+    /// A policy of `capacity` tokens refilled by exactly `tokens` every `period` (for
+    /// example 100 per minute), computed in integers with no float rounding.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokengate::Policy;
+    ///
+    /// let policy = Policy::per(100, 100, Duration::from_secs(60))?;
+    /// assert!(policy.effective_refill_per_second() <= 100.0 / 60.0);
+    /// # Ok::<(), tokengate::PolicyError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::new`], and [`PolicyError::ZeroPeriod`].
+    pub fn per(capacity: u64, tokens: u64, period: Duration) -> Result<Policy, PolicyError> {
+        if period.is_zero() {
+            return Err(PolicyError::ZeroPeriod);
+        }
+        if tokens == 0 {
+            return Err(PolicyError::RateNotPositive(0.0));
+        }
+        PolicyBuilder {
+            capacity,
+            rate: Rate::PerPeriod {
+                tokens,
+                nanos: period.as_nanos(),
+            },
+            start: Start::Full,
+            max_reservation: Duration::ZERO,
+        }
+        .build()
+    }
+
+    /// A builder for a policy with options (start empty, reservations).
+    pub fn builder(capacity: u64, refill_per_second: f64) -> PolicyBuilder {
+        PolicyBuilder {
+            capacity,
+            rate: Rate::PerSecond(refill_per_second),
+            start: Start::Full,
+            max_reservation: Duration::ZERO,
+        }
+    }
+
+    /// The same policy, starting empty: nothing is admitted at creation or after a reset
+    /// until tokens have refilled.
+    ///
+    /// ```
+    /// use tokengate::{Policy, Start};
+    /// let policy = Policy::new(10, 1.0)?.start_empty();
+    /// assert_eq!(policy.start(), Start::Empty);
+    /// # Ok::<(), tokengate::PolicyError>(())
+    /// ```
+    pub fn start_empty(mut self) -> Policy {
+        self.start = Start::Empty;
+        self
+    }
+
+    /// Capacity `B` in whole tokens: the largest burst.
+    pub fn capacity(&self) -> u64 {
+        self.layout.capacity()
+    }
+
+    /// The refill rate as configured, in tokens per second.
+    pub fn refill_per_second(&self) -> f64 {
+        self.rate.per_second()
+    }
+
+    /// The rate the layout implements exactly, in tokens per second; never above the
+    /// configured rate.
+    pub fn effective_refill_per_second(&self) -> f64 {
+        self.layout.effective_refill_per_second()
+    }
+
+    /// `1 - effective / configured`: the relative amount by which the effective rate is
+    /// below the configured one (at most 0.1%, usually below 0.01%).
+    pub fn rate_error(&self) -> f64 {
+        let shift = self.layout.tick_shift() + self.layout.frac_bits();
+        let exact = self.rate.units_per_tick_f64(shift);
+        (1.0 - self.layout.refill_per_tick() as f64 / exact).max(0.0)
+    }
+
+    /// The configured rate as an exact fraction `(numerator, denominator)` of tokens per
+    /// nanosecond (the `f64` given to [`Policy::new`] is exactly `m * 2^e`), or `None` for
+    /// rates so extreme that the fraction does not fit in `u128`s. Reference models use it
+    /// to check that the engine never admits more than an ideal bucket at this rate.
+    ///
+    /// ```
+    /// use tokengate::Policy;
+    /// let policy = Policy::new(10, 0.5)?;
+    /// assert_eq!(policy.exact_rate_per_nanosecond(), Some((1, 2_000_000_000)));
+    /// # Ok::<(), tokengate::PolicyError>(())
+    /// ```
+    pub fn exact_rate_per_nanosecond(&self) -> Option<(u128, u128)> {
+        let (num, den) = self.rate.per_nanosecond()?;
+        let g = gcd(num, den);
+        Some((num / g, den / g))
+    }
+
+    /// How a new or reset bucket starts.
+    pub fn start(&self) -> Start {
+        self.start
+    }
+
+    /// Whether a new or reset bucket starts full.
+    pub fn starts_full(&self) -> bool {
+        self.start == Start::Full
+    }
+
+    /// How far ahead the bucket may be reserved (zero: no reservations into the future).
+    pub fn max_reservation(&self) -> Duration {
+        self.max_reservation
+    }
+
+    /// The tick length: refill arrives at tick edges of the clock.
+    pub fn tick(&self) -> Duration {
+        self.layout.tick()
+    }
+
+    /// When the tick field wraps; see [`Layout::wrap_period`].
+    pub fn wrap_period(&self) -> Duration {
+        self.layout.wrap_period()
+    }
+
+    /// The fixed-point layout: bit widths, tick shift, refill per tick.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+}
+
+impl fmt::Display for Policy {
+    /// `capacity=100 refill_per_second=20 start=full`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let start = match self.start {
+            Start::Full => "full",
+            Start::Empty => "empty",
+        };
+        write!(
+            f,
+            "capacity={} refill_per_second={} start={start}",
+            self.capacity(),
+            self.refill_per_second()
+        )
+    }
+}
+
+/// A candidate layout and how good it is.
+struct Candidate {
+    layout: Layout,
+    error: f64,
+    wrap_bits: u32,
+}
+
+impl Candidate {
+    /// Lexicographic score: acceptable wrap, precise enough, wrap up to the target, then
+    /// the shortest tick (checked by the caller's iteration order).
+    fn score(&self) -> (bool, bool, u32) {
+        (
+            self.wrap_bits >= MIN_WRAP_BITS,
+            self.error <= TARGET_RATE_ERROR,
+            self.wrap_bits.min(TARGET_WRAP_BITS),
+        )
+    }
+}
+
+/// The largest tick shift worth considering: ticks no longer than 1/16 of the fill time,
+/// and no longer than ~1 ms unless 1/1024 of a token's time is longer.
+fn max_tick_shift(capacity: u64, rate: &Rate) -> u32 {
+    let r = rate.per_second();
+    let fill_ns = capacity as f64 / r * 1e9;
+    let token_ns = 1e9 / r;
+    let coarse = (1u64 << COARSE_TICK_SHIFT) as f64;
+    let cap_ns = (fill_ns / 16.0).min((token_ns / 1024.0).max(coarse));
+    if cap_ns < 2.0 {
+        0
+    } else {
+        (cap_ns.log2().floor() as u32).min(MAX_TICK_SHIFT)
+    }
+}
+
+/// The layout with the smallest fraction bits `F` reaching `target` error at tick shift
+/// `s`, or failing that the one with the smallest error.
+fn best_at_shift(capacity: u64, rate: &Rate, horizon_ns: u128, s: u32) -> Option<Candidate> {
+    let mut best: Option<Candidate> = None;
+    for f in 0..=62 {
+        let Some(r) = rate.units_per_tick(s + f) else {
+            break;
+        };
+        if r == 0 {
+            continue;
+        }
+        let ticks = horizon_ns.div_ceil(1u128 << s);
+        let Some(base) = u64::try_from(ticks * u128::from(r)).ok() else {
+            break;
+        };
+        let Ok(layout) = Layout::new(capacity, s, f, r, base) else {
+            break;
+        };
+        let error = 1.0 - r as f64 / rate.units_per_tick_f64(s + f);
+        if error > MAX_RATE_ERROR {
+            continue;
+        }
+        let wrap_bits = (layout.tick_bits() + s).min(64);
+        let candidate = Candidate {
+            layout,
+            error,
+            wrap_bits,
+        };
+        let done = error <= TARGET_RATE_ERROR;
+        if best.as_ref().is_none_or(|b| candidate.error < b.error) {
+            best = Some(candidate);
+        }
+        if done {
+            break;
+        }
+    }
+    best
+}
+
+/// Searches every tick shift for the best layout; `None` when no layout is acceptable.
+fn search(capacity: u64, rate: &Rate, horizon_ns: u128) -> Option<Layout> {
+    let mut best: Option<Candidate> = None;
+    for s in 0..=max_tick_shift(capacity, rate) {
+        let Some(c) = best_at_shift(capacity, rate, horizon_ns, s) else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|b| c.score() > b.score()) {
+            best = Some(c);
+        }
+    }
+    let best = best.filter(|b| b.wrap_bits >= MIN_WRAP_BITS)?;
+    // Spend wrap bits beyond the target on precision.
+    let l = best.layout;
+    let mut layout = l;
+    let floor = best.wrap_bits.min(TARGET_WRAP_BITS);
+    for f in l.frac_bits() + 1..=62 {
+        let Some(r) = rate.units_per_tick(l.tick_shift() + f) else {
+            break;
+        };
+        let base_ticks = horizon_ns.div_ceil(1u128 << l.tick_shift());
+        let Ok(base) = u64::try_from(base_ticks * u128::from(r)) else {
+            break;
+        };
+        match Layout::new(capacity, l.tick_shift(), f, r, base) {
+            Ok(next) if (next.tick_bits() + l.tick_shift()).min(64) >= floor => layout = next,
+            _ => break,
+        }
+    }
+    Some(layout)
+}
+
+/// Explains why no layout exists, with the valid range.
+fn diagnose(capacity: u64, rate: &Rate, horizon: Duration) -> PolicyError {
+    let horizon_ns = horizon.as_nanos();
+    let r = rate.per_second();
+    if !horizon.is_zero() && search(capacity, rate, 0).is_some() {
+        // Largest representable horizon, by bisection on nanoseconds.
+        let (mut lo, mut hi) = (0u128, horizon_ns);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if search(capacity, rate, mid).is_some() {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        return PolicyError::ReservationTooLong {
+            max_reservation: horizon,
+            max: Duration::from_nanos(u64::try_from(lo).unwrap_or(u64::MAX)),
+        };
+    }
+    if search(1, rate, horizon_ns).is_some() {
+        let (mut lo, mut hi) = (1u64, capacity);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if search(mid, rate, horizon_ns).is_some() {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        return PolicyError::CapacityTooLarge {
+            capacity,
+            refill_per_second: r,
+            max: lo,
+        };
+    }
+    let fits = |x: f64| search(capacity, &Rate::PerSecond(x), horizon_ns).is_some();
+    // Find any representable rate by scanning powers of ten, then bisect in log space.
+    let Some(ok) = (-15..=15).map(|e| 10f64.powi(e)).find(|&x| fits(x)) else {
+        return PolicyError::CapacityTooLarge {
+            capacity,
+            refill_per_second: r,
+            max: 0,
+        };
+    };
+    let (mut good, mut bad) = (ok.ln(), r.ln());
+    for _ in 0..64 {
+        let mid = (good + bad) / 2.0;
+        if fits(mid.exp()) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    if r < ok {
+        PolicyError::RateTooSmall {
+            refill_per_second: r,
+            capacity,
+            min: good.exp(),
+        }
+    } else {
+        PolicyError::RateTooLarge {
+            refill_per_second: r,
+            capacity,
+            max: good.exp(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decompose_is_exact() {
+        for x in [0.5, 1.0, 20.0, 1e9, 1e-9, 0.1, 1234.5678, f64::MIN_POSITIVE] {
+            let (m, e) = decompose(x);
+            // Scale in two steps: 2^-1074 alone underflows in `powi`.
+            assert_eq!(m as f64 * 2f64.powi(e / 2) * 2f64.powi(e - e / 2), x);
+        }
+    }
+
+    #[test]
+    fn refill_per_tick_rounds_down_exactly() {
+        // 0.1 is slightly above 1/10 in binary; floor must follow the f64 exactly.
+        let rate = Rate::PerSecond(0.1);
+        for shift in 0..80 {
+            if let Some(r) = rate.units_per_tick(shift) {
+                let exact = rate.units_per_tick_f64(shift);
+                assert!(r as f64 <= exact, "shift {shift}: {r} > {exact}");
+                assert!(r as f64 > exact - 1.0 - exact * 1e-15, "shift {shift}");
+            }
+        }
+    }
+
+    #[test]
+    fn typical_policies_meet_the_targets() {
+        for (b, r) in [
+            (100, 20.0),
+            (60, 10.0),
+            (1, 1.0),
+            (10, 0.5),
+            (1_000_000, 1e9),
+            (100, 1000.0),
+            (1, 1e-6),
+            (1_000_000_000, 1e9),
+        ] {
+            let p = Policy::new(b, r).unwrap();
+            assert!(p.rate_error() <= TARGET_RATE_ERROR, "{b} {r}: {p:?}");
+            assert!(p.effective_refill_per_second() <= r);
+            let wrap = p.wrap_period().as_nanos();
+            assert!(wrap >= 1 << MIN_WRAP_BITS, "{b} {r}: {p:?}");
+            let fill = Duration::from_secs_f64(b as f64 / r);
+            assert!(p.tick() <= fill / 16 || p.tick() == Duration::from_nanos(1));
+        }
+    }
+}

@@ -1,0 +1,575 @@
+//! The packed word and its pure transition functions.
+//!
+//! Every bucket is one `u64`:
+//!
+//! ```text
+//!  63                 token_bits   token_bits-1                  0
+//! +----------------------------+----------------------------------+
+//! |  tick (T bits, wrapping)   |  units (64 - T bits)             |
+//! +----------------------------+----------------------------------+
+//!
+//! tick  = (monotonic nanoseconds >> tick_shift) mod 2^T
+//! units = base + balance * 2^frac_bits          (0 <= units <= max_units)
+//! ```
+//!
+//! `units` is the balance in fixed point, offset by `base`: the number of units the
+//! bucket may owe to reservations (zero unless the policy allows reserving ahead, see
+//! [`Policy::max_reservation`](crate::Policy::max_reservation)). A balance of zero tokens
+//! is `units == base`, a full bucket is `units == max_units == base + capacity * 2^F`.
+//!
+//! Refill is exact integer arithmetic on an absolute tick grid: each tick adds
+//! `refill_per_tick` units, capped at `max_units`. Nothing is rounded per update, so a
+//! bucket refilled in a thousand small steps holds exactly what it holds refilled in
+//! one (invariant I3). The only approximation is turning the configured rate into an
+//! integer `refill_per_tick`, done once, rounded down, in [`Policy`](crate::Policy).
+//!
+//! Nothing in this module touches an atomic or a clock: the CAS loops in
+//! [`Bucket`](crate::Bucket) call these functions, and the tests, the fuzzer and the loom
+//! models share this one definition.
+//!
+//! # Reading time from a wrapping tick
+//!
+//! The tick field holds the tick modulo `2^T`. The difference `d = (now - stored) mod 2^T`
+//! is read as forward, except in a *back window* of [`Layout::back_window_ticks`] just
+//! below `2^T` (at most [`BACK_WINDOW_NANOS`], about 19.5 hours), where `now` is read as
+//! behind the stored tick by `2^T - d`. Behind readings come from a thread that read the
+//! clock and then lost a CAS race to a thread that read it later, or from a clock that
+//! stepped back:
+//!
+//! * behind by at most [`Layout::tolerance_ticks`] (about a millisecond): a race. The
+//!   snapshot is the stored state unchanged and keeps the stored tick (invariant I2).
+//! * behind by more: the clock stepped back. The snapshot is still the stored state (no
+//!   credit), and [`Snapshot::behind`] reports the step so that admissions refuse with a
+//!   typed error rather than decide on a time the bucket has already passed.
+//!
+//! Steps back longer than the back window are indistinguishable from forward time and are
+//! not detected. A bucket left untouched for longer than the wrap period
+//! ([`Layout::wrap_period`], years for ordinary policies) reads its idle time modulo the
+//! wrap: a full bucket stays full, one that is not full may be credited less than the
+//! truth (never more), and one whose idle time lands in the back window reads as behind
+//! until the clock passes its stored tick again. Keyed maps re-anchor idle buckets in
+//! their sweep so that none of this can happen to them.
+//!
+//! [`AcquireError::ClockWentBackwards`]: crate::AcquireError::ClockWentBackwards
+
+use std::fmt;
+use std::time::Duration;
+
+/// Width of the packed word in bits.
+pub const WORD_BITS: u32 = 64;
+
+/// Clock readings older than the stored tick by at most this many nanoseconds (or one
+/// tick, whichever is longer) are treated as a lost race, not as a clock stepping back.
+pub const TOLERANCE_NANOS: u64 = 1 << 20;
+
+/// The longest clock step back that is detected as one (2^46 ns, about 19.5 hours, or
+/// half the wrap period if that is shorter).
+pub const BACK_WINDOW_NANOS: u64 = 1 << 46;
+
+/// The largest tick shift a layout may use: ticks of up to 2^40 ns (about 18 minutes).
+pub const MAX_TICK_SHIFT: u32 = 40;
+
+/// The largest `refill_per_tick`, so that `units + refill` never overflows a `u64`.
+pub const MAX_REFILL_PER_TICK: u64 = 1 << 62;
+
+/// The largest `max_units`: at least two tick bits always remain.
+pub const MAX_UNITS: u64 = (1 << 62) - 1;
+
+/// Why a set of layout parameters cannot describe a packed word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// The capacity is zero.
+    ZeroCapacity,
+    /// `refill_per_tick` is zero or above [`MAX_REFILL_PER_TICK`].
+    RefillOutOfRange(u64),
+    /// `tick_shift` is above [`MAX_TICK_SHIFT`].
+    TickShiftOutOfRange(u32),
+    /// `base + capacity * 2^frac_bits` does not fit in the token field (at most [`MAX_UNITS`]).
+    TokensDoNotFit,
+}
+
+impl fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayoutError::ZeroCapacity => f.write_str("capacity must be at least 1 token, got 0"),
+            LayoutError::RefillOutOfRange(r) => write!(
+                f,
+                "refill per tick must be between 1 and 2^62 units, got {r}"
+            ),
+            LayoutError::TickShiftOutOfRange(s) => {
+                write!(f, "tick shift must be at most {MAX_TICK_SHIFT}, got {s}")
+            }
+            LayoutError::TokensDoNotFit => write!(
+                f,
+                "base + capacity * 2^frac_bits must be at most 2^62 - 1 units"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LayoutError {}
+
+/// The fixed-point layout of one bucket's packed word: bit widths, the tick length and
+/// the integer refill per tick.
+///
+/// A layout is chosen once per [`Policy`](crate::Policy); see
+/// [`Policy::layout`](crate::Policy::layout). It is public so that the numbers behind a
+/// policy can be inspected, and so that tests and fuzzers can drive the pure transitions.
+///
+/// ```
+/// use tokengate::Policy;
+///
+/// let policy = Policy::new(100, 20.0)?;
+/// let layout = policy.layout();
+/// // 100 tokens need 7 integer bits; the rest of the token field is fraction.
+/// assert_eq!(layout.token_bits(), 7 + layout.frac_bits());
+/// assert_eq!(layout.tick_bits() + layout.token_bits(), 64);
+/// // The refill per tick is the configured rate rounded down, never up.
+/// assert!(policy.effective_refill_per_second() <= 20.0);
+/// # Ok::<(), tokengate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Layout {
+    capacity: u64,
+    tick_shift: u32,
+    token_bits: u32,
+    frac_bits: u32,
+    refill_per_tick: u64,
+    base_units: u64,
+    max_units: u64,
+    token_mask: u64,
+    /// Ticks after which any balance has refilled to `max_units`: `ceil(max_units / R)`.
+    fill_ticks: u64,
+    /// Tick differences `d <= forward_max` read as forward, the others as behind.
+    forward_max: u64,
+    tolerance_ticks: u64,
+}
+
+impl fmt::Debug for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Layout")
+            .field("capacity", &self.capacity)
+            .field("tick_shift", &self.tick_shift)
+            .field("tick_bits", &self.tick_bits())
+            .field("frac_bits", &self.frac_bits)
+            .field("refill_per_tick", &self.refill_per_tick)
+            .field("base_units", &self.base_units)
+            .field("max_units", &self.max_units)
+            .finish()
+    }
+}
+
+/// A bucket's state brought forward to a point in time: the result of
+/// [`Layout::refill`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    units: u64,
+    /// The tick this state is at, already shifted into the tick field.
+    tick_field: u64,
+    behind: u64,
+}
+
+impl Snapshot {
+    /// Units held, offset by the layout's base (see the module docs).
+    #[inline]
+    pub fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// The tick (modulo 2^T) this state is at: `now`, or the stored tick when `now` was
+    /// behind it.
+    #[inline]
+    pub fn tick(&self, layout: &Layout) -> u64 {
+        self.tick_field >> layout.token_bits
+    }
+
+    /// How many ticks `now` was behind the stored tick; zero for a forward reading.
+    ///
+    /// Above [`Layout::tolerance_ticks`] this means the clock stepped back (or a bucket
+    /// that was not full idled past half the wrap period): the state is the stored one,
+    /// unchanged, and operations other than refunds refuse with a typed error.
+    #[inline]
+    pub fn behind(&self) -> u64 {
+        self.behind
+    }
+
+    /// The packed word for this snapshot with `units` replaced.
+    #[inline]
+    fn with_units(&self, units: u64) -> u64 {
+        self.tick_field | units
+    }
+}
+
+impl Layout {
+    /// Builds a layout from its free parameters, deriving the tick width: the token field
+    /// gets exactly the bits `base_units + capacity * 2^frac_bits` needs, and the tick
+    /// field the rest.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError`] when a parameter is out of range or the token field would leave
+    /// fewer than two tick bits.
+    pub fn new(
+        capacity: u64,
+        tick_shift: u32,
+        frac_bits: u32,
+        refill_per_tick: u64,
+        base_units: u64,
+    ) -> Result<Layout, LayoutError> {
+        if capacity == 0 {
+            return Err(LayoutError::ZeroCapacity);
+        }
+        if refill_per_tick == 0 || refill_per_tick > MAX_REFILL_PER_TICK {
+            return Err(LayoutError::RefillOutOfRange(refill_per_tick));
+        }
+        if tick_shift > MAX_TICK_SHIFT {
+            return Err(LayoutError::TickShiftOutOfRange(tick_shift));
+        }
+        let capacity_units = capacity
+            .checked_shl(frac_bits)
+            .filter(|u| u >> frac_bits == capacity)
+            .ok_or(LayoutError::TokensDoNotFit)?;
+        let max_units = capacity_units
+            .checked_add(base_units)
+            .filter(|&u| u <= MAX_UNITS)
+            .ok_or(LayoutError::TokensDoNotFit)?;
+        let token_bits = WORD_BITS - max_units.leading_zeros();
+        let tick_bits = WORD_BITS - token_bits;
+        let half_ticks = 1u64 << (tick_bits - 1);
+        let tolerance_ticks = (TOLERANCE_NANOS >> tick_shift).clamp(1, half_ticks - 1);
+        let window = (BACK_WINDOW_NANOS >> tick_shift).clamp(tolerance_ticks + 1, half_ticks);
+        let tick_mask = u64::MAX >> token_bits;
+        Ok(Layout {
+            capacity,
+            tick_shift,
+            token_bits,
+            frac_bits,
+            refill_per_tick,
+            base_units,
+            max_units,
+            token_mask: (1u64 << token_bits) - 1,
+            fill_ticks: max_units.div_ceil(refill_per_tick),
+            forward_max: tick_mask - window,
+            tolerance_ticks,
+        })
+    }
+
+    /// Capacity `B` in whole tokens.
+    #[inline]
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// `S`: a tick is `2^S` nanoseconds.
+    #[inline]
+    pub fn tick_shift(&self) -> u32 {
+        self.tick_shift
+    }
+
+    /// The tick length, `2^S` nanoseconds. Refill arrives at tick edges.
+    pub fn tick(&self) -> Duration {
+        Duration::from_nanos(1u64 << self.tick_shift)
+    }
+
+    /// `T`: bits of the tick field.
+    #[inline]
+    pub fn tick_bits(&self) -> u32 {
+        WORD_BITS - self.token_bits
+    }
+
+    /// `64 - T`: bits of the token field.
+    #[inline]
+    pub fn token_bits(&self) -> u32 {
+        self.token_bits
+    }
+
+    /// `F`: one token is `2^F` units.
+    #[inline]
+    pub fn frac_bits(&self) -> u32 {
+        self.frac_bits
+    }
+
+    /// `R`: units added per tick.
+    #[inline]
+    pub fn refill_per_tick(&self) -> u64 {
+        self.refill_per_tick
+    }
+
+    /// Units the balance may go below zero for reservations (zero unless the policy
+    /// allows reserving ahead).
+    #[inline]
+    pub fn base_units(&self) -> u64 {
+        self.base_units
+    }
+
+    /// Units held by a full bucket: `base + capacity * 2^F`.
+    #[inline]
+    pub fn max_units(&self) -> u64 {
+        self.max_units
+    }
+
+    /// Race tolerance: a `now` behind the stored tick by at most this many ticks is a
+    /// lost race (or cross-core clock skew), not a clock stepping back.
+    #[inline]
+    pub fn tolerance_ticks(&self) -> u64 {
+        self.tolerance_ticks
+    }
+
+    /// Ticks of the back window: a `now` up to this many ticks behind the stored tick is
+    /// read as behind (a race or a clock step back), not as a forward wrap.
+    pub fn back_window_ticks(&self) -> u64 {
+        (u64::MAX >> self.token_bits) - self.forward_max
+    }
+
+    /// The exact refill rate this layout implements, in tokens per second:
+    /// `R * 1e9 / 2^(S + F)`. Never above the configured rate.
+    pub fn effective_refill_per_second(&self) -> f64 {
+        self.refill_per_tick as f64 * 1e9 / 2f64.powi((self.tick_shift + self.frac_bits) as i32)
+    }
+
+    /// The tick field wraps after `2^(T + S)` nanoseconds (saturating at `u64::MAX` ns,
+    /// about 584 years, when the field cannot wrap within the clock's range).
+    ///
+    /// A bucket left untouched for longer than this reads its idle time modulo the wrap
+    /// (see the [module docs](self)); never crediting more than the truth.
+    pub fn wrap_period(&self) -> Duration {
+        let bits = self.tick_bits() + self.tick_shift;
+        if bits >= 64 {
+            Duration::from_nanos(u64::MAX)
+        } else {
+            Duration::from_nanos(1u64 << bits)
+        }
+    }
+
+    /// The tick containing `nanos`: `nanos >> S`.
+    #[inline]
+    pub fn tick_of(&self, nanos: u64) -> u64 {
+        nanos >> self.tick_shift
+    }
+
+    /// Converts whole tokens to units. `None` when `tokens` is above the capacity: such a
+    /// cost can never be paid (invariant I8).
+    #[inline]
+    pub fn units_of(&self, tokens: u64) -> Option<u64> {
+        if tokens > self.capacity {
+            None
+        } else {
+            Some(tokens << self.frac_bits)
+        }
+    }
+
+    /// Packs `tick` (taken modulo 2^T) and `units` into a word; `None` when `units` is
+    /// above [`max_units`](Layout::max_units).
+    pub fn encode(&self, tick: u64, units: u64) -> Option<u64> {
+        (units <= self.max_units).then(|| self.tick_field(tick) | units)
+    }
+
+    /// Unpacks a word into `(tick, units)`; `None` when its units are above
+    /// [`max_units`](Layout::max_units), so a word from another layout is never misread
+    /// as a larger balance.
+    pub fn decode(&self, word: u64) -> Option<(u64, u64)> {
+        let units = word & self.token_mask;
+        (units <= self.max_units).then_some((word >> self.token_bits, units))
+    }
+
+    /// The word of a fresh bucket at `now_tick`: full, or empty (balance zero).
+    #[inline]
+    pub fn start_word(&self, now_tick: u64, full: bool) -> u64 {
+        let units = if full {
+            self.max_units
+        } else {
+            self.base_units
+        };
+        self.tick_field(now_tick) | units
+    }
+
+    #[inline]
+    fn tick_field(&self, tick: u64) -> u64 {
+        tick << self.token_bits
+    }
+
+    /// Brings `word` forward to `now_tick`: `units = min(max, units + elapsed * R)`.
+    ///
+    /// Exact on the tick grid (I3): refilling to `t1` then to `t2` gives the same units as
+    /// refilling to `t2` at once. A `now_tick` behind the stored tick adds nothing and
+    /// keeps the stored tick (I2); see the module docs for how "behind" is read.
+    #[inline]
+    pub fn refill(&self, word: u64, now_tick: u64) -> Snapshot {
+        let stored = word & !self.token_mask;
+        let units = word & self.token_mask;
+        let now = self.tick_field(now_tick);
+        let elapsed = now.wrapping_sub(stored) >> self.token_bits;
+        if elapsed <= self.forward_max {
+            // `min(elapsed, fill_ticks) * R < max_units + R`, so the sum cannot overflow.
+            let added = elapsed.min(self.fill_ticks) * self.refill_per_tick;
+            Snapshot {
+                units: (units + added).min(self.max_units),
+                tick_field: now,
+                behind: 0,
+            }
+        } else {
+            self.behind(stored, units, now)
+        }
+    }
+
+    #[cold]
+    fn behind(&self, stored: u64, units: u64, now: u64) -> Snapshot {
+        Snapshot {
+            units,
+            tick_field: stored,
+            behind: stored.wrapping_sub(now) >> self.token_bits,
+        }
+    }
+
+    /// Takes `cost_units` from a snapshot: the new word, or `None` when the balance is
+    /// below the cost (a rejection writes nothing, I5).
+    #[inline]
+    pub fn take(&self, snapshot: &Snapshot, cost_units: u64) -> Option<u64> {
+        let needed = self.base_units + cost_units;
+        (snapshot.units >= needed).then(|| snapshot.with_units(snapshot.units - cost_units))
+    }
+
+    /// Takes as much as possible between `min_units` and `max_units_wanted` from a
+    /// snapshot (for leasing batches): the new word and the units taken, or `None` when
+    /// fewer than `min_units` are available.
+    #[inline]
+    pub fn take_up_to(
+        &self,
+        snapshot: &Snapshot,
+        min_units: u64,
+        max_units_wanted: u64,
+    ) -> Option<(u64, u64)> {
+        let available = snapshot.units.checked_sub(self.base_units)?;
+        if available < min_units {
+            return None;
+        }
+        let taken = available.min(max_units_wanted.max(min_units));
+        Some((snapshot.with_units(snapshot.units - taken), taken))
+    }
+
+    /// Gives `units` back: `min(max, units + refund)`, the state the bucket would have
+    /// had without the reservation (I6).
+    #[inline]
+    pub fn refund(&self, snapshot: &Snapshot, units: u64) -> u64 {
+        snapshot.with_units(snapshot.units.saturating_add(units).min(self.max_units))
+    }
+
+    /// Reserves `cost_units`, possibly into the future: the new word and the number of
+    /// whole ticks after the snapshot's tick at which the balance is back at zero (0 when
+    /// the tokens are there now). `None` when the reservation would exceed the debt the
+    /// layout allows or wait more than `max_wait_ticks`.
+    pub fn reserve(
+        &self,
+        snapshot: &Snapshot,
+        cost_units: u64,
+        max_wait_ticks: u64,
+    ) -> Option<(u64, u64)> {
+        let units = snapshot.units.checked_sub(cost_units)?;
+        let wait = self.ticks_until(units, 0);
+        (wait <= max_wait_ticks).then(|| (snapshot.with_units(units), wait))
+    }
+
+    /// Whole ticks until a balance of `units` (offset units) can pay `cost_units`:
+    /// `ceil((base + cost - units) / R)`, 0 when it already can. Uses a division: call it
+    /// off the hot path.
+    #[inline]
+    pub fn ticks_until(&self, units: u64, cost_units: u64) -> u64 {
+        (self.base_units + cost_units)
+            .saturating_sub(units)
+            .div_ceil(self.refill_per_tick)
+    }
+
+    /// The balance a snapshot holds, in units (negative while reservations are owed).
+    #[inline]
+    pub fn balance_units(&self, snapshot: &Snapshot) -> i64 {
+        snapshot.units as i64 - self.base_units as i64
+    }
+
+    /// Converts a balance in units to tokens.
+    #[inline]
+    pub fn units_to_tokens(&self, units: i64) -> f64 {
+        units as f64 / (1u64 << self.frac_bits) as f64
+    }
+
+    /// Whether a snapshot is full.
+    #[inline]
+    pub fn is_full(&self, snapshot: &Snapshot) -> bool {
+        snapshot.units >= self.max_units
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> Layout {
+        // The worked example of the design notes: B = 100, r = 20/s, F = 17, S = 19.
+        Layout::new(100, 19, 17, 1374, 0).unwrap()
+    }
+
+    #[test]
+    fn worked_example_has_forty_tick_bits() {
+        let l = layout();
+        assert_eq!(l.token_bits(), 24);
+        assert_eq!(l.tick_bits(), 40);
+        assert_eq!(l.max_units(), 100 << 17);
+        let years = l.wrap_period().as_secs_f64() / (365.25 * 86400.0);
+        assert!((18.0..18.5).contains(&years), "{years}");
+    }
+
+    #[test]
+    fn encode_decode_round_trips_and_rejects_out_of_range_units() {
+        let l = layout();
+        let w = l.encode(12345, 777).unwrap();
+        assert_eq!(l.decode(w), Some((12345, 777)));
+        assert_eq!(l.encode(1, l.max_units() + 1), None);
+        assert_eq!(l.decode(l.max_units() + 1), None);
+        // The tick is taken modulo 2^T.
+        let w = l.encode((1 << 40) + 5, 0).unwrap();
+        assert_eq!(l.decode(w), Some((5, 0)));
+    }
+
+    #[test]
+    fn refill_in_steps_equals_refill_at_once() {
+        let l = layout();
+        let w0 = l.start_word(1000, false);
+        let mut w = w0;
+        for t in 1001..=1100 {
+            w = l.refill(w, t).with_units(l.refill(w, t).units);
+        }
+        assert_eq!(w, l.refill(w0, 1100).with_units(l.refill(w0, 1100).units));
+        assert_eq!(l.refill(w0, 1100).units, 100 * 1374);
+    }
+
+    #[test]
+    fn stale_now_within_tolerance_adds_nothing_and_keeps_the_tick() {
+        let l = layout();
+        let w = l.encode(5000, 10).unwrap();
+        let s = l.refill(w, 4999);
+        assert_eq!(s.units(), 10);
+        assert_eq!(s.tick(&l), 5000);
+        assert_eq!(s.behind(), 1);
+    }
+
+    #[test]
+    fn step_back_inside_the_window_reads_as_behind_and_beyond_it_as_forward() {
+        let l = layout();
+        let window = l.back_window_ticks();
+        assert_eq!(window, 1 << (46 - 19));
+        let w = l.encode(1 << 30, 10).unwrap();
+        let s = l.refill(w, (1 << 30) - window);
+        assert_eq!((s.units(), s.tick(&l), s.behind()), (10, 1 << 30, window));
+        // One tick further back is the far end of the wrap: forward, and full.
+        let s = l.refill(w, (1 << 30) - window - 1);
+        assert_eq!(s.behind(), 0);
+        assert_eq!(s.units(), l.max_units());
+    }
+
+    #[test]
+    fn elapsed_refill_saturates_without_overflow() {
+        let l = Layout::new(1, 0, 0, MAX_REFILL_PER_TICK, 0).unwrap();
+        let w = l.start_word(0, false);
+        assert_eq!(l.refill(w, (1 << 62) - 1).units(), l.max_units());
+    }
+}
