@@ -51,17 +51,22 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+mod attempt;
 mod bucket;
 mod clock;
 mod decision;
 mod error;
 pub mod guide;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod mutants;
 mod policy;
 pub mod state;
 mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use attempt::Attempt;
 pub use bucket::Bucket;
 pub use clock::{COARSE_INTERVAL, Clock, ClockError, CoarseClock, ManualClock, QuantaClock};
 pub use decision::Decision;

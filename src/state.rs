@@ -452,6 +452,10 @@ impl Layout {
     /// had without the reservation (I6).
     #[inline]
     pub fn refund(&self, snapshot: &Snapshot, units: u64) -> u64 {
+        #[cfg(loom)]
+        if crate::mutants::on(&crate::mutants::REFUND_SKIPS_CAP) {
+            return snapshot.with_units(snapshot.units.saturating_add(units) & self.token_mask);
+        }
         snapshot.with_units(snapshot.units.saturating_add(units).min(self.max_units))
     }
 

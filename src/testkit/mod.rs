@@ -4,6 +4,8 @@
 //! for obviousness, not speed: absolute time and balances in `u128`, no packing, no
 //! wrap, no atomics.
 
+pub mod check;
 mod model;
 
+pub use check::{Op, PolicySpec, Report, Scenario, Violation, check};
 pub use model::{Ideal, Model, Outcome};

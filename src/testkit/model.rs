@@ -170,20 +170,17 @@ impl Model {
     pub fn available(&self, now_nanos: u64) -> f64 {
         self.balance_units(now_nanos) as f64 / (1u128 << self.frac_bits) as f64
     }
-
-    /// Replaces the model's state: used after an ambiguous step, when the engine's state
-    /// is known to be no larger than the model's, to keep comparing from there.
-    pub fn set_state(&mut self, units: u128, now_nanos: u64) {
-        self.units = units;
-        self.tick = self.tick_of(now_nanos);
-    }
 }
 
-/// An ideal token bucket at the *configured* rate, in continuous time and exact rational
-/// arithmetic: the bound the engine must never exceed.
+/// An ideal token bucket at the *configured* rate, in exact rational arithmetic: the
+/// bound the engine must never exceed.
 ///
-/// Its clock starts at the tick edge at or before the bucket's creation (the engine counts
-/// refill from there) and never runs backwards: a clock stepping back gives it nothing.
+/// Like the engine it refills lazily, from its last update to the time of the next one,
+/// and a time behind its last update gives it nothing; it sees time at the engine's
+/// resolution, the tick edges (a continuous-time bucket can be up to one tick of refill,
+/// `r * tick`, behind it in an interval that starts mid-tick). The only difference left
+/// from the engine is the rounding of the rate, so any excess over it is credit the
+/// engine created.
 /// Every admission of the engine is replayed on it with [`Ideal::take`], which fails if
 /// the ideal bucket could not have paid.
 #[derive(Clone, Debug)]
@@ -221,19 +218,25 @@ impl Ideal {
         Some(ideal)
     }
 
-    fn advance(&mut self, now_nanos: u64) {
-        let now = u128::from(now_nanos);
+    /// The balance at `now_nanos` and the time it is at, without updating.
+    fn refilled(&self, now_nanos: u64) -> (u128, u128) {
+        let now = u128::from(now_nanos >> self.tick_shift) << self.tick_shift;
         if now > self.time {
             let added = (now - self.time) * self.num;
-            self.scaled = self.scaled.saturating_add(added).min(self.capacity);
-            self.time = now;
+            (self.scaled.saturating_add(added).min(self.capacity), now)
+        } else {
+            (self.scaled, self.time)
         }
     }
 
+    /// Brings the state forward to `now_nanos` (an update).
+    fn advance(&mut self, now_nanos: u64) {
+        (self.scaled, self.time) = self.refilled(now_nanos);
+    }
+
     /// Tokens the ideal bucket holds at `now_nanos`, times the rate's denominator.
-    pub fn scaled_balance(&mut self, now_nanos: u64) -> u128 {
-        self.advance(now_nanos);
-        self.scaled
+    pub fn scaled_balance(&self, now_nanos: u64) -> u128 {
+        self.refilled(now_nanos).0
     }
 
     /// The rate's denominator: `scaled_balance / den` is the balance in tokens.
@@ -268,13 +271,13 @@ impl Ideal {
     }
 
     /// Whether the ideal bucket holds at least `units` at `frac_bits` fixed point.
-    pub fn covers_units(&mut self, units: i128, frac_bits: u32, now_nanos: u64) -> bool {
+    pub fn covers_units(&self, units: i128, frac_bits: u32, now_nanos: u64) -> bool {
         if units <= 0 {
             return true;
         }
-        self.advance(now_nanos);
         // balance_tokens >= units / 2^F, i.e. scaled / den >= units / 2^F.
-        ratio_ge(self.scaled, self.den, units as u128, 1u128 << frac_bits)
+        let scaled = self.scaled_balance(now_nanos);
+        ratio_ge(scaled, self.den, units as u128, 1u128 << frac_bits)
     }
 }
 

@@ -1,0 +1,31 @@
+//! Deliberate bugs that the loom models must catch, switched on at run time.
+//!
+//! Compiled only under `cfg(loom)`, so normal builds carry neither the flags nor the
+//! checks. Each flag is a plain `std` atomic, outside loom's model, set by a test before
+//! it runs a model that is expected to fail.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A refund that adds the tokens without capping at the capacity (breaks I1 and I6).
+pub static REFUND_SKIPS_CAP: AtomicBool = AtomicBool::new(false);
+
+/// Whether `flag` is on.
+pub fn on(flag: &AtomicBool) -> bool {
+    flag.load(Ordering::Relaxed)
+}
+
+/// Switches `flag` on until the guard is dropped.
+pub fn enable(flag: &'static AtomicBool) -> Guard {
+    flag.store(true, Ordering::Relaxed);
+    Guard(flag)
+}
+
+/// Switches its flag off again when dropped.
+#[derive(Debug)]
+pub struct Guard(&'static AtomicBool);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}

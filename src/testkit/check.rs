@@ -1,0 +1,300 @@
+//! One bucket driven by a sequence of operations on a manual clock, checked against the
+//! reference models after every step.
+//!
+//! The same [`check`] runs from the property tests (`tests/bucket_model.rs`), the fuzz
+//! target `rounding`, and the corpus replay in `cargo test`.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::testkit::{Ideal, Model, Outcome};
+use crate::{AcquireError, Bucket, Clock, ManualClock, Policy, Start};
+
+/// A policy as a fuzzer or property test proposes it; it may be invalid.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+pub struct PolicySpec {
+    /// Capacity in tokens.
+    pub capacity: u64,
+    /// Refill rate in tokens per second.
+    pub refill_per_second: f64,
+    /// Start empty instead of full.
+    pub start_empty: bool,
+    /// Reservation horizon in nanoseconds.
+    pub max_reservation_nanos: u64,
+}
+
+impl PolicySpec {
+    /// Builds the policy, or says why not.
+    pub fn build(&self) -> Result<Policy, crate::PolicyError> {
+        let start = if self.start_empty {
+            Start::Empty
+        } else {
+            Start::Full
+        };
+        Policy::builder(self.capacity, self.refill_per_second)
+            .start(start)
+            .max_reservation(Duration::from_nanos(self.max_reservation_nanos))
+            .build()
+    }
+}
+
+/// One operation on the bucket or its clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+pub enum Op {
+    /// Moves the clock forward by this many nanoseconds (saturating).
+    Advance(u64),
+    /// Moves the clock back by this many nanoseconds, but never further than the layout's
+    /// back window behind the latest time seen: longer steps back are outside the
+    /// engine's contract (they are indistinguishable from a forward wrap). Ignored once a
+    /// step has gone past the wrap window.
+    StepBack(u64),
+    /// `try_acquire(cost)`; costs up to one above the capacity are used as given, larger
+    /// ones modulo `capacity + 2`, so both admissions and I8 errors occur.
+    Acquire(u64),
+    /// `refund(cost)`, costs as for `Acquire`.
+    Refund(u64),
+    /// `reset()`.
+    Reset,
+    /// `available()`.
+    Peek,
+}
+
+/// A whole scenario: the clock's start, the policy, the operations.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+pub struct Scenario {
+    /// The manual clock's time when the bucket is created, in nanoseconds.
+    pub start_nanos: u64,
+    /// The policy.
+    pub policy: PolicySpec,
+    /// The operations, in order.
+    pub ops: Vec<Op>,
+}
+
+/// A broken promise, with the step it broke at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Violation {
+    /// Index of the operation in [`Scenario::ops`].
+    pub step: usize,
+    /// What went wrong.
+    pub what: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step {}: {}", self.step, self.what)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// What a scenario exercised, for coverage statistics of sweeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The policy was invalid (and refused with an error, as it must be).
+    pub invalid_policy: bool,
+    /// Admissions, rejections and errors seen.
+    pub admitted: u64,
+    /// Rate-limit rejections.
+    pub rejected: u64,
+    /// Errors (cost above capacity, clock behind).
+    pub errors: u64,
+    /// Steps at a time the engine's wrapping tick may read differently from the model
+    /// (only bounds are checked there).
+    pub ambiguous_steps: u64,
+}
+
+fn violation(step: usize, what: impl Into<String>) -> Violation {
+    Violation {
+        step,
+        what: what.into(),
+    }
+}
+
+fn scale_cost(cost: u64, capacity: u64) -> u64 {
+    if cost <= capacity.saturating_add(1) {
+        cost
+    } else {
+        cost % capacity.saturating_add(2).max(1)
+    }
+}
+
+/// Runs `scenario` on a real [`Bucket`] with a [`ManualClock`] and checks, after every
+/// operation:
+///
+/// - until a step goes past the wrap window ([`Model::is_ambiguous`]): every
+///   decision, balance, retry-after and error equals the grid-exact [`Model`] at the
+///   effective rate;
+/// - always: every admission could have been paid by the [`Ideal`] bucket at the
+///   configured rate, the balance never exceeds the capacity (I1) nor the ideal's, and a
+///   rejection or error wrote nothing (I5);
+///
+/// # Errors
+///
+/// The first [`Violation`] found. A panic inside the engine propagates (fuzzers treat it
+/// as a crash).
+pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
+    let mut report = Report::default();
+    let policy = match scenario.policy.build() {
+        Ok(policy) => policy,
+        Err(e) => {
+            if e.to_string().is_empty() {
+                return Err(violation(0, "policy error with an empty message"));
+            }
+            report.invalid_policy = true;
+            return Ok(report);
+        }
+    };
+    let layout = *policy.layout();
+    let capacity = policy.capacity();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_nanos(scenario.start_nanos));
+    let bucket = Bucket::with_clock(policy, clock.clone());
+    let mut model = Model::new(&policy, scenario.start_nanos);
+    let mut ideal = Ideal::new(&policy, scenario.start_nanos);
+    let max_units = i128::from(layout.max_units() - layout.base_units());
+    let mut exact = true;
+
+    // Steps back stay within the back window behind the latest time seen.
+    let window_nanos = layout.back_window_ticks() << layout.tick_shift();
+    let mut latest = scenario.start_nanos;
+
+    for (step, op) in scenario.ops.iter().enumerate() {
+        let now = clock.now_nanos();
+        latest = latest.max(now);
+        let before = bucket.__word();
+        // From the first step whose time the engine's wrapping tick may read differently
+        // from the model's absolute one, only the bounds (ideal bucket, I1, I5) are checked.
+        let is_bucket_op = !matches!(op, Op::Advance(_) | Op::StepBack(_));
+        exact &= !(is_bucket_op && model.is_ambiguous(now));
+        let ambiguous = !exact;
+        match *op {
+            Op::Advance(d) => clock.advance(Duration::from_nanos(d)),
+            // After the engine has misread a wrapped idle time, its stored tick may stand
+            // for a time long past, and a step back could then read as forward: the
+            // contract covers steps back or wraps, not both at once.
+            Op::StepBack(_) if !exact => {}
+            Op::StepBack(d) => {
+                let floor = latest.saturating_sub(window_nanos);
+                clock.set(Duration::from_nanos(now.saturating_sub(d).max(floor)));
+            }
+            Op::Acquire(c) => {
+                let cost = scale_cost(c, capacity);
+                let got = bucket.try_acquire(cost);
+                let admitted = got.is_ok_and(|d| d.is_admitted());
+                match &got {
+                    Ok(d) if d.is_admitted() => report.admitted += 1,
+                    Ok(_) => report.rejected += 1,
+                    Err(_) => report.errors += 1,
+                }
+                if admitted && cost > 0 {
+                    if let Some(ideal) = ideal.as_mut() {
+                        if !ideal.take(cost, now) {
+                            return Err(violation(
+                                step,
+                                format!(
+                                    "admitted cost {cost} beyond the ideal bucket at the \
+                                     configured rate ({got:?})"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                if !(admitted && cost > 0) && bucket.__word() != before {
+                    return Err(violation(step, "a rejection or error wrote the word (I5)"));
+                }
+                if exact {
+                    let expected = model.try_acquire(cost, now);
+                    let actual = match got {
+                        Ok(d) if d.is_admitted() => Outcome::Admitted {
+                            balance: i128::from(d.balance_units()),
+                        },
+                        Ok(d) => Outcome::Rejected {
+                            balance: i128::from(d.balance_units()),
+                            retry_after: d.retry_after().unwrap_or(Duration::MAX),
+                        },
+                        Err(AcquireError::CostExceedsCapacity { .. }) => {
+                            Outcome::CostExceedsCapacity
+                        }
+                        Err(AcquireError::ClockWentBackwards { .. }) => Outcome::ClockWentBackwards,
+                    };
+                    if actual != expected {
+                        return Err(violation(
+                            step,
+                            format!("acquire({cost}): engine {actual:?}, model {expected:?}"),
+                        ));
+                    }
+                }
+            }
+            Op::Refund(c) => {
+                let cost = scale_cost(c, capacity);
+                let got = bucket.refund(cost);
+                if cost > capacity {
+                    if got.is_ok() || bucket.__word() != before {
+                        return Err(violation(step, "refund above capacity not refused cleanly"));
+                    }
+                } else {
+                    if got.is_err() {
+                        return Err(violation(step, format!("refund({cost}) failed: {got:?}")));
+                    }
+                    if !ambiguous {
+                        model.refund(cost, now);
+                    }
+                    // The ideal updates exactly when the engine writes.
+                    if let Some(ideal) = ideal.as_mut().filter(|_| cost > 0) {
+                        ideal.refund(cost, now);
+                    }
+                }
+            }
+            Op::Reset => {
+                bucket.reset();
+                if !ambiguous {
+                    model.reset(now);
+                }
+                if let Some(ideal) = ideal.as_mut() {
+                    ideal.reset(now);
+                }
+            }
+            Op::Peek => {
+                let available = bucket.available();
+                if bucket.__word() != before {
+                    return Err(violation(step, "available() wrote the word"));
+                }
+                if !ambiguous && available != model.available(now) {
+                    return Err(violation(
+                        step,
+                        format!(
+                            "available(): engine {available}, model {}",
+                            model.available(now)
+                        ),
+                    ));
+                }
+            }
+        }
+
+        // Bounds that hold whatever happened before.
+        let word = bucket.__word();
+        let Some((_, units)) = layout.decode(word) else {
+            return Err(violation(step, "the word decodes to more than max_units"));
+        };
+        let balance = i128::from(units) - i128::from(layout.base_units());
+        if balance > max_units {
+            return Err(violation(step, "balance above capacity (I1)"));
+        }
+        if ambiguous && is_bucket_op {
+            report.ambiguous_steps += 1;
+        }
+        // The ideal bucket sees the clock only when the engine does, at bucket operations.
+        if let Some(ideal) = ideal.as_ref().filter(|_| is_bucket_op) {
+            if !ideal.covers_units(balance, layout.frac_bits(), now) {
+                return Err(violation(
+                    step,
+                    format!("stored balance {balance} units above the ideal bucket's"),
+                ));
+            }
+        }
+    }
+    Ok(report)
+}
