@@ -183,6 +183,13 @@ impl RawBucket {
         debug_assert!(done.is_ok(), "a non-strict transition cannot fail");
     }
 
+    /// Time from `now` until `cost` tokens are there (zero if they are), writing nothing.
+    pub(crate) fn wait(&self, layout: &Layout, now: u64, cost: u64) -> std::time::Duration {
+        let snapshot = self.snapshot(layout, now);
+        let cost_units = layout.units_of(cost).unwrap_or(layout.max_units());
+        Decision::new(layout, &snapshot, now, cost, cost_units, false).wait_for(cost)
+    }
+
     /// The refilled snapshot at `now`, writing nothing.
     #[inline]
     pub(crate) fn snapshot(&self, layout: &Layout, now: u64) -> Snapshot {

@@ -39,6 +39,7 @@
 //!   derived from it.
 //! - [`state`]: the packed word and its pure transition functions.
 //! - [`Bucket`]: one atomic word and the CAS loop around `state`.
+//! - [`acquire_all`]: all-or-nothing acquisition across several buckets.
 //!
 //! The packed word, its precision bounds and the invariants are described in the
 //! [`guide`] module.
@@ -57,6 +58,7 @@ mod clock;
 mod decision;
 mod error;
 pub mod guide;
+mod multi;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutants;
@@ -71,4 +73,5 @@ pub use bucket::Bucket;
 pub use clock::{COARSE_INTERVAL, Clock, ClockError, CoarseClock, ManualClock, QuantaClock};
 pub use decision::Decision;
 pub use error::AcquireError;
+pub use multi::{INLINE_MEMBERS, Member, MultiDecision, MultiError, acquire_all, acquire_all_with};
 pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};

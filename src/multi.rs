@@ -1,0 +1,314 @@
+//! All-or-nothing acquisition across several buckets: ordered reservation with rollback.
+//!
+//! A request often needs credit from several scopes at once (the global bucket, its
+//! tenant's, the tenant's route). [`acquire_all`] takes every cost or none:
+//!
+//! 1. every cost is checked against its bucket's capacity first (I8), and a bucket named
+//!    twice is refused, before anything is taken;
+//! 2. the clock is read once for the whole set;
+//! 3. buckets are taken in one global order, ascending [`Member::member_id`], so two
+//!    acquirers with overlapping sets meet on the first bucket they share instead of each
+//!    holding a part of what the other needs;
+//! 4. on the first refusal, the buckets already taken are refunded in reverse order, each
+//!    exactly as if it had never been taken (I6), and the result names the bucket that
+//!    refused and the time until the whole set could be paid.
+//!
+//! Sets of up to [`INLINE_MEMBERS`] buckets allocate nothing.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::bucket::Bucket;
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::AcquireError;
+
+/// Sets up to this size are ordered on the stack, without allocating.
+pub const INLINE_MEMBERS: usize = 8;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A bucket that can take part in [`acquire_all`]: a [`Bucket`], and the buckets of the
+/// crate's other limiters.
+///
+/// Sealed: all-or-nothing depends on every member's take and refund being exact, so only
+/// the crate's own buckets implement it.
+pub trait Member: sealed::Sealed + Sync {
+    /// A stable identity while the member is borrowed (its atomic word's address): the
+    /// global order buckets are taken in.
+    fn member_id(&self) -> usize;
+
+    /// Capacity in tokens.
+    fn capacity(&self) -> u64;
+
+    /// Reads the member's clock (once per [`acquire_all`] call, on the first member).
+    #[doc(hidden)]
+    fn now_nanos(&self) -> u64;
+
+    /// `try_acquire(cost)` at a given time.
+    #[doc(hidden)]
+    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError>;
+
+    /// Refunds `cost` (at most the capacity) at a given time.
+    #[doc(hidden)]
+    fn refund_at(&self, cost: u64, now: u64);
+
+    /// Time from `now` until `cost` tokens are there.
+    #[doc(hidden)]
+    fn wait_at(&self, cost: u64, now: u64) -> Duration;
+}
+
+impl<C: Clock> sealed::Sealed for Bucket<C> {}
+
+impl<C: Clock> Member for Bucket<C> {
+    #[inline]
+    fn member_id(&self) -> usize {
+        self.id()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.policy().capacity()
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.clock().now_nanos()
+    }
+
+    #[inline]
+    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        self.raw()
+            .try_acquire(self.policy().layout(), self.clock(), now, cost)
+    }
+
+    #[inline]
+    fn refund_at(&self, cost: u64, now: u64) {
+        let layout = self.policy().layout();
+        let units = layout.units_of(cost).unwrap_or(layout.max_units());
+        self.raw().refund_units(layout, self.clock(), now, units);
+    }
+
+    fn wait_at(&self, cost: u64, now: u64) -> Duration {
+        self.raw().wait(self.policy().layout(), now, cost)
+    }
+}
+
+/// Why [`acquire_all`] refused to decide. Nothing was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MultiError {
+    /// The same bucket appears twice in the request (positions in the request list).
+    DuplicateBucket {
+        /// Position of the first occurrence.
+        first: usize,
+        /// Position of the second occurrence.
+        second: usize,
+    },
+    /// A bucket refused with an error ([`AcquireError`]): its cost is above its capacity
+    /// (checked for every bucket before anything is taken), or its clock went backwards.
+    Bucket {
+        /// Position of the bucket in the request list.
+        index: usize,
+        /// The bucket's error.
+        error: AcquireError,
+    },
+}
+
+impl fmt::Display for MultiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MultiError::DuplicateBucket { first, second } => write!(
+                f,
+                "the same bucket is named twice in one request (positions {first} and {second}); \
+                 combine its costs into one entry"
+            ),
+            MultiError::Bucket { index, error } => write!(f, "bucket at position {index}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for MultiError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MultiError::Bucket { error, .. } => Some(error),
+            MultiError::DuplicateBucket { .. } => None,
+        }
+    }
+}
+
+/// The outcome of [`acquire_all`]: every cost taken, or none.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct MultiDecision {
+    refused: Option<(usize, Decision)>,
+    retry_after: Duration,
+}
+
+impl MultiDecision {
+    /// Whether every cost was taken.
+    #[inline]
+    pub fn is_admitted(&self) -> bool {
+        self.refused.is_none()
+    }
+
+    /// Whether nothing was taken.
+    #[inline]
+    pub fn is_rejected(&self) -> bool {
+        self.refused.is_some()
+    }
+
+    /// For a rejection, the position (in the request list) of the bucket that refused.
+    pub fn refused_index(&self) -> Option<usize> {
+        self.refused.map(|(i, _)| i)
+    }
+
+    /// For a rejection, the refusing bucket's own decision (its balance, its wait).
+    pub fn refused_decision(&self) -> Option<&Decision> {
+        self.refused.as_ref().map(|(_, d)| d)
+    }
+
+    /// For a rejection, the time until every bucket of the set holds its cost: the longest
+    /// of the buckets' own waits, seen from the decision's time. `None` for an admission.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.refused.map(|_| self.retry_after)
+    }
+}
+
+impl fmt::Debug for MultiDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiDecision")
+            .field("admitted", &self.is_admitted())
+            .field("refused_index", &self.refused_index())
+            .field("retry_after", &self.retry_after())
+            .finish()
+    }
+}
+
+/// Takes `cost` from every bucket of `requests`, or from none.
+///
+/// Buckets may have different policies; they must share one time source, because the
+/// clock (of the first bucket in the list) is read once for the whole set. See the
+/// [module docs](self) for the algorithm.
+///
+/// ```
+/// use tokengate::{acquire_all, Bucket, ManualClock, Policy};
+///
+/// let clock = ManualClock::new();
+/// let global = Bucket::with_clock(Policy::new(1000, 100.0)?, clock.clone());
+/// let tenant = Bucket::with_clock(Policy::new(10, 1.0)?, clock.clone());
+///
+/// assert!(acquire_all(&[(&global, 8), (&tenant, 8)])?.is_admitted());
+/// let d = acquire_all(&[(&global, 8), (&tenant, 8)])?;
+/// assert_eq!(d.refused_index(), Some(1)); // the tenant bucket refused...
+/// assert_eq!(global.available(), 992.0); // ...and the global bucket was refunded
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// [`MultiError`] for a cost above its bucket's capacity, a bucket named twice, or a
+/// clock that went backwards; nothing is taken.
+pub fn acquire_all<M: Member + ?Sized>(
+    requests: &[(&M, u64)],
+) -> Result<MultiDecision, MultiError> {
+    acquire_all_with(requests, |_, _| {})
+}
+
+/// [`acquire_all`], calling `observe(index, &decision)` for each bucket's own decision
+/// in the order the buckets are taken (for per-scope telemetry). A bucket refunded after
+/// a later refusal was observed as admitted first.
+///
+/// # Errors
+///
+/// As [`acquire_all`].
+pub fn acquire_all_with<M: Member + ?Sized>(
+    requests: &[(&M, u64)],
+    mut observe: impl FnMut(usize, &Decision),
+) -> Result<MultiDecision, MultiError> {
+    for (index, &(member, cost)) in requests.iter().enumerate() {
+        let capacity = member.capacity();
+        if cost > capacity {
+            return Err(MultiError::Bucket {
+                index,
+                error: AcquireError::CostExceedsCapacity { cost, capacity },
+            });
+        }
+    }
+    let Some(&(first, _)) = requests.first() else {
+        return Ok(MultiDecision {
+            refused: None,
+            retry_after: Duration::ZERO,
+        });
+    };
+    let mut inline = [0usize; INLINE_MEMBERS];
+    let mut heap;
+    let order: &mut [usize] = if requests.len() <= INLINE_MEMBERS {
+        &mut inline[..requests.len()]
+    } else {
+        heap = vec![0usize; requests.len()];
+        &mut heap
+    };
+    for (slot, i) in order.iter_mut().zip(0..) {
+        *slot = i;
+    }
+    sort_by_id(order, requests)?;
+
+    let now = first.now_nanos();
+    for (taken, &i) in order.iter().enumerate() {
+        let (member, cost) = requests[i];
+        let outcome = member.take_at(cost, now);
+        if let Ok(d) = &outcome {
+            observe(i, d);
+            if d.is_admitted() {
+                continue;
+            }
+        }
+        // Roll back what was taken, newest first.
+        for &j in order[..taken].iter().rev() {
+            let (m, c) = requests[j];
+            m.refund_at(c, now);
+        }
+        return match outcome {
+            Ok(decision) => {
+                let retry_after = requests
+                    .iter()
+                    .map(|&(m, c)| m.wait_at(c, now))
+                    .max()
+                    .unwrap_or(Duration::ZERO);
+                Ok(MultiDecision {
+                    refused: Some((i, decision)),
+                    retry_after,
+                })
+            }
+            Err(error) => Err(MultiError::Bucket { index: i, error }),
+        };
+    }
+    Ok(MultiDecision {
+        refused: None,
+        retry_after: Duration::ZERO,
+    })
+}
+
+/// Insertion sort of request positions by member identity (sets are small), refusing
+/// duplicates.
+fn sort_by_id<M: Member + ?Sized>(
+    order: &mut [usize],
+    requests: &[(&M, u64)],
+) -> Result<(), MultiError> {
+    let id = |i: usize| requests[i].0.member_id();
+    for k in 1..order.len() {
+        let mut j = k;
+        while j > 0 && id(order[j - 1]) > id(order[j]) {
+            order.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+    for pair in order.windows(2) {
+        if id(pair[0]) == id(pair[1]) {
+            let (first, second) = (pair[0].min(pair[1]), pair[0].max(pair[1]));
+            return Err(MultiError::DuplicateBucket { first, second });
+        }
+    }
+    Ok(())
+}
