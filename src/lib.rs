@@ -68,6 +68,11 @@ mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use attempt::Attempt;
 pub use bucket::Bucket;
 pub use clock::{COARSE_INTERVAL, Clock, ClockError, CoarseClock, ManualClock, QuantaClock};

@@ -237,8 +237,9 @@ impl std::error::Error for PolicyError {}
 /// 1. the refill per tick `R = r * tick * 2^F` is an integer, rounded **down**, so the
 ///    effective rate never exceeds the configured one, within 0.01% where the word allows
 ///    it and always within 0.1% ([`rate_error`](Policy::rate_error));
-/// 2. the tick is at most about 1 ms, and at most 1/16 of the time the bucket takes to
-///    fill, so refill arrives in small steps ([`tick`](Policy::tick));
+/// 2. the tick is at most 1/16 of the time the bucket takes to fill, and preferably at
+///    most about 1 ms, or 1/16 of a token's refill time when that is longer, so refill
+///    arrives in small steps ([`tick`](Policy::tick));
 /// 3. the tick field wraps as late as possible, aiming for 2^58 ns (about 9 years), never
 ///    earlier than 2^50 ns (about 13 days) ([`wrap_period`](Policy::wrap_period)).
 ///
@@ -498,97 +499,89 @@ struct Candidate {
 }
 
 impl Candidate {
-    /// Lexicographic score: acceptable wrap, precise enough, wrap up to the target, then
-    /// the shortest tick (checked by the caller's iteration order).
-    fn score(&self) -> (bool, bool, u32) {
-        (
-            self.wrap_bits >= MIN_WRAP_BITS,
-            self.error <= TARGET_RATE_ERROR,
-            self.wrap_bits.min(TARGET_WRAP_BITS),
-        )
+    /// Lexicographic score: an acceptable wrap; a rate within the target error; a tick no
+    /// longer than preferred; among preferred ticks the longest wrap up to the target;
+    /// then the shortest tick; then the smallest error.
+    fn better_than(&self, other: &Candidate, preferred_shift: u32) -> bool {
+        let key = |c: &Candidate| {
+            let preferred = c.layout.tick_shift() <= preferred_shift;
+            (
+                c.wrap_bits >= MIN_WRAP_BITS,
+                c.error <= TARGET_RATE_ERROR,
+                preferred,
+                if preferred {
+                    c.wrap_bits.min(TARGET_WRAP_BITS)
+                } else {
+                    0
+                },
+                std::cmp::Reverse(c.layout.tick_shift()),
+            )
+        };
+        match key(self).cmp(&key(other)) {
+            std::cmp::Ordering::Equal => self.error < other.error,
+            ordering => ordering.is_gt(),
+        }
     }
 }
 
-/// The largest tick shift worth considering: ticks no longer than 1/16 of the fill time,
-/// and no longer than ~1 ms unless 1/1024 of a token's time is longer.
-fn max_tick_shift(capacity: u64, rate: &Rate) -> u32 {
-    let r = rate.per_second();
-    let fill_ns = capacity as f64 / r * 1e9;
-    let token_ns = 1e9 / r;
-    let coarse = (1u64 << COARSE_TICK_SHIFT) as f64;
-    let cap_ns = (fill_ns / 16.0).min((token_ns / 1024.0).max(coarse));
-    if cap_ns < 2.0 {
+/// `floor(log2(nanos))`, clamped to the tick shifts a layout may use.
+fn shift_at_most(nanos: f64) -> u32 {
+    if nanos < 2.0 {
         0
     } else {
-        (cap_ns.log2().floor() as u32).min(MAX_TICK_SHIFT)
+        (nanos.log2().floor() as u32).min(MAX_TICK_SHIFT)
     }
 }
 
-/// The layout with the smallest fraction bits `F` reaching `target` error at tick shift
-/// `s`, or failing that the one with the smallest error.
-fn best_at_shift(capacity: u64, rate: &Rate, horizon_ns: u128, s: u32) -> Option<Candidate> {
-    let mut best: Option<Candidate> = None;
-    for f in 0..=62 {
-        let Some(r) = rate.units_per_tick(s + f) else {
-            break;
-        };
-        if r == 0 {
-            continue;
-        }
-        let ticks = horizon_ns.div_ceil(1u128 << s);
-        let Some(base) = u64::try_from(ticks * u128::from(r)).ok() else {
-            break;
-        };
-        let Ok(layout) = Layout::new(capacity, s, f, r, base) else {
-            break;
-        };
-        let error = 1.0 - r as f64 / rate.units_per_tick_f64(s + f);
-        if error > MAX_RATE_ERROR {
-            continue;
-        }
-        let wrap_bits = (layout.tick_bits() + s).min(64);
-        let candidate = Candidate {
-            layout,
-            error,
-            wrap_bits,
-        };
-        let done = error <= TARGET_RATE_ERROR;
-        if best.as_ref().is_none_or(|b| candidate.error < b.error) {
-            best = Some(candidate);
-        }
-        if done {
-            break;
-        }
-    }
-    best
+/// The tick shifts to consider: `(preferred, max)`. A tick is never longer than 1/16 of
+/// the time the bucket takes to fill; it is preferably no longer than ~1 ms, or 1/16 of
+/// a token's time when that is longer.
+fn tick_shifts(capacity: u64, rate: &Rate) -> (u32, u32) {
+    let r = rate.per_second();
+    let max = shift_at_most(capacity as f64 / r * 1e9 / 16.0);
+    let coarse = (1u64 << COARSE_TICK_SHIFT) as f64;
+    let preferred = shift_at_most((1e9 / r / 16.0).max(coarse));
+    (preferred.min(max), max)
 }
 
-/// Searches every tick shift for the best layout; `None` when no layout is acceptable.
+/// The layout at tick shift `s` and fraction bits `f`, if the word holds it and the rate
+/// error is acceptable.
+fn candidate(capacity: u64, rate: &Rate, horizon_ns: u128, s: u32, f: u32) -> Option<Candidate> {
+    let r = rate.units_per_tick(s + f).filter(|&r| r > 0)?;
+    let ticks = horizon_ns.div_ceil(1u128 << s);
+    let base = u64::try_from(ticks.checked_mul(u128::from(r))?).ok()?;
+    let layout = Layout::new(capacity, s, f, r, base).ok()?;
+    let error = 1.0 - r as f64 / rate.units_per_tick_f64(s + f);
+    (error <= MAX_RATE_ERROR).then(|| Candidate {
+        layout,
+        error,
+        wrap_bits: (layout.tick_bits() + s).min(64),
+    })
+}
+
+/// Searches every tick shift and fraction width for the best layout; `None` when no
+/// layout is acceptable.
 fn search(capacity: u64, rate: &Rate, horizon_ns: u128) -> Option<Layout> {
     let mut best: Option<Candidate> = None;
-    for s in 0..=max_tick_shift(capacity, rate) {
-        let Some(c) = best_at_shift(capacity, rate, horizon_ns, s) else {
-            continue;
-        };
-        if best.as_ref().is_none_or(|b| c.score() > b.score()) {
-            best = Some(c);
+    let (preferred, max) = tick_shifts(capacity, rate);
+    for s in 0..=max {
+        for f in 0..=62 {
+            let Some(c) = candidate(capacity, rate, horizon_ns, s, f) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|b| c.better_than(b, preferred)) {
+                best = Some(c);
+            }
         }
     }
     let best = best.filter(|b| b.wrap_bits >= MIN_WRAP_BITS)?;
     // Spend wrap bits beyond the target on precision.
-    let l = best.layout;
-    let mut layout = l;
     let floor = best.wrap_bits.min(TARGET_WRAP_BITS);
-    for f in l.frac_bits() + 1..=62 {
-        let Some(r) = rate.units_per_tick(l.tick_shift() + f) else {
-            break;
-        };
-        let base_ticks = horizon_ns.div_ceil(1u128 << l.tick_shift());
-        let Ok(base) = u64::try_from(base_ticks * u128::from(r)) else {
-            break;
-        };
-        match Layout::new(capacity, l.tick_shift(), f, r, base) {
-            Ok(next) if (next.tick_bits() + l.tick_shift()).min(64) >= floor => layout = next,
+    let s = best.layout.tick_shift();
+    let mut layout = best.layout;
+    for f in best.layout.frac_bits() + 1..=62 {
+        match candidate(capacity, rate, horizon_ns, s, f) {
+            Some(c) if c.wrap_bits >= floor && c.error <= best.error => layout = c.layout,
             _ => break,
         }
     }
