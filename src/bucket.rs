@@ -59,33 +59,63 @@ impl RawBucket {
     /// The CAS loop every operation shares: one load, then `step` on the refilled
     /// snapshot; a lost CAS retries with the value it returned (no reload).
     ///
-    /// With `strict`, a `now` behind the stored tick by more than the race tolerance on a
-    /// bucket that is not full re-reads the clock once (the thread may simply have been
-    /// descheduled since its reading) and then refuses with
-    /// [`AcquireError::ClockWentBackwards`], writing nothing. Without it (refunds, peeks,
+    /// With `strict`, a `now` behind the stored tick by more than the race tolerance
+    /// re-reads the clock once (the thread may simply have been descheduled since its
+    /// reading) and then refuses with [`AcquireError::ClockWentBackwards`], writing
+    /// nothing. Without it (refunds, peeks,
     /// resets) the step runs on the stored state, which adds no credit either.
     #[inline(always)]
     pub(crate) fn transition<C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
         clock: &C,
-        mut now: u64,
+        now: u64,
         strict: bool,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
     ) -> Result<T, AcquireError> {
-        let mut now_tick = layout.tick_of(now);
+        let now_tick = layout.tick_of(now);
         let mut cur = self.word.load(Ordering::Relaxed);
-        let mut reread = false;
         let backoff = Backoff::new();
         loop {
             let snapshot = layout.refill(cur, now_tick);
             if strict && snapshot.behind() > layout.tolerance_ticks() {
-                if !reread {
-                    reread = true;
-                    now = clock.now_nanos();
-                    now_tick = layout.tick_of(now);
-                    continue;
+                return self.transition_after_reread(layout, clock, step);
+            }
+            let (next, out) = step(&snapshot, now);
+            let Some(next) = next else {
+                return Ok(out);
+            };
+            match self
+                .word
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(out),
+                Err(actual) => {
+                    cur = actual;
+                    contended(&backoff);
                 }
+            }
+        }
+    }
+
+    /// The strict transition once `now` was found well behind the stored tick: read the
+    /// clock again (the thread may have been descheduled since its first reading) and
+    /// refuse if it is still behind. Out of line, so that the hot loop stays small.
+    #[cold]
+    #[inline(never)]
+    fn transition_after_reread<C: Clock + ?Sized, T>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+        mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
+    ) -> Result<T, AcquireError> {
+        let now = clock.now_nanos();
+        let now_tick = layout.tick_of(now);
+        let mut cur = self.word.load(Ordering::Relaxed);
+        let backoff = Backoff::new();
+        loop {
+            let snapshot = layout.refill(cur, now_tick);
+            if snapshot.behind() > layout.tolerance_ticks() {
                 return Err(clock_went_backwards(layout, &snapshot, now));
             }
             let (next, out) = step(&snapshot, now);
@@ -99,7 +129,7 @@ impl RawBucket {
                 Ok(_) => return Ok(out),
                 Err(actual) => {
                     cur = actual;
-                    backoff.spin();
+                    contended(&backoff);
                 }
             }
         }
@@ -195,6 +225,15 @@ impl RawBucket {
     pub(crate) fn snapshot(&self, layout: &Layout, now: u64) -> Snapshot {
         layout.refill(self.word.load(Ordering::Relaxed), layout.tick_of(now))
     }
+}
+
+/// After a lost CAS: back off briefly (exponential `pause` spins) so that contending
+/// cores do not hammer the line in lockstep. Out of line: the uncontended path never
+/// gets here.
+#[cold]
+#[inline(never)]
+fn contended(backoff: &Backoff) {
+    backoff.spin();
 }
 
 #[cold]
