@@ -20,6 +20,20 @@
 //! The layout is chosen per [`Policy`](crate::Policy): see the policy's documentation for
 //! the search and [`Layout`](crate::state::Layout) for the numbers.
 //!
+//! # Delay instead of reject
+//!
+//! A policy with a reservation horizon
+//! ([`max_reservation`](crate::PolicyBuilder::max_reservation)) lets the balance go
+//! negative, down to minus the horizon's refill. The offset `base` in the token field is
+//! that allowance: `units = base + balance`. [`Bucket::reserve`](crate::Bucket::reserve)
+//! takes a cost into that debt and returns a [`Reservation`](crate::Reservation) ready at
+//! the tick edge where refill has paid the debt back; `try_acquire` refuses while anything
+//! is owed, so waiting callers are served in the order they reserved, at the refill rate,
+//! with no queue structure: the queue is the debt. Cancelling (or dropping) a reservation
+//! before its time refunds it exactly (I6); a wait beyond the caller's maximum or the
+//! horizon fails at once and writes nothing. The details are in the
+//! [`state`](crate::state#reservations-debt-below-zero) module.
+//!
 //! # Invariants
 //!
 //! - **I1** the balance never exceeds the capacity `B`.

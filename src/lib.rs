@@ -40,6 +40,8 @@
 //! - [`state`]: the packed word and its pure transition functions.
 //! - [`Bucket`]: one atomic word and the CAS loop around `state`.
 //! - [`acquire_all`]: all-or-nothing acquisition across several buckets.
+//! - [`Bucket::reserve`] / [`Bucket::acquire`]: delay instead of reject; reservations
+//!   queue in time order as debt in the packed word ([`Reservation`], [`Sleep`]).
 //!
 //! The packed word, its precision bounds and the invariants are described in the
 //! [`guide`] module.
@@ -63,6 +65,8 @@ mod multi;
 #[doc(hidden)]
 pub mod mutants;
 mod policy;
+mod reservation;
+mod sleep;
 pub mod state;
 mod sync;
 #[cfg(feature = "testkit")]
@@ -80,3 +84,5 @@ pub use decision::Decision;
 pub use error::AcquireError;
 pub use multi::{INLINE_MEMBERS, Member, MultiDecision, MultiError, acquire_all, acquire_all_with};
 pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};
+pub use reservation::{Reservation, ReserveError};
+pub use sleep::{Sleep, ThreadSleep};

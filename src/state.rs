@@ -23,6 +23,40 @@
 //! one (invariant I3). The only approximation is turning the configured rate into an
 //! integer `refill_per_tick`, done once, rounded down, in [`Policy`](crate::Policy).
 //!
+//! # Reservations: debt below zero
+//!
+//! A policy with a reservation horizon `h`
+//! ([`max_reservation`](crate::PolicyBuilder::max_reservation)) gets an allowance of
+//! `base = ceil(h / tick) * R` units: the refill of the horizon's whole ticks. The token
+//! field then holds `units = base + balance`, so the balance runs from `-base` (the most
+//! the bucket may owe) to `+capacity`, and no sign bit or second field is needed:
+//!
+//! ```text
+//!  units:  0 ............ base ..................... base + capacity * 2^F = max_units
+//! balance: -base (most owed)  0 (empty)               capacity (full)
+//! ```
+//!
+//! * [`Layout::reserve`] takes a cost even when the balance does not cover it, down to
+//!   `units = 0`, and returns how many ticks after the snapshot's tick refill brings the
+//!   balance back to zero: `ceil((base - units_after) / R)`, [`Layout::ticks_until`]. The
+//!   reservation's holder may proceed at that tick edge. The caller bounds that wait by
+//!   the horizon and its own maximum (see [`Bucket::reserve`](crate::Bucket::reserve)).
+//! * [`Layout::take`] (and so every `try_acquire`) needs `units >= base + cost`: while
+//!   anything is owed, it refuses, and its `retry_after` counts the debt. Later
+//!   reservations add to the debt and get later times. Requests are therefore served in
+//!   the order they reserved, at the refill rate: the queue is the debt, a single number,
+//!   and each reservation's place in it is fixed by the time it was made.
+//! * [`Layout::refund`] of a reservation not yet due gives the cost back with the same
+//!   cap as any refund, exactly the state without the reservation (I6).
+//! * Refill is unchanged: it adds `R` per tick up to `max_units`; a bucket in debt refills
+//!   towards zero and then towards full like any other.
+//!
+//! Reservations cost the word precision: the token field needs the bits of
+//! `base + capacity * 2^F`, so a long horizon at a high rate leaves fewer bits for the
+//! tick or the fraction; [`Policy`](crate::Policy) searches the layout with the allowance
+//! included and refuses horizons the word cannot owe
+//! ([`PolicyError::ReservationTooLong`](crate::PolicyError::ReservationTooLong)).
+//!
 //! Nothing in this module touches an atomic or a clock: the CAS loops in
 //! [`Bucket`](crate::Bucket) call these functions, and the tests, the fuzzer and the loom
 //! models share this one definition.
