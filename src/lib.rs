@@ -42,6 +42,7 @@
 //! - [`acquire_all`]: all-or-nothing acquisition across several buckets.
 //! - [`Bucket::reserve`] / [`Bucket::acquire`]: delay instead of reject; reservations
 //!   queue in time order as debt in the packed word ([`Reservation`], [`Sleep`]).
+//! - [`http`]: 429, `Retry-After` and the IETF `RateLimit` fields of a decision.
 //!
 //! The packed word, its precision bounds and the invariants are described in the
 //! [`guide`] module.
@@ -60,6 +61,7 @@ mod clock;
 mod decision;
 mod error;
 pub mod guide;
+pub mod http;
 mod multi;
 #[cfg(loom)]
 #[doc(hidden)]
