@@ -34,6 +34,15 @@
 //! horizon fails at once and writes nothing. The details are in the
 //! [`state`](crate::state#reservations-debt-below-zero) module.
 //!
+//! # Rejections on the wire
+//!
+//! [`http`](crate::http) turns a decision into the 429 status, a `Retry-After` in whole
+//! seconds rounded up (never 0), and the `RateLimit-Policy` / `RateLimit` fields of
+//! draft-ietf-httpapi-ratelimit-headers-11. On the client side, [`retry`](crate::retry)
+//! retries with bounded attempts, full-jitter exponential backoff added on top of the
+//! server's `Retry-After`, an overall deadline, and every attempt after the first marked
+//! [`Attempt::Retry`](crate::Attempt::Retry) for telemetry.
+//!
 //! # Invariants
 //!
 //! - **I1** the balance never exceeds the capacity `B`.

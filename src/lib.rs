@@ -42,7 +42,8 @@
 //! - [`acquire_all`]: all-or-nothing acquisition across several buckets.
 //! - [`Bucket::reserve`] / [`Bucket::acquire`]: delay instead of reject; reservations
 //!   queue in time order as debt in the packed word ([`Reservation`], [`Sleep`]).
-//! - [`http`]: 429, `Retry-After` and the IETF `RateLimit` fields of a decision.
+//! - [`retry`]: client retries with bounded attempts, full-jitter backoff, `Retry-After`
+//!   floors and a deadline. [`http`]: 429, `Retry-After` and the IETF `RateLimit` fields.
 //!
 //! The packed word, its precision bounds and the invariants are described in the
 //! [`guide`] module.
@@ -68,6 +69,7 @@ mod multi;
 pub mod mutants;
 mod policy;
 mod reservation;
+pub mod retry;
 mod sleep;
 pub mod state;
 mod sync;

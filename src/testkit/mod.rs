@@ -5,6 +5,7 @@
 //! wrap, no atomics.
 
 pub mod check;
+pub mod herd;
 mod model;
 
 pub use check::{Op, PolicySpec, Report, Scenario, Violation, check};
