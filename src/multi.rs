@@ -188,8 +188,16 @@ impl fmt::Debug for MultiDecision {
 /// Takes `cost` from every bucket of `requests`, or from none.
 ///
 /// Buckets may have different policies; they must share one time source, because the
-/// clock (of the first bucket in the list) is read once for the whole set. See the
-/// [module docs](self) for the algorithm.
+/// clock (of the first bucket in the list) is read once for the whole set.
+///
+/// 1. Every cost is checked against its bucket's capacity (I8) and a bucket named twice
+///    is refused, before anything is taken.
+/// 2. Buckets are taken in one global order, ascending [`Member::member_id`], so two
+///    acquirers with overlapping sets meet on the first bucket they share.
+/// 3. On the first refusal, the buckets already taken are refunded in reverse order,
+///    each exactly as if it had never been taken (I6).
+///
+/// Sets of up to [`INLINE_MEMBERS`] buckets allocate nothing.
 ///
 /// ```
 /// use tokengate::{acquire_all, Bucket, ManualClock, Policy};
