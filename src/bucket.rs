@@ -4,9 +4,16 @@
 //!
 //! Every operation is a read-modify-write of one `AtomicU64` that publishes no other
 //! memory: a decision depends only on the word's own modification order, which every
-//! atomic access observes coherently whatever its ordering. So loads and CASes are
-//! `Relaxed`. A rejection is a plain load and writes nothing (invariant I5), so an
+//! atomic access observes coherently whatever its ordering. So the hot path's load is
+//! `Relaxed`. A rejection is that load alone and writes nothing (invariant I5), so an
 //! overloaded bucket is a cache line every core can hold shared.
+//!
+//! One ordering is not about the word: a successful CAS is `Release`, and the slow path
+//! that tells a lost race from a clock stepping back loads the word with `Acquire`
+//! before reading the clock again. A writer read the clock before its CAS, so the
+//! acquire makes that reading happen-before the reader's new one, and a clock built on
+//! atomics (the manual clock) cannot then read earlier than the writer did. On x86 both
+//! orderings compile to the same instructions as `Relaxed`.
 
 use std::fmt;
 
@@ -60,9 +67,10 @@ impl RawBucket {
     /// snapshot; a lost CAS retries with the value it returned (no reload).
     ///
     /// With `strict`, a `now` behind the stored tick by more than the race tolerance
-    /// re-reads the clock once (the thread may simply have been descheduled since its
-    /// reading) and then refuses with [`AcquireError::ClockWentBackwards`], writing
-    /// nothing. Without it (refunds, peeks,
+    /// goes to a slow path that loads the word before reading the clock again (the thread
+    /// may simply have been descheduled since its reading) and refuses with
+    /// [`AcquireError::ClockWentBackwards`], writing nothing, only if a reading taken
+    /// after the load is still behind. Without it (refunds, peeks,
     /// resets) the step runs on the stored state, which adds no credit either.
     #[inline(always)]
     pub(crate) fn transition<C: Clock + ?Sized, T>(
@@ -87,7 +95,7 @@ impl RawBucket {
             };
             match self
                 .word
-                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
             {
                 Ok(_) => return Ok(out),
                 Err(actual) => {
@@ -98,9 +106,16 @@ impl RawBucket {
         }
     }
 
-    /// The strict transition once `now` was found well behind the stored tick: read the
-    /// clock again (the thread may have been descheduled since its first reading) and
-    /// refuse if it is still behind. Out of line, so that the hot loop stays small.
+    /// The strict transition once `now` was found well behind the stored tick.
+    ///
+    /// A thread descheduled between its clock reading and its CAS (for milliseconds, on
+    /// a loaded machine) sees words stored by threads that read the clock later: a lost
+    /// race, however long, not a clock stepping back. So this path loads the word
+    /// *first* and reads the clock *after*: every tick in the loaded word was then read
+    /// from the clock before this reading, and a reading still well behind it is a clock
+    /// that stepped back (refused). A lost CAS here reloads and reads again: it is the
+    /// cold path, and each loss means another thread made progress. Out of line, so
+    /// that the hot loop stays small.
     #[cold]
     #[inline(never)]
     fn transition_after_reread<C: Clock + ?Sized, T>(
@@ -109,12 +124,11 @@ impl RawBucket {
         clock: &C,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
     ) -> Result<T, AcquireError> {
-        let now = clock.now_nanos();
-        let now_tick = layout.tick_of(now);
-        let mut cur = self.word.load(Ordering::Relaxed);
         let backoff = Backoff::new();
         loop {
-            let snapshot = layout.refill(cur, now_tick);
+            let cur = self.word.load(Ordering::Acquire);
+            let now = clock.now_nanos();
+            let snapshot = layout.refill(cur, layout.tick_of(now));
             if snapshot.behind() > layout.tolerance_ticks() {
                 return Err(clock_went_backwards(layout, &snapshot, now));
             }
@@ -122,16 +136,14 @@ impl RawBucket {
             let Some(next) = next else {
                 return Ok(out);
             };
-            match self
+            if self
                 .word
-                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(cur, next, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
             {
-                Ok(_) => return Ok(out),
-                Err(actual) => {
-                    cur = actual;
-                    contended(&backoff);
-                }
+                return Ok(out);
             }
+            contended(&backoff);
         }
     }
 
