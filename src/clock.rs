@@ -212,7 +212,12 @@ impl ManualClock {
     /// Moves the time forward by `by` (saturating at `u64::MAX` nanoseconds).
     pub fn advance(&self, by: Duration) {
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        let mut cur = self.nanos.load(Ordering::Relaxed);
+        // The CAS loop starts from a guess rather than a load: a failed CAS returns the
+        // current time. Opening with a read-modify-write lets loom order this advance
+        // against other threads' earlier readings; loom 0.7's exploration never runs a
+        // load-then-CAS writer ahead of a reader that loaded first (tokio-rs/loom#166,
+        // #392), so those threads would never see the advanced time.
+        let mut cur = 0;
         loop {
             match self.nanos.compare_exchange_weak(
                 cur,
