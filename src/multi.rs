@@ -260,7 +260,13 @@ pub fn acquire_all_with<M: Member + ?Sized>(
     for (slot, i) in order.iter_mut().zip(0..) {
         *slot = i;
     }
-    sort_by_id(order, requests)?;
+    #[cfg(loom)]
+    let global_order = !crate::mutants::on(&crate::mutants::TAKE_IN_LISTED_ORDER);
+    #[cfg(not(loom))]
+    let global_order = true;
+    if global_order {
+        sort_by_id(order, requests)?;
+    }
 
     let now = first.now_nanos();
     for (taken, &i) in order.iter().enumerate() {
@@ -273,6 +279,12 @@ pub fn acquire_all_with<M: Member + ?Sized>(
             }
         }
         // Roll back what was taken, newest first.
+        #[cfg(loom)]
+        let taken = if crate::mutants::on(&crate::mutants::ROLLBACK_SKIPS_REFUND) {
+            0
+        } else {
+            taken
+        };
         for &j in order[..taken].iter().rev() {
             let (m, c) = requests[j];
             m.refund_at(c, now);

@@ -9,6 +9,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// A refund that adds the tokens without capping at the capacity (breaks I1 and I6).
 pub static REFUND_SKIPS_CAP: AtomicBool = AtomicBool::new(false);
 
+/// A reading behind the stored tick (a thread that lost a CAS race) writes its own,
+/// older tick back instead of keeping the stored one (breaks I2: the next reader is
+/// credited the same interval twice).
+pub static STALE_NOW_MOVES_TICK_BACK: AtomicBool = AtomicBool::new(false);
+
+/// Multi-bucket acquisition keeps what it took from the buckets before the one that
+/// refused, instead of refunding them (breaks I7: all-or-nothing).
+pub static ROLLBACK_SKIPS_REFUND: AtomicBool = AtomicBool::new(false);
+
+/// Multi-bucket acquisition takes the buckets in the order they are listed instead of one
+/// global order (breaks I7: two acquirers listing a shared pair in opposite orders can
+/// each hold one bucket and both be refused).
+pub static TAKE_IN_LISTED_ORDER: AtomicBool = AtomicBool::new(false);
+
 /// Whether `flag` is on.
 pub fn on(flag: &AtomicBool) -> bool {
     flag.load(Ordering::Relaxed)

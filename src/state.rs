@@ -449,6 +449,14 @@ impl Layout {
 
     #[cold]
     fn behind(&self, stored: u64, units: u64, now: u64) -> Snapshot {
+        #[cfg(loom)]
+        if crate::mutants::on(&crate::mutants::STALE_NOW_MOVES_TICK_BACK) {
+            return Snapshot {
+                units,
+                tick_field: now,
+                behind: stored.wrapping_sub(now) >> self.token_bits,
+            };
+        }
         Snapshot {
             units,
             tick_field: stored,
