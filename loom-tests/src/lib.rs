@@ -1,2 +1,326 @@
-//! Loom models of tokengate live in `tests/`; run them with
-//! `RUSTFLAGS="--cfg loom" cargo test -p loom-tests --release`.
+//! Exhaustive loom models of tokengate's CAS loops, refunds and multi-bucket acquisition.
+//!
+//! The models are the integration tests in `tests/`; this library is their harness. Run
+//! them from the repository root, in release mode and with their own target directory
+//! (so the `--cfg loom` build does not invalidate the normal one):
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release
+//! ```
+//!
+//! Add `-- --nocapture` to see, per model, the threads, the executions explored and the
+//! time taken. Without `--cfg loom` the crate is empty and its tests compile to nothing.
+#![cfg(loom)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokengate::Decision;
+
+/// Models of one test binary run one at a time: the mutant switches of
+/// `tokengate::mutants` are process-wide, so a model expected to fail must not share the
+/// process with one expected to pass.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    // A model expected to fail panics while holding the lock; the lock guards no data.
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What one model run explored.
+#[derive(Clone, Copy, Debug)]
+pub struct Explored {
+    /// Executions (complete interleavings) loom ran.
+    pub executions: usize,
+    /// Wall time of the whole exploration.
+    pub elapsed: Duration,
+}
+
+/// How a model is explored.
+#[derive(Clone, Copy, Debug)]
+pub struct Model {
+    /// Name printed with the figures.
+    pub name: &'static str,
+    /// Threads taking part, the model's main thread included.
+    pub threads: usize,
+    /// `Some(n)`: explore only executions with at most `n` preemptions. `None`:
+    /// exhaustive (unless `LOOM_MAX_PREEMPTIONS` is set in the environment).
+    pub preemption_bound: Option<usize>,
+}
+
+impl Model {
+    /// An exhaustive model.
+    pub const fn exhaustive(name: &'static str, threads: usize) -> Model {
+        Model {
+            name,
+            threads,
+            preemption_bound: None,
+        }
+    }
+
+    /// Runs `f` in every execution loom explores, counting them; panics (with the
+    /// failing execution's message) when an assertion fails in any of them.
+    pub fn check<F>(&self, f: F) -> Explored
+    where
+        F: Fn() + Sync + Send + 'static,
+    {
+        let _serial = one_at_a_time();
+        let explored = self.run(f);
+        println!(
+            "loom model {}: {} threads, {} executions, {:.2?}{}",
+            self.name,
+            self.threads,
+            explored.executions,
+            explored.elapsed,
+            match self.preemption_bound {
+                Some(n) => format!(" (at most {n} preemptions)"),
+                None => String::new(),
+            }
+        );
+        explored
+    }
+
+    /// Runs the model with the deliberate bug `mutant` (one of `tokengate::mutants`)
+    /// switched on, expecting it to fail: returns the failing assertion's message, and
+    /// panics if every execution passed. The bug is switched off again afterwards.
+    pub fn expect_violation<F>(&self, mutant: &'static AtomicBool, f: F) -> String
+    where
+        F: Fn() + Sync + Send + 'static,
+    {
+        let _serial = one_at_a_time();
+        let start = Instant::now();
+        let outcome = {
+            let _bug = tokengate::mutants::enable(mutant);
+            panic::catch_unwind(AssertUnwindSafe(|| self.run(f)))
+        };
+        match outcome {
+            Ok(explored) => panic!(
+                "loom model {} passed all {} executions although it should have failed",
+                self.name, explored.executions
+            ),
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                println!(
+                    "loom model {} (broken build): violation found in {:.2?}: {message}",
+                    self.name,
+                    start.elapsed()
+                );
+                message
+            }
+        }
+    }
+
+    fn run<F>(&self, f: F) -> Explored
+    where
+        F: Fn() + Sync + Send + 'static,
+    {
+        let executions = Arc::new(AtomicUsize::new(0));
+        let counter = executions.clone();
+        let mut builder = loom::model::Builder::new();
+        if self.preemption_bound.is_some() {
+            builder.preemption_bound = self.preemption_bound;
+        }
+        let start = Instant::now();
+        builder.check(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+            f();
+        });
+        Explored {
+            executions: executions.load(Ordering::Relaxed),
+            elapsed: start.elapsed(),
+        }
+    }
+}
+
+/// A counter shared across the executions of a model (outside loom's view), to show
+/// after the exploration that an outcome was reached at least once.
+#[derive(Clone, Debug, Default)]
+pub struct Tally(Arc<AtomicUsize>);
+
+impl Tally {
+    /// A counter at zero.
+    pub fn new() -> Tally {
+        Tally::default()
+    }
+
+    /// Adds one.
+    pub fn hit(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds one when `cond` holds.
+    pub fn hit_if(&self, cond: bool) {
+        if cond {
+            self.hit();
+        }
+    }
+
+    /// The count.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// One operation a thread performed on a bucket, as the thread saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// A `try_acquire` and the decision it returned (frozen clock).
+    Take {
+        /// Cost in units.
+        cost_units: u64,
+        /// Whether it was admitted.
+        admitted: bool,
+        /// The balance after the decision, in units.
+        balance_after: i64,
+    },
+    /// A refund of `units`; it returns nothing to check.
+    Refund {
+        /// Units given back.
+        units: u64,
+    },
+}
+
+impl Op {
+    /// The record of a `try_acquire` decision.
+    pub fn take(decision: &Decision, frac_bits: u32) -> Op {
+        Op::Take {
+            cost_units: decision.cost() << frac_bits,
+            admitted: decision.is_admitted(),
+            balance_after: decision.balance_units(),
+        }
+    }
+}
+
+/// Whether some sequential order of the threads' operations (each thread's in program
+/// order), replayed one at a time on a bucket of `max_units` holding `initial` units, gives
+/// every decision the threads saw and ends at `final_units`: the concurrent run is then
+/// indistinguishable from a sequential one (linearizable). Frozen clock only.
+pub fn has_sequential_witness(
+    initial: i64,
+    max_units: i64,
+    threads: &[Vec<Op>],
+    final_units: i64,
+) -> bool {
+    fn search(
+        balance: i64,
+        max_units: i64,
+        threads: &[Vec<Op>],
+        next: &mut [usize],
+        final_units: i64,
+    ) -> bool {
+        if next.iter().zip(threads).all(|(&n, ops)| n == ops.len()) {
+            return balance == final_units;
+        }
+        for t in 0..threads.len() {
+            let Some(&op) = threads[t].get(next[t]) else {
+                continue;
+            };
+            let after = match op {
+                Op::Take {
+                    cost_units,
+                    admitted,
+                    balance_after,
+                } => {
+                    let fits = balance >= cost_units as i64;
+                    let after = if fits {
+                        balance - cost_units as i64
+                    } else {
+                        balance
+                    };
+                    if fits != admitted || after != balance_after {
+                        continue;
+                    }
+                    after
+                }
+                Op::Refund { units } => (balance + units as i64).min(max_units),
+            };
+            next[t] += 1;
+            let found = search(after, max_units, threads, next, final_units);
+            next[t] -= 1;
+            if found {
+                return true;
+            }
+        }
+        false
+    }
+    let mut next = vec![0; threads.len()];
+    search(initial, max_units, threads, &mut next, final_units)
+}
+
+/// A bucket's balance in units at its stored tick, read from its packed word, asserting
+/// that the word decodes (its units are at most `max_units`: invariant I1).
+pub fn stored_balance<C: tokengate::Clock>(bucket: &tokengate::Bucket<C>) -> i64 {
+    let layout = bucket.policy().layout();
+    let word = bucket.__word();
+    let Some((_, units)) = layout.decode(word) else {
+        panic!(
+            "I1: the word {word:#x} holds {} units, above the capacity's {}",
+            word & ((1u64 << layout.token_bits()) - 1),
+            layout.max_units()
+        );
+    };
+    units as i64 - layout.base_units() as i64
+}
+
+/// A bucket's balance in units brought forward to its clock's current time (what
+/// `available()` reads, exactly), asserting I1 on the stored word first.
+pub fn balance_now<C: tokengate::Clock>(bucket: &tokengate::Bucket<C>) -> i64 {
+    stored_balance(bucket);
+    let layout = bucket.policy().layout();
+    let now = bucket.clock().now_nanos();
+    let snapshot = layout.refill(bucket.__word(), layout.tick_of(now));
+    layout.balance_units(&snapshot)
+}
+
+/// Whole ticks for this layout to refill at least one token: `ceil(2^F / R)`.
+pub fn ticks_per_token(layout: &tokengate::state::Layout) -> u64 {
+    (1u64 << layout.frac_bits()).div_ceil(layout.refill_per_tick())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn take(cost_units: u64, admitted: bool, balance_after: i64) -> Op {
+        Op::Take {
+            cost_units,
+            admitted,
+            balance_after,
+        }
+    }
+
+    #[test]
+    fn a_serial_history_has_a_witness() {
+        let threads = [vec![take(2, true, 1)], vec![take(2, false, 1)]];
+        assert!(has_sequential_witness(3, 3, &threads, 1));
+    }
+
+    #[test]
+    fn two_admissions_beyond_the_balance_have_no_witness() {
+        let threads = [vec![take(2, true, 1)], vec![take(2, true, 1)]];
+        assert!(!has_sequential_witness(3, 3, &threads, -1));
+    }
+
+    #[test]
+    fn a_refusal_nobody_explains_has_no_witness() {
+        let threads = [vec![take(2, false, 3)], vec![take(1, true, 2)]];
+        assert!(!has_sequential_witness(3, 3, &threads, 2));
+    }
+
+    #[test]
+    fn a_refund_is_replayed_capped() {
+        let threads = [
+            vec![take(2, true, 1), Op::Refund { units: 2 }],
+            vec![take(3, true, 0)],
+        ];
+        assert!(has_sequential_witness(3, 3, &threads, 0));
+        assert!(!has_sequential_witness(3, 3, &threads, 1));
+    }
+}
