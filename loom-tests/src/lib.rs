@@ -10,6 +10,26 @@
 //!
 //! Add `-- --nocapture` to see, per model, the threads, the executions explored and the
 //! time taken. Without `--cfg loom` the crate is empty and its tests compile to nothing.
+//!
+//! # What loom explores
+//!
+//! Every model runs exhaustively except where its test says why it is bounded. Two
+//! limits of loom 0.7 shape the models:
+//!
+//! - Its exploration never schedules a thread that loads and then CASes an atomic ahead
+//!   of another thread that loaded the same atomic first (tokio-rs/loom#166, #392). For
+//!   a bucket word this loses nothing: the skipped order (the reader loading the new
+//!   word) decides exactly like the explored one (the reader loading the old word, its
+//!   CAS failing and returning the new word). For the manual clock it would hide every
+//!   advance from the readers, so `ManualClock::advance` opens with its CAS, and
+//!   `clock_advance.rs` checks that a racing reader sees both times.
+//! - Objects must be created inside the model, and every execution must make the same
+//!   choices: multi-bucket models keep their buckets in one array, because the order
+//!   buckets are taken in is their address order.
+//!
+//! Each model also counts, outside loom, the executions reaching the outcomes it is
+//! about (a stale reading losing its race, a rollback, each thread succeeding) and fails
+//! if one never occurs, so a model cannot pass by exploring nothing of interest.
 #![cfg(loom)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
