@@ -53,5 +53,10 @@
 //!   + `R` × ticks elapsed.
 //! - **I5** a rejection is read-only: no store, no CAS.
 //! - **I6** a refund restores exactly the state the bucket would have had without the
-//!   reservation, capped at `B`.
+//!   reservation, capped at `B`: `min(B, refill(now) + c)`, whenever it comes, as long as
+//!   nothing else took tokens in between. When other admissions came in between and the
+//!   bucket would have been full meanwhile, the reservation kept room for refill that a
+//!   full bucket discards, so the refund can leave up to `c` more than a history without
+//!   the reservation: the balance still never exceeds `B` (I1) and tokens are conserved
+//!   (start + refill = admitted + balance), which the loom models check.
 //! - **I8** a cost above `B` is an immediate, distinct error.

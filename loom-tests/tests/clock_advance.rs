@@ -134,15 +134,13 @@ fn clock_advancing_between_two_acquirers_within_the_race_tolerance() {
 }
 
 /// 1000 tokens/s on 65.5 us ticks: two tokens of refill are 32 ticks, twice the race
-/// tolerance, so an acquirer whose reading predates the other's CAS re-reads the clock
-/// (`RawBucket::transition`'s strict path).
-///
-/// Some executions refuse with `ClockWentBackwards`: the re-read may still return the old
-/// time. The clock and the bucket word are separate atomics accessed `Relaxed`, so seeing
-/// a word stamped by a later reading does not make that reading visible (the C++ memory
-/// model allows it; x86 does not). The refusal takes nothing, which the conservation
-/// check confirms. A real clock's readings are not ordered by memory at all; the race
-/// tolerance covers their skew.
+/// tolerance, so an acquirer whose reading predates the other's CAS takes the slow path
+/// (`RawBucket::transition_after_reread`): it loads the word (`Acquire`, paired with the
+/// writer's `Release` CAS) and only then reads the clock again, so the writer's reading
+/// happens-before its new one and it can never mistake the lost race for a clock that
+/// stepped back. No execution refuses with `ClockWentBackwards`; with a `Relaxed` load
+/// there, the C++ memory model lets the re-read return the old time, and loom finds such
+/// executions.
 #[test]
 fn clock_advancing_beyond_the_race_tolerance_between_two_acquirers() {
     let policy = Policy::new(8, 1000.0).unwrap().start_empty();
@@ -167,4 +165,9 @@ fn clock_advancing_beyond_the_race_tolerance_between_two_acquirers() {
         "the advance never let the second acquirer in"
     );
     assert!(seen.one.get() > 0, "the second acquirer was never refused");
+    assert_eq!(
+        seen.clock_went_backwards.get(),
+        0,
+        "a lost race was refused as a clock stepping back"
+    );
 }
