@@ -44,6 +44,11 @@
 //!   queue in time order as debt in the packed word ([`Reservation`], [`Sleep`]).
 //! - [`retry`]: client retries with bounded attempts, full-jitter backoff, `Retry-After`
 //!   floors and a deadline. [`http`]: 429, `Retry-After` and the IETF `RateLimit` fields.
+//! - [`KeyedLimiter`]: one bucket per key in a sharded map with a maximum number of keys,
+//!   eviction of refilled buckets and an overflow policy.
+//! - [`ScopedLimiter`]: the scopes of a request (global, tenant, user, API key, route,
+//!   tenant route) paid all-or-nothing, with work classes and per-scope counters.
+//! - [`telemetry`](Record): per-key counters (original vs retry) and decision records.
 //!
 //! The packed word, its precision bounds and the invariants are described in the
 //! [`guide`] module.
@@ -63,6 +68,7 @@ mod decision;
 mod error;
 pub mod guide;
 pub mod http;
+mod keyed;
 mod multi;
 #[cfg(loom)]
 #[doc(hidden)]
@@ -71,8 +77,10 @@ mod policy;
 mod reservation;
 pub mod retry;
 mod sleep;
+mod scope;
 pub mod state;
 mod sync;
+mod telemetry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
@@ -86,7 +94,16 @@ pub use bucket::Bucket;
 pub use clock::{COARSE_INTERVAL, Clock, ClockError, CoarseClock, ManualClock, QuantaClock};
 pub use decision::Decision;
 pub use error::AcquireError;
+pub use keyed::{
+    Eviction, KeyedBuilder, KeyedConfigError, KeyedError, KeyedLimiter, MAX_SHARDS, Overflow,
+    SweepReport,
+};
 pub use multi::{INLINE_MEMBERS, Member, MultiDecision, MultiError, acquire_all, acquire_all_with};
 pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};
 pub use reservation::{Reservation, ReserveError};
 pub use sleep::{Sleep, ThreadSleep};
+pub use scope::{
+    ApiKeyId, ClassId, DEFAULT_MAX_KEYS, Refusal, Request, RouteId, Rule, RuleError, RuleSet,
+    Scope, ScopeDecision, ScopeError, ScopeKind, ScopedLimiter, TenantId, UserId, WorkClass,
+};
+pub use telemetry::{CounterSnapshot, Record, Tally, Verdict};

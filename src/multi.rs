@@ -26,7 +26,7 @@ use crate::error::AcquireError;
 /// Sets up to this size are ordered on the stack, without allocating.
 pub const INLINE_MEMBERS: usize = 8;
 
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
 }
 

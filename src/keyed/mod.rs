@@ -1,0 +1,837 @@
+//! Keyed limiters: one bucket per key, in a sharded hash map with a hard maximum number of
+//! keys.
+//!
+//! # Hot path
+//!
+//! A lookup of an existing key hashes it once (the same hash picks the shard and drives
+//! the probe, see below), takes the read side of that shard's
+//! [`ShardedLock`](crossbeam_utils::sync::ShardedLock) (each thread locks its own
+//! cache-padded inner lock, so readers on different cores do not bounce one line), finds
+//! the entry and runs the bucket's CAS. Nothing is allocated. A new key is the slow path:
+//! the shard's write lock, a second look, and an insertion.
+//!
+//! # Memory
+//!
+//! An entry is the key and the bare 8-byte bucket word (plus 64 bytes of counters when
+//! they are on); the policy, its layout and the clock live once per map. With `u64` keys
+//! an entry is 16 bytes in a hashbrown table (one control byte per slot, at most 7/8 of
+//! the slots full, the slot count a power of two per shard). Measured with a counting
+//! allocator, bytes allocated per key after inserting 1,000,000 random `u64` keys
+//! (`cargo run --release --example bytes_per_key`): see the crate's README for the
+//! figures next to governor's keyed limiter.
+//!
+//! # Bounded memory and eviction
+//!
+//! A map never holds more than its `max_keys`. A bucket that has refilled to full is
+//! identical to a fresh bucket of a start-full policy, so removing it loses nothing: when
+//! the key comes back it gets a full bucket, which is what it would have had. The sweep
+//! ([`KeyedLimiter::sweep`], and automatically on an insertion at the maximum, in the
+//! shard being inserted into) removes such buckets and rewrites every bucket it keeps
+//! refilled to the sweep's time ("re-anchoring"; exact, since refill is exact on the tick
+//! grid). Re-anchoring is what keeps a keyed bucket from idling past the tick wrap (see
+//! [`state`](crate::state)): run [`sweep`](KeyedLimiter::sweep) at least every
+//! [`max_sweep_interval`](KeyedLimiter::max_sweep_interval) (years for ordinary policies).
+//!
+//! For a start-empty policy no eviction is lossless: a key that comes back starts empty,
+//! while its kept bucket would have refilled. [`Eviction::Lossless`] (the default) then
+//! evicts nothing; [`Eviction::Full`] evicts full buckets anyway, so a returning key
+//! starts empty again: it loses its accumulated credit and never gains any.
+//!
+//! When the map is at its maximum and nothing can be evicted, a new key meets the map's
+//! [`Overflow`] policy: rejected with [`KeyedError::KeyLimit`] (the default), or charged
+//! to one shared overflow bucket. Keys already in the map keep their buckets throughout.
+//!
+//! # The hasher
+//!
+//! Keys are often chosen by clients (user ids, API keys), so the default hasher is std's
+//! [`RandomState`]: SipHash-1-3 keyed with 128 random bits that std draws from the
+//! operating system's generator, so an attacker cannot precompute keys that collide in
+//! the table or crowd one shard (governor's keyed limiter uses the same default). The
+//! hasher is a type parameter: foldhash's `RandomState` (hashbrown's default) is faster,
+//! but its seed comes from address-space layout and the time, and its authors state it
+//! does not resist an interactive attacker; use it for keys you trust. See the README for
+//! the measured difference.
+
+mod handle;
+mod table;
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::attempt::Attempt;
+use crate::bucket::RawBucket;
+use crate::clock::{Clock, QuantaClock};
+use crate::decision::Decision;
+use crate::error::AcquireError;
+use crate::policy::Policy;
+use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
+
+pub(crate) use handle::Handle;
+pub use table::SweepReport;
+pub(crate) use table::reanchor;
+use table::{Extra, MAX_SHARD_BITS, SweepCtx, Table};
+
+/// The most shards a keyed map may have (2^10).
+pub const MAX_SHARDS: usize = 1 << MAX_SHARD_BITS;
+
+/// What a new key gets when the map is at its maximum and nothing can be evicted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Overflow {
+    /// Refuse the request with [`KeyedError::KeyLimit`] (or a
+    /// [`Refusal::KeyLimit`](crate::Refusal::KeyLimit) in a scoped limiter). The default.
+    Reject,
+    /// Charge the request to one bucket shared by every key that found the map full, with
+    /// this policy: a flood of new keys then shares one budget instead of getting a fresh
+    /// burst each.
+    Share(Policy),
+}
+
+/// Which buckets a sweep may remove. Either way, only buckets that have refilled to full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Eviction {
+    /// Only when a fresh bucket would be identical: full buckets of start-full policies.
+    /// Evicts nothing under a start-empty policy. The default.
+    #[default]
+    Lossless,
+    /// Full buckets under any policy: under a start-empty policy a key that comes back
+    /// starts empty, losing the credit it had accumulated (never gaining any).
+    Full,
+}
+
+/// Why a keyed operation refused to decide. Nothing changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyedError {
+    /// The bucket refused with an error (a cost above the capacity, or a clock that went
+    /// backwards).
+    Acquire(AcquireError),
+    /// The key is new, the map holds its maximum of `max_keys` keys, none could be
+    /// evicted, and the overflow policy is [`Overflow::Reject`]. Retry later: keys are
+    /// evicted as their buckets refill.
+    KeyLimit {
+        /// The map's maximum number of keys.
+        max_keys: usize,
+    },
+}
+
+impl From<AcquireError> for KeyedError {
+    fn from(e: AcquireError) -> Self {
+        KeyedError::Acquire(e)
+    }
+}
+
+impl fmt::Display for KeyedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedError::Acquire(e) => e.fmt(f),
+            KeyedError::KeyLimit { max_keys } => write!(
+                f,
+                "the key is new and the map already holds its maximum of {max_keys} keys, \
+                 none of them evictable"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KeyedError::Acquire(e) => Some(e),
+            KeyedError::KeyLimit { .. } => None,
+        }
+    }
+}
+
+/// Why a keyed limiter's configuration is invalid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyedConfigError {
+    /// `max_keys` is zero.
+    ZeroMaxKeys,
+    /// The shard count is not a power of two between 1 and [`MAX_SHARDS`].
+    Shards(usize),
+}
+
+impl fmt::Display for KeyedConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedConfigError::ZeroMaxKeys => f.write_str("max_keys must be at least 1, got 0"),
+            KeyedConfigError::Shards(n) => write!(
+                f,
+                "shard count must be a power of two between 1 and {MAX_SHARDS}, got {n}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyedConfigError {}
+
+/// Builds a [`KeyedLimiter`]; see [`KeyedLimiter::builder`].
+pub struct KeyedBuilder<K, C = QuantaClock, S = RandomState> {
+    policy: Policy,
+    max_keys: usize,
+    shards: Option<usize>,
+    overflow: Overflow,
+    eviction: Eviction,
+    counters: bool,
+    clock: C,
+    hasher: S,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<K, C: fmt::Debug, S> fmt::Debug for KeyedBuilder<K, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBuilder")
+            .field("policy", &self.policy)
+            .field("max_keys", &self.max_keys)
+            .field("shards", &self.shards)
+            .field("overflow", &self.overflow)
+            .field("eviction", &self.eviction)
+            .field("counters", &self.counters)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl<K, C, S> KeyedBuilder<K, C, S> {
+    /// Uses `clock` (the default is [`QuantaClock`]).
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, C2, S> {
+        KeyedBuilder {
+            policy: self.policy,
+            max_keys: self.max_keys,
+            shards: self.shards,
+            overflow: self.overflow,
+            eviction: self.eviction,
+            counters: self.counters,
+            clock,
+            hasher: self.hasher,
+            key: PhantomData,
+        }
+    }
+
+    /// Uses `hasher` (the default is std's [`RandomState`]; see the
+    /// [module docs](self#the-hasher) before choosing a faster one).
+    pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> KeyedBuilder<K, C, S2> {
+        KeyedBuilder {
+            policy: self.policy,
+            max_keys: self.max_keys,
+            shards: self.shards,
+            overflow: self.overflow,
+            eviction: self.eviction,
+            counters: self.counters,
+            clock: self.clock,
+            hasher,
+            key: PhantomData,
+        }
+    }
+
+    /// Number of shards, a power of two up to [`MAX_SHARDS`]. The default is four per
+    /// hardware thread, rounded up to a power of two, at least 4 and at most 256. Each
+    /// shard costs about 1 KiB of locks; a sweep blocks one shard at a time.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    pub(crate) fn shards_opt(mut self, shards: Option<usize>) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// What a new key gets when the map is full (default [`Overflow::Reject`]).
+    pub fn overflow(mut self, overflow: Overflow) -> Self {
+        self.overflow = overflow;
+        self
+    }
+
+    /// Which buckets sweeps may evict (default [`Eviction::Lossless`]).
+    pub fn eviction(mut self, eviction: Eviction) -> Self {
+        self.eviction = eviction;
+        self
+    }
+
+    /// Keeps per-key counters (admitted and rejected requests and tokens, original and
+    /// retry; 64 bytes per key). Off by default.
+    pub fn counters(mut self, on: bool) -> Self {
+        self.counters = on;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedConfigError`] for a zero `max_keys` or an invalid shard count.
+    pub fn build(self) -> Result<KeyedLimiter<K, C, S>, KeyedConfigError>
+    where
+        C: Clock,
+    {
+        if self.max_keys == 0 {
+            return Err(KeyedConfigError::ZeroMaxKeys);
+        }
+        let shards = self.shards.unwrap_or_else(default_shards);
+        if !shards.is_power_of_two() || shards > MAX_SHARDS {
+            return Err(KeyedConfigError::Shards(shards));
+        }
+        let bits = shards.trailing_zeros();
+        let store = if self.counters {
+            Store::Counted(Table::new(bits, self.max_keys, self.hasher))
+        } else {
+            Store::Bare(Table::new(bits, self.max_keys, self.hasher))
+        };
+        let overflow_bucket = match self.overflow {
+            Overflow::Reject => None,
+            Overflow::Share(p) => Some(SharedBucket {
+                raw: CachePadded::new(RawBucket::new(
+                    p.layout(),
+                    self.clock.now_nanos(),
+                    p.starts_full(),
+                )),
+                policy: p,
+            }),
+        };
+        let start_full = self.policy.starts_full();
+        Ok(KeyedLimiter {
+            store,
+            evict: start_full || self.eviction == Eviction::Full,
+            policy: self.policy,
+            clock: self.clock,
+            overflow: self.overflow,
+            overflow_bucket,
+            overflow_counts: StripedCounters::new(),
+            evicted_counts: CounterCells::default(),
+        })
+    }
+}
+
+fn default_shards() -> usize {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (threads * 4).next_power_of_two().clamp(4, 256)
+}
+
+enum Store<K, S> {
+    Bare(Table<K, (), S>),
+    Counted(Table<K, CounterCells, S>),
+}
+
+/// Runs `$body` with `$t` bound to the map's table, whichever extra it stores.
+macro_rules! with_table {
+    ($store:expr, $t:ident => $body:expr) => {
+        match $store {
+            Store::Bare($t) => $body,
+            Store::Counted($t) => $body,
+        }
+    };
+}
+
+struct SharedBucket {
+    raw: CachePadded<RawBucket>,
+    policy: Policy,
+}
+
+/// Where a key's request goes: its own bucket (or the shared overflow bucket), or
+/// nowhere because the map is full.
+pub(crate) enum Slot<'a, C> {
+    Bucket(Handle<'a, C>),
+    Full { max_keys: usize },
+}
+
+/// One token bucket per key, for any `K: Hash + Eq`, with at most `max_keys` keys.
+///
+/// Every key gets a bucket of the same [`Policy`] on first use. See the
+/// [module docs](self) for the hot path, memory per key, eviction and overflow.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate::{KeyedLimiter, ManualClock, Policy};
+///
+/// let clock = ManualClock::new();
+/// let limiter = KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0)?, 100_000)
+///     .clock(clock.clone())
+///     .build()?;
+/// assert!(limiter.try_acquire(&1, 10)?.is_admitted());
+/// assert!(limiter.try_acquire(&1, 1)?.is_rejected()); // key 1 is drained...
+/// assert!(limiter.try_acquire(&2, 10)?.is_admitted()); // ...key 2 is not
+/// assert_eq!(limiter.len(), 2);
+///
+/// // Once refilled to full, a bucket is identical to a fresh one: the sweep evicts it.
+/// clock.advance(Duration::from_secs(10));
+/// assert_eq!(limiter.sweep().evicted, 2);
+/// assert_eq!(limiter.len(), 0);
+/// assert!(limiter.try_acquire(&1, 10)?.is_admitted());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLimiter<K, C: Clock = QuantaClock, S = RandomState> {
+    store: Store<K, S>,
+    evict: bool,
+    policy: Policy,
+    clock: C,
+    overflow: Overflow,
+    overflow_bucket: Option<SharedBucket>,
+    overflow_counts: StripedCounters,
+    evicted_counts: CounterCells,
+}
+
+impl<K, C: Clock + fmt::Debug, S> fmt::Debug for KeyedLimiter<K, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("policy", &self.policy)
+            .field("len", &self.len())
+            .field("max_keys", &self.max_keys())
+            .field("overflow", &self.overflow)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl<K> KeyedLimiter<K> {
+    /// A limiter of at most `max_keys` keys, each with a bucket of `policy`, on the
+    /// default clock and hasher, rejecting new keys when full.
+    ///
+    /// ```
+    /// use tokengate::{KeyedLimiter, Policy};
+    /// let limiter = KeyedLimiter::new(Policy::new(100, 1000.0)?, 1 << 20)?;
+    /// assert!(limiter.try_acquire("alice", 1)?.is_admitted());
+    /// assert!(limiter.contains("alice"));
+    /// # let _: &KeyedLimiter<String> = &limiter;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedConfigError::ZeroMaxKeys`] for a zero `max_keys`.
+    pub fn new(policy: Policy, max_keys: usize) -> Result<KeyedLimiter<K>, KeyedConfigError> {
+        KeyedLimiter::builder(policy, max_keys).build()
+    }
+
+    /// A builder for a limiter with options: clock, hasher, shards, overflow, eviction,
+    /// counters.
+    pub fn builder(policy: Policy, max_keys: usize) -> KeyedBuilder<K> {
+        KeyedBuilder {
+            policy,
+            max_keys,
+            shards: None,
+            overflow: Overflow::Reject,
+            eviction: Eviction::Lossless,
+            counters: false,
+            clock: QuantaClock::new(),
+            hasher: RandomState::new(),
+            key: PhantomData,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S> {
+    /// Takes `cost` tokens from `key`'s bucket, creating the bucket on first use.
+    ///
+    /// Counted as an original attempt; see [`try_acquire_as`](KeyedLimiter::try_acquire_as).
+    ///
+    /// # Errors
+    ///
+    /// - [`KeyedError::Acquire`] with [`AcquireError::CostExceedsCapacity`] for a cost
+    ///   above the capacity (no key is created), or
+    ///   [`AcquireError::ClockWentBackwards`].
+    /// - [`KeyedError::KeyLimit`] for a new key when the map is full and the overflow
+    ///   policy is [`Overflow::Reject`].
+    #[inline]
+    pub fn try_acquire<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.try_acquire_as(key, cost, Attempt::Original)
+    }
+
+    /// [`try_acquire`](KeyedLimiter::try_acquire), counting the request as `attempt`
+    /// (original or retry) in the key's counters when they are on.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](KeyedLimiter::try_acquire).
+    #[inline]
+    pub fn try_acquire_as<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        attempt: Attempt,
+    ) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if cost > self.policy.capacity() {
+            return Err(crate::bucket::cost_exceeds_capacity(self.policy.layout(), cost).into());
+        }
+        let now = self.clock.now_nanos();
+        self.with_slot(key, now, |slot| match slot {
+            Slot::Bucket(h) => {
+                let d = h.take(cost, now)?;
+                h.counters.record(d.is_admitted(), cost, attempt);
+                Ok(d)
+            }
+            Slot::Full { max_keys } => {
+                self.count_key_limit(cost, attempt);
+                Err(KeyedError::KeyLimit { max_keys })
+            }
+        })
+    }
+
+    /// Gives back `cost` tokens of an earlier admission of `key` (`min(B, balance +
+    /// cost)`, I6). A key no longer in the map had refilled to full and been evicted: the
+    /// refund would be capped away, so there is nothing to do.
+    ///
+    /// ```
+    /// use tokengate::{KeyedLimiter, ManualClock, Policy};
+    /// let limiter = KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0)?, 10)
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// limiter.try_acquire(&3, 4)?;
+    /// limiter.refund(&3, 4)?;
+    /// assert_eq!(limiter.available(&3), 10.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::CostExceedsCapacity`] for a cost above the capacity.
+    pub fn refund<Q>(&self, key: &Q, cost: u64) -> Result<(), AcquireError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let layout = self.policy.layout();
+        let Some(units) = layout.units_of(cost) else {
+            return Err(crate::bucket::cost_exceeds_capacity(layout, cost));
+        };
+        let now = self.clock.now_nanos();
+        self.find(key, |bucket, _| {
+            bucket.refund_units(layout, &self.clock, now, units);
+        });
+        Ok(())
+    }
+
+    /// Tokens `key` has now (fractional): its bucket's balance, or a fresh bucket's for a
+    /// key not in the map (the capacity, or zero under a start-empty policy). Writes
+    /// nothing and creates no key.
+    pub fn available<Q>(&self, key: &Q) -> f64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let layout = self.policy.layout();
+        let now = self.clock.now_nanos();
+        let units = self.find(key, |bucket, _| {
+            layout.balance_units(&bucket.snapshot(layout, now))
+        });
+        let units = units.unwrap_or(if self.policy.starts_full() {
+            (layout.max_units() - layout.base_units()) as i64
+        } else {
+            0
+        });
+        layout.units_to_tokens(units)
+    }
+
+    /// Whether `key` has a bucket in the map.
+    pub fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(key, |_, _| ()).is_some()
+    }
+
+    /// `key`'s counters, when the map keeps counters and the key is in the map. Counts of
+    /// evicted keys are in [`evicted_counters`](KeyedLimiter::evicted_counters).
+    pub fn counters<Q>(&self, key: &Q) -> Option<CounterSnapshot>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(key, |_, counters| counters.snapshot()).flatten()
+    }
+
+    /// Calls `f` with every key in the map and its counters (when counters are on), one
+    /// shard at a time under its read lock. For export to a metrics system; not for the
+    /// hot path.
+    pub fn for_each_counters(&self, mut f: impl FnMut(&K, CounterSnapshot)) {
+        with_table!(&self.store, t => each_entry(t, &mut |key, counters| {
+            if let Some(c) = counters.snapshot() {
+                f(key, c);
+            }
+        }))
+    }
+
+    /// The counts of keys evicted so far, summed: eviction loses no count.
+    pub fn evicted_counters(&self) -> CounterSnapshot {
+        self.evicted_counts.snapshot()
+    }
+
+    /// Requests of new keys that found the map full: rejected with
+    /// [`KeyedError::KeyLimit`], or decided by the shared overflow bucket.
+    pub fn overflow_counters(&self) -> CounterSnapshot {
+        self.overflow_counts.snapshot()
+    }
+
+    /// Evicts every bucket that has refilled to full (when the [`Eviction`] mode allows),
+    /// re-anchors every bucket it keeps, and gives back table memory a flood left behind.
+    /// One shard at a time, each under its write lock (readers of that shard wait; the
+    /// others do not).
+    ///
+    /// Run it at least every [`max_sweep_interval`](KeyedLimiter::max_sweep_interval);
+    /// more often frees memory sooner.
+    pub fn sweep(&self) -> SweepReport {
+        let now = self.clock.now_nanos();
+        let ctx = self.sweep_ctx(now);
+        let mut report = SweepReport::default();
+        with_table!(&self.store, t => {
+            for i in 0..t.shard_count() {
+                let mut guard = t.write(i);
+                report += t.sweep_shard(&mut guard, &ctx);
+                t.shrink_shard(&mut guard);
+            }
+        });
+        if let Some(b) = &self.overflow_bucket {
+            reanchor(&b.raw, b.policy.layout(), &self.clock, now);
+        }
+        report
+    }
+
+    /// The longest time sweeps may be apart: a bucket re-anchored by one sweep must be
+    /// rewritten before it idles into the tick field's back window. It is the policy's
+    /// [`wrap_period`](Policy::wrap_period) less the back window (at most about 19.5
+    /// hours); years for ordinary policies.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokengate::{KeyedLimiter, Policy};
+    /// let limiter = KeyedLimiter::<u64>::new(Policy::new(100, 20.0)?, 1000)?;
+    /// assert!(limiter.max_sweep_interval() > Duration::from_secs(365 * 86400));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_sweep_interval(&self) -> Duration {
+        sweep_interval(&self.policy)
+    }
+
+    /// Counts a request refused because the map is full.
+    pub(crate) fn count_key_limit(&self, cost: u64, attempt: Attempt) {
+        self.overflow_counts.record(false, cost, attempt);
+    }
+
+    /// The identity of the shared overflow bucket, if there is one.
+    pub(crate) fn overflow_id(&self) -> Option<usize> {
+        self.overflow_bucket.as_ref().map(|b| b.raw.id())
+    }
+
+    fn sweep_ctx(&self, now: u64) -> SweepCtx<'_> {
+        SweepCtx {
+            layout: self.policy.layout(),
+            clock: &self.clock,
+            now,
+            evict: self.evict,
+            start_full: self.policy.starts_full(),
+            evicted_counts: &self.evicted_counts,
+        }
+    }
+
+    /// Runs `f` on `key`'s bucket and counters under its shard's read lock, if the key is
+    /// in the map.
+    fn find<Q, R>(&self, key: &Q, f: impl FnOnce(&RawBucket, CounterRef<'_>) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        with_table!(&self.store, t => find_in(t, key, f))
+    }
+
+    /// Runs `f` on `key`'s slot with the slot's shard locked (read side for an existing
+    /// key, write side after inserting a new one) for the duration of `f`.
+    ///
+    /// Holding the lock while `f` runs is what lets `f` hold the bucket across an
+    /// all-or-nothing acquisition. Callers nesting several maps must nest them in one
+    /// fixed order (the scoped limiter nests by scope kind), and never the same map twice:
+    /// a second read lock on a shard, with a writer queued in between, would deadlock.
+    #[inline]
+    pub(crate) fn with_slot<Q, R>(&self, key: &Q, now: u64, f: impl FnOnce(Slot<'_, C>) -> R) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        with_table!(&self.store, t => self.slot_in(t, key, now, f))
+    }
+
+    #[inline]
+    fn slot_in<V: Extra, Q, R>(
+        &self,
+        t: &Table<K, V, S>,
+        key: &Q,
+        now: u64,
+        f: impl FnOnce(Slot<'_, C>) -> R,
+    ) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = t.hash_of(key);
+        let shard = t.shard_index(hash);
+        {
+            let guard = t.read(shard);
+            if let Some(e) = guard.table.find(hash, |e| e.key.borrow() == key) {
+                return f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())));
+            }
+        }
+        self.slot_slow(t, shard, hash, key, now, f)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn slot_slow<V: Extra, Q, R>(
+        &self,
+        t: &Table<K, V, S>,
+        shard: usize,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        f: impl FnOnce(Slot<'_, C>) -> R,
+    ) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut guard = t.write(shard);
+        let ctx = self.sweep_ctx(now);
+        match t.find_or_insert(&mut guard, hash, key, &ctx) {
+            Some(i) => {
+                let e = guard
+                    .table
+                    .get_bucket(i)
+                    .expect("find_or_insert returns the index of an entry");
+                f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())))
+            }
+            None => {
+                drop(guard);
+                match &self.overflow_bucket {
+                    Some(b) => f(Slot::Bucket(Handle {
+                        raw: &b.raw,
+                        layout: b.policy.layout(),
+                        clock: &self.clock,
+                        counters: CounterRef::Striped(&self.overflow_counts),
+                    })),
+                    None => f(Slot::Full {
+                        max_keys: t.max_keys(),
+                    }),
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn handle<'a>(&'a self, raw: &'a RawBucket, counters: CounterRef<'a>) -> Handle<'a, C> {
+        Handle {
+            raw,
+            layout: self.policy.layout(),
+            clock: &self.clock,
+            counters,
+        }
+    }
+}
+
+impl<K, C: Clock, S> KeyedLimiter<K, C, S> {
+    /// Keys in the map (never above [`max_keys`](KeyedLimiter::max_keys)).
+    pub fn len(&self) -> usize {
+        with_table!(&self.store, t => t.len())
+    }
+
+    /// Whether the map holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys the map holds.
+    pub fn max_keys(&self) -> usize {
+        with_table!(&self.store, t => t.max_keys())
+    }
+
+    /// The number of shards.
+    pub fn shards(&self) -> usize {
+        with_table!(&self.store, t => t.shard_count())
+    }
+
+    /// The policy of every key's bucket.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The clock the map reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// What a new key gets when the map is full.
+    pub fn overflow(&self) -> Overflow {
+        self.overflow
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S> {
+    /// Bytes the map's tables and locks hold (control bytes, entries, shard locks), as
+    /// the tables report them. For diagnostics; the README's per-key figures are measured
+    /// with a counting allocator.
+    pub fn allocated_bytes(&self) -> usize {
+        with_table!(&self.store, t => t.allocated_bytes())
+    }
+
+    /// The packed word of `key`'s bucket, for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn __word<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(key, |bucket, _| bucket.load())
+    }
+}
+
+/// The longest time a bucket of `policy` may go unwritten before its tick reading could
+/// land in the back window: the wrap period less the back window.
+pub(crate) fn sweep_interval(policy: &Policy) -> Duration {
+    let layout = policy.layout();
+    let back = Duration::from_nanos(
+        layout
+            .back_window_ticks()
+            .saturating_mul(1 << layout.tick_shift()),
+    );
+    layout.wrap_period().saturating_sub(back)
+}
+
+/// Runs `f` on `key`'s entry in `t` under its shard's read lock.
+fn find_in<K, V, S, Q, R>(
+    t: &Table<K, V, S>,
+    key: &Q,
+    f: impl FnOnce(&RawBucket, CounterRef<'_>) -> R,
+) -> Option<R>
+where
+    K: Hash + Eq + Borrow<Q>,
+    V: Extra,
+    S: BuildHasher,
+    Q: Hash + Eq + ?Sized,
+{
+    let hash = t.hash_of(key);
+    let guard = t.read(t.shard_index(hash));
+    let entry = guard.table.find(hash, |e| e.key.borrow() == key)?;
+    Some(f(&entry.bucket, entry.extra.counter_ref()))
+}
+
+/// Calls `f` on every entry of `t`, one shard at a time under its read lock.
+fn each_entry<K, V: Extra, S>(t: &Table<K, V, S>, f: &mut dyn FnMut(&K, CounterRef<'_>)) {
+    for i in 0..t.shard_count() {
+        let guard = t.read(i);
+        for e in guard.table.iter() {
+            f(&e.key, e.extra.counter_ref());
+        }
+    }
+}

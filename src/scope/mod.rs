@@ -1,0 +1,617 @@
+//! Scopes: who shares a budget, and one call that pays every scope of a request.
+//!
+//! A [`RuleSet`] gives each scope kind (global, tenant, user, API key, route, tenant
+//! route) its own [`Rule`] (policy, key bound, overflow) and names the work classes with
+//! their costs. A [`ScopedLimiter`] built from it maps a [`Request`] to the scopes it must
+//! pay and pays them all or none, through [`acquire_all_with`](crate::acquire_all_with);
+//! the [`ScopeDecision`] names the scope that refused.
+//!
+//! # Locking
+//!
+//! Each keyed kind has its own [`KeyedLimiter`] (its own shards and locks), and a request
+//! has at most one key per kind. The shard locks of a request are taken nested, always in
+//! the order of [`ScopeKind`] (tenant, user, API key, route, tenant route), each at most
+//! once, and held until every bucket has been paid or rolled back; a new key takes its
+//! shard's write lock in that same position. Writers (insertions, sweeps) hold one shard
+//! lock at a time. Every thread thus acquires locks in one global order, which rules out
+//! the deadlock that reader-writer locks preferring waiting writers (std's, and so
+//! crossbeam's `ShardedLock`) would otherwise allow: a reader holding shard A and waiting
+//! for B behind a queued writer, while another holds B and waits for A.
+
+mod decision;
+mod key;
+mod rules;
+
+use std::fmt;
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::attempt::Attempt;
+use crate::bucket::RawBucket;
+use crate::clock::{Clock, QuantaClock};
+use crate::keyed::{Handle, KeyedLimiter, Overflow, Slot, SweepReport, reanchor, sweep_interval};
+use crate::multi::{MultiError, acquire_all_with};
+use crate::policy::Policy;
+use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
+
+use decision::{KindPolicies, Paid};
+pub use decision::{Refusal, ScopeDecision, ScopeError};
+pub use key::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
+pub use rules::{ClassId, DEFAULT_MAX_KEYS, Request, Rule, RuleError, RuleSet, WorkClass};
+
+struct GlobalScope {
+    raw: CachePadded<RawBucket>,
+    policy: Policy,
+    counters: Option<StripedCounters>,
+}
+
+/// Pays every scope of a request all-or-nothing, with per-scope telemetry.
+///
+/// Built from a [`RuleSet`]. One [`try_acquire`](ScopedLimiter::try_acquire) call takes
+/// the class's cost from every scope the request names (and the global scope), or from
+/// none; see the [module docs](self) for the lock order.
+///
+/// ```
+/// use tokengate::*;
+///
+/// let limiter = RuleSet::new()
+///     .rule(ScopeKind::Global, Rule::new(Policy::new(1000, 500.0)?))
+///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(100, 20.0)?))
+///     .rule(ScopeKind::TenantRoute, Rule::new(Policy::new(30, 5.0)?))
+///     .class(WorkClass::new("metadata", 1))
+///     .class(WorkClass::new("search", 3))
+///     .class(WorkClass::new("export", 20))
+///     .build_with_clock(ManualClock::new())?;
+/// let export = limiter.class("export").unwrap();
+/// let request = Request::new().tenant(TenantId(42)).route(RouteId(7));
+///
+/// assert!(limiter.try_acquire(&request, export)?.is_admitted());
+/// let d = limiter.try_acquire(&request, export)?; // the tenant route holds 10
+/// assert_eq!(d.refused_scope(), Some(Scope::TenantRoute(TenantId(42), RouteId(7))));
+/// // Nothing was taken from the global or tenant scope by the refused request.
+/// assert_eq!(limiter.available(&Scope::Tenant(TenantId(42))), Some(80.0));
+/// let c = limiter.counters(&Scope::Tenant(TenantId(42))).unwrap();
+/// assert_eq!(c.original.admitted_tokens, 20);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ScopedLimiter<C: Clock = QuantaClock, S = RandomState> {
+    clock: C,
+    global: Option<GlobalScope>,
+    tenant: Option<KeyedLimiter<TenantId, C, S>>,
+    user: Option<KeyedLimiter<UserId, C, S>>,
+    api_key: Option<KeyedLimiter<ApiKeyId, C, S>>,
+    route: Option<KeyedLimiter<RouteId, C, S>>,
+    tenant_route: Option<KeyedLimiter<(TenantId, RouteId), C, S>>,
+    classes: Vec<WorkClass>,
+    policies: [Option<KindPolicies>; 6],
+}
+
+impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScopedLimiter")
+            .field("clock", &self.clock)
+            .field("policies", &self.policies)
+            .field("classes", &self.classes)
+            .finish()
+    }
+}
+
+impl RuleSet {
+    /// Builds the limiter on the default clock and hasher.
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError`] for an invalid map configuration, a class that could never be
+    /// admitted in some scope, or a duplicate class name.
+    pub fn build(self) -> Result<ScopedLimiter, RuleError> {
+        self.build_with(QuantaClock::new(), RandomState::new())
+    }
+
+    /// Builds the limiter on `clock` (shared by every scope: an all-or-nothing
+    /// acquisition reads one time for all its buckets).
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](RuleSet::build).
+    pub fn build_with_clock<C: Clock + Clone>(
+        self,
+        clock: C,
+    ) -> Result<ScopedLimiter<C>, RuleError> {
+        self.build_with(clock, RandomState::new())
+    }
+
+    /// Builds the limiter on `clock` with `hasher` for every keyed scope.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](RuleSet::build).
+    pub fn build_with<C: Clock + Clone, S: BuildHasher + Clone>(
+        self,
+        clock: C,
+        hasher: S,
+    ) -> Result<ScopedLimiter<C, S>, RuleError> {
+        if u32::try_from(self.classes.len()).is_err() {
+            return Err(RuleError::TooManyClasses);
+        }
+        for (i, c) in self.classes.iter().enumerate() {
+            if self.classes[..i].iter().any(|o| o.name() == c.name()) {
+                return Err(RuleError::DuplicateClass(c.name().to_owned()));
+            }
+            for kind in ScopeKind::ALL {
+                let Some(rule) = &self.rules[kind.index()] else {
+                    continue;
+                };
+                let cost = c.cost_in(kind);
+                let mut capacity = rule.policy.capacity();
+                if let (Overflow::Share(p), true) = (rule.overflow, kind != ScopeKind::Global) {
+                    capacity = capacity.min(p.capacity());
+                }
+                if cost > capacity {
+                    return Err(RuleError::CostExceedsCapacity {
+                        class: c.name().to_owned(),
+                        kind,
+                        cost,
+                        capacity,
+                    });
+                }
+            }
+        }
+        let mut policies = [None; 6];
+        for kind in ScopeKind::ALL {
+            policies[kind.index()] = self.rules[kind.index()].map(|r| KindPolicies {
+                policy: r.policy,
+                overflow: match r.overflow {
+                    Overflow::Share(p) if kind != ScopeKind::Global => Some(p),
+                    _ => None,
+                },
+            });
+        }
+        Ok(ScopedLimiter {
+            global: self.rules[ScopeKind::Global.index()].map(|r| GlobalScope {
+                raw: CachePadded::new(RawBucket::new(
+                    r.policy.layout(),
+                    clock.now_nanos(),
+                    r.policy.starts_full(),
+                )),
+                policy: r.policy,
+                counters: r.counters.then(StripedCounters::new),
+            }),
+            tenant: keyed_map(&self.rules, ScopeKind::Tenant, &clock, &hasher)?,
+            user: keyed_map(&self.rules, ScopeKind::User, &clock, &hasher)?,
+            api_key: keyed_map(&self.rules, ScopeKind::ApiKey, &clock, &hasher)?,
+            route: keyed_map(&self.rules, ScopeKind::Route, &clock, &hasher)?,
+            tenant_route: keyed_map(&self.rules, ScopeKind::TenantRoute, &clock, &hasher)?,
+            classes: self.classes,
+            policies,
+            clock,
+        })
+    }
+}
+
+/// The map of `kind` under its rule, if it has one.
+fn keyed_map<K, C: Clock + Clone, S: BuildHasher + Clone>(
+    rules: &[Option<Rule>; 6],
+    kind: ScopeKind,
+    clock: &C,
+    hasher: &S,
+) -> Result<Option<KeyedLimiter<K, C, S>>, RuleError> {
+    let Some(r) = rules[kind.index()] else {
+        return Ok(None);
+    };
+    KeyedLimiter::builder(r.policy, r.max_keys)
+        .clock(clock.clone())
+        .hasher(hasher.clone())
+        .overflow(r.overflow)
+        .eviction(r.eviction)
+        .counters(r.counters)
+        .shards_opt(r.shards)
+        .build()
+        .map(Some)
+        .map_err(|error| RuleError::Keyed { kind, error })
+}
+
+/// The slot of one keyed kind while its lock is held: `None` when the request does not
+/// pay that kind.
+type Slots<'a, C> = [Option<Slot<'a, C>>; 6];
+
+impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
+    /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire).
+    pub fn class(&self, name: &str) -> Option<ClassId> {
+        self.classes
+            .iter()
+            .position(|c| c.name() == name)
+            .map(|i| ClassId(i as u32))
+    }
+
+    /// The work class behind `id`.
+    pub fn work_class(&self, id: ClassId) -> Option<&WorkClass> {
+        self.classes.get(id.0 as usize)
+    }
+
+    /// Takes `class`'s cost from every scope `request` pays, or from none.
+    ///
+    /// The scopes are the global scope (when it has a rule) and the scope of each
+    /// identity the request carries whose kind has a rule; a class costing zero in a kind
+    /// skips it. Each scope's counters (when on) count the request as admitted, or as
+    /// rejected in the scope that refused, under the request's [`Attempt`](crate::Attempt).
+    ///
+    /// Allocates nothing for keys already in their maps. A new key is inserted (the slow
+    /// path); at its map's maximum it may evict full buckets of its shard, then meets the
+    /// kind's [`Overflow`] policy.
+    ///
+    /// # Errors
+    ///
+    /// [`ScopeError::UnknownClass`] for a class of another limiter;
+    /// [`ScopeError::Acquire`] when a scope's clock went backwards. Nothing is taken.
+    pub fn try_acquire(
+        &self,
+        request: &Request,
+        class: ClassId,
+    ) -> Result<ScopeDecision<'_>, ScopeError> {
+        let Some(class) = self.classes.get(class.0 as usize) else {
+            return Err(ScopeError::UnknownClass(class));
+        };
+        let costs = *class.costs();
+        let now = self.clock.now_nanos();
+        let r = request;
+        // Nested in ScopeKind order: the lock order of the module docs.
+        with(&self.tenant, r.tenant.as_ref(), costs[1], now, |t| {
+            with(&self.user, r.user.as_ref(), costs[2], now, |u| {
+                with(&self.api_key, r.api_key.as_ref(), costs[3], now, |a| {
+                    with(&self.route, r.route.as_ref(), costs[4], now, |ro| {
+                        let tr = r.tenant.zip(r.route);
+                        with(&self.tenant_route, tr.as_ref(), costs[5], now, |tr| {
+                            self.decide([None, t, u, a, ro, tr], &costs, request)
+                        })
+                    })
+                })
+            })
+        })
+    }
+
+    /// Pays the held slots (and the global scope) all-or-nothing, counts, and builds the
+    /// decision.
+    fn decide(
+        &self,
+        slots: Slots<'_, C>,
+        costs: &[u64; 6],
+        request: &Request,
+    ) -> Result<ScopeDecision<'_>, ScopeError> {
+        let mut paid = [None; 6];
+        let mut handles: [Option<Handle<'_, C>>; 6] = [None; 6];
+        if let Some(g) = &self.global {
+            if costs[0] > 0 {
+                handles[0] = Some(Handle {
+                    raw: &g.raw,
+                    layout: g.policy.layout(),
+                    clock: &self.clock,
+                    counters: g
+                        .counters
+                        .as_ref()
+                        .map_or(CounterRef::Off, CounterRef::Striped),
+                });
+            }
+        }
+        for (k, slot) in slots.into_iter().enumerate() {
+            match slot {
+                None => {}
+                Some(Slot::Bucket(h)) => handles[k] = Some(h),
+                Some(Slot::Full { max_keys }) => {
+                    // Refused before any bucket is touched.
+                    let kind = ScopeKind::ALL[k];
+                    self.key_limit_counts(kind, costs[k], request);
+                    paid[k] = Some(Paid {
+                        cost: costs[k],
+                        overflow: false,
+                        decision: None,
+                    });
+                    return Ok(self.decision(
+                        request,
+                        paid,
+                        Some((kind, Refusal::KeyLimit { max_keys })),
+                        Duration::ZERO,
+                    ));
+                }
+            }
+        }
+        // Compact the held handles into the member list (at most 6: no allocation).
+        let Some(&filler) = handles.iter().flatten().next() else {
+            return Ok(self.decision(request, paid, None, Duration::ZERO));
+        };
+        let mut members = [(&filler, 0u64); 6];
+        let mut kinds = [0usize; 6];
+        let mut n = 0;
+        for (k, h) in handles.iter().enumerate() {
+            if let Some(h) = h {
+                members[n] = (h, costs[k]);
+                kinds[n] = k;
+                n += 1;
+                paid[k] = Some(Paid {
+                    cost: costs[k],
+                    overflow: self.is_overflow(k, h),
+                    decision: None,
+                });
+            }
+        }
+        let members = &members[..n];
+        let outcome = acquire_all_with(members, |i, d| {
+            if let Some(p) = &mut paid[kinds[i]] {
+                p.decision = Some(*d);
+            }
+        });
+        let attempt = request.attempt;
+        match outcome {
+            Ok(m) if m.is_admitted() => {
+                for (k, h) in handles.iter().enumerate() {
+                    if let Some(h) = h {
+                        h.counters.record(true, costs[k], attempt);
+                    }
+                }
+                Ok(self.decision(request, paid, None, Duration::ZERO))
+            }
+            Ok(m) => {
+                let i = m.refused_index().unwrap_or(0);
+                let k = kinds[i];
+                let refused = *m
+                    .refused_decision()
+                    .expect("a rejection names its decision");
+                for (j, p) in paid.iter_mut().enumerate() {
+                    if let Some(p) = p {
+                        // Rolled-back decisions are not the outcome: keep the refuser's.
+                        p.decision = (j == k).then_some(refused);
+                    }
+                }
+                members[i].0.counters.record(false, costs[k], attempt);
+                Ok(self.decision(
+                    request,
+                    paid,
+                    Some((ScopeKind::ALL[k], Refusal::RateLimited(refused))),
+                    m.retry_after().unwrap_or(Duration::ZERO),
+                ))
+            }
+            Err(MultiError::Bucket { index, error }) => {
+                let kind = ScopeKind::ALL[kinds[index]];
+                Err(ScopeError::Acquire {
+                    scope: decision::scope_of(request, kind).unwrap_or(Scope::Global),
+                    error,
+                })
+            }
+            Err(e) => Err(ScopeError::Multi(e)),
+        }
+    }
+
+    fn decision(
+        &self,
+        request: &Request,
+        paid: [Option<Paid>; 6],
+        refused: Option<(ScopeKind, Refusal)>,
+        retry_after: Duration,
+    ) -> ScopeDecision<'_> {
+        ScopeDecision {
+            request: *request,
+            paid,
+            refused,
+            retry_after,
+            policies: &self.policies,
+        }
+    }
+
+    /// Whether a handle of kind `k` is that kind's overflow bucket rather than a key's.
+    fn is_overflow(&self, k: usize, h: &Handle<'_, C>) -> bool {
+        self.map(ScopeKind::ALL[k])
+            .and_then(|m| m.overflow_id())
+            .is_some_and(|id| id == h.raw.id())
+    }
+
+    fn key_limit_counts(&self, kind: ScopeKind, cost: u64, request: &Request) {
+        if let Some(m) = self.map(kind) {
+            m.count_key_limit(cost, request.attempt);
+        }
+    }
+
+    /// The map of a keyed kind, type-erased over its key.
+    fn map(&self, kind: ScopeKind) -> Option<&dyn MapStats> {
+        match kind {
+            ScopeKind::Global => None,
+            ScopeKind::Tenant => self.tenant.as_ref().map(|m| m as &dyn MapStats),
+            ScopeKind::User => self.user.as_ref().map(|m| m as &dyn MapStats),
+            ScopeKind::ApiKey => self.api_key.as_ref().map(|m| m as &dyn MapStats),
+            ScopeKind::Route => self.route.as_ref().map(|m| m as &dyn MapStats),
+            ScopeKind::TenantRoute => self.tenant_route.as_ref().map(|m| m as &dyn MapStats),
+        }
+    }
+
+    /// `scope`'s counters: `None` when its kind has no rule or no counters, or the key is
+    /// not in its map (never used, or evicted: see
+    /// [`evicted_counters`](ScopedLimiter::evicted_counters)).
+    pub fn counters(&self, scope: &Scope) -> Option<CounterSnapshot> {
+        match scope {
+            Scope::Global => self
+                .global
+                .as_ref()?
+                .counters
+                .as_ref()
+                .map(|c| c.snapshot()),
+            Scope::Tenant(id) => self.tenant.as_ref()?.counters(id),
+            Scope::User(id) => self.user.as_ref()?.counters(id),
+            Scope::ApiKey(id) => self.api_key.as_ref()?.counters(id),
+            Scope::Route(id) => self.route.as_ref()?.counters(id),
+            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.counters(&(*t, *r)),
+        }
+    }
+
+    /// Calls `f` with every scope key that has counters, kind by kind (for export to a
+    /// metrics system; each map is read one shard at a time).
+    pub fn for_each_counters(&self, mut f: impl FnMut(Scope, CounterSnapshot)) {
+        if let Some(c) = self.global.as_ref().and_then(|g| g.counters.as_ref()) {
+            f(Scope::Global, c.snapshot());
+        }
+        if let Some(m) = &self.tenant {
+            m.for_each_counters(|k, c| f(Scope::Tenant(*k), c));
+        }
+        if let Some(m) = &self.user {
+            m.for_each_counters(|k, c| f(Scope::User(*k), c));
+        }
+        if let Some(m) = &self.api_key {
+            m.for_each_counters(|k, c| f(Scope::ApiKey(*k), c));
+        }
+        if let Some(m) = &self.route {
+            m.for_each_counters(|k, c| f(Scope::Route(*k), c));
+        }
+        if let Some(m) = &self.tenant_route {
+            m.for_each_counters(|k, c| f(Scope::TenantRoute(k.0, k.1), c));
+        }
+    }
+
+    /// The summed counters of the keys of `kind` evicted so far (zero for the global
+    /// scope, which is never evicted).
+    pub fn evicted_counters(&self, kind: ScopeKind) -> CounterSnapshot {
+        self.map(kind).map(|m| m.evicted()).unwrap_or_default()
+    }
+
+    /// Requests whose key of `kind` found its map full: refused with
+    /// [`Refusal::KeyLimit`], or charged to the kind's overflow bucket.
+    pub fn overflow_counters(&self, kind: ScopeKind) -> CounterSnapshot {
+        self.map(kind).map(|m| m.overflowed()).unwrap_or_default()
+    }
+
+    /// Keys in the map of `kind` (1 for a global scope with a rule).
+    pub fn len(&self, kind: ScopeKind) -> usize {
+        if kind == ScopeKind::Global {
+            return usize::from(self.global.is_some());
+        }
+        self.map(kind).map_or(0, |m| m.len())
+    }
+
+    /// Tokens `scope` has now (a fresh bucket's balance for a key not in its map);
+    /// `None` when its kind has no rule. Writes nothing.
+    pub fn available(&self, scope: &Scope) -> Option<f64> {
+        Some(match scope {
+            Scope::Global => {
+                let g = self.global.as_ref()?;
+                let layout = g.policy.layout();
+                let s = g.raw.snapshot(layout, self.clock.now_nanos());
+                layout.units_to_tokens(layout.balance_units(&s))
+            }
+            Scope::Tenant(id) => self.tenant.as_ref()?.available(id),
+            Scope::User(id) => self.user.as_ref()?.available(id),
+            Scope::ApiKey(id) => self.api_key.as_ref()?.available(id),
+            Scope::Route(id) => self.route.as_ref()?.available(id),
+            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.available(&(*t, *r)),
+        })
+    }
+
+    /// Sweeps every keyed map ([`KeyedLimiter::sweep`]) and re-anchors the global bucket.
+    /// Run it at least every [`max_sweep_interval`](ScopedLimiter::max_sweep_interval).
+    pub fn sweep(&self) -> SweepReport {
+        let mut report = SweepReport::default();
+        if let Some(g) = &self.global {
+            reanchor(
+                &g.raw,
+                g.policy.layout(),
+                &self.clock,
+                self.clock.now_nanos(),
+            );
+        }
+        for kind in ScopeKind::ALL {
+            if let Some(m) = self.map(kind) {
+                report += m.sweep();
+            }
+        }
+        report
+    }
+
+    /// The shortest of the maps' [`KeyedLimiter::max_sweep_interval`]s (and the global
+    /// bucket's).
+    pub fn max_sweep_interval(&self) -> Duration {
+        let global = self.global.as_ref().map(|g| sweep_interval(&g.policy));
+        ScopeKind::ALL
+            .into_iter()
+            .filter_map(|k| self.map(k).map(|m| m.max_sweep_interval()))
+            .chain(global)
+            .min()
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// The clock every scope reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The packed word of `scope`'s bucket, for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn __word(&self, scope: &Scope) -> Option<u64> {
+        match scope {
+            Scope::Global => Some(self.global.as_ref()?.raw.load()),
+            Scope::Tenant(id) => self.tenant.as_ref()?.__word(id),
+            Scope::User(id) => self.user.as_ref()?.__word(id),
+            Scope::ApiKey(id) => self.api_key.as_ref()?.__word(id),
+            Scope::Route(id) => self.route.as_ref()?.__word(id),
+            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.__word(&(*t, *r)),
+        }
+    }
+}
+
+/// What the scoped limiter needs from a keyed map whatever its key type.
+trait MapStats {
+    fn len(&self) -> usize;
+    fn evicted(&self) -> CounterSnapshot;
+    fn overflowed(&self) -> CounterSnapshot;
+    fn count_key_limit(&self, cost: u64, attempt: Attempt);
+    fn overflow_id(&self) -> Option<usize>;
+    fn sweep(&self) -> SweepReport;
+    fn max_sweep_interval(&self) -> Duration;
+}
+
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> MapStats for KeyedLimiter<K, C, S> {
+    fn len(&self) -> usize {
+        KeyedLimiter::len(self)
+    }
+
+    fn evicted(&self) -> CounterSnapshot {
+        self.evicted_counters()
+    }
+
+    fn overflowed(&self) -> CounterSnapshot {
+        self.overflow_counters()
+    }
+
+    fn count_key_limit(&self, cost: u64, attempt: Attempt) {
+        KeyedLimiter::count_key_limit(self, cost, attempt);
+    }
+
+    fn overflow_id(&self) -> Option<usize> {
+        KeyedLimiter::overflow_id(self)
+    }
+
+    fn sweep(&self) -> SweepReport {
+        KeyedLimiter::sweep(self)
+    }
+
+    fn max_sweep_interval(&self) -> Duration {
+        KeyedLimiter::max_sweep_interval(self)
+    }
+}
+
+/// Runs `f` with the slot of `key` in `map` held, or with `None` when the request does
+/// not pay this kind (no rule, no key, or a zero cost).
+#[inline]
+fn with<K, C, S, R>(
+    map: &Option<KeyedLimiter<K, C, S>>,
+    key: Option<&K>,
+    cost: u64,
+    now: u64,
+    f: impl FnOnce(Option<Slot<'_, C>>) -> R,
+) -> R
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    C: Clock,
+    S: BuildHasher,
+{
+    match (map, key) {
+        (Some(m), Some(k)) if cost > 0 => m.with_slot(k, now, |s| f(Some(s))),
+        _ => f(None),
+    }
+}

@@ -1,0 +1,298 @@
+//! The configuration of a scoped limiter: a rule per scope kind, and work classes.
+
+use std::fmt;
+
+use crate::attempt::Attempt;
+use crate::keyed::{Eviction, KeyedConfigError, Overflow};
+use crate::policy::Policy;
+use crate::scope::key::{ApiKeyId, RouteId, ScopeKind, TenantId, UserId};
+
+/// How one scope kind is limited: the policy of each of its buckets, and for keyed kinds
+/// the bounds of their map.
+///
+/// ```
+/// use tokengate::{Overflow, Policy, Rule};
+/// let rule = Rule::new(Policy::new(100, 20.0)?)
+///     .max_keys(50_000)
+///     .overflow(Overflow::Share(Policy::new(100, 20.0)?))
+///     .counters(false);
+/// assert_eq!(rule.policy().capacity(), 100);
+/// # Ok::<(), tokengate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rule {
+    pub(crate) policy: Policy,
+    pub(crate) max_keys: usize,
+    pub(crate) shards: Option<usize>,
+    pub(crate) overflow: Overflow,
+    pub(crate) eviction: Eviction,
+    pub(crate) counters: bool,
+}
+
+/// The default maximum number of keys per scope kind (2^20).
+pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
+
+impl Rule {
+    /// Buckets of `policy`; for keyed kinds at most [`DEFAULT_MAX_KEYS`] keys, rejecting
+    /// new keys when full, lossless eviction, counters on.
+    pub fn new(policy: Policy) -> Rule {
+        Rule {
+            policy,
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: None,
+            overflow: Overflow::Reject,
+            eviction: Eviction::Lossless,
+            counters: true,
+        }
+    }
+
+    /// The most keys of this kind (ignored for the global scope).
+    pub fn max_keys(mut self, max_keys: usize) -> Rule {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Shards of this kind's map (see [`KeyedBuilder::shards`](crate::KeyedBuilder::shards)).
+    pub fn shards(mut self, shards: usize) -> Rule {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// What a new key of this kind gets when its map is full.
+    pub fn overflow(mut self, overflow: Overflow) -> Rule {
+        self.overflow = overflow;
+        self
+    }
+
+    /// Which buckets of this kind sweeps may evict.
+    pub fn eviction(mut self, eviction: Eviction) -> Rule {
+        self.eviction = eviction;
+        self
+    }
+
+    /// Whether to keep counters per key of this kind (on by default; 64 bytes per key,
+    /// striped across cache lines for the global scope).
+    pub fn counters(mut self, on: bool) -> Rule {
+        self.counters = on;
+        self
+    }
+
+    /// The policy of this kind's buckets.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+/// A named kind of work and what it costs, in tokens, in each scope.
+///
+/// The seed's example: a metadata lookup costs 1, a search 3, a batch export 20. A class
+/// may cost a different amount in one scope (`with_cost`); a cost of zero exempts the
+/// scope (it is not consulted, and no key is created in it).
+///
+/// ```
+/// use tokengate::{ScopeKind, WorkClass};
+/// let export = WorkClass::new("export", 20).with_cost(ScopeKind::Global, 5);
+/// assert_eq!(export.cost_in(ScopeKind::Tenant), 20);
+/// assert_eq!(export.cost_in(ScopeKind::Global), 5);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkClass {
+    name: String,
+    costs: [u64; 6],
+}
+
+impl WorkClass {
+    /// A class costing `cost` tokens in every scope.
+    pub fn new(name: impl Into<String>, cost: u64) -> WorkClass {
+        WorkClass {
+            name: name.into(),
+            costs: [cost; 6],
+        }
+    }
+
+    /// The same class costing `cost` in scopes of `kind`.
+    pub fn with_cost(mut self, kind: ScopeKind, cost: u64) -> WorkClass {
+        self.costs[kind.index()] = cost;
+        self
+    }
+
+    /// The class's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its cost in scopes of `kind`, in tokens.
+    pub fn cost_in(&self, kind: ScopeKind) -> u64 {
+        self.costs[kind.index()]
+    }
+
+    pub(crate) fn costs(&self) -> &[u64; 6] {
+        &self.costs
+    }
+}
+
+/// A work class of one [`ScopedLimiter`](crate::ScopedLimiter), found by name once
+/// ([`ScopedLimiter::class`](crate::ScopedLimiter::class)) and passed on every request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClassId(pub(crate) u32);
+
+/// Who is asking: each identity is optional, and the request pays the scope of every
+/// identity it carries whose kind has a rule (the global scope always, when it has one;
+/// `tenant_route` when both tenant and route are given).
+///
+/// ```
+/// use tokengate::{Attempt, Request, RouteId, TenantId};
+/// let request = Request::new().tenant(TenantId(42)).route(RouteId(3));
+/// assert_eq!(request.tenant, Some(TenantId(42)));
+/// assert!(request.user.is_none());
+/// let retry = request.attempt(Attempt::Retry(1));
+/// assert!(retry.attempt.is_retry());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Request {
+    /// The tenant, if known.
+    pub tenant: Option<TenantId>,
+    /// The user, if known.
+    pub user: Option<UserId>,
+    /// The API key, if any.
+    pub api_key: Option<ApiKeyId>,
+    /// The route, if known.
+    pub route: Option<RouteId>,
+    /// Original attempt or retry (counted apart in telemetry).
+    pub attempt: Attempt,
+}
+
+impl Request {
+    /// A request with no identity: it pays only the global scope.
+    pub fn new() -> Request {
+        Request::default()
+    }
+
+    /// With a tenant.
+    pub fn tenant(mut self, id: TenantId) -> Request {
+        self.tenant = Some(id);
+        self
+    }
+
+    /// With a user.
+    pub fn user(mut self, id: UserId) -> Request {
+        self.user = Some(id);
+        self
+    }
+
+    /// With an API key.
+    pub fn api_key(mut self, id: ApiKeyId) -> Request {
+        self.api_key = Some(id);
+        self
+    }
+
+    /// With a route.
+    pub fn route(mut self, id: RouteId) -> Request {
+        self.route = Some(id);
+        self
+    }
+
+    /// Marked as `attempt` (original by default).
+    pub fn attempt(mut self, attempt: Attempt) -> Request {
+        self.attempt = attempt;
+        self
+    }
+}
+
+/// A rule per scope kind and the work classes: the configuration of a
+/// [`ScopedLimiter`](crate::ScopedLimiter).
+///
+/// ```
+/// use tokengate::{ManualClock, Policy, Rule, RuleSet, ScopeKind, WorkClass};
+/// let limiter = RuleSet::new()
+///     .rule(ScopeKind::Global, Rule::new(Policy::new(10_000, 5_000.0)?))
+///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(100, 20.0)?))
+///     .class(WorkClass::new("metadata", 1))
+///     .class(WorkClass::new("export", 20))
+///     .build_with_clock(ManualClock::new())?;
+/// assert!(limiter.class("export").is_some());
+/// assert!(limiter.class("delete").is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct RuleSet {
+    pub(crate) rules: [Option<Rule>; 6],
+    pub(crate) classes: Vec<WorkClass>,
+}
+
+impl RuleSet {
+    /// No rules, no classes.
+    pub fn new() -> RuleSet {
+        RuleSet::default()
+    }
+
+    /// Limits scopes of `kind` by `rule` (replacing an earlier rule for it).
+    pub fn rule(mut self, kind: ScopeKind, rule: Rule) -> RuleSet {
+        self.rules[kind.index()] = Some(rule);
+        self
+    }
+
+    /// Adds a work class.
+    pub fn class(mut self, class: WorkClass) -> RuleSet {
+        self.classes.push(class);
+        self
+    }
+}
+
+/// Why a rule set cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RuleError {
+    /// A keyed kind's map configuration is invalid.
+    Keyed {
+        /// The kind whose rule is invalid.
+        kind: ScopeKind,
+        /// What is wrong with it.
+        error: KeyedConfigError,
+    },
+    /// A class costs more in a scope than the scope's buckets (or its overflow bucket)
+    /// can hold: it could never be admitted.
+    CostExceedsCapacity {
+        /// The class.
+        class: String,
+        /// The scope kind.
+        kind: ScopeKind,
+        /// The class's cost there, in tokens.
+        cost: u64,
+        /// The capacity of the kind's buckets, in tokens.
+        capacity: u64,
+    },
+    /// Two classes have the same name.
+    DuplicateClass(String),
+    /// More than 2^32 classes.
+    TooManyClasses,
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleError::Keyed { kind, error } => write!(f, "rule for {kind} scopes: {error}"),
+            RuleError::CostExceedsCapacity {
+                class,
+                kind,
+                cost,
+                capacity,
+            } => write!(
+                f,
+                "class {class:?} costs {cost} tokens in {kind} scopes, above their bucket \
+                 capacity of {capacity}: it could never be admitted"
+            ),
+            RuleError::DuplicateClass(name) => write!(f, "class {name:?} is defined twice"),
+            RuleError::TooManyClasses => f.write_str("at most 2^32 classes"),
+        }
+    }
+}
+
+impl std::error::Error for RuleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RuleError::Keyed { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}

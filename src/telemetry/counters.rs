@@ -1,0 +1,336 @@
+//! Admission counters: one block of eight per scope key, striped for the global scope.
+
+use std::cell::Cell;
+use std::fmt;
+use std::ops::{Add, AddAssign};
+
+use crossbeam_utils::CachePadded;
+
+use crate::attempt::Attempt;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Counters per attempt kind: admitted requests, admitted tokens, rejected requests,
+/// rejected tokens.
+const PER_ATTEMPT: usize = 4;
+const ADMITTED_REQUESTS: usize = 0;
+const ADMITTED_TOKENS: usize = 1;
+const REJECTED_REQUESTS: usize = 2;
+const REJECTED_TOKENS: usize = 3;
+/// Offset of the retry counters (original attempts come first).
+const RETRY: usize = PER_ATTEMPT;
+const CELLS: usize = 2 * PER_ATTEMPT;
+
+/// Requests and tokens admitted and rejected, for one kind of attempt.
+///
+/// Tokens are whole tokens of the scope's own cost (a work class may cost a different
+/// amount in each scope). "Rejected" counts the requests *this* scope refused: in an
+/// all-or-nothing acquisition over several scopes, a scope that admitted and was then
+/// rolled back because another scope refused counts neither.
+///
+/// ```
+/// use tokengate::Tally;
+/// let a = Tally { admitted_requests: 2, admitted_tokens: 6, ..Tally::default() };
+/// let b = Tally { rejected_requests: 1, rejected_tokens: 20, ..Tally::default() };
+/// let sum = a + b;
+/// assert_eq!(sum.requests(), 3);
+/// assert_eq!(sum.admitted_tokens, 6);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tally {
+    /// Requests admitted.
+    pub admitted_requests: u64,
+    /// Tokens spent by admitted requests.
+    pub admitted_tokens: u64,
+    /// Requests this scope refused.
+    pub rejected_requests: u64,
+    /// Tokens asked for by the refused requests.
+    pub rejected_tokens: u64,
+}
+
+impl Tally {
+    /// Admitted plus rejected requests.
+    pub fn requests(&self) -> u64 {
+        self.admitted_requests + self.rejected_requests
+    }
+}
+
+impl Add for Tally {
+    type Output = Tally;
+
+    fn add(self, other: Tally) -> Tally {
+        Tally {
+            admitted_requests: self.admitted_requests + other.admitted_requests,
+            admitted_tokens: self.admitted_tokens + other.admitted_tokens,
+            rejected_requests: self.rejected_requests + other.rejected_requests,
+            rejected_tokens: self.rejected_tokens + other.rejected_tokens,
+        }
+    }
+}
+
+impl AddAssign for Tally {
+    fn add_assign(&mut self, other: Tally) {
+        *self = *self + other;
+    }
+}
+
+/// The counters of one scope key, original attempts and retries apart.
+///
+/// ```
+/// use tokengate::{Attempt, KeyedLimiter, ManualClock, Policy};
+///
+/// let limiter = KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0)?, 1000)
+///     .clock(ManualClock::new())
+///     .counters(true)
+///     .build()?;
+/// limiter.try_acquire_as(&7, 8, Attempt::Original)?;
+/// limiter.try_acquire_as(&7, 8, Attempt::Original)?; // rejected: 2 left
+/// limiter.try_acquire_as(&7, 2, Attempt::Retry(1))?;
+///
+/// let c = limiter.counters(&7).unwrap();
+/// assert_eq!(c.original.admitted_tokens, 8);
+/// assert_eq!(c.original.rejected_requests, 1);
+/// assert_eq!(c.retry.admitted_requests, 1);
+/// assert_eq!(c.total().requests(), 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CounterSnapshot {
+    /// First attempts.
+    pub original: Tally,
+    /// Retries, whatever their number.
+    pub retry: Tally,
+}
+
+impl CounterSnapshot {
+    /// Original attempts and retries together.
+    pub fn total(&self) -> Tally {
+        self.original + self.retry
+    }
+}
+
+impl Add for CounterSnapshot {
+    type Output = CounterSnapshot;
+
+    fn add(self, other: CounterSnapshot) -> CounterSnapshot {
+        CounterSnapshot {
+            original: self.original + other.original,
+            retry: self.retry + other.retry,
+        }
+    }
+}
+
+impl AddAssign for CounterSnapshot {
+    fn add_assign(&mut self, other: CounterSnapshot) {
+        *self = *self + other;
+    }
+}
+
+/// One block of eight counters (64 bytes), written with relaxed `fetch_add`s: the counts
+/// publish no other memory.
+pub(crate) struct CounterCells {
+    cells: [AtomicU64; CELLS],
+}
+
+impl Default for CounterCells {
+    fn default() -> Self {
+        CounterCells {
+            cells: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl fmt::Debug for CounterCells {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.snapshot().fmt(f)
+    }
+}
+
+impl CounterCells {
+    /// Counts one request of `tokens`, admitted or rejected.
+    #[inline]
+    pub(crate) fn record(&self, admitted: bool, tokens: u64, attempt: Attempt) {
+        let base = if attempt.is_original() { 0 } else { RETRY }
+            + if admitted {
+                ADMITTED_REQUESTS
+            } else {
+                REJECTED_REQUESTS
+            };
+        self.cells[base].fetch_add(1, Ordering::Relaxed);
+        // Tokens sit right after their request count (ADMITTED_TOKENS, REJECTED_TOKENS).
+        self.cells[base + 1].fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// Adds a snapshot (used to fold an evicted key's counts into its map's total).
+    pub(crate) fn add(&self, s: &CounterSnapshot) {
+        for (offset, t) in [(0, &s.original), (RETRY, &s.retry)] {
+            let values = [
+                (ADMITTED_REQUESTS, t.admitted_requests),
+                (ADMITTED_TOKENS, t.admitted_tokens),
+                (REJECTED_REQUESTS, t.rejected_requests),
+                (REJECTED_TOKENS, t.rejected_tokens),
+            ];
+            for (i, v) in values {
+                if v != 0 {
+                    self.cells[offset + i].fetch_add(v, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> CounterSnapshot {
+        let tally = |o: usize| Tally {
+            admitted_requests: self.cells[o + ADMITTED_REQUESTS].load(Ordering::Relaxed),
+            admitted_tokens: self.cells[o + ADMITTED_TOKENS].load(Ordering::Relaxed),
+            rejected_requests: self.cells[o + REJECTED_REQUESTS].load(Ordering::Relaxed),
+            rejected_tokens: self.cells[o + REJECTED_TOKENS].load(Ordering::Relaxed),
+        };
+        CounterSnapshot {
+            original: tally(0),
+            retry: tally(RETRY),
+        }
+    }
+}
+
+/// Counter blocks on separate cache lines; each thread writes the block it was assigned
+/// on first use, and a snapshot sums them.
+pub(crate) struct StripedCounters {
+    stripes: Box<[CachePadded<CounterCells>]>,
+    mask: usize,
+}
+
+impl fmt::Debug for StripedCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StripedCounters")
+            .field("stripes", &self.stripes.len())
+            .field("snapshot", &self.snapshot())
+            .finish()
+    }
+}
+
+/// The next stripe to hand out to a thread. A std atomic in a `static` (loom's cannot be
+/// one): which stripe a thread writes never changes a count, only where it lands.
+static NEXT_STRIPE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's stripe number (reduced modulo each counter's stripe count).
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+#[inline]
+fn thread_stripe() -> usize {
+    STRIPE.with(|s| {
+        let v = s.get();
+        if v != usize::MAX {
+            return v;
+        }
+        let v = NEXT_STRIPE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & (usize::MAX >> 1);
+        s.set(v);
+        v
+    })
+}
+
+impl StripedCounters {
+    /// One stripe per hardware thread, rounded up to a power of two (at most 64).
+    pub(crate) fn new() -> StripedCounters {
+        let n = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .next_power_of_two()
+            .min(64);
+        StripedCounters {
+            stripes: (0..n)
+                .map(|_| CachePadded::new(CounterCells::default()))
+                .collect(),
+            mask: n - 1,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn record(&self, admitted: bool, tokens: u64, attempt: Attempt) {
+        self.stripes[thread_stripe() & self.mask].record(admitted, tokens, attempt);
+    }
+
+    pub(crate) fn snapshot(&self) -> CounterSnapshot {
+        self.stripes
+            .iter()
+            .fold(CounterSnapshot::default(), |acc, s| acc + s.snapshot())
+    }
+}
+
+/// Where a bucket's counts go: nowhere, a key's own block, or striped blocks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum CounterRef<'a> {
+    Off,
+    Cells(&'a CounterCells),
+    Striped(&'a StripedCounters),
+}
+
+impl CounterRef<'_> {
+    /// The counts, or `None` when counting is off.
+    pub(crate) fn snapshot(self) -> Option<CounterSnapshot> {
+        match self {
+            CounterRef::Off => None,
+            CounterRef::Cells(c) => Some(c.snapshot()),
+            CounterRef::Striped(c) => Some(c.snapshot()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn record(self, admitted: bool, tokens: u64, attempt: Attempt) {
+        match self {
+            CounterRef::Off => {}
+            CounterRef::Cells(c) => c.record(admitted, tokens, attempt),
+            CounterRef::Striped(c) => c.record(admitted, tokens, attempt),
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_lands_in_the_attempt_and_outcome_it_names() {
+        let c = CounterCells::default();
+        c.record(true, 3, Attempt::Original);
+        c.record(false, 20, Attempt::Original);
+        c.record(true, 1, Attempt::Retry(2));
+        c.record(false, 5, Attempt::Retry(1));
+        let s = c.snapshot();
+        let t = |ar, at, rr, rt| Tally {
+            admitted_requests: ar,
+            admitted_tokens: at,
+            rejected_requests: rr,
+            rejected_tokens: rt,
+        };
+        assert_eq!(s.original, t(1, 3, 1, 20));
+        assert_eq!(s.retry, t(1, 1, 1, 5));
+    }
+
+    #[test]
+    fn striped_counters_sum_every_threads_stripe() {
+        let c = StripedCounters::new();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..1000 {
+                        c.record(true, 2, Attempt::Original);
+                    }
+                });
+            }
+        });
+        let s = c.snapshot();
+        assert_eq!(s.original.admitted_requests, 4000);
+        assert_eq!(s.original.admitted_tokens, 8000);
+    }
+
+    #[test]
+    fn add_folds_a_snapshot_exactly() {
+        let a = CounterCells::default();
+        a.record(true, 3, Attempt::Original);
+        a.record(false, 4, Attempt::Retry(1));
+        let b = CounterCells::default();
+        b.add(&a.snapshot());
+        b.add(&a.snapshot());
+        assert_eq!(b.snapshot(), a.snapshot() + a.snapshot());
+    }
+}
