@@ -360,7 +360,7 @@ pub(crate) enum Slot<'a, C> {
 /// assert_eq!(limiter.len(), 2);
 ///
 /// // Once refilled to full, a bucket is identical to a fresh one: the sweep evicts it.
-/// clock.advance(Duration::from_secs(10));
+/// clock.advance(Duration::from_secs(11));
 /// assert_eq!(limiter.sweep().evicted, 2);
 /// assert_eq!(limiter.len(), 0);
 /// assert!(limiter.try_acquire(&1, 10)?.is_admitted());
