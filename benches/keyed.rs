@@ -1,1 +1,148 @@
-fn main() {}
+//! Keyed lookups and per-scope counters, with governor's keyed limiter in the same run.
+//!
+//! ```text
+//! cargo bench --bench keyed
+//! ```
+//!
+//! - `keyed_100k/*`: one `try_acquire(key, 1)` on a map of 100,000 `u64` keys (policy:
+//!   burst 100, 1000/s), keys picked uniformly at random from a precomputed sequence.
+//!   tokengate with std's SipHash (the default), with foldhash, with counters on, and
+//!   governor's `check_key` (DashMap, SipHash).
+//! - `global_counters/*`: a scoped limiter with only the global scope, counters on or off,
+//!   on one thread and on all hardware threads at once (admitting, and rejecting: a
+//!   rejection writes nothing to the bucket, so there the counter is the only write).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tokengate::{
+    KeyedLimiter, Policy, Request, Rule, RuleSet, ScopeKind, ScopedLimiter, WorkClass,
+};
+
+const KEYS: u64 = 100_000;
+/// Random key indexes, precomputed so the generator is not measured.
+const PICKS: usize = 1 << 16;
+
+fn picks() -> Vec<u64> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..PICKS)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % KEYS
+        })
+        .collect()
+}
+
+fn keyed_100k(c: &mut Criterion) {
+    let policy = Policy::new(100, 1000.0).unwrap();
+    let picks = picks();
+    let mut g = c.benchmark_group("keyed_100k");
+
+    let sip = KeyedLimiter::<u64>::new(policy, 1 << 20).unwrap();
+    let fold = KeyedLimiter::<u64>::builder(policy, 1 << 20)
+        .hasher(foldhash::fast::RandomState::default())
+        .build()
+        .unwrap();
+    let counted = KeyedLimiter::<u64>::builder(policy, 1 << 20)
+        .counters(true)
+        .build()
+        .unwrap();
+    let quota = governor::Quota::per_second(NonZeroU32::new(1000).unwrap())
+        .allow_burst(NonZeroU32::new(100).unwrap());
+    let gov = governor::RateLimiter::keyed(quota);
+    for k in 0..KEYS {
+        sip.try_acquire(&k, 1).unwrap();
+        fold.try_acquire(&k, 1).unwrap();
+        counted.try_acquire(&k, 1).unwrap();
+        let _ = gov.check_key(&k);
+    }
+
+    let mut i = 0usize;
+    let mut next = move || {
+        i = (i + 1) & (PICKS - 1);
+        picks[i]
+    };
+    g.bench_function("tokengate_siphash", |b| {
+        b.iter(|| sip.try_acquire(black_box(&next()), 1).unwrap())
+    });
+    g.bench_function("tokengate_foldhash", |b| {
+        b.iter(|| fold.try_acquire(black_box(&next()), 1).unwrap())
+    });
+    g.bench_function("tokengate_siphash_counters", |b| {
+        b.iter(|| counted.try_acquire(black_box(&next()), 1).unwrap())
+    });
+    g.bench_function("governor_keyed", |b| {
+        b.iter(|| gov.check_key(black_box(&next())).is_ok())
+    });
+    g.finish();
+}
+
+fn global_only(counters: bool, capacity: u64, rate: f64) -> ScopedLimiter {
+    RuleSet::new()
+        .rule(
+            ScopeKind::Global,
+            Rule::new(Policy::new(capacity, rate).unwrap()).counters(counters),
+        )
+        .class(WorkClass::new("metadata", 1))
+        .build()
+        .unwrap()
+}
+
+/// `iters` acquisitions split across `threads` threads started together; the wall time.
+fn run_threads(l: &ScopedLimiter, threads: u64, iters: u64) -> Duration {
+    let class = l.class("metadata").unwrap();
+    let r = Request::new();
+    let barrier = std::sync::Barrier::new(threads as usize + 1);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                barrier.wait();
+                for _ in 0..iters / threads {
+                    // A thread preempted twice between its clock reading and its CAS can
+                    // see `ClockWentBackwards` on a loaded machine; count it as refused.
+                    black_box(l.try_acquire(&r, class).is_ok_and(|d| d.is_admitted()));
+                }
+            });
+        }
+        barrier.wait();
+        let start = Instant::now();
+        // Scoped threads are joined when the scope ends; time until then.
+        start
+    })
+    .elapsed()
+}
+
+fn global_counters(c: &mut Criterion) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mut g = c.benchmark_group("global_counters");
+    for (name, capacity, rate) in [("admit", 1_000_000, 1e9), ("reject", 1, 1e-3)] {
+        for counters in [false, true] {
+            let l = global_only(counters, capacity, rate);
+            if name == "reject" {
+                run_threads(&l, 1, 1); // drain the single token
+            }
+            let on = if counters { "on" } else { "off" };
+            g.bench_function(format!("{name}_counters_{on}_1_thread"), |b| {
+                b.iter_custom(|iters| run_threads(&l, 1, iters))
+            });
+            g.bench_function(format!("{name}_counters_{on}_{threads}_threads"), |b| {
+                b.iter_custom(|iters| run_threads(&l, threads, iters))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = keyed_100k, global_counters
+}
+criterion_main!(benches);

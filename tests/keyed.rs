@@ -56,7 +56,10 @@ fn new_key_at_the_maximum_is_refused_with_a_distinct_reason_and_existing_keys_ke
     }
     let words: Vec<u64> = (0..50u64).map(|k| l.__word(&k).unwrap()).collect();
     // Nothing is full (time is frozen), so nothing can be evicted.
-    assert_eq!(l.try_acquire(&1000, 1), Err(KeyedError::KeyLimit { max_keys: 50 }));
+    assert_eq!(
+        l.try_acquire(&1000, 1),
+        Err(KeyedError::KeyLimit { max_keys: 50 })
+    );
     assert_eq!(l.len(), 50);
     assert!(!l.contains(&1000));
     let after: Vec<u64> = (0..50u64).map(|k| l.__word(&k).unwrap()).collect();
@@ -198,7 +201,10 @@ fn shared_overflow_bucket_takes_new_keys_when_the_map_is_full() {
     assert_eq!(admitted, 5);
     assert_eq!(l.len(), 4);
     let o = l.overflow_counters();
-    assert_eq!((o.original.admitted_requests, o.original.rejected_requests), (5, 15));
+    assert_eq!(
+        (o.original.admitted_requests, o.original.rejected_requests),
+        (5, 15)
+    );
 }
 
 #[test]
@@ -299,10 +305,11 @@ fn counters_split_original_and_retry_and_survive_eviction() {
 
 #[test]
 fn string_keys_are_looked_up_by_str_without_allocating_a_key() {
-    let l: KeyedLimiter<String, ManualClock> = KeyedLimiter::builder(Policy::new(3, 1.0).unwrap(), 8)
-        .clock(ManualClock::new())
-        .build()
-        .unwrap();
+    let l: KeyedLimiter<String, ManualClock> =
+        KeyedLimiter::builder(Policy::new(3, 1.0).unwrap(), 8)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
     assert!(l.try_acquire("alice", 3).unwrap().is_admitted());
     assert!(l.try_acquire("alice", 1).unwrap().is_rejected());
     assert!(l.try_acquire(&"bob".to_string(), 1).unwrap().is_admitted());
@@ -321,7 +328,10 @@ fn invalid_configurations_are_typed_errors() {
         Some(KeyedConfigError::Shards(12))
     );
     assert_eq!(
-        KeyedLimiter::<u64>::builder(p, 1).shards(4096).build().err(),
+        KeyedLimiter::<u64>::builder(p, 1)
+            .shards(4096)
+            .build()
+            .err(),
         Some(KeyedConfigError::Shards(4096))
     );
 }

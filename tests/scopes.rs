@@ -6,8 +6,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tokengate::{
-    ApiKeyId, Attempt, ManualClock, Overflow, Policy, Refusal, Request, RouteId, Rule,
-    RuleError, RuleSet, Scope, ScopeKind, ScopedLimiter, TenantId, UserId, Verdict, WorkClass,
+    ApiKeyId, Attempt, ManualClock, Overflow, Policy, Refusal, Request, RouteId, Rule, RuleError,
+    RuleSet, Scope, ScopeKind, ScopedLimiter, TenantId, UserId, Verdict, WorkClass,
 };
 
 fn p(capacity: u64, rate: f64) -> Policy {
@@ -66,7 +66,10 @@ fn one_tenant_draining_its_bucket_does_not_touch_another_tenants() {
     let c = l.counters(&Scope::Tenant(TenantId(1))).unwrap();
     assert_eq!(c.original.rejected_requests, 67);
     assert_eq!(
-        l.counters(&Scope::Tenant(TenantId(2))).unwrap().original.rejected_requests,
+        l.counters(&Scope::Tenant(TenantId(2)))
+            .unwrap()
+            .original
+            .rejected_requests,
         0
     );
 }
@@ -85,7 +88,10 @@ fn the_global_bucket_bounds_the_sum_of_all_tenants() {
     let mut admitted = 0;
     for round in 0..40 {
         for t in 0..10 {
-            if l.try_acquire(&Request::new().tenant(TenantId(t)), meta).unwrap().is_admitted() {
+            if l.try_acquire(&Request::new().tenant(TenantId(t)), meta)
+                .unwrap()
+                .is_admitted()
+            {
                 admitted += 1;
             }
         }
@@ -138,7 +144,14 @@ fn a_refusal_leaves_every_other_scope_untouched() {
         assert!(l.try_acquire(&drain, search).unwrap().is_admitted());
     }
     let r = everything(1, 9);
-    assert!(l.try_acquire(&everything(1, 9).attempt(Attempt::Original), l.class("metadata").unwrap()).unwrap().is_admitted());
+    assert!(
+        l.try_acquire(
+            &everything(1, 9).attempt(Attempt::Original),
+            l.class("metadata").unwrap()
+        )
+        .unwrap()
+        .is_admitted()
+    );
     let scopes = [
         Scope::Global,
         Scope::Tenant(TenantId(1)),
@@ -149,7 +162,10 @@ fn a_refusal_leaves_every_other_scope_untouched() {
     ];
     let words: Vec<Option<u64>> = scopes.iter().map(|s| l.__word(s)).collect();
     let d = l.try_acquire(&r, search).unwrap();
-    assert_eq!(d.refused_scope(), Some(Scope::TenantRoute(TenantId(1), RouteId(7))));
+    assert_eq!(
+        d.refused_scope(),
+        Some(Scope::TenantRoute(TenantId(1), RouteId(7)))
+    );
     assert!(matches!(d.refusal(), Some(Refusal::RateLimited(_))));
     // Same tick: every word, rolled back or never touched, is bit for bit the same.
     let after: Vec<Option<u64>> = scopes.iter().map(|s| l.__word(s)).collect();
@@ -158,7 +174,10 @@ fn a_refusal_leaves_every_other_scope_untouched() {
     for s in &scopes[..5] {
         assert_eq!(l.counters(s).unwrap().original.rejected_requests, 0, "{s}");
     }
-    assert_eq!(l.counters(&scopes[5]).unwrap().original.rejected_requests, 1);
+    assert_eq!(
+        l.counters(&scopes[5]).unwrap().original.rejected_requests,
+        1
+    );
     // Later, after time moved: balances are exactly what they would be without the try.
     clock.advance(Duration::from_millis(1));
     let before: Vec<Option<f64>> = scopes.iter().map(|s| l.available(s)).collect();
@@ -172,12 +191,21 @@ fn an_admission_pays_every_scope_and_records_each() {
     let clock = ManualClock::new();
     let l = full_limiter(&clock);
     let search = l.class("search").unwrap();
-    let d = l.try_acquire(&everything(3, 4).attempt(Attempt::Retry(2)), search).unwrap();
+    let d = l
+        .try_acquire(&everything(3, 4).attempt(Attempt::Retry(2)), search)
+        .unwrap();
     assert!(d.is_admitted());
     let scopes: Vec<String> = d.scopes().map(|s| s.to_string()).collect();
     assert_eq!(
         scopes,
-        ["global", "tenant:3", "user:4", "api_key:1004", "route:7", "tenant:3:route:7"]
+        [
+            "global",
+            "tenant:3",
+            "user:4",
+            "api_key:1004",
+            "route:7",
+            "tenant:3:route:7"
+        ]
     );
     let records: Vec<String> = d.records().map(|r| r.to_string()).collect();
     assert_eq!(records.len(), 6);
@@ -189,7 +217,11 @@ fn an_admission_pays_every_scope_and_records_each() {
     assert!(d.records().all(|r| r.result == Verdict::Admitted));
     for s in d.scopes() {
         let c = l.counters(&s).unwrap();
-        assert_eq!((c.retry.admitted_requests, c.retry.admitted_tokens), (1, 3), "{s}");
+        assert_eq!(
+            (c.retry.admitted_requests, c.retry.admitted_tokens),
+            (1, 3),
+            "{s}"
+        );
         assert_eq!(c.original.requests(), 0);
     }
 }
@@ -227,29 +259,52 @@ fn a_full_map_refuses_new_keys_naming_the_scope_or_shares_an_overflow_bucket() {
         .rule(ScopeKind::User, Rule::new(p(10, 1.0)).max_keys(2))
         .rule(
             ScopeKind::ApiKey,
-            Rule::new(p(10, 1.0)).max_keys(1).overflow(Overflow::Share(p(3, 1.0))),
+            Rule::new(p(10, 1.0))
+                .max_keys(1)
+                .overflow(Overflow::Share(p(3, 1.0))),
         )
         .class(WorkClass::new("metadata", 1))
         .build_with_clock(clock.clone())
         .unwrap();
     let meta = l.class("metadata").unwrap();
     for u in 0..2 {
-        assert!(l.try_acquire(&Request::new().user(UserId(u)), meta).unwrap().is_admitted());
+        assert!(
+            l.try_acquire(&Request::new().user(UserId(u)), meta)
+                .unwrap()
+                .is_admitted()
+        );
     }
     let global = l.__word(&Scope::Global);
-    let d = l.try_acquire(&Request::new().user(UserId(99)), meta).unwrap();
+    let d = l
+        .try_acquire(&Request::new().user(UserId(99)), meta)
+        .unwrap();
     assert_eq!(d.refused_scope(), Some(Scope::User(UserId(99))));
     assert_eq!(d.refusal(), Some(Refusal::KeyLimit { max_keys: 2 }));
     assert_eq!(d.retry_after(), None);
     assert_eq!(l.__word(&Scope::Global), global);
-    assert_eq!(l.overflow_counters(ScopeKind::User).original.rejected_requests, 1);
+    assert_eq!(
+        l.overflow_counters(ScopeKind::User)
+            .original
+            .rejected_requests,
+        1
+    );
 
-    assert!(l.try_acquire(&Request::new().api_key(ApiKeyId(0)), meta).unwrap().is_admitted());
+    assert!(
+        l.try_acquire(&Request::new().api_key(ApiKeyId(0)), meta)
+            .unwrap()
+            .is_admitted()
+    );
     let shared: Vec<bool> = (1..6)
-        .map(|k| l.try_acquire(&Request::new().api_key(ApiKeyId(k)), meta).unwrap().is_admitted())
+        .map(|k| {
+            l.try_acquire(&Request::new().api_key(ApiKeyId(k)), meta)
+                .unwrap()
+                .is_admitted()
+        })
         .collect();
     assert_eq!(shared, [true, true, true, false, false]);
-    let d = l.try_acquire(&Request::new().api_key(ApiKeyId(9)), meta).unwrap();
+    let d = l
+        .try_acquire(&Request::new().api_key(ApiKeyId(9)), meta)
+        .unwrap();
     assert!(d.overflowed(Scope::ApiKey(ApiKeyId(9))));
     assert_eq!(d.records().last().unwrap().bucket_capacity, 3);
 }
@@ -305,7 +360,11 @@ fn overlapping_scope_sets_with_queued_writers_never_deadlock() {
             let meta = l.class("metadata").unwrap();
             for i in 0..3_000u64 {
                 // Half the requests name new keys (write locks), all overlap on shards.
-                let fresh = if i % 2 == 0 { 1_000_000 * (t + 1) + i } else { i % 4 };
+                let fresh = if i % 2 == 0 {
+                    1_000_000 * (t + 1) + i
+                } else {
+                    i % 4
+                };
                 let r = Request::new()
                     .tenant(TenantId(i % 3))
                     .user(UserId(fresh))
