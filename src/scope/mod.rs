@@ -6,17 +6,6 @@
 //! pay and pays them all or none, through [`acquire_all_with`](crate::acquire_all_with);
 //! the [`ScopeDecision`] names the scope that refused.
 //!
-//! # Locking
-//!
-//! Each keyed kind has its own [`KeyedLimiter`] (its own shards and locks), and a request
-//! has at most one key per kind. The shard locks of a request are taken nested, always in
-//! the order of [`ScopeKind`] (tenant, user, API key, route, tenant route), each at most
-//! once, and held until every bucket has been paid or rolled back; a new key takes its
-//! shard's write lock in that same position. Writers (insertions, sweeps) hold one shard
-//! lock at a time. Every thread thus acquires locks in one global order, which rules out
-//! the deadlock that reader-writer locks preferring waiting writers (std's, and so
-//! crossbeam's `ShardedLock`) would otherwise allow: a reader holding shard A and waiting
-//! for B behind a queued writer, while another holds B and waits for A.
 
 mod decision;
 mod key;
@@ -51,7 +40,7 @@ struct GlobalScope {
 ///
 /// Built from a [`RuleSet`]. One [`try_acquire`](ScopedLimiter::try_acquire) call takes
 /// the class's cost from every scope the request names (and the global scope), or from
-/// none; see the [module docs](self) for the lock order.
+/// none; see "Locking" below for the lock order.
 ///
 /// ```
 /// use tokengate::*;
@@ -76,6 +65,18 @@ struct GlobalScope {
 /// assert_eq!(c.original.admitted_tokens, 20);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Locking
+///
+/// Each keyed kind has its own [`KeyedLimiter`] (its own shards and locks), and a request
+/// has at most one key per kind. The shard locks of a request are taken nested, always in
+/// the order of [`ScopeKind`] (tenant, user, API key, route, tenant route), each at most
+/// once, and held until every bucket has been paid or rolled back; a new key takes its
+/// shard's write lock in that same position. Writers (insertions, sweeps) hold one shard
+/// lock at a time. Every thread thus acquires locks in one global order, which rules out
+/// the deadlock that reader-writer locks preferring waiting writers (std's, and so
+/// crossbeam's `ShardedLock`) would otherwise allow: a reader holding shard A and waiting
+/// for B behind a queued writer, while another holds B and waits for A.
 pub struct ScopedLimiter<C: Clock = QuantaClock, S = RandomState> {
     clock: C,
     global: Option<GlobalScope>,
@@ -256,7 +257,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let costs = *class.costs();
         let now = self.clock.now_nanos();
         let r = request;
-        // Nested in ScopeKind order: the lock order of the module docs.
+        // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
         with(&self.tenant, r.tenant.as_ref(), costs[1], now, |t| {
             with(&self.user, r.user.as_ref(), costs[2], now, |u| {
                 with(&self.api_key, r.api_key.as_ref(), costs[3], now, |a| {

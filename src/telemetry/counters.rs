@@ -93,6 +93,23 @@ impl AddAssign for Tally {
 /// assert_eq!(c.total().requests(), 3);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Cost on the hot path
+///
+/// Counting is two relaxed `fetch_add`s per scope paid, and never a write that every core
+/// contends on:
+///
+/// - A keyed scope's counters live in the key's own map entry, next to its bucket word:
+///   only the requests of that key write them.
+/// - The global scope is paid by every request, so one counter block would be a line every
+///   core writes. Its counters are *striped*: one cache-padded block per stripe, a thread
+///   always writing the stripe it was given on first use (round robin), and a snapshot
+///   sums the stripes. Threads contend only when there are more of them than stripes
+///   (the stripe count is the machine's parallelism rounded up to a power of two).
+///
+/// Each counter is exact. A snapshot reads the counters one by one while requests may be
+/// counting, so it is not an atomic cut across all of them: a request in flight may show
+/// in its request count and not yet in its token count.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CounterSnapshot {
     /// First attempts.
