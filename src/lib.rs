@@ -76,8 +76,8 @@ pub mod mutants;
 mod policy;
 mod reservation;
 pub mod retry;
-mod sleep;
 mod scope;
+mod sleep;
 pub mod state;
 mod sync;
 mod telemetry;
@@ -101,9 +101,9 @@ pub use keyed::{
 pub use multi::{INLINE_MEMBERS, Member, MultiDecision, MultiError, acquire_all, acquire_all_with};
 pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};
 pub use reservation::{Reservation, ReserveError};
-pub use sleep::{Sleep, ThreadSleep};
 pub use scope::{
     ApiKeyId, ClassId, DEFAULT_MAX_KEYS, Refusal, Request, RouteId, Rule, RuleError, RuleSet,
     Scope, ScopeDecision, ScopeError, ScopeKind, ScopedLimiter, TenantId, UserId, WorkClass,
 };
+pub use sleep::{Sleep, ThreadSleep};
 pub use telemetry::{CounterSnapshot, Record, Tally, Verdict};
