@@ -1,0 +1,717 @@
+//! `tokengate simulate`: replays a traffic pattern against a policy on the manual clock.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::ValueEnum;
+use plotters::prelude::*;
+use tokengate::{AcquireError, Bucket, ManualClock, Policy, Start};
+
+use crate::{create_parent, default_output, parse_duration, show_duration, trim_float};
+
+/// The most arrivals one simulation replays (`--rate` x `--duration`).
+const MAX_ARRIVALS: f64 = 50e6;
+
+/// Time bins of the chart.
+const BINS: usize = 200;
+
+/// Options of `tokengate simulate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// How requests arrive. steady: evenly spaced at --rate. poisson: independent
+    /// arrivals at an average of --rate (exponential gaps). bursty: the same average, but
+    /// each --burst-period's requests all arrive in its first --duty fraction.
+    #[arg(long, short = 'p', value_enum, default_value_t = Pattern::Steady)]
+    pattern: Pattern,
+
+    /// Offered load, in requests per second (averaged over the run).
+    #[arg(long, value_name = "REQ_PER_S", default_value_t = 25.0, value_parser = positive_f64)]
+    rate: f64,
+
+    /// Simulated time to replay, with a unit (ns, us, ms, s, m). The simulation runs
+    /// faster than real time: no sleeping.
+    #[arg(long, short = 'd', value_name = "DURATION", default_value = "20s",
+          value_parser = parse_duration)]
+    duration: Duration,
+
+    /// Weighted mix of work classes, comma-separated NAME=COST:WEIGHT: COST in tokens
+    /// per request (1 or more, at most --capacity), WEIGHT the relative share of
+    /// requests. Example: metadata=1:70,search=3:25,export=20:5.
+    #[arg(long, short = 'm', value_name = "MIX", default_value = "request=1:1",
+          value_parser = parse_mix)]
+    mix: Mix,
+
+    /// Bucket capacity B, in tokens: the largest burst.
+    #[arg(long, short = 'b', value_name = "TOKENS", default_value_t = 60)]
+    capacity: u64,
+
+    /// Refill rate r, in tokens per second: the sustained rate.
+    #[arg(long, short = 'r', value_name = "TOKENS_PER_S", default_value_t = 10.0)]
+    refill: f64,
+
+    /// Whether the bucket starts full (an immediate burst of B) or empty.
+    #[arg(long, value_enum, default_value_t = StartArg::Full)]
+    start: StartArg,
+
+    /// Seed of the random choices (Poisson gaps, work classes): the same seed replays
+    /// the same traffic.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+
+    /// For --pattern bursty: the period of the bursts, with a unit.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    burst_period: Duration,
+
+    /// For --pattern bursty: the fraction of each period in which its requests arrive
+    /// (0 < duty <= 1; 0.25 = four times the average rate for a quarter of the time).
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.25, value_parser = duty)]
+    duty: f64,
+
+    /// SVG chart of the bucket level and the admitted rate over time. Default:
+    /// target/tokengate-bench/simulate.svg.
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+}
+
+/// How requests arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Pattern {
+    /// Evenly spaced at the offered rate.
+    Steady,
+    /// On/off: each period's requests arrive in its first `duty` fraction.
+    Bursty,
+    /// Independent arrivals: exponential gaps with mean 1 / rate.
+    Poisson,
+}
+
+/// `--start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StartArg {
+    /// An immediate burst of B tokens.
+    Full,
+    /// Nothing until tokens refill.
+    Empty,
+}
+
+/// One work class of the mix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Class {
+    name: String,
+    cost: u64,
+    weight: u64,
+}
+
+/// The weighted mix of work classes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mix(Vec<Class>);
+
+fn positive_f64(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err(format!("must be a positive finite number, got {text}")),
+        Err(_) => Err(format!("`{text}` is not a number")),
+    }
+}
+
+fn duty(text: &str) -> Result<f64, String> {
+    let v = positive_f64(text)?;
+    if v > 1.0 {
+        return Err(format!("must be in (0, 1], got {text}"));
+    }
+    Ok(v)
+}
+
+fn parse_mix(text: &str) -> Result<Mix, String> {
+    let mut classes = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let usage = "write each class as NAME=COST:WEIGHT, e.g. search=3:25";
+        let (name, rest) = part
+            .split_once('=')
+            .ok_or_else(|| format!("class `{part}` has no `=`: {usage}"))?;
+        let (cost, weight) = rest
+            .split_once(':')
+            .ok_or_else(|| format!("class `{part}` has no `:WEIGHT`: {usage}"))?;
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(format!("class `{part}` has an empty name: {usage}"));
+        }
+        let cost: u64 = cost.trim().parse().map_err(|_| {
+            format!("cost `{cost}` of class {name} is not a whole number of tokens")
+        })?;
+        let weight: u64 = weight
+            .trim()
+            .parse()
+            .map_err(|_| format!("weight `{weight}` of class {name} is not a whole number"))?;
+        if cost == 0 {
+            return Err(format!(
+                "class {name} costs 0 tokens; costs must be at least 1"
+            ));
+        }
+        if weight == 0 {
+            return Err(format!(
+                "class {name} has weight 0; weights must be at least 1"
+            ));
+        }
+        if classes.iter().any(|c: &Class| c.name == name) {
+            return Err(format!("class {name} is named twice"));
+        }
+        classes.push(Class {
+            name: name.to_string(),
+            cost,
+            weight,
+        });
+    }
+    if classes.is_empty() {
+        return Err("the mix names no class: write e.g. request=1:1".to_string());
+    }
+    Ok(Mix(classes))
+}
+
+impl Mix {
+    fn total_weight(&self) -> u64 {
+        self.0.iter().map(|c| c.weight).sum()
+    }
+
+    /// Mean cost per request, in tokens.
+    fn mean_cost(&self) -> f64 {
+        let w: u64 = self.0.iter().map(|c| c.cost * c.weight).sum();
+        w as f64 / self.total_weight() as f64
+    }
+
+    /// The class for a uniform draw in `0..total_weight`.
+    fn pick(&self, mut draw: u64) -> usize {
+        for (i, c) in self.0.iter().enumerate() {
+            if draw < c.weight {
+                return i;
+            }
+            draw -= c.weight;
+        }
+        self.0.len() - 1
+    }
+}
+
+/// splitmix64: small, seedable, good enough for traffic.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct ClassStats {
+    admitted: u64,
+    rejected: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Bin {
+    offered_tokens: u64,
+    admitted_tokens: u64,
+    /// Bucket level at the bin's start, in tokens.
+    level: f64,
+}
+
+/// What a simulation produced.
+#[derive(Debug)]
+struct Outcome {
+    per_class: Vec<ClassStats>,
+    bins: Vec<Bin>,
+    /// Time of the first rejection.
+    first_rejection: Option<Duration>,
+    /// Tokens admitted from the first rejection to the end.
+    tokens_after_dry: u64,
+    requests_after_dry: u64,
+}
+
+/// Arrival times in nanoseconds, in order.
+fn arrivals(args: &Args, rng: &mut Rng) -> impl Iterator<Item = u64> {
+    let end = args.duration.as_nanos() as f64;
+    let gap = 1e9 / args.rate;
+    let period = args.burst_period.as_nanos() as f64;
+    let (pattern, duty) = (args.pattern, args.duty);
+    let mut k = 0u64;
+    let mut t = 0.0f64;
+    let mut seed = Rng(rng.next());
+    std::iter::from_fn(move || {
+        let at = match pattern {
+            Pattern::Steady => k as f64 * gap,
+            Pattern::Poisson => {
+                t += -seed.unit().ln() * gap;
+                t
+            }
+            Pattern::Bursty => {
+                // Steady arrivals in virtual time, each period squeezed into its first
+                // `duty` fraction.
+                let v = k as f64 * gap;
+                let p = (v / period).floor();
+                p * period + (v - p * period) * duty
+            }
+        };
+        k += 1;
+        (at < end).then_some(at as u64)
+    })
+}
+
+fn simulate(args: &Args, policy: Policy) -> Result<Outcome, String> {
+    let clock = ManualClock::new();
+    let bucket = Bucket::with_clock(policy, clock.clone());
+    let mut rng = Rng(args.seed);
+    let total_weight = args.mix.total_weight();
+    let end = args.duration.as_nanos() as u64;
+    let width = (end / BINS as u64).max(1);
+    let mut bins = vec![Bin::default(); BINS];
+    let mut next_edge = 0u64;
+    let mut edge_index = 0usize;
+    let mut out = Outcome {
+        per_class: vec![ClassStats::default(); args.mix.0.len()],
+        bins: Vec::new(),
+        first_rejection: None,
+        tokens_after_dry: 0,
+        requests_after_dry: 0,
+    };
+    let mut sample_until = |at: u64, bins: &mut Vec<Bin>| {
+        while edge_index < BINS && next_edge <= at {
+            clock.set(Duration::from_nanos(next_edge));
+            bins[edge_index].level = bucket.available();
+            edge_index += 1;
+            next_edge = edge_index as u64 * width;
+        }
+    };
+    let times: Vec<u64> = arrivals(args, &mut rng).collect();
+    for at in times {
+        sample_until(at, &mut bins);
+        clock.set(Duration::from_nanos(at));
+        let class = args.mix.pick(rng.below(total_weight));
+        let cost = args.mix.0[class].cost;
+        let decision = bucket.try_acquire(cost).map_err(|e| e.to_string())?;
+        let bin = &mut bins[((at / width) as usize).min(BINS - 1)];
+        bin.offered_tokens += cost;
+        let stats = &mut out.per_class[class];
+        if decision.is_admitted() {
+            stats.admitted += 1;
+            bin.admitted_tokens += cost;
+            if out.first_rejection.is_some() {
+                out.tokens_after_dry += cost;
+                out.requests_after_dry += 1;
+            }
+        } else {
+            stats.rejected += 1;
+            out.first_rejection.get_or_insert(Duration::from_nanos(at));
+        }
+    }
+    sample_until(end, &mut bins);
+    out.bins = bins;
+    Ok(out)
+}
+
+/// Runs the simulation and prints the report.
+pub fn run(args: Args) -> Result<(), String> {
+    let start = match args.start {
+        StartArg::Full => Start::Full,
+        StartArg::Empty => Start::Empty,
+    };
+    let policy = Policy::builder(args.capacity, args.refill)
+        .start(start)
+        .build()
+        .map_err(|e| format!("invalid policy: {e}"))?;
+    for class in &args.mix.0 {
+        if class.cost > args.capacity {
+            let e = AcquireError::CostExceedsCapacity {
+                cost: class.cost,
+                capacity: args.capacity,
+            };
+            return Err(format!(
+                "class {} can never be admitted: {e}; raise --capacity or lower its cost",
+                class.name
+            ));
+        }
+    }
+    let arrivals = args.rate * args.duration.as_secs_f64();
+    if arrivals > MAX_ARRIVALS {
+        return Err(format!(
+            "--rate x --duration is {arrivals:.0} requests, above the {MAX_ARRIVALS:.0} one run replays; \
+             shorten --duration or lower --rate"
+        ));
+    }
+    let svg_path = args
+        .svg
+        .clone()
+        .unwrap_or_else(|| default_output("simulate.svg"));
+    create_parent(&svg_path)?;
+
+    let outcome = simulate(&args, policy)?;
+    print!("{}", report(&args, &policy, &outcome));
+    draw(&svg_path, &args, &policy, &outcome)?;
+    println!("\nWrote {}.", svg_path.display());
+    Ok(())
+}
+
+fn pattern_text(args: &Args) -> String {
+    match args.pattern {
+        Pattern::Steady => format!("steady {} req/s", trim_float(args.rate)),
+        Pattern::Poisson => format!("Poisson, mean {} req/s", trim_float(args.rate)),
+        Pattern::Bursty => format!(
+            "bursty, mean {} req/s ({} req/s for the first {:.0}% of every {})",
+            trim_float(args.rate),
+            trim_float(args.rate / args.duty),
+            args.duty * 100.0,
+            show_duration(args.burst_period)
+        ),
+    }
+}
+
+fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
+    let mut s = String::new();
+    let r = policy.effective_refill_per_second();
+    let offered_tokens = args.rate * args.mix.mean_cost();
+    let _ = writeln!(
+        s,
+        "tokengate simulate: B = {} tokens, r = {} tokens/s, starting {}; {} for {} (seed {})",
+        args.capacity,
+        trim_float(args.refill),
+        if policy.starts_full() {
+            "full"
+        } else {
+            "empty"
+        },
+        pattern_text(args),
+        show_duration(args.duration),
+        args.seed
+    );
+    let _ = writeln!(
+        s,
+        "offered load: {} tokens/s on average ({} req/s x mean cost {})\n",
+        trim_float(offered_tokens),
+        trim_float(args.rate),
+        trim_float(args.mix.mean_cost())
+    );
+    let _ = writeln!(
+        s,
+        "  {:<14}{:>6}{:>11}{:>11}{:>10}",
+        "class", "cost", "admitted", "rejected", "admitted"
+    );
+    let (mut admitted, mut rejected, mut tokens) = (0, 0, 0);
+    for (class, stats) in args.mix.0.iter().zip(&out.per_class) {
+        let n = stats.admitted + stats.rejected;
+        let _ = writeln!(
+            s,
+            "  {:<14}{:>6}{:>11}{:>11}{:>9.1}%",
+            class.name,
+            class.cost,
+            stats.admitted,
+            stats.rejected,
+            100.0 * stats.admitted as f64 / n.max(1) as f64
+        );
+        admitted += stats.admitted;
+        rejected += stats.rejected;
+        tokens += stats.admitted * class.cost;
+    }
+    let _ = writeln!(
+        s,
+        "  {:<14}{:>6}{:>11}{:>11}{:>9.1}%\n",
+        "all",
+        "",
+        admitted,
+        rejected,
+        100.0 * admitted as f64 / (admitted + rejected).max(1) as f64
+    );
+    let secs = args.duration.as_secs_f64();
+    let _ = writeln!(
+        s,
+        "admitted overall: {} tokens/s, {} req/s",
+        trim_float(tokens as f64 / secs),
+        trim_float(admitted as f64 / secs)
+    );
+    match out.first_rejection {
+        Some(dry) => {
+            let window = secs - dry.as_secs_f64();
+            if window > 0.0 {
+                let _ = writeln!(
+                    s,
+                    "sustained after the initial burst (from {:.2} s, the first rejection): {} tokens/s, {} req/s; r = {}",
+                    dry.as_secs_f64(),
+                    trim_float(out.tokens_after_dry as f64 / window),
+                    trim_float(out.requests_after_dry as f64 / window),
+                    trim_float(r)
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(s, "no request was rejected: B and r cover this load");
+        }
+    }
+    // What the numbers say about B and r.
+    if offered_tokens > r {
+        let excess = offered_tokens - r;
+        let _ = writeln!(
+            s,
+            "\nThe offered {} tokens/s exceed r by {} tokens/s: in the long run a share {:.0}% \
+             is rejected. A full bucket absorbs the excess for B / (offered - r) = {:.1} s.\n\
+             To admit it all, r must be at least {} tokens/s.",
+            trim_float(offered_tokens),
+            trim_float(excess),
+            100.0 * excess / offered_tokens,
+            args.capacity as f64 / excess,
+            trim_float(offered_tokens)
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "\nr covers the average load ({} <= {} tokens/s); rejections come from bursts \
+             larger than B can hold.",
+            trim_float(offered_tokens),
+            trim_float(r)
+        );
+    }
+    if args.pattern == Pattern::Bursty {
+        let burst_secs = args.burst_period.as_secs_f64() * args.duty;
+        let burst_tokens = offered_tokens * args.burst_period.as_secs_f64();
+        let need = burst_tokens - r * burst_secs;
+        let _ = writeln!(
+            s,
+            "Each burst brings {} tokens in {}; with r = {} it needs B >= {} to pass whole \
+             (and r >= {} to refill between bursts).",
+            trim_float(burst_tokens),
+            show_duration(Duration::from_secs_f64(burst_secs)),
+            trim_float(r),
+            trim_float(need.max(0.0).ceil()),
+            trim_float(offered_tokens)
+        );
+    }
+    s
+}
+
+fn draw(path: &Path, args: &Args, policy: &Policy, out: &Outcome) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
+    let root = SVGBackend::new(path, (900, 620)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root = root
+        .titled(
+            &format!(
+                "B = {}, r = {}/s, {}",
+                args.capacity,
+                trim_float(args.refill),
+                pattern_text(args)
+            ),
+            ("sans-serif", 18),
+        )
+        .map_err(|e| err(&e))?;
+    let (upper, lower) = root.split_vertically(300);
+    let secs = args.duration.as_secs_f64();
+    let width = secs / BINS as f64;
+    let capacity = args.capacity as f64;
+
+    let mut level = ChartBuilder::on(&upper)
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..secs, 0.0..capacity * 1.1)
+        .map_err(|e| err(&e))?;
+    level
+        .configure_mesh()
+        .y_desc("tokens in the bucket")
+        .light_line_style(WHITE)
+        .draw()
+        .map_err(|e| err(&e))?;
+    let blue = RGBColor(0x1f, 0x77, 0xb4);
+    let red = RGBColor(0xd6, 0x27, 0x28);
+    level
+        .draw_series(LineSeries::new(
+            out.bins
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (i as f64 * width, b.level)),
+            blue.stroke_width(2),
+        ))
+        .map_err(|e| err(&e))?
+        .label("bucket level")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(2)));
+    level
+        .draw_series(LineSeries::new(
+            [(0.0, capacity), (secs, capacity)],
+            red.stroke_width(1),
+        ))
+        .map_err(|e| err(&e))?
+        .label("capacity B")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(1)));
+    level
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(|e| err(&e))?;
+
+    let per_second = |tokens: u64| tokens as f64 / width;
+    let r = policy.effective_refill_per_second();
+    let top = out
+        .bins
+        .iter()
+        .map(|b| per_second(b.offered_tokens))
+        .fold(r, f64::max)
+        * 1.15;
+    let mut rate = ChartBuilder::on(&lower)
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..secs, 0.0..top.max(1.0))
+        .map_err(|e| err(&e))?;
+    rate.configure_mesh()
+        .x_desc("simulated time (s)")
+        .y_desc("tokens per second")
+        .light_line_style(WHITE)
+        .draw()
+        .map_err(|e| err(&e))?;
+    let grey = RGBColor(0x99, 0x99, 0x99);
+    let green = RGBColor(0x2c, 0xa0, 0x2c);
+    rate.draw_series(LineSeries::new(
+        out.bins
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ((i as f64 + 0.5) * width, per_second(b.offered_tokens))),
+        grey.stroke_width(1),
+    ))
+    .map_err(|e| err(&e))?
+    .label("offered")
+    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], grey.stroke_width(1)));
+    rate.draw_series(LineSeries::new(
+        out.bins
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ((i as f64 + 0.5) * width, per_second(b.admitted_tokens))),
+        green.stroke_width(2),
+    ))
+    .map_err(|e| err(&e))?
+    .label("admitted")
+    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], green.stroke_width(2)));
+    rate.draw_series(LineSeries::new([(0.0, r), (secs, r)], red.stroke_width(1)))
+        .map_err(|e| err(&e))?
+        .label("refill rate r")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(1)));
+    rate.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["simulate"];
+        argv.extend_from_slice(extra);
+        Wrap::try_parse_from(argv).unwrap().args
+    }
+
+    fn sim(args: &Args) -> Outcome {
+        let policy = Policy::builder(args.capacity, args.refill).build().unwrap();
+        simulate(args, policy).unwrap()
+    }
+
+    #[test]
+    fn mix_parses_weighted_classes_and_refuses_bad_ones() {
+        let mix = parse_mix("metadata=1:70,search=3:25,export=20:5").unwrap();
+        assert_eq!(mix.0.len(), 3);
+        assert_eq!(mix.total_weight(), 100);
+        assert!((mix.mean_cost() - (70.0 + 75.0 + 100.0) / 100.0).abs() < 1e-12);
+        assert_eq!(mix.pick(69), 0);
+        assert_eq!(mix.pick(70), 1);
+        assert_eq!(mix.pick(99), 2);
+        assert!(parse_mix("a=0:1").unwrap_err().contains("at least 1"));
+        assert!(parse_mix("a=1:0").unwrap_err().contains("weight 0"));
+        assert!(parse_mix("a=1").unwrap_err().contains(":WEIGHT"));
+        assert!(parse_mix("a=1:1,a=2:1").unwrap_err().contains("twice"));
+        assert!(parse_mix("").unwrap_err().contains("no class"));
+    }
+
+    #[test]
+    fn seed_example_drains_the_full_bucket_then_admits_the_refill_rate() {
+        // B = 60, r = 10/s, 25 req/s offered: 60 pass at once, the balance drains at
+        // 15/s and runs dry after 4 s; from then on 10 per second are admitted.
+        let a = args(&["--duration", "20s"]);
+        let out = sim(&a);
+        let dry = out.first_rejection.unwrap().as_secs_f64();
+        assert!((3.9..4.2).contains(&dry), "ran dry at {dry}");
+        let admitted = out.per_class[0].admitted;
+        // 60 up front + 10/s for 20 s, less the rounding down of r (never more).
+        assert!((255..=260).contains(&admitted), "{admitted}");
+        let sustained = out.tokens_after_dry as f64 / (20.0 - dry);
+        assert!((9.8..=10.0).contains(&sustained), "{sustained}");
+        // The first bin holds the full bucket, the level at the end is near empty.
+        assert!(out.bins[0].level > 59.9);
+        assert!(out.bins[BINS - 1].level < 1.0);
+    }
+
+    #[test]
+    fn same_seed_replays_the_same_traffic_and_another_seed_does_not() {
+        let run = |seed: &str| {
+            let a = args(&[
+                "--pattern",
+                "poisson",
+                "--mix",
+                "a=1:1,b=3:1",
+                "--seed",
+                seed,
+            ]);
+            sim(&a)
+                .per_class
+                .iter()
+                .map(|c| (c.admitted, c.rejected))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run("7"), run("7"));
+        assert_ne!(run("7"), run("8"));
+    }
+
+    #[test]
+    fn bursty_traffic_keeps_the_average_rate() {
+        let a = args(&["--pattern", "bursty", "--rate", "100", "--duration", "10s"]);
+        let mut rng = Rng(1);
+        let times: Vec<u64> = arrivals(&a, &mut rng).collect();
+        assert_eq!(times.len(), 1000);
+        // Every arrival lies in the first quarter of its second.
+        assert!(times.iter().all(|t| t % 1_000_000_000 < 250_000_000));
+    }
+
+    #[test]
+    fn costly_class_above_capacity_is_refused() {
+        let a = args(&["--capacity", "10", "--mix", "export=20:1"]);
+        let err = run(a).unwrap_err();
+        assert!(err.contains("export") && err.contains("capacity"), "{err}");
+    }
+
+    #[test]
+    fn invalid_policy_is_refused_with_the_library_message() {
+        let a = args(&["--capacity", "0"]);
+        let err = run(a).unwrap_err();
+        assert!(err.starts_with("invalid policy: capacity"), "{err}");
+    }
+}
