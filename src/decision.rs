@@ -38,10 +38,16 @@ pub struct Decision {
     /// Nanoseconds from the clock reading to the tick edge the snapshot is at:
     /// `behind << S` minus the time already spent in the current tick.
     lead_nanos: i64,
-    admitted: bool,
-    frac_bits: u8,
-    tick_shift: u8,
+    /// `admitted` (bit 0), `F` (bits 8..16) and `S` (bits 16..24) in one word, so that a
+    /// decision is written with whole-word stores only: a caller copying it then reads
+    /// each word straight back from the store buffer, where three byte stores read back
+    /// as one word stall store-to-load forwarding (measured: BENCHMARKS.md).
+    bits: u64,
 }
+
+const ADMITTED: u64 = 1;
+const FRAC_SHIFT: u32 = 8;
+const TICK_SHIFT: u32 = 16;
 
 impl Decision {
     #[inline]
@@ -64,22 +70,32 @@ impl Decision {
             balance,
             refill_per_tick: layout.refill_per_tick(),
             lead_nanos: ((snapshot.behind() << shift) as i64) - into_tick as i64,
-            admitted,
-            frac_bits: layout.frac_bits() as u8,
-            tick_shift: shift as u8,
+            bits: u64::from(admitted)
+                | u64::from(layout.frac_bits()) << FRAC_SHIFT
+                | u64::from(shift) << TICK_SHIFT,
         }
+    }
+
+    #[inline]
+    fn frac_bits(&self) -> u32 {
+        (self.bits >> FRAC_SHIFT) as u8 as u32
+    }
+
+    #[inline]
+    fn tick_shift(&self) -> u32 {
+        (self.bits >> TICK_SHIFT) as u8 as u32
     }
 
     /// Whether the cost was taken.
     #[inline]
     pub fn is_admitted(&self) -> bool {
-        self.admitted
+        self.bits & ADMITTED != 0
     }
 
     /// Whether the cost was refused (nothing was taken).
     #[inline]
     pub fn is_rejected(&self) -> bool {
-        !self.admitted
+        !self.is_admitted()
     }
 
     /// The cost asked for, in tokens.
@@ -90,7 +106,7 @@ impl Decision {
 
     /// Tokens left after the decision (fractional; negative while reservations are owed).
     pub fn tokens_remaining(&self) -> f64 {
-        self.balance as f64 / (1u64 << self.frac_bits) as f64
+        self.balance as f64 / (1u64 << self.frac_bits()) as f64
     }
 
     /// The balance after the decision in fixed-point units (`2^F` per token).
@@ -106,7 +122,7 @@ impl Decision {
     /// It assumes nobody else takes tokens meanwhile: under contention the tokens may be
     /// gone again, and the caller should decide afresh then.
     pub fn retry_after(&self) -> Option<Duration> {
-        if self.admitted {
+        if self.is_admitted() {
             return None;
         }
         Some(self.wait_for(self.cost))
@@ -115,12 +131,12 @@ impl Decision {
     /// Time until `tokens` tokens are there, from the state this decision saw (zero if
     /// they are already there).
     pub fn wait_for(&self, tokens: u64) -> Duration {
-        let needed = (i128::from(tokens) << self.frac_bits) - i128::from(self.balance);
+        let needed = (i128::from(tokens) << self.frac_bits()) - i128::from(self.balance);
         if needed <= 0 {
             return Duration::ZERO;
         }
         let ticks = (needed as u128).div_ceil(u128::from(self.refill_per_tick));
-        let nanos = ((ticks << self.tick_shift) as i128 + i128::from(self.lead_nanos)).max(0);
+        let nanos = ((ticks << self.tick_shift()) as i128 + i128::from(self.lead_nanos)).max(0);
         duration_from_nanos(nanos as u128)
     }
 }
@@ -136,7 +152,7 @@ pub(crate) fn duration_from_nanos(nanos: u128) -> Duration {
 impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
-            .field("admitted", &self.admitted)
+            .field("admitted", &self.is_admitted())
             .field("cost", &self.cost)
             .field("tokens_remaining", &self.tokens_remaining())
             .field("retry_after", &self.retry_after())

@@ -433,6 +433,16 @@ impl Layout {
         let stored = word & !self.token_mask;
         let units = word & self.token_mask;
         let now = self.tick_field(now_tick);
+        if now == stored {
+            // Same tick: nothing to add. A branch, not a select, so that under load (many
+            // decisions per tick) the new word depends on the loaded one only, not on the
+            // clock reading's arithmetic (measured: BENCHMARKS.md).
+            return Snapshot {
+                units: units.min(self.max_units),
+                tick_field: stored,
+                behind: 0,
+            };
+        }
         let elapsed = now.wrapping_sub(stored) >> self.token_bits;
         if elapsed <= self.forward_max {
             // `min(elapsed, fill_ticks) * R < max_units + R`, so the sum cannot overflow.
@@ -586,6 +596,18 @@ mod tests {
         }
         assert_eq!(w, l.refill(w0, 1100).with_units(l.refill(w0, 1100).units));
         assert_eq!(l.refill(w0, 1100).units, 100 * 1374);
+    }
+
+    #[test]
+    fn same_tick_refill_keeps_the_word_and_never_exceeds_the_capacity() {
+        let l = layout();
+        let w = l.encode(5000, 10).unwrap();
+        let s = l.refill(w, 5000);
+        assert_eq!((s.units(), s.tick(&l), s.behind()), (10, 5000, 0));
+        // A word with more units than the layout allows (not one a bucket writes) is
+        // still read as at most full.
+        let over = (5000u64 << l.token_bits()) | (l.max_units() + 1);
+        assert_eq!(l.refill(over, 5000).units(), l.max_units());
     }
 
     #[test]
