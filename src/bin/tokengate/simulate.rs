@@ -338,7 +338,7 @@ pub fn run(args: Args) -> Result<(), String> {
                 capacity: args.capacity,
             };
             return Err(format!(
-                "class {} can never be admitted: {e}; raise --capacity or lower its cost",
+                "class {}: {e}; raise --capacity or lower its cost",
                 class.name
             ));
         }
@@ -379,7 +379,7 @@ fn pattern_text(args: &Args) -> String {
 
 fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
     let mut s = String::new();
-    let r = policy.effective_refill_per_second();
+    let r = args.refill;
     let offered_tokens = args.rate * args.mix.mean_cost();
     let _ = writeln!(
         s,
@@ -445,11 +445,12 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
             if window > 0.0 {
                 let _ = writeln!(
                     s,
-                    "sustained after the initial burst (from {:.2} s, the first rejection): {} tokens/s, {} req/s; r = {}",
+                    "sustained after the initial burst (from {:.2} s, the first rejection): {} tokens/s, {} req/s; r = {} (effective {})",
                     dry.as_secs_f64(),
                     trim_float(out.tokens_after_dry as f64 / window),
                     trim_float(out.requests_after_dry as f64 / window),
-                    trim_float(r)
+                    trim_float(r),
+                    trim_float(policy.effective_refill_per_second())
                 );
             }
         }
@@ -559,14 +560,29 @@ fn draw(path: &Path, args: &Args, policy: &Policy, out: &Outcome) -> Result<(), 
         .draw()
         .map_err(|e| err(&e))?;
 
-    let per_second = |tokens: u64| tokens as f64 / width;
-    let r = policy.effective_refill_per_second();
-    let top = out
+    // Rates over groups of bins holding about 20 arrivals each, so that a steady load
+    // does not read as a saw of 2 and 3 arrivals per bin; bursts stay visible.
+    let mut group = (20.0 / (args.rate * width))
+        .ceil()
+        .clamp(1.0, (BINS / 10) as f64) as usize;
+    if args.pattern == Pattern::Bursty {
+        let burst_bins = args.burst_period.as_secs_f64() * args.duty / width / 2.0;
+        group = group.min(burst_bins.floor().max(1.0) as usize);
+    }
+    let rates: Vec<(f64, f64, f64)> = out
         .bins
-        .iter()
-        .map(|b| per_second(b.offered_tokens))
-        .fold(r, f64::max)
-        * 1.15;
+        .chunks(group)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let w = width * chunk.len() as f64;
+            let offered: u64 = chunk.iter().map(|b| b.offered_tokens).sum();
+            let admitted: u64 = chunk.iter().map(|b| b.admitted_tokens).sum();
+            let mid = (i * group) as f64 * width + w / 2.0;
+            (mid, offered as f64 / w, admitted as f64 / w)
+        })
+        .collect();
+    let r = policy.effective_refill_per_second();
+    let top = rates.iter().map(|&(_, o, _)| o).fold(r, f64::max) * 1.15;
     let mut rate = ChartBuilder::on(&lower)
         .margin(10)
         .x_label_area_size(36)
@@ -582,20 +598,14 @@ fn draw(path: &Path, args: &Args, policy: &Policy, out: &Outcome) -> Result<(), 
     let grey = RGBColor(0x99, 0x99, 0x99);
     let green = RGBColor(0x2c, 0xa0, 0x2c);
     rate.draw_series(LineSeries::new(
-        out.bins
-            .iter()
-            .enumerate()
-            .map(|(i, b)| ((i as f64 + 0.5) * width, per_second(b.offered_tokens))),
+        rates.iter().map(|&(t, o, _)| (t, o)),
         grey.stroke_width(1),
     ))
     .map_err(|e| err(&e))?
     .label("offered")
     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], grey.stroke_width(1)));
     rate.draw_series(LineSeries::new(
-        out.bins
-            .iter()
-            .enumerate()
-            .map(|(i, b)| ((i as f64 + 0.5) * width, per_second(b.admitted_tokens))),
+        rates.iter().map(|&(t, _, a)| (t, a)),
         green.stroke_width(2),
     ))
     .map_err(|e| err(&e))?
