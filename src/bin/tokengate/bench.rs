@@ -397,7 +397,7 @@ fn draw(
             .filter(|c| c.regime == regime)
             .map(Cell::median)
             .fold(0.0, f64::max)
-            * 1.15;
+            * 1.6; // headroom for the legend above the lines
         let mut chart = ChartBuilder::on(panel)
             .caption(format!("{} regime", regime.name()), ("sans-serif", 18))
             .margin(12)

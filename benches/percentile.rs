@@ -1,0 +1,164 @@
+//! One-thread cost per call, robust to a busy machine: each case runs many short batches
+//! (2000 calls, tens of microseconds) and reports the 5th percentile of the batch means,
+//! so batches hit by preemption or a neighbour's burst drop out. A complement to
+//! `benches/engine.rs` (criterion reports the median of much longer samples).
+//!
+//! ```text
+//! cargo bench --bench percentile                   # every case, about 30 s
+//! cargo bench --bench percentile -- tg_reject gov_reject
+//! PERCENTILE_BATCHES=20 valgrind --tool=callgrind target/release/deps/percentile-* tg_admit
+//! ```
+//!
+//! Same regimes as `benches/engine.rs`: admit = 1e9 tokens/s, burst 1e6; reject = 1
+//! token/s, burst 1 (drained first). Every result passes through `black_box` whole.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use governor::RateLimiter;
+use tokengate::{Bucket, Clock, CoarseClock, Policy, QuantaClock, acquire_all};
+
+#[path = "../src/bin/tokengate/mutex_bucket.rs"]
+mod mutex_bucket;
+
+const BATCH: u32 = 2000;
+
+/// A named case: one call of the operation measured.
+type Case<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
+/// The 5th percentile of `batches` batch means, in nanoseconds per call.
+fn p5_nanos(batches: usize, mut call: impl FnMut()) -> f64 {
+    let mut means: Vec<f64> = (0..batches)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..BATCH {
+                call();
+            }
+            start.elapsed().as_nanos() as f64 / f64::from(BATCH)
+        })
+        .collect();
+    means.sort_by(f64::total_cmp);
+    means[means.len() / 20]
+}
+
+fn main() {
+    let batches = std::env::var("PERCENTILE_BATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000);
+    // `cargo bench` passes `--bench`; any other argument selects cases by exact name.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let admit = || Policy::new(1_000_000, 1e9).expect("valid policy");
+    let reject = || Policy::new(1, 1.0).expect("valid policy");
+    let quota = |r: u32, b: u32| {
+        governor::Quota::per_second(r.try_into().unwrap()).allow_burst(b.try_into().unwrap())
+    };
+
+    let clock = QuantaClock::new();
+    let coarse = CoarseClock::new().expect("coarse clock");
+    let word = AtomicU64::new(0);
+    let tg_admit = Bucket::new(admit());
+    let tg_reject = Bucket::new(reject());
+    let _ = tg_reject.try_acquire(1);
+    let coarse_admit = Bucket::with_clock(admit(), coarse.clone());
+    let coarse_reject = Bucket::with_clock(reject(), coarse.clone());
+    let _ = coarse_reject.try_acquire(1);
+    let gov_admit = RateLimiter::direct(quota(1_000_000_000, 1_000_000));
+    let gov_reject = RateLimiter::direct(quota(1, 1));
+    let _ = gov_reject.check();
+    let mutex_admit = mutex_bucket::MutexBucket::new(1e6, 1e9);
+    let scopes = [(); 3].map(|_| Bucket::new(admit()));
+
+    let mut cases: Vec<Case<'_>> = vec![
+        (
+            "floor_admit",
+            Box::new(|| {
+                let now = clock.now_nanos();
+                let cur = word.load(Ordering::Relaxed);
+                let _ = black_box(word.compare_exchange(
+                    cur,
+                    now,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ));
+            }),
+        ),
+        (
+            "floor_reject",
+            Box::new(|| {
+                let now = clock.now_nanos();
+                black_box(word.load(Ordering::Relaxed) > now);
+            }),
+        ),
+        (
+            "quanta_read",
+            Box::new(|| {
+                black_box(black_box(&clock).now_nanos());
+            }),
+        ),
+        (
+            "coarse_read",
+            Box::new(|| {
+                black_box(black_box(&coarse).now_nanos());
+            }),
+        ),
+        (
+            "tg_admit",
+            Box::new(|| {
+                let _ = black_box(black_box(&tg_admit).try_acquire(1));
+            }),
+        ),
+        (
+            "gov_admit",
+            Box::new(|| {
+                let _ = black_box(black_box(&gov_admit).check());
+            }),
+        ),
+        (
+            "coarse_admit",
+            Box::new(|| {
+                let _ = black_box(black_box(&coarse_admit).try_acquire(1));
+            }),
+        ),
+        (
+            "mutex_admit",
+            Box::new(|| {
+                black_box(black_box(&mutex_admit).try_acquire(1.0));
+            }),
+        ),
+        (
+            "tg_reject",
+            Box::new(|| {
+                let _ = black_box(black_box(&tg_reject).try_acquire(1));
+            }),
+        ),
+        (
+            "gov_reject",
+            Box::new(|| {
+                let _ = black_box(black_box(&gov_reject).check());
+            }),
+        ),
+        (
+            "coarse_reject",
+            Box::new(|| {
+                let _ = black_box(black_box(&coarse_reject).try_acquire(1));
+            }),
+        ),
+        (
+            "multi3",
+            Box::new(|| {
+                let set = [(&scopes[0], 1), (&scopes[1], 1), (&scopes[2], 1)];
+                let _ = black_box(acquire_all(black_box(&set)));
+            }),
+        ),
+    ];
+    for (name, call) in &mut cases {
+        if only.is_empty() || only.iter().any(|o| o == name) {
+            println!("{name:<14} {:7.2} ns", p5_nanos(batches, call));
+        }
+    }
+}
