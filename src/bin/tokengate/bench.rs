@@ -41,7 +41,7 @@ pub struct Args {
         short = 'e',
         value_name = "ENGINE",
         value_delimiter = ',',
-        default_value = "tokengate,tokengate-coarse,governor,mutex"
+        default_value = "tokengate,tokengate-coarse,governor,mutex,tokengate-keyed,governor-keyed"
     )]
     engines: Vec<Engine>,
 
@@ -52,7 +52,7 @@ pub struct Args {
         long,
         value_name = "REGIME",
         value_delimiter = ',',
-        default_value = "admit,reject"
+        default_value = "admit,reject,keyed"
     )]
     regimes: Vec<Regime>,
 
@@ -324,7 +324,9 @@ fn summary(cells: &[Cell], regimes: &[Regime], max_threads: usize) -> String {
                 .filter(|c| c.regime == regime && c.threads == max_threads)
             {
                 if let Some(one) = find(cells, regime, cell.engine, 1) {
-                    if cell.engine == Engine::Tokengate || cell.engine == baseline {
+                    if matches!(cell.engine, Engine::Tokengate | Engine::TokengateKeyed)
+                        || cell.engine == baseline
+                    {
                         let _ = writeln!(
                             out,
                             "  {:<7} scaling: {} at {max_threads} threads = {:.2}x its 1-thread throughput",

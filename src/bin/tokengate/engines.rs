@@ -10,8 +10,7 @@
 //!    key with [`random_key`]);
 //! 3. one arm in [`Engine::visit`] building it for a [`Regime`].
 //!
-//! The keyed limiter and the core-local hot bucket join here; the spots are marked
-//! `ENGINE SLOT`.
+//! The core-local hot bucket joins here; the spots are marked `ENGINE SLOT`.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -20,12 +19,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tokengate::{Bucket, Clock, CoarseClock, Policy, QuantaClock};
+use tokengate::{Bucket, Clock, CoarseClock, KeyedLimiter, Policy, QuantaClock};
 
 use crate::mutex_bucket::MutexBucket;
 
 /// Keys of the keyed regime, picked uniformly at random.
 pub const KEYS: u64 = 100_000;
+
+/// The key bound of tokengate's keyed limiter in the keyed regime (above [`KEYS`]).
+const MAX_KEYS: usize = 1 << 20;
 
 /// A traffic regime: the policy every engine enforces, the same for all of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -121,19 +123,21 @@ pub enum Engine {
     Governor,
     /// A floating-point token bucket behind `std::sync::Mutex`.
     Mutex,
+    /// tokengate's keyed limiter (`KeyedLimiter<u64>`, default SipHash).
+    TokengateKeyed,
     /// governor's keyed limiter (`check_key`), default dashmap store and hasher.
     GovernorKeyed,
-    // ENGINE SLOT: the keyed limiter (`Tokengate keyed`, regime Keyed) and the core-local
-    // hot bucket (regimes Admit and Reject) go here.
+    // ENGINE SLOT: the core-local hot bucket (regimes Admit and Reject) goes here.
 }
 
 impl Engine {
     /// Every engine, in table order.
-    pub const ALL: [Engine; 5] = [
+    pub const ALL: [Engine; 6] = [
         Engine::Tokengate,
         Engine::TokengateCoarse,
         Engine::Governor,
         Engine::Mutex,
+        Engine::TokengateKeyed,
         Engine::GovernorKeyed,
     ];
 
@@ -144,6 +148,7 @@ impl Engine {
             Engine::TokengateCoarse => "tokengate-coarse",
             Engine::Governor => "governor",
             Engine::Mutex => "mutex",
+            Engine::TokengateKeyed => "tokengate-keyed",
             Engine::GovernorKeyed => "governor-keyed",
         }
     }
@@ -155,6 +160,7 @@ impl Engine {
             Engine::TokengateCoarse => "tokengate (coarse clock)",
             Engine::Governor => "governor check()",
             Engine::Mutex => "Mutex<f64 bucket>",
+            Engine::TokengateKeyed => "tokengate keyed",
             Engine::GovernorKeyed => "governor keyed",
         }
     }
@@ -165,7 +171,7 @@ impl Engine {
             Engine::Tokengate | Engine::TokengateCoarse | Engine::Governor | Engine::Mutex => {
                 &[Regime::Admit, Regime::Reject]
             }
-            Engine::GovernorKeyed => &[Regime::Keyed],
+            Engine::TokengateKeyed | Engine::GovernorKeyed => &[Regime::Keyed],
         }
     }
 
@@ -195,6 +201,11 @@ impl Engine {
                 f64::from(regime.capacity()),
                 f64::from(regime.refill_per_second()),
             )),
+            Engine::TokengateKeyed => {
+                let limiter = Keyed::new(policy()?)?;
+                limiter.fill();
+                visit.visit(&limiter)
+            }
             Engine::GovernorKeyed => {
                 let limiter = GovernorKeyed(RateLimiter::keyed(regime.quota()));
                 limiter.fill();
@@ -245,6 +256,34 @@ impl Limiter for MutexBucket {
     }
 }
 
+/// tokengate's keyed limiter over `u64` keys.
+#[derive(Debug)]
+pub struct Keyed(pub KeyedLimiter<u64>);
+
+impl Keyed {
+    /// A limiter for up to `MAX_KEYS` keys, each with `policy`.
+    pub fn new(policy: Policy) -> Result<Keyed, String> {
+        KeyedLimiter::new(policy, MAX_KEYS)
+            .map(Keyed)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Inserts every key once, so the measurement is of lookups, not of inserts.
+    pub fn fill(&self) {
+        for key in 0..KEYS {
+            let _ = self.0.try_acquire(&key, 1);
+        }
+    }
+}
+
+impl Limiter for Keyed {
+    #[inline]
+    fn decide(&self, rng: &mut u64) -> bool {
+        let key = random_key(rng);
+        matches!(black_box(self.0.try_acquire(&key, 1)), Ok(d) if d.is_admitted())
+    }
+}
+
 /// governor's keyed limiter over `u64` keys.
 #[derive(Debug)]
 pub struct GovernorKeyed(pub DefaultKeyedRateLimiter<u64>);
@@ -266,8 +305,7 @@ impl Limiter for GovernorKeyed {
     }
 }
 
-// ENGINE SLOT: `impl Limiter for` the keyed limiter (draw the key with `random_key`) and
-// the hot bucket.
+// ENGINE SLOT: `impl Limiter for` the hot bucket.
 
 /// A key in `0..KEYS`, uniform, from a xorshift64 state (never zero).
 #[inline]
