@@ -6,8 +6,8 @@
 //!
 //! - `keyed_100k/*`: one `try_acquire(key, 1)` on a map of 100,000 `u64` keys (policy:
 //!   burst 100, 1000/s), keys picked uniformly at random from a precomputed sequence.
-//!   tokengate with std's SipHash (the default), with foldhash, with counters on, and
-//!   governor's `check_key` (DashMap, SipHash).
+//!   tokengate with its default hasher (aHash), with std's SipHash, with foldhash, with
+//!   counters on, and governor's `check_key` (DashMap, SipHash).
 //! - `global_counters/*`: a scoped limiter with only the global scope, counters on or off,
 //!   on one thread and on all hardware threads at once (admitting, and rejecting: a
 //!   rejection writes nothing to the bucket, so there the counter is the only write).
@@ -42,7 +42,11 @@ fn keyed_100k(c: &mut Criterion) {
     let picks = picks();
     let mut g = c.benchmark_group("keyed_100k");
 
-    let sip = KeyedLimiter::<u64>::new(policy, 1 << 20).unwrap();
+    let default = KeyedLimiter::<u64>::new(policy, 1 << 20).unwrap();
+    let sip = KeyedLimiter::<u64>::builder(policy, 1 << 20)
+        .hasher(std::hash::RandomState::new())
+        .build()
+        .unwrap();
     let fold = KeyedLimiter::<u64>::builder(policy, 1 << 20)
         .hasher(foldhash::fast::RandomState::default())
         .build()
@@ -55,6 +59,7 @@ fn keyed_100k(c: &mut Criterion) {
         .allow_burst(NonZeroU32::new(100).unwrap());
     let gov = governor::RateLimiter::keyed(quota);
     for k in 0..KEYS {
+        default.try_acquire(&k, 1).unwrap();
         sip.try_acquire(&k, 1).unwrap();
         fold.try_acquire(&k, 1).unwrap();
         counted.try_acquire(&k, 1).unwrap();
@@ -66,6 +71,9 @@ fn keyed_100k(c: &mut Criterion) {
         i = (i + 1) & (PICKS - 1);
         picks[i]
     };
+    g.bench_function("tokengate_ahash_default", |b| {
+        b.iter(|| default.try_acquire(black_box(&next()), 1).unwrap())
+    });
     g.bench_function("tokengate_siphash", |b| {
         b.iter(|| sip.try_acquire(black_box(&next()), 1).unwrap())
     });

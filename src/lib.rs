@@ -95,8 +95,8 @@ pub use clock::{COARSE_INTERVAL, Clock, ClockError, CoarseClock, ManualClock, Qu
 pub use decision::Decision;
 pub use error::AcquireError;
 pub use keyed::{
-    Eviction, KeyedBuilder, KeyedConfigError, KeyedError, KeyedLimiter, MAX_SHARDS, Overflow,
-    SweepReport,
+    Eviction, KeyHasher, KeyedBuilder, KeyedConfigError, KeyedError, KeyedLimiter, MAX_SHARDS,
+    Overflow, SweepReport,
 };
 pub use multi::{INLINE_MEMBERS, Member, MultiDecision, MultiError, acquire_all, acquire_all_with};
 pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};

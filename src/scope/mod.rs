@@ -12,7 +12,7 @@ mod key;
 mod rules;
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -20,7 +20,9 @@ use crossbeam_utils::CachePadded;
 use crate::attempt::Attempt;
 use crate::bucket::RawBucket;
 use crate::clock::{Clock, QuantaClock};
-use crate::keyed::{Handle, KeyedLimiter, Overflow, Slot, SweepReport, reanchor, sweep_interval};
+use crate::keyed::{
+    Handle, KeyHasher, KeyedLimiter, Overflow, Slot, SweepReport, reanchor, sweep_interval,
+};
 use crate::multi::{MultiError, acquire_all_with};
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
@@ -77,7 +79,7 @@ struct GlobalScope {
 /// the deadlock that reader-writer locks preferring waiting writers (std's, and so
 /// crossbeam's `ShardedLock`) would otherwise allow: a reader holding shard A and waiting
 /// for B behind a queued writer, while another holds B and waits for A.
-pub struct ScopedLimiter<C: Clock = QuantaClock, S = RandomState> {
+pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     clock: C,
     global: Option<GlobalScope>,
     tenant: Option<KeyedLimiter<TenantId, C, S>>,
@@ -107,7 +109,7 @@ impl RuleSet {
     /// [`RuleError`] for an invalid map configuration, a class that could never be
     /// admitted in some scope, or a duplicate class name.
     pub fn build(self) -> Result<ScopedLimiter, RuleError> {
-        self.build_with(QuantaClock::new(), RandomState::new())
+        self.build_with(QuantaClock::new(), KeyHasher::new())
     }
 
     /// Builds the limiter on `clock` (shared by every scope: an all-or-nothing
@@ -120,7 +122,7 @@ impl RuleSet {
         self,
         clock: C,
     ) -> Result<ScopedLimiter<C>, RuleError> {
-        self.build_with(clock, RandomState::new())
+        self.build_with(clock, KeyHasher::new())
     }
 
     /// Builds the limiter on `clock` with `hasher` for every keyed scope.

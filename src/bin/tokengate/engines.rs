@@ -123,7 +123,7 @@ pub enum Engine {
     Governor,
     /// A floating-point token bucket behind `std::sync::Mutex`.
     Mutex,
-    /// tokengate's keyed limiter (`KeyedLimiter<u64>`, default SipHash).
+    /// tokengate's keyed limiter (`KeyedLimiter<u64>`, default hasher: aHash).
     TokengateKeyed,
     /// governor's keyed limiter (`check_key`), default dashmap store and hasher.
     GovernorKeyed,
