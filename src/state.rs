@@ -357,9 +357,12 @@ impl Layout {
     }
 
     /// The exact refill rate this layout implements, in tokens per second:
-    /// `R * 1e9 / 2^(S + F)`. Never above the configured rate.
+    /// `R * 1e9 / 2^(S + F)`, rounded once to the nearest `f64`. Never above the
+    /// configured rate: the exact value is not, and a single rounding keeps it so.
     pub fn effective_refill_per_second(&self) -> f64 {
-        self.refill_per_tick as f64 * 1e9 / 2f64.powi((self.tick_shift + self.frac_bits) as i32)
+        // `R * 1e9 < 2^92` is exact in `u128`; dividing by a power of two is exact.
+        let scaled = u128::from(self.refill_per_tick) * 1_000_000_000;
+        scaled as f64 / 2f64.powi((self.tick_shift + self.frac_bits) as i32)
     }
 
     /// The tick field wraps after `2^(T + S)` nanoseconds (saturating at `u64::MAX` ns,
@@ -475,11 +478,12 @@ impl Layout {
     }
 
     /// Takes `cost_units` from a snapshot: the new word, or `None` when the balance is
-    /// below the cost (a rejection writes nothing, I5).
+    /// below the cost, however large the cost (a rejection writes nothing, I5).
     #[inline]
     pub fn take(&self, snapshot: &Snapshot, cost_units: u64) -> Option<u64> {
-        let needed = self.base_units + cost_units;
-        (snapshot.units >= needed).then(|| snapshot.with_units(snapshot.units - cost_units))
+        // `units - cost >= base`, without forming `base + cost` (which may overflow).
+        let left = snapshot.units.checked_sub(cost_units)?;
+        (left >= self.base_units).then(|| snapshot.with_units(left))
     }
 
     /// Takes as much as possible between `min_units` and `max_units_wanted` from a
@@ -527,13 +531,13 @@ impl Layout {
     }
 
     /// Whole ticks until a balance of `units` (offset units) can pay `cost_units`:
-    /// `ceil((base + cost - units) / R)`, 0 when it already can. Uses a division: call it
-    /// off the hot path.
+    /// `ceil((base + cost - units) / R)`, 0 when it already can, saturating at
+    /// `u64::MAX`. Uses a division: call it off the hot path.
     #[inline]
     pub fn ticks_until(&self, units: u64, cost_units: u64) -> u64 {
-        (self.base_units + cost_units)
-            .saturating_sub(units)
-            .div_ceil(self.refill_per_tick)
+        let needed = (u128::from(self.base_units) + u128::from(cost_units))
+            .saturating_sub(u128::from(units));
+        u64::try_from(needed.div_ceil(u128::from(self.refill_per_tick))).unwrap_or(u64::MAX)
     }
 
     /// The balance a snapshot holds, in units (negative while reservations are owed).
@@ -632,6 +636,33 @@ mod tests {
         let s = l.refill(w, (1 << 30) - window - 1);
         assert_eq!(s.behind(), 0);
         assert_eq!(s.units(), l.max_units());
+    }
+
+    #[test]
+    fn take_refuses_a_cost_beyond_the_word_without_overflowing() {
+        // With reservation debt, `base + cost` overflowed for costs near 2^64: a panic in
+        // debug builds, and in release a wrapped sum that admitted and corrupted the word.
+        let l = Layout::new(100, 19, 17, 1374, 1 << 40).unwrap();
+        let s = l.refill(l.start_word(7, true), 7);
+        for cost in [u64::MAX, u64::MAX - (1 << 40) + 1, l.max_units() + 1] {
+            assert_eq!(l.take(&s, cost), None, "cost {cost}");
+        }
+        assert_eq!(
+            l.take(&s, 100 << 17),
+            l.encode(7, 1 << 40),
+            "the whole capacity still pays"
+        );
+    }
+
+    #[test]
+    fn ticks_until_saturates_instead_of_wrapping() {
+        // `base + cost` wrapped for huge costs and gave a short wait.
+        let l = Layout::new(1, 0, 0, 1, 1 << 61).unwrap();
+        assert_eq!(l.ticks_until(0, u64::MAX), u64::MAX);
+        let l = Layout::new(100, 19, 17, 1374, 1 << 40).unwrap();
+        let exact = ((1u128 << 40) + u128::from(u64::MAX)).div_ceil(1374);
+        assert_eq!(u128::from(l.ticks_until(0, u64::MAX)), exact);
+        assert_eq!(l.ticks_until(l.max_units(), 100 << 17), 0);
     }
 
     #[test]
