@@ -19,7 +19,7 @@ pub const MAX_RATE_ERROR: f64 = 1e-3;
 const TARGET_WRAP_BITS: u32 = 58;
 
 /// log2 of the shortest wrap period a policy accepts (2^50 ns, about 13 days).
-const MIN_WRAP_BITS: u32 = 50;
+pub(crate) const MIN_WRAP_BITS: u32 = 50;
 
 /// Ticks need not be shorter than this (2^20 ns, about 1 ms) unless the bucket is small
 /// compared with its rate.
@@ -37,7 +37,7 @@ pub enum Start {
 
 /// The refill rate as given: tokens per second, or whole tokens per period.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Rate {
+pub(crate) enum Rate {
     PerSecond(f64),
     PerPeriod { tokens: u64, nanos: u128 },
 }
@@ -52,7 +52,7 @@ impl Rate {
 
     /// `floor(rate * 2^shift ns)` in units of `2^-0`: the exact integer refill per tick
     /// for `shift = S + F`, rounded down. `None` when it does not fit a `u64`.
-    fn units_per_tick(&self, shift: u32) -> Option<u64> {
+    pub(crate) fn units_per_tick(&self, shift: u32) -> Option<u64> {
         let exact = match *self {
             Rate::PerSecond(r) => {
                 // r = m * 2^e exactly; R = floor(m * 2^(e + shift) / 1e9).
@@ -99,7 +99,7 @@ impl Rate {
     }
 
     /// The exact refill per tick as a float, for the rate error.
-    fn units_per_tick_f64(&self, shift: u32) -> f64 {
+    pub(crate) fn units_per_tick_f64(&self, shift: u32) -> f64 {
         match *self {
             Rate::PerSecond(r) => r * 2f64.powi(shift as i32) / 1e9,
             Rate::PerPeriod { tokens, nanos } => {
@@ -536,7 +536,7 @@ fn shift_at_most(nanos: f64) -> u32 {
 /// The tick shifts to consider: `(preferred, max)`. A tick is never longer than 1/16 of
 /// the time the bucket takes to fill; it is preferably no longer than ~1 ms, or 1/16 of
 /// a token's time when that is longer.
-fn tick_shifts(capacity: u64, rate: &Rate) -> (u32, u32) {
+pub(crate) fn tick_shifts(capacity: u64, rate: &Rate) -> (u32, u32) {
     let r = rate.per_second();
     let max = shift_at_most(capacity as f64 / r * 1e9 / 16.0);
     let coarse = (1u64 << COARSE_TICK_SHIFT) as f64;
@@ -681,6 +681,32 @@ mod tests {
                 assert!(r as f64 > exact - 1.0 - exact * 1e-15, "shift {shift}");
             }
         }
+    }
+
+    #[test]
+    fn large_bursts_get_a_layout_that_wraps_late_enough() {
+        // Each has a layout meeting every bound (10 000 at 1/s: 1 ms ticks, F = 20, 0.05%
+        // error, wrap 2^50 ns); a search that kept only the most precise layout per tick
+        // shift refused them ("at most 8191", "at most 15").
+        for (capacity, rate) in [(10_000, 1.0), (166, 3.173e9)] {
+            let p = Policy::new(capacity, rate).unwrap();
+            assert!(p.rate_error() <= MAX_RATE_ERROR, "{p:?}");
+            assert!(p.wrap_period().as_nanos() >= 1 << MIN_WRAP_BITS, "{p:?}");
+            assert!(p.effective_refill_per_second() <= rate);
+        }
+    }
+
+    #[test]
+    fn effective_rate_is_never_rounded_above_the_configured_one() {
+        // R = 154357064805831985 per 1 ns tick is below the rate exactly, but rounding R
+        // to f64 first and then multiplying gave a value one ulp above it.
+        let r = 1.5435706480583199e26;
+        let p = Policy::builder(1844, r)
+            .start(Start::Empty)
+            .build()
+            .unwrap();
+        assert_eq!(p.layout().refill_per_tick(), 154_357_064_805_831_985);
+        assert!(p.effective_refill_per_second() <= r);
     }
 
     #[test]
