@@ -7,12 +7,13 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::policy::{MIN_WRAP_BITS, Rate, tick_shifts};
+use crate::state::Layout;
 use crate::testkit::{Ideal, Model, Outcome};
-use crate::{AcquireError, Bucket, Clock, ManualClock, Policy, Start};
+use crate::{AcquireError, Bucket, Clock, MAX_RATE_ERROR, ManualClock, Policy, Start};
 
 /// A policy as a fuzzer or property test proposes it; it may be invalid.
 #[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct PolicySpec {
     /// Capacity in tokens.
     pub capacity: u64,
@@ -41,7 +42,6 @@ impl PolicySpec {
 
 /// One operation on the bucket or its clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum Op {
     /// Moves the clock forward by this many nanoseconds (saturating).
     Advance(u64),
@@ -63,7 +63,6 @@ pub enum Op {
 
 /// A whole scenario: the clock's start, the policy, the operations.
 #[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Scenario {
     /// The manual clock's time when the bucket is created, in nanoseconds.
     pub start_nanos: u64,
@@ -106,14 +105,14 @@ pub struct Report {
     pub ambiguous_steps: u64,
 }
 
-fn violation(step: usize, what: impl Into<String>) -> Violation {
+pub(crate) fn violation(step: usize, what: impl Into<String>) -> Violation {
     Violation {
         step,
         what: what.into(),
     }
 }
 
-fn scale_cost(cost: u64, capacity: u64) -> u64 {
+pub(crate) fn scale_cost(cost: u64, capacity: u64) -> u64 {
     if cost <= capacity.saturating_add(1) {
         cost
     } else {
@@ -121,8 +120,84 @@ fn scale_cost(cost: u64, capacity: u64) -> u64 {
     }
 }
 
-/// Runs `scenario` on a real [`Bucket`] with a [`ManualClock`] and checks, after every
-/// operation:
+/// Some layout meeting every documented bound of a policy (rate error at most
+/// [`MAX_RATE_ERROR`], wrap period at least 2^50 ns, tick no longer than the policy's
+/// tick limit, the reservation debt in the word), found by trying every tick shift and
+/// fraction width; `None` when none exists, or the rate is not finite and positive.
+///
+/// The layout search may pick a better one; it may refuse a policy only when this finds
+/// none.
+pub fn acceptable_layout(spec: &PolicySpec) -> Option<Layout> {
+    let r = spec.refill_per_second;
+    if spec.capacity == 0 || !r.is_finite() || r <= 0.0 {
+        return None;
+    }
+    let rate = Rate::PerSecond(r);
+    let horizon = u128::from(spec.max_reservation_nanos);
+    for s in 0..=tick_shifts(spec.capacity, &rate).1 {
+        for f in 0..=62 {
+            let Some(refill) = rate.units_per_tick(s + f) else {
+                break;
+            };
+            if refill == 0 {
+                continue;
+            }
+            let Ok(base) = u64::try_from(horizon.div_ceil(1 << s) * u128::from(refill)) else {
+                continue;
+            };
+            let Ok(layout) = Layout::new(spec.capacity, s, f, refill, base) else {
+                continue;
+            };
+            let error = 1.0 - refill as f64 / rate.units_per_tick_f64(s + f);
+            if error <= MAX_RATE_ERROR && layout.tick_bits() + s >= MIN_WRAP_BITS {
+                return Some(layout);
+            }
+        }
+    }
+    None
+}
+
+/// The bounds the policy docs promise for a valid policy.
+fn check_policy_bounds(spec: &PolicySpec, policy: &Policy) -> Result<(), Violation> {
+    let l = policy.layout();
+    let rate = Rate::PerSecond(spec.refill_per_second);
+    let bounds = [
+        (
+            policy.rate_error() <= MAX_RATE_ERROR,
+            "rate error above MAX_RATE_ERROR",
+        ),
+        (
+            policy.effective_refill_per_second() <= spec.refill_per_second,
+            "effective rate above the configured one",
+        ),
+        (
+            l.tick_bits() + l.tick_shift() >= MIN_WRAP_BITS,
+            "wrap period shorter than 2^50 ns",
+        ),
+        (
+            l.tick_shift() <= tick_shifts(spec.capacity, &rate).1,
+            "tick longer than the policy's tick limit",
+        ),
+        (
+            u128::from(l.base_units())
+                >= u128::from(spec.max_reservation_nanos).div_ceil(1 << l.tick_shift())
+                    * u128::from(l.refill_per_tick()),
+            "reservation debt below max_reservation's",
+        ),
+    ];
+    match bounds.iter().find(|(ok, _)| !ok) {
+        Some((_, what)) => Err(violation(0, format!("{what}: {policy:?}"))),
+        None => Ok(()),
+    }
+}
+
+/// Runs `scenario` on a real [`Bucket`] with a [`ManualClock`] and checks:
+///
+/// - an invalid policy is refused with a non-empty error, and only when no
+///   [`acceptable_layout`] exists; a valid one meets the documented bounds (rate error,
+///   effective rate not above the configured one, wrap period, tick limit, reservation);
+///
+/// and after every operation:
 ///
 /// - until a step goes past the wrap window ([`Model::is_ambiguous`]): every
 ///   decision, balance, retry-after and error equals the grid-exact [`Model`] at the
@@ -143,10 +218,17 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
             if e.to_string().is_empty() {
                 return Err(violation(0, "policy error with an empty message"));
             }
+            if let Some(layout) = acceptable_layout(&scenario.policy) {
+                return Err(violation(
+                    0,
+                    format!("policy refused ({e}) although {layout:?} meets every bound"),
+                ));
+            }
             report.invalid_policy = true;
             return Ok(report);
         }
     };
+    check_policy_bounds(&scenario.policy, &policy)?;
     let layout = *policy.layout();
     let capacity = policy.capacity();
     let clock = ManualClock::new();

@@ -148,6 +148,15 @@ impl Model {
         true
     }
 
+    /// Brings the state forward to `now_nanos` without taking or giving anything, as a
+    /// write of the bucket's own balance does (a rolled back take). A `now` behind the
+    /// model's time changes nothing.
+    pub fn advance(&mut self, now_nanos: u64) {
+        let (units, tick, _) = self.refilled(now_nanos);
+        self.units = units;
+        self.tick = tick;
+    }
+
     /// `reset()` at `now_nanos`: the start state at `now`, or at the model's tick if
     /// `now` is behind it.
     pub fn reset(&mut self, now_nanos: u64) {
@@ -164,6 +173,19 @@ impl Model {
     /// The balance at `now_nanos` in units, as `available()` sees it.
     pub fn balance_units(&self, now_nanos: u64) -> i128 {
         self.balance(self.refilled(now_nanos).0)
+    }
+
+    /// Time from `now_nanos` until `cost` tokens (at most the capacity) are there, zero
+    /// when they are: what a rejection's `retry_after` and the waits of
+    /// `acquire_all` report.
+    pub fn wait_for(&self, cost: u64, now_nanos: u64) -> Duration {
+        let (units, _, behind) = self.refilled(now_nanos);
+        let cost_units = u128::from(cost) << self.frac_bits;
+        if units >= self.base + cost_units {
+            Duration::ZERO
+        } else {
+            self.wait(units, cost_units, behind, now_nanos)
+        }
     }
 
     /// Tokens available at `now_nanos`, as `available()` reports them.
@@ -229,8 +251,12 @@ impl Ideal {
         }
     }
 
-    /// Brings the state forward to `now_nanos` (an update).
-    fn advance(&mut self, now_nanos: u64) {
+    /// Brings the state forward to `now_nanos`, refill only. Call it exactly when the
+    /// engine writes the bucket's word at `now_nanos` without a net take or refund (a
+    /// rolled back multi-bucket acquisition): the ideal must see time when the engine
+    /// does, no earlier (after a clock step back it would miss refill the engine gets)
+    /// and no later.
+    pub fn advance(&mut self, now_nanos: u64) {
         (self.scaled, self.time) = self.refilled(now_nanos);
     }
 
@@ -259,7 +285,11 @@ impl Ideal {
     /// Gives `cost` back, capped at the capacity.
     pub fn refund(&mut self, cost: u64, now_nanos: u64) {
         self.advance(now_nanos);
-        self.scaled = (self.scaled + u128::from(cost) * self.den).min(self.capacity);
+        // `cost * den <= capacity * den` fits (checked in `new`); the sum may not.
+        self.scaled = self
+            .scaled
+            .saturating_add(u128::from(cost) * self.den)
+            .min(self.capacity);
     }
 
     /// Back to the start state; the clock restarts at the tick edge of `now` unless it
