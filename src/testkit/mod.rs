@@ -7,7 +7,7 @@
 //! Three checks, each a pure function of a typed input, so that property tests, the
 //! fuzz targets (`fuzz/`) and the corpus replay of `cargo test` run the same code:
 //!
-//! - [`check`]: one bucket on a manual clock against [`Model`] and [`Ideal`];
+//! - [`check()`]: one bucket on a manual clock against [`Model`] and [`Ideal`];
 //! - [`check_packing`]: the packed word's layout and transitions against `u128`;
 //! - [`check_multi`]: all-or-nothing acquisition across buckets, each against its models.
 //!

@@ -82,7 +82,7 @@ struct Member {
     capacity: u64,
     model: Model,
     ideal: Option<Ideal>,
-    /// Whether the model still tracks the bucket exactly (see [`check`](crate::testkit::check)).
+    /// Whether the model still tracks the bucket exactly (see [`check()`](crate::testkit::check())).
     exact: bool,
 }
 
