@@ -289,7 +289,7 @@ pub(crate) fn cost_exceeds_capacity(layout: &Layout, cost: u64) -> AcquireError 
 }
 
 #[cold]
-fn clock_went_backwards(layout: &Layout, snapshot: &Snapshot, now: u64) -> AcquireError {
+pub(crate) fn clock_went_backwards(layout: &Layout, snapshot: &Snapshot, now: u64) -> AcquireError {
     let shift = layout.tick_shift();
     let into_tick = now & ((1u64 << shift) - 1);
     let nanos = (u128::from(snapshot.behind()) << shift).saturating_sub(u128::from(into_tick));

@@ -86,6 +86,32 @@ impl Decision {
         (self.bits >> TICK_SHIFT) as u8 as u32
     }
 
+    /// A decision from a balance already computed (in units, after the cost when
+    /// admitted), for limiters whose balance is not one snapshot, such as
+    /// [`LeasedBucket`](crate::LeasedBucket). `behind` and `now_nanos` place the balance on
+    /// the tick grid as in [`Decision::new`].
+    #[inline]
+    pub(crate) fn with_balance(
+        layout: &Layout,
+        balance: i64,
+        behind: u64,
+        now_nanos: u64,
+        cost: u64,
+        admitted: bool,
+    ) -> Decision {
+        let shift = layout.tick_shift();
+        let into_tick = now_nanos & ((1u64 << shift) - 1);
+        Decision {
+            cost,
+            balance,
+            refill_per_tick: layout.refill_per_tick(),
+            lead_nanos: ((behind << shift) as i64) - into_tick as i64,
+            bits: u64::from(admitted)
+                | u64::from(layout.frac_bits()) << FRAC_SHIFT
+                | u64::from(shift) << TICK_SHIFT,
+        }
+    }
+
     /// Whether the cost was taken.
     #[inline]
     pub fn is_admitted(&self) -> bool {

@@ -39,6 +39,8 @@
 //!   derived from it.
 //! - [`state`]: the packed word and its pure transition functions.
 //! - [`Bucket`]: one atomic word and the CAS loop around `state`.
+//! - [`LeasedBucket`]: a bucket for hot paths shared by many cores, leasing batches of
+//!   tokens from one global word to core-local slots ([`leased`]).
 //! - [`acquire_all`]: all-or-nothing acquisition across several buckets.
 //! - [`Bucket::reserve`] / [`Bucket::acquire`]: delay instead of reject; reservations
 //!   queue in time order as debt in the packed word ([`Reservation`], [`Sleep`]).
@@ -69,6 +71,8 @@ mod error;
 pub mod guide;
 pub mod http;
 mod keyed;
+mod lease;
+pub mod leased;
 mod multi;
 #[cfg(loom)]
 #[doc(hidden)]
@@ -78,6 +82,7 @@ mod reservation;
 pub mod retry;
 mod scope;
 mod sleep;
+mod slots;
 pub mod state;
 mod sync;
 mod telemetry;
@@ -98,6 +103,7 @@ pub use keyed::{
     Eviction, KeyHasher, KeyedBuilder, KeyedConfigError, KeyedError, KeyedLimiter, MAX_SHARDS,
     Overflow, SweepReport,
 };
+pub use leased::{LeaseConfig, LeaseConfigError, LeasedBucket, MAX_SLOTS};
 pub use multi::{INLINE_MEMBERS, Member, MultiDecision, MultiError, acquire_all, acquire_all_with};
 pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};
 pub use reservation::{Reservation, ReserveError};

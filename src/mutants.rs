@@ -22,6 +22,17 @@ pub static ROLLBACK_SKIPS_REFUND: AtomicBool = AtomicBool::new(false);
 /// global order (breaks I7: two acquirers listing a shared pair in opposite orders can
 /// each hold one bucket and both be refused).
 pub static TAKE_IN_LISTED_ORDER: AtomicBool = AtomicBool::new(false);
+/// A lease that is not taken from the global bucket: the leased batch is handed to the
+/// slot and left in the global word too (breaks exactness of `LeasedBucket`).
+pub static LEASE_KEEPS_GLOBAL: AtomicBool = AtomicBool::new(false);
+
+/// Credit (refill or refund) added to a `LeasedBucket`'s global word without first taking
+/// back the tokens out on lease: the capped-refill over-credit.
+pub static CREDIT_IGNORES_LEASES: AtomicBool = AtomicBool::new(false);
+
+/// A slot lease spendable after the tick it was leased in (the expiry removed): the
+/// capped-refill over-credit of a lazily refilled global word.
+pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);
 
 /// Whether `flag` is on.
 pub fn on(flag: &AtomicBool) -> bool {

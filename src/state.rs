@@ -230,7 +230,7 @@ impl Snapshot {
 
     /// The packed word for this snapshot with `units` replaced.
     #[inline]
-    fn with_units(&self, units: u64) -> u64 {
+    pub(crate) fn with_units(&self, units: u64) -> u64 {
         self.tick_field | units
     }
 }

@@ -1,0 +1,762 @@
+//! A bucket that scales with cores: tokens leased in batches from one global word to
+//! core-local slots, with the same exact bound as a plain [`Bucket`](crate::Bucket).
+//!
+//! # Shape
+//!
+//! A [`LeasedBucket`] is a global packed word (the single source of truth, exactly a
+//! plain bucket's word) plus a power-of-two array of cache-padded slots. A thread maps to
+//! a slot (round-robin on its first use). An admission:
+//!
+//! 1. **Local** (the common case): one clock read, then one load and one CAS on the
+//!    slot's own cache line when the slot holds enough tokens leased in the current tick.
+//!    The global word is not touched.
+//! 2. **Lease**: the slot holds too few, or its lease is from an earlier tick. The thread
+//!    marks its slot LEASING (taking its leftover), and in one CAS on the global word
+//!    gives the leftover back, pays the cost and takes a batch (the lease); then
+//!    publishes the batch into its slot, stamped with the global word's tick.
+//! 3. **Reclaim**: the global word cannot pay. The thread closes every other slot,
+//!    taking the tokens idle in them (and cancelling leases in flight, which their
+//!    lessees give back), gives them back in the same CAS, and only if the global
+//!    balance plus everything reclaimed cannot pay does it reject.
+//!
+//! The lease size adapts: `min(max_lease, spare / (2 * slots))` whole tokens, where
+//! `spare` is the balance left after paying the cost. A full bucket leases big batches;
+//! a nearly empty one leases little or nothing.
+//!
+//! # Exactness
+//!
+//! Write `g` for the global balance, `O` for the tokens out on lease, and `P` for the
+//! balance of a plain bucket given the same requests at the same times. Leasing moves
+//! tokens from `g` to `O`; spending from a slot removes them from `O` as the plain bucket
+//! removes them from `P`; giving back moves them from `O` to `g`. None of these creates
+//! credit. Giving back at once is exact (`min(B, min(B, a) + b) = min(B, a + b)`, the I6
+//! argument).
+//!
+//! Credit is capped, and that is where leasing can go wrong. The plain bucket holds
+//! `min(B, P + Δ)` after `Δ` of refill; the global word holds `min(B, g + Δ)` while `O`
+//! is out. If the leased tokens are spent after the cap bound, the structure admits up to
+//! `O` more than the plain bucket: `min(B, x + c + Δ) - c` for the plain bucket against
+//! `min(B, x + Δ)` with `c` still spendable. This happens whether the global word was
+//! refilled by another thread or not at all (it is refilled lazily, from its stored tick,
+//! as if the tokens had been spent before the refill). Two rules close it:
+//!
+//! * **Leases expire at the tick edge.** A slot's tokens are spendable only within the
+//!   tick they were leased in (refill arrives only at tick edges, so within a tick no
+//!   credit can enter behind a lease's back). The local path therefore reads the clock:
+//!   one `Clock::now_nanos` per admission. An expired lease is not lost: the next trip to
+//!   the global word gives it back (exact), then takes a fresh one.
+//! * **Credit quiesces the slots first.** A CAS that adds credit (a refill across a tick
+//!   edge, or a refund) first closes every other slot, unless the cap cannot bind even
+//!   with every token outside the global word (`g + Δ + hand + 2 * slots * max_lease <=
+//!   B`). Closing takes the tokens of OPEN slots into the adder's hand and cancels leases
+//!   in flight; the adder's CAS adds the credit and everything in its hand, and then it
+//!   reopens the slots. A closed slot can neither be spent from nor published into. Its
+//!   own lease is taken in that same CAS, after the credit, so it is published at once.
+//!   This also covers a thread that read tick `k`, was delayed, and spends `k`-stamped
+//!   tokens after another thread refilled the global word at `k + 1`: its CAS on the
+//!   slot either comes before the close (and so before the refill) or fails.
+//! * **Tokens in flight are reserved for.** Giving tokens back is exact only when no
+//!   capped credit falls between taking them out and giving them back (otherwise the
+//!   credit was capped without them, and they are added on top). Tokens leave the global
+//!   word only into a slot's view: a lessee's claimed leftover and its new lease are in
+//!   its hand while its slot is LEASING; a cancelled lease stays in the lessee's hand
+//!   while the slot stays closed on its behalf until it has given the tokens back; a
+//!   closer's hand while the slots it closed stay closed. So an adder that closes the
+//!   slots knows how many may still have tokens in a hand (at most one lease each), and
+//!   caps its credit at `B - reserve` instead of `B`. When requests do not overlap
+//!   nothing is ever in flight, the reserve is zero and the result is exact; under
+//!   overlap the reserve can only withhold credit (see the bounds below), never create
+//!   it.
+//!
+//! The argument is made on a sequential witness: every write to the global word and to
+//! the slots is an `AcqRel` read-modify-write, so each word's modification order is part
+//! of happens-before, and any linear extension of happens-before is a sequential history
+//! in which every slot spend comes either before the adder's close of that slot, hence
+//! before its CAS, or after its reopen, hence spends tokens leased after the credit.
+//!
+//! The loom models in `loom-tests/tests/hot.rs` check this, and catch the planted bugs
+//! `LEASE_NEVER_EXPIRES` (no expiry: the capped-refill over-credit), `CREDIT_IGNORES_LEASES`
+//! (credit added without quiescing) and `LEASE_KEEPS_GLOBAL` (a lease not taken from the
+//! global word). The sequential property test `tests/leased_model.rs` also fails at once
+//! without the expiry or without the quiescing.
+//!
+//! # The clock read on the local path
+//!
+//! An admission paid from a slot costs one clock read, one load and one CAS on a line no
+//! other core writes. With the default [`QuantaClock`] the clock read is a TSC read and a
+//! multiply; with [`CoarseClock`](crate::CoarseClock) it is one load of a line written
+//! once a millisecond (and refill then advances once a millisecond). Exactness against a
+//! plain bucket on the same clock rules out skipping it: without the time, a slot cannot
+//! know that a tick edge passed and the plain bucket capped its refill.
+//!
+//! # Bounds
+//!
+//! * **Never more than a plain bucket.** Over any interval, admissions are at most what
+//!   a plain [`Bucket`](crate::Bucket) with the same policy and the same requests admits.
+//! * **Stranded tokens**: at most `slots * max_lease` tokens sit in slots. They are not
+//!   lost: a request the global word cannot pay reclaims them, a credit that could meet
+//!   the cap takes them back, and [`LeasedBucket::reclaim`] returns them on demand.
+//! * **Early rejections**: when requests are decided one at a time (no overlap), a leased
+//!   bucket rejects exactly when the plain bucket does, with the same balance and
+//!   `retry_after`, and `available()` is equal after every step. Under overlap a
+//!   rejection can come early only by tokens in flight: a request that finds other
+//!   threads mid-exchange cannot count their hands (at most one lease per slot), and a
+//!   credit made while leases are in flight withholds up to one lease per in-flight slot
+//!   (`max_lease`, twice for a slot already closed by another closer). So a rejection is
+//!   never early by more than `2 * slots * max_lease` tokens, and never late: the bucket
+//!   never admits what the plain bucket would reject.
+//!
+//! # What is approximate
+//!
+//! * An admission paid from a slot reports as [`Decision::tokens_remaining`] the tokens
+//!   left in that slot: a lower bound of the balance (the global word and other slots are
+//!   not read). Admissions through the global word report the global balance plus the new
+//!   lease; rejections report exactly what a plain bucket reports.
+//! * Spending from a slot only checks that the clock is in the lease's tick; a clock
+//!   that stepped back is reported ([`AcquireError::ClockWentBackwards`]) on the next trip
+//!   to the global word, as a plain bucket reports it.
+//! * A slot stamp is a tick modulo `2^T`, as the global word's is: a slot left untouched
+//!   for an exact multiple of the wrap period ([`Policy::wrap_period`], years for
+//!   ordinary policies) would read as current. Any trip to the global word that adds
+//!   credit near the cap, and [`LeasedBucket::reclaim`], empty idle slots.
+//! * A [`reset`](LeasedBucket::reset) concurrent with admissions: a lease taken before it
+//!   and published after it is given back after the reset (at most `max_lease` per slot;
+//!   a reset to full is still exact, since giving back is capped).
+
+use std::cell::Cell;
+use std::fmt;
+use std::time::Duration;
+
+use crate::bucket::cost_exceeds_capacity;
+use crate::clock::{Clock, QuantaClock};
+use crate::decision::Decision;
+use crate::error::AcquireError;
+use crate::lease::{GlobalWord, Grant, Holders, LeaseRequest, LeaseSource};
+use crate::multi::{Member, sealed};
+use crate::policy::Policy;
+use crate::slots::Slots;
+use crate::state::Layout;
+
+/// The most slots a leased bucket may have.
+pub const MAX_SLOTS: usize = 1 << 16;
+
+/// How a [`LeasedBucket`] spreads its tokens: the number of slots and the largest lease.
+///
+/// Both default from the machine and the policy: one slot per available core (rounded up
+/// to a power of two) and a largest lease of `capacity / (2 * slots)` tokens (at least
+/// one, and at most what a slot holds: `2^(62 - T) - 1` tokens for a policy with `T` tick
+/// bits, at least about a quarter of the capacity), so full slots hold at most half the
+/// capacity.
+///
+/// ```
+/// use tokengate::{LeaseConfig, LeasedBucket, ManualClock, Policy};
+/// let config = LeaseConfig::new().slots(8).max_lease(100);
+/// let bucket = LeasedBucket::with_config(Policy::new(10_000, 1000.0)?, ManualClock::new(), config)?;
+/// assert_eq!(bucket.slots(), 8);
+/// assert_eq!(bucket.max_lease(), 100);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseConfig {
+    slots: Option<usize>,
+    max_lease: Option<u64>,
+}
+
+impl LeaseConfig {
+    /// The default configuration (see the type's docs).
+    pub fn new() -> LeaseConfig {
+        LeaseConfig::default()
+    }
+
+    /// Number of slots: a power of two from 1 to [`MAX_SLOTS`]. Threads beyond this
+    /// share slots (correct, with more contention per slot).
+    pub fn slots(mut self, slots: usize) -> LeaseConfig {
+        self.slots = Some(slots);
+        self
+    }
+
+    /// Largest lease, in tokens: from 1 to the capacity, and at most `2^(62 - T) - 1`
+    /// (what a slot word holds beside its `T`-bit stamp). Larger leases mean fewer trips
+    /// to the global word and more tokens stranded in idle slots (at most
+    /// `slots * max_lease`).
+    pub fn max_lease(mut self, tokens: u64) -> LeaseConfig {
+        self.max_lease = Some(tokens);
+        self
+    }
+}
+
+/// Why a [`LeaseConfig`] does not fit a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseConfigError {
+    /// The slot count is not a power of two between 1 and [`MAX_SLOTS`].
+    SlotsOutOfRange {
+        /// The slot count asked for.
+        slots: usize,
+    },
+    /// The largest lease is zero or above the capacity or what a slot holds.
+    LeaseOutOfRange {
+        /// The largest lease asked for, in tokens.
+        max_lease: u64,
+        /// The largest lease this policy allows, in tokens.
+        max: u64,
+    },
+}
+
+impl fmt::Display for LeaseConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            LeaseConfigError::SlotsOutOfRange { slots } => write!(
+                f,
+                "slot count must be a power of two from 1 to {MAX_SLOTS}, got {slots}"
+            ),
+            LeaseConfigError::LeaseOutOfRange { max_lease, max } => write!(
+                f,
+                "largest lease must be from 1 to {max} tokens (the capacity, or what a slot \
+                 holds for this policy), got {max_lease}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LeaseConfigError {}
+
+/// A token bucket for hot paths shared by many cores: the same policy, decisions and
+/// exact bound as a [`Bucket`](crate::Bucket), with most admissions paid from a
+/// core-local lease (a clock read and one CAS on a cache line no other core writes).
+///
+/// See the [module docs](crate::leased) for the algorithm, the exactness argument and the
+/// bounds on stranded tokens and early rejections.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate::{LeasedBucket, ManualClock, Policy};
+///
+/// let clock = ManualClock::new();
+/// let bucket = LeasedBucket::with_clock(Policy::new(100, 20.0)?, clock.clone());
+/// // The same burst as a plain bucket: 100 admitted, then rejections.
+/// let burst = (0..150).filter(|_| bucket.try_acquire(1).unwrap().is_admitted()).count();
+/// assert_eq!(burst, 100);
+/// let rejected = bucket.try_acquire(1)?;
+/// assert!(rejected.retry_after().unwrap() >= Duration::from_millis(50));
+///
+/// clock.advance(Duration::from_secs(1));
+/// let next = (0..150).filter(|_| bucket.try_acquire(1).unwrap().is_admitted()).count();
+/// assert_eq!(next, 19); // as a plain bucket: 20/s rounded down
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LeasedBucket<C: Clock = QuantaClock> {
+    global: GlobalWord,
+    slots: Slots,
+    policy: Policy,
+    clock: C,
+    max_lease: u64,
+    /// `log2(slots) + 1`: a lease is at most `spare >> lease_shift`.
+    lease_shift: u32,
+    /// `2 * slots * max_lease` in units, saturated: a bound on tokens outside the global
+    /// word.
+    max_outstanding_units: u64,
+}
+
+impl<C: Clock> fmt::Debug for LeasedBucket<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedBucket")
+            .field("policy", &self.policy)
+            .field("slots", &self.slots.len())
+            .field("max_lease", &self.max_lease)
+            .field("available", &self.available())
+            .finish()
+    }
+}
+
+impl LeasedBucket<QuantaClock> {
+    /// A leased bucket on the default clock with the default [`LeaseConfig`], in the
+    /// policy's start state.
+    ///
+    /// ```
+    /// use tokengate::{LeasedBucket, Policy};
+    /// let bucket = LeasedBucket::new(Policy::new(10, 1.0)?);
+    /// assert!(bucket.try_acquire(10)?.is_admitted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(policy: Policy) -> LeasedBucket<QuantaClock> {
+        LeasedBucket::with_clock(policy, QuantaClock::new())
+    }
+}
+
+/// The slot count for the default configuration: one per core, rounded up to a power of
+/// two.
+fn default_slots() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .next_power_of_two()
+        .min(MAX_SLOTS)
+}
+
+/// The largest lease a policy allows: its capacity, and what a slot word holds.
+fn lease_limit(policy: &Policy) -> u64 {
+    policy
+        .capacity()
+        .min(Slots::max_tokens(policy.layout().tick_bits()))
+}
+
+/// `capacity / (2 * slots)`, at least 1, at most [`lease_limit`].
+fn default_lease(policy: &Policy, slots: usize) -> u64 {
+    (policy.capacity() >> (slots.trailing_zeros() + 1))
+        .max(1)
+        .min(lease_limit(policy))
+}
+
+/// This thread's slot index (masked by each bucket): assigned round-robin on first use.
+#[inline]
+fn thread_slot() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A plain std counter even under loom: it only spreads threads over slots, and the
+    // loom models choose slots explicitly.
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    SLOT.try_with(|slot| {
+        let index = slot.get();
+        if index != usize::MAX {
+            return index;
+        }
+        let index = NEXT.fetch_add(1, Ordering::Relaxed) & (usize::MAX >> 1);
+        slot.set(index);
+        index
+    })
+    .unwrap_or(0)
+}
+
+/// The holders as one exchange with the source sees them: every slot but the caller's
+/// own marked one.
+struct Holding<'a> {
+    slots: &'a Slots,
+    keep: Option<usize>,
+    frac_bits: u32,
+    lease_shift: u32,
+    max_lease: u64,
+    max_outstanding_units: u64,
+    closed: bool,
+}
+
+impl Holding<'_> {
+    /// Reopens what this exchange closed.
+    fn release(self) {
+        if self.closed {
+            self.slots.reopen(self.keep);
+        }
+    }
+}
+
+impl Holders for Holding<'_> {
+    #[inline]
+    fn max_outstanding_units(&self) -> u64 {
+        self.max_outstanding_units
+    }
+
+    fn quiesce(&mut self) -> (u64, u64) {
+        self.closed = true;
+        let found = self.slots.close(self.keep);
+        // A cancelled lessee holds at most one lease; a slot already closed may have one
+        // in an earlier closer's hand and one in a cancelled lessee's.
+        let in_flight = found
+            .leasing
+            .saturating_add(found.closed.saturating_mul(2))
+            .saturating_mul(self.max_lease);
+        (
+            found.taken << self.frac_bits,
+            in_flight.saturating_mul(1 << self.frac_bits),
+        )
+    }
+
+    #[inline]
+    fn lease_units(&self, spare: u64) -> u64 {
+        let tokens = (spare >> self.frac_bits >> self.lease_shift).min(self.max_lease);
+        tokens << self.frac_bits
+    }
+}
+
+impl<C: Clock> LeasedBucket<C> {
+    /// A leased bucket on `clock` with the default [`LeaseConfig`], in the policy's start
+    /// state at the clock's current time.
+    pub fn with_clock(policy: Policy, clock: C) -> LeasedBucket<C> {
+        let slots = default_slots();
+        let max_lease = default_lease(&policy, slots);
+        LeasedBucket::build(policy, clock, slots, max_lease)
+    }
+
+    /// A leased bucket on `clock` with `config`.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseConfigError`] when the slot count is not a power of two from 1 to
+    /// [`MAX_SLOTS`], or the largest lease is not from 1 to the capacity (and what a
+    /// slot holds, see [`LeaseConfig::max_lease`]).
+    ///
+    /// ```
+    /// use tokengate::{LeaseConfig, LeaseConfigError, LeasedBucket, ManualClock, Policy};
+    /// let policy = Policy::new(10, 1.0)?;
+    /// let err = LeasedBucket::with_config(policy, ManualClock::new(), LeaseConfig::new().slots(3));
+    /// assert_eq!(err.unwrap_err(), LeaseConfigError::SlotsOutOfRange { slots: 3 });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_config(
+        policy: Policy,
+        clock: C,
+        config: LeaseConfig,
+    ) -> Result<LeasedBucket<C>, LeaseConfigError> {
+        let slots = config.slots.unwrap_or_else(default_slots);
+        if !slots.is_power_of_two() || slots > MAX_SLOTS {
+            return Err(LeaseConfigError::SlotsOutOfRange { slots });
+        }
+        let max = lease_limit(&policy);
+        let max_lease = match config.max_lease {
+            Some(tokens) if tokens == 0 || tokens > max => {
+                return Err(LeaseConfigError::LeaseOutOfRange {
+                    max_lease: tokens,
+                    max,
+                });
+            }
+            Some(tokens) => tokens,
+            None => default_lease(&policy, slots),
+        };
+        Ok(LeasedBucket::build(policy, clock, slots, max_lease))
+    }
+
+    fn build(policy: Policy, clock: C, slots: usize, max_lease: u64) -> LeasedBucket<C> {
+        let layout = policy.layout();
+        debug_assert!(max_lease <= lease_limit(&policy));
+        // Per slot: its OPEN tokens, or one lease in a lessee's hand, or (closed) one in a
+        // closer's hand and one in a cancelled lessee's.
+        let outstanding = (2 * max_lease as u128 * slots as u128) << layout.frac_bits();
+        LeasedBucket {
+            global: GlobalWord::new(layout, clock.now_nanos(), policy.starts_full()),
+            slots: Slots::new(slots, layout.tick_bits()),
+            lease_shift: slots.trailing_zeros() + 1,
+            max_outstanding_units: u64::try_from(outstanding).unwrap_or(u64::MAX),
+            max_lease,
+            policy,
+            clock,
+        }
+    }
+
+    fn holding(&self, keep: Option<usize>) -> Holding<'_> {
+        Holding {
+            slots: &self.slots,
+            keep,
+            frac_bits: self.policy.layout().frac_bits(),
+            lease_shift: self.lease_shift,
+            max_lease: self.max_lease,
+            max_outstanding_units: self.max_outstanding_units,
+            closed: false,
+        }
+    }
+
+    /// Takes `cost` tokens if the bucket (its global balance plus every slot) covers
+    /// them, from this thread's slot when it can.
+    ///
+    /// Returns a [`Decision`] as [`Bucket::try_acquire`](crate::Bucket::try_acquire) does;
+    /// for an admission paid from the slot, [`Decision::tokens_remaining`] is the tokens
+    /// left in the slot (a lower bound of the balance). A cost of zero is always admitted
+    /// and writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// - [`AcquireError::CostExceedsCapacity`] at once for a cost above the capacity.
+    /// - [`AcquireError::ClockWentBackwards`] when a trip to the global word finds the
+    ///   clock well behind its last update.
+    ///
+    /// ```
+    /// use tokengate::{AcquireError, LeasedBucket, ManualClock, Policy};
+    /// let bucket = LeasedBucket::with_clock(Policy::new(10, 1.0)?, ManualClock::new());
+    /// assert!(bucket.try_acquire(3)?.is_admitted());
+    /// assert_eq!(
+    ///     bucket.try_acquire(11),
+    ///     Err(AcquireError::CostExceedsCapacity { cost: 11, capacity: 10 })
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
+        self.try_acquire_on(thread_slot(), cost)
+    }
+
+    /// [`try_acquire`](LeasedBucket::try_acquire) from slot `slot` (taken modulo the slot
+    /// count) instead of this thread's: for callers with their own worker index, and for
+    /// tests that simulate many cores on one thread.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](LeasedBucket::try_acquire).
+    ///
+    /// ```
+    /// use tokengate::{LeaseConfig, LeasedBucket, ManualClock, Policy};
+    /// let config = LeaseConfig::new().slots(2).max_lease(10);
+    /// let bucket = LeasedBucket::with_config(Policy::new(40, 1.0)?, ManualClock::new(), config)?;
+    /// assert!(bucket.try_acquire_on(0, 1)?.is_admitted()); // leases 9 more to slot 0
+    /// assert!(bucket.try_acquire_on(1, 1)?.is_admitted()); // leases to slot 1
+    /// assert_eq!(bucket.leased_tokens(), 9 + 7);
+    /// assert_eq!(bucket.available(), 38.0); // leased tokens still count
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_on(&self, slot: usize, cost: u64) -> Result<Decision, AcquireError> {
+        self.acquire_at(slot, cost, self.clock.now_nanos())
+    }
+
+    #[inline(always)]
+    fn acquire_at(&self, slot: usize, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let layout = self.policy.layout();
+        if cost > layout.capacity() {
+            return Err(cost_exceeds_capacity(layout, cost));
+        }
+        if cost > 0 {
+            if let Some(left) = self.slots.consume(slot, cost, layout.tick_of(now)) {
+                let balance = (left << layout.frac_bits()) as i64;
+                return Ok(Decision::with_balance(layout, balance, 0, now, cost, true));
+            }
+        }
+        self.acquire_slow(slot, cost, now)
+    }
+
+    /// The trip to the global word: lease, reclaim, or reject.
+    #[cold]
+    #[inline(never)]
+    fn acquire_slow(&self, slot: usize, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let layout = self.policy.layout();
+        if cost == 0 {
+            let (units, behind) = self.balance_at(now);
+            return Ok(Decision::with_balance(layout, units, behind, now, 0, true));
+        }
+        let cost_units = cost << layout.frac_bits();
+        let claim = self.slots.claim(slot);
+        let marker = claim.map(|(index, _)| index);
+        let returned_units = claim.map_or(0, |(_, tokens)| tokens << layout.frac_bits());
+        let mut holding = self.holding(marker);
+        let request = LeaseRequest {
+            now,
+            cost_units,
+            returned_units,
+            lease: marker.is_some(),
+        };
+        let outcome = self
+            .global
+            .lease(layout, &self.clock, request, &mut holding);
+        holding.release();
+        let (leased_units, tick) = match outcome {
+            Ok(Grant::Admitted {
+                leased_units, tick, ..
+            }) => (leased_units, tick),
+            _ => (0, 0),
+        };
+        if let Some(index) = marker {
+            if !self
+                .slots
+                .publish(index, tick, leased_units >> layout.frac_bits())
+            {
+                // A closer cancelled the lease: it is given back, never spent, and only
+                // then is the slot let go (until then closers count it as in flight).
+                self.global.give_back(layout, leased_units);
+                self.slots.abandon(index);
+            }
+        }
+        Ok(match outcome? {
+            Grant::Admitted {
+                leased_units,
+                balance,
+                ..
+            } => Decision::with_balance(layout, balance + leased_units as i64, 0, now, cost, true),
+            Grant::Rejected { snapshot, now } => {
+                Decision::new(layout, &snapshot, now, cost, cost_units, false)
+            }
+        })
+    }
+
+    /// Balance at `now` in units (global, refilled, plus every slot, capped) and how
+    /// many ticks `now` is behind the global word. Read-only.
+    fn balance_at(&self, now: u64) -> (i64, u64) {
+        let layout = self.policy.layout();
+        let snapshot = self.global.peek(layout, now);
+        let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
+        // min(B, min(B, g + Δ) + O) = min(B, g + Δ + O): what a plain bucket holds.
+        let units = snapshot
+            .units()
+            .saturating_add(held)
+            .min(layout.max_units());
+        (units as i64 - layout.base_units() as i64, snapshot.behind())
+    }
+
+    /// Gives back `cost` tokens of an earlier admission, exactly as if it had never been
+    /// taken: `min(B, balance now + cost)`, as [`Bucket::refund`](crate::Bucket::refund).
+    ///
+    /// When the refund could meet the capacity while tokens are out on lease, the slots
+    /// are taken back first (see the [module docs](crate::leased)).
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::CostExceedsCapacity`] for a cost above the capacity (nothing
+    /// changes).
+    ///
+    /// ```
+    /// use tokengate::{LeasedBucket, ManualClock, Policy};
+    /// let bucket = LeasedBucket::with_clock(Policy::new(10, 1.0)?, ManualClock::new());
+    /// bucket.try_acquire(4)?;
+    /// bucket.refund(4)?;
+    /// assert_eq!(bucket.available(), 10.0);
+    /// bucket.refund(4)?; // capped
+    /// assert_eq!(bucket.available(), 10.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
+        let layout = self.policy.layout();
+        let Some(units) = layout.units_of(cost) else {
+            return Err(cost_exceeds_capacity(layout, cost));
+        };
+        self.refund_units(units, self.clock.now_nanos());
+        Ok(())
+    }
+
+    fn refund_units(&self, units: u64, now: u64) {
+        if units == 0 {
+            return;
+        }
+        let mut holding = self.holding(None);
+        self.global
+            .credit(self.policy.layout(), now, units, &mut holding);
+        holding.release();
+    }
+
+    /// Puts the bucket back in the policy's start state (full or empty), dropping the
+    /// tokens held in slots.
+    ///
+    /// ```
+    /// use tokengate::{LeasedBucket, ManualClock, Policy};
+    /// let bucket = LeasedBucket::with_clock(Policy::new(10, 1.0)?, ManualClock::new());
+    /// bucket.try_acquire(10)?;
+    /// bucket.reset();
+    /// assert_eq!(bucket.available(), 10.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset(&self) {
+        let mut holding = self.holding(None);
+        self.global.reset(
+            self.policy.layout(),
+            self.clock.now_nanos(),
+            self.policy.starts_full(),
+            &mut holding,
+        );
+        holding.release();
+    }
+
+    /// Returns every slot's idle tokens to the global word (for example before a quiet
+    /// period, so that [`leased_tokens`](LeasedBucket::leased_tokens) reads zero). Never
+    /// needed for correctness: requests the global word cannot pay reclaim on their own.
+    ///
+    /// ```
+    /// use tokengate::{LeasedBucket, ManualClock, Policy};
+    /// let bucket = LeasedBucket::with_clock(Policy::new(1000, 1.0)?, ManualClock::new());
+    /// bucket.try_acquire(1)?;
+    /// bucket.reclaim();
+    /// assert_eq!(bucket.leased_tokens(), 0);
+    /// assert_eq!(bucket.available(), 999.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reclaim(&self) {
+        let layout = self.policy.layout();
+        let found = self.slots.close(None);
+        self.global
+            .give_back(layout, found.taken << layout.frac_bits());
+        self.slots.reopen(None);
+    }
+
+    /// Tokens available now: the global balance (refilled) plus every slot's, capped at
+    /// the capacity, as a plain bucket would hold. A read-only peek; racy under
+    /// concurrent admissions, exact otherwise.
+    ///
+    /// ```
+    /// use tokengate::{LeasedBucket, ManualClock, Policy};
+    /// let bucket = LeasedBucket::with_clock(Policy::new(100, 1.0)?, ManualClock::new());
+    /// bucket.try_acquire(30)?;
+    /// assert_eq!(bucket.available(), 70.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available(&self) -> f64 {
+        let (units, _) = self.balance_at(self.clock.now_nanos());
+        self.policy.layout().units_to_tokens(units)
+    }
+
+    /// Tokens held in slots now (leased and not yet spent or reclaimed): the stranded
+    /// capacity, at most `slots * max_lease`.
+    pub fn leased_tokens(&self) -> u64 {
+        self.slots.held()
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Largest lease, in tokens.
+    pub fn max_lease(&self) -> u64 {
+        self.max_lease
+    }
+
+    /// The policy this bucket enforces.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The clock this bucket reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// A stable identity for ordering buckets (its global word's address).
+    pub fn id(&self) -> usize {
+        self.global.id()
+    }
+
+    /// The global packed word, for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn __word(&self) -> u64 {
+        self.global.load()
+    }
+
+    fn wait(&self, layout: &Layout, cost: u64, now: u64) -> Duration {
+        let (balance, behind) = self.balance_at(now);
+        Decision::with_balance(layout, balance, behind, now, cost, false).wait_for(cost)
+    }
+}
+
+impl<C: Clock> sealed::Sealed for LeasedBucket<C> {}
+
+impl<C: Clock> Member for LeasedBucket<C> {
+    #[inline]
+    fn member_id(&self) -> usize {
+        self.id()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.policy.capacity()
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        self.acquire_at(thread_slot(), cost, now)
+    }
+
+    fn refund_at(&self, cost: u64, now: u64) {
+        let layout = self.policy.layout();
+        self.refund_units(layout.units_of(cost).unwrap_or(layout.max_units()), now);
+    }
+
+    fn wait_at(&self, cost: u64, now: u64) -> Duration {
+        self.wait(self.policy.layout(), cost, now)
+    }
+}

@@ -1,0 +1,405 @@
+//! Core-local lease slots: cache-padded words holding tokens leased from a global bucket.
+//!
+//! Each slot is one `AtomicU64` in one of three states:
+//!
+//! ```text
+//!  63 62  61                    token_bits  token_bits-1             0
+//! +-----+-------------------------------+---------------------------+
+//! | 0 0 |  lease tick (T bits)          |  tokens                   |  OPEN
+//! | 0 1 |  tag                                                      |  LEASING
+//! | 1 0 |  count                                                    |  CLOSED
+//! +-----+-----------------------------------------------------------+
+//! ```
+//!
+//! * OPEN slots hold whole tokens leased at a tick (the global word's tick, modulo
+//!   `2^T` as in the global word, so stamps wrap with the same period). They are spent by
+//!   [`Slots::consume`], the hot path: one load and one CAS on a line that only the
+//!   threads mapped to this slot write, and only within the tick they were leased in.
+//! * A lessee turns its slot OPEN → LEASING (taking the tokens left in it), goes to the
+//!   global bucket, and publishes its new lease LEASING → OPEN.
+//! * A closer (a thread about to add credit to the global bucket, or to reclaim idle
+//!   tokens before rejecting) turns every other slot CLOSED, taking the tokens of OPEN
+//!   slots, and reopens them after its global CAS. While a slot is CLOSED nothing can be
+//!   spent from it or published to it; closes nest (the count), so concurrent closers
+//!   compose.
+//! * Closing a LEASING slot cancels the lease: it becomes CLOSED with one extra count,
+//!   held for the lessee, whose publish then fails; the lessee gives its tokens back to
+//!   the global bucket and only then drops that count ([`Slots::abandon`]). Tokens
+//!   outside the global bucket are therefore always visible in some slot: OPEN (in the
+//!   word), LEASING (in the lessee's hand) or CLOSED (in a closer's or a cancelled
+//!   lessee's hand), which is what lets a closer bound them ([`Closed`]). And since a
+//!   cancelled slot cannot reopen before its lessee has seen the cancellation, a publish
+//!   can never land in a later lease's marker (no ABA).
+//!
+//! # Orderings
+//!
+//! Every write to a slot word is a read-modify-write with `AcqRel` (loads `Acquire`), as
+//! every write to the global word is. Each word's modification order is then part of
+//! happens-before (each RMW reads its predecessor and synchronizes with it), so the
+//! execution has a sequential witness: any linear extension of happens-before. The
+//! exactness argument in [`crate::leased`] is made on that witness. On x86 these
+//! orderings cost nothing over `Relaxed`.
+
+use std::fmt;
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// Bit position of the two state bits.
+const STATE_SHIFT: u32 = 62;
+/// Low bits: tokens (OPEN), tag (LEASING) or close count (CLOSED).
+pub(crate) const PAYLOAD_MASK: u64 = (1 << STATE_SHIFT) - 1;
+/// State bits of an OPEN slot (zero, so an OPEN word is its token count).
+const OPEN: u64 = 0;
+/// The word of a slot whose lessee is at the global bucket.
+const LEASING: u64 = 1 << STATE_SHIFT;
+/// State bits of a slot held shut by closers.
+const CLOSED: u64 = 2 << STATE_SHIFT;
+/// Mask of the state bits.
+const STATE_MASK: u64 = 3 << STATE_SHIFT;
+
+/// The decoded state of a slot word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Open(u64),
+    Leasing,
+    Closed(u64),
+}
+
+#[inline]
+fn decode(word: u64) -> State {
+    let payload = word & PAYLOAD_MASK;
+    match word & STATE_MASK {
+        OPEN => State::Open(payload),
+        LEASING => State::Leasing,
+        _ => State::Closed(payload),
+    }
+}
+
+/// One slot, alone on its cache line.
+struct Slot {
+    word: AtomicU64,
+}
+
+/// What a [`Slots::close`] found: the tokens it took, and how many slots may have tokens
+/// in other threads' hands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Closed {
+    /// Tokens taken from OPEN slots (now in the closer's hand).
+    pub(crate) taken: u64,
+    /// LEASING slots cancelled: each lessee holds at most one lease (or its leftover).
+    pub(crate) leasing: u64,
+    /// Slots already CLOSED: each may have tokens in an earlier closer's hand and in a
+    /// cancelled lessee's hand, at most one lease each.
+    pub(crate) closed: u64,
+}
+
+/// A power-of-two array of cache-padded slots.
+pub(crate) struct Slots {
+    slots: Box<[CachePadded<Slot>]>,
+    mask: usize,
+    /// Bits of the token field of an OPEN word: `62 - T`.
+    token_bits: u32,
+    /// `2^(62 - T) - 1`: the token field, and the most tokens one slot holds.
+    token_mask: u64,
+    /// `2^T - 1`: stamps are ticks modulo `2^T`.
+    tick_mask: u64,
+}
+
+impl fmt::Debug for Slots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(
+                self.slots
+                    .iter()
+                    .map(|s| decode(s.word.load(Ordering::Relaxed))),
+            )
+            .finish()
+    }
+}
+
+impl Slots {
+    /// The most tokens one slot can hold when stamps have `tick_bits` bits.
+    pub(crate) fn max_tokens(tick_bits: u32) -> u64 {
+        PAYLOAD_MASK >> tick_bits.min(STATE_SHIFT)
+    }
+
+    /// `count` empty OPEN slots stamped with `tick_bits`-bit ticks; `count` must be a
+    /// power of two (checked by the caller).
+    pub(crate) fn new(count: usize, tick_bits: u32) -> Slots {
+        debug_assert!(count.is_power_of_two());
+        let tick_bits = tick_bits.min(STATE_SHIFT);
+        let token_bits = STATE_SHIFT - tick_bits;
+        Slots {
+            slots: (0..count)
+                .map(|_| {
+                    CachePadded::new(Slot {
+                        word: AtomicU64::new(OPEN),
+                    })
+                })
+                .collect(),
+            mask: count - 1,
+            token_bits,
+            token_mask: Slots::max_tokens(tick_bits),
+            tick_mask: PAYLOAD_MASK >> token_bits,
+        }
+    }
+
+    /// The stamp field of an OPEN word leased at `tick`.
+    #[inline]
+    fn stamp(&self, tick: u64) -> u64 {
+        (tick & self.tick_mask) << self.token_bits
+    }
+
+    /// Number of slots.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    #[inline]
+    fn slot(&self, index: usize) -> &Slot {
+        &self.slots[index & self.mask]
+    }
+
+    /// The hot path: spends `cost` tokens (at least one) from an OPEN slot leased at
+    /// `now_tick` and holding enough. Returns the tokens left in it, or `None` (writing
+    /// nothing) when the slot is not OPEN, was leased at another tick, or holds fewer.
+    #[inline]
+    pub(crate) fn consume(&self, index: usize, cost: u64, now_tick: u64) -> Option<u64> {
+        let word = &self.slot(index).word;
+        let stamp = now_tick & self.tick_mask;
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            #[cfg(loom)]
+            let stamp = if crate::mutants::on(&crate::mutants::LEASE_NEVER_EXPIRES)
+                && cur & STATE_MASK == OPEN
+            {
+                cur >> self.token_bits
+            } else {
+                stamp
+            };
+            // One comparison checks both the state (OPEN is zero, any other state sets
+            // bits above every stamp) and the lease tick.
+            let tokens = cur & self.token_mask;
+            if cur >> self.token_bits != stamp || tokens < cost {
+                return None;
+            }
+            match word.compare_exchange_weak(cur, cur - cost, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(tokens - cost),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Marks an OPEN slot LEASING, taking the tokens left in it (of any tick). Returns
+    /// the slot's index and those tokens; `None` (writing nothing) when the slot is being
+    /// leased by another thread or is closed.
+    pub(crate) fn claim(&self, index: usize) -> Option<(usize, u64)> {
+        let index = index & self.mask;
+        let word = &self.slots[index].word;
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let State::Open(payload) = decode(cur) else {
+                return None;
+            };
+            match word.compare_exchange_weak(cur, LEASING, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some((index, payload & self.token_mask)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Turns the caller's LEASING slot back into an OPEN slot holding `tokens` leased at
+    /// `tick`. `false` (writing nothing) when a closer cancelled the lease: the caller
+    /// must give its tokens back and then [`abandon`](Slots::abandon) the slot.
+    pub(crate) fn publish(&self, index: usize, tick: u64, tokens: u64) -> bool {
+        debug_assert!(tokens <= self.token_mask);
+        self.slot(index)
+            .word
+            .compare_exchange(
+                LEASING,
+                OPEN | self.stamp(tick) | tokens,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Drops the count a cancellation held for the caller (after a failed
+    /// [`publish`](Slots::publish), once its tokens are back in the global bucket).
+    pub(crate) fn abandon(&self, index: usize) {
+        self.release(&self.slot(index).word);
+    }
+
+    /// Closes every slot but `keep`: OPEN tokens are taken, LEASING leases cancelled
+    /// (with a count held for their lessee), CLOSED counts raised. Every slot but `keep`
+    /// stays closed until [`reopen`](Slots::reopen) with the same `keep`.
+    pub(crate) fn close(&self, keep: Option<usize>) -> Closed {
+        let mut found = Closed::default();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if Some(i) == keep {
+                continue;
+            }
+            let mut cur = slot.word.load(Ordering::Acquire);
+            loop {
+                let next = match decode(cur) {
+                    State::Open(_) => CLOSED | 1,
+                    State::Leasing => CLOSED | 2,
+                    State::Closed(n) => CLOSED | (n + 1),
+                };
+                match slot.word.compare_exchange_weak(
+                    cur,
+                    next,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        match decode(cur) {
+                            State::Open(payload) => found.taken += payload & self.token_mask,
+                            State::Leasing => found.leasing += 1,
+                            State::Closed(_) => found.closed += 1,
+                        }
+                        break;
+                    }
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+        found
+    }
+
+    /// Undoes one [`close`](Slots::close) with the same `keep`.
+    pub(crate) fn reopen(&self, keep: Option<usize>) {
+        for (i, slot) in self.slots.iter().enumerate() {
+            if Some(i) != keep {
+                self.release(&slot.word);
+            }
+        }
+    }
+
+    /// Drops one close count: CLOSED(1) becomes OPEN and empty.
+    fn release(&self, word: &AtomicU64) {
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let next = match decode(cur) {
+                State::Closed(1) => OPEN,
+                State::Closed(n) => CLOSED | (n - 1),
+                other => {
+                    debug_assert!(false, "releasing a slot that is not closed: {other:?}");
+                    return;
+                }
+            };
+            match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Tokens held in OPEN slots now (a racy sum; exact when nothing runs concurrently).
+    pub(crate) fn held(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| match decode(s.word.load(Ordering::Acquire)) {
+                State::Open(payload) => payload & self.token_mask,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const T: u32 = 40;
+
+    fn lease(slots: &Slots, index: usize, tick: u64, tokens: u64) {
+        let (i, _) = slots.claim(index).unwrap();
+        assert!(slots.publish(i, tick, tokens));
+    }
+
+    #[test]
+    fn consume_spends_only_open_slots_leased_this_tick_holding_enough() {
+        let slots = Slots::new(2, T);
+        assert_eq!(slots.consume(0, 1, 0), None);
+        let (i, t) = slots.claim(0).unwrap();
+        assert_eq!((i, t), (0, 0));
+        assert_eq!(
+            slots.consume(0, 1, 7),
+            None,
+            "a LEASING slot is not spendable"
+        );
+        assert!(slots.publish(i, 7, 5));
+        assert_eq!(slots.consume(0, 6, 7), None);
+        assert_eq!(slots.consume(0, 1, 8), None, "expired at the next tick");
+        assert_eq!(
+            slots.consume(0, 1, 6),
+            None,
+            "nor spendable from an earlier tick"
+        );
+        assert_eq!(slots.consume(0, 2, 7), Some(3));
+        assert_eq!(slots.consume(2, 3, 7), Some(0), "indices wrap by the mask");
+        assert_eq!(slots.consume(0, 1, 7 + (1 << T)), None);
+    }
+
+    #[test]
+    fn stamps_wrap_with_the_tick_field() {
+        let slots = Slots::new(1, T);
+        lease(&slots, 0, (1 << T) + 3, 4);
+        assert_eq!(slots.consume(0, 1, 3), Some(3));
+        assert_eq!(Slots::max_tokens(T), (1 << (62 - T)) - 1);
+    }
+
+    #[test]
+    fn close_takes_tokens_cancels_leases_and_nests() {
+        let slots = Slots::new(4, T);
+        lease(&slots, 0, 1, 7);
+        let (one, _) = slots.claim(1).unwrap();
+        let found = slots.close(Some(3));
+        assert_eq!(
+            found,
+            Closed {
+                taken: 7,
+                leasing: 1,
+                closed: 0
+            }
+        );
+        let found = slots.close(None);
+        assert_eq!(
+            found,
+            Closed {
+                taken: 0,
+                leasing: 0,
+                closed: 3
+            }
+        );
+        assert!(
+            !slots.publish(one, 1, 4),
+            "a cancelled lease cannot publish"
+        );
+        assert_eq!(slots.consume(0, 1, 1), None);
+        assert!(slots.claim(2).is_none(), "closed slots cannot be leased");
+        slots.reopen(None);
+        slots.reopen(Some(3));
+        assert!(slots.claim(0).is_some());
+        assert!(
+            slots.claim(1).is_none(),
+            "held shut for the cancelled lessee"
+        );
+        slots.abandon(one);
+        assert!(slots.claim(1).is_some());
+    }
+
+    #[test]
+    fn held_counts_open_tokens_of_any_tick() {
+        let slots = Slots::new(4, T);
+        for (i, t) in [(0, 3), (1, 4), (2, 5)] {
+            lease(&slots, i, i as u64, t);
+        }
+        let _leasing = slots.claim(3).unwrap();
+        assert_eq!(slots.held(), 12);
+    }
+}
