@@ -1,0 +1,384 @@
+//! Loom models of `LeasedBucket`: threads leasing, spending, reclaiming and refunding on
+//! one bucket, exhaustively interleaved.
+//!
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p loom-tests --release --test hot`.
+//!
+//! Each model is also run with a deliberate bug switched on (`tokengate::mutants`) and
+//! must then fail: that shows the model can see the bug it is there for.
+
+#![cfg(loom)]
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use loom::sync::Arc;
+use loom::thread;
+use tokengate::mutants;
+use tokengate::{Clock, LeaseConfig, LeasedBucket, ManualClock, Policy};
+
+/// The tick-edge model (two threads each making a trip to the global word, one of them
+/// closing the other's slot) did not finish exhaustively within 15 minutes here; it is
+/// bounded at five preemptions per execution (about 170 000 executions, 10 s; each
+/// extra preemption multiplies that by about four).
+const TICK_MODEL_PREEMPTIONS: usize = 5;
+
+/// Mutant flags are process-wide: models run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` under loom, exhaustively unless `preemptions` bounds the preemptions per
+/// execution, returning the number of executions explored.
+fn explore_with(
+    name: &str,
+    preemptions: Option<usize>,
+    f: impl Fn() + Sync + Send + 'static,
+) -> usize {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    RUNS.store(0, Ordering::Relaxed);
+    let start = Instant::now();
+    let mut builder = loom::model::Builder::new();
+    if preemptions.is_some() {
+        builder.preemption_bound = preemptions;
+    }
+    let preemptions = builder.preemption_bound;
+    builder.check(move || {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    let runs = RUNS.load(Ordering::Relaxed);
+    let bound = preemptions.map_or("exhaustive".to_string(), |p| {
+        format!("preemption bound {p}")
+    });
+    println!(
+        "{name} ({bound}): {runs} executions in {:?}",
+        start.elapsed()
+    );
+    runs
+}
+
+/// Runs `f` exhaustively.
+fn explore(name: &str, f: impl Fn() + Sync + Send + 'static) -> usize {
+    explore_with(name, None, f)
+}
+
+/// Runs `f` with `flag` on and asserts that loom finds a failing execution.
+fn caught(name: &str, flag: &'static AtomicBool, f: impl Fn() + Sync + Send + 'static) {
+    let _on = mutants::enable(flag);
+    let start = Instant::now();
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = builder.preemption_bound.or(Some(TICK_MODEL_PREEMPTIONS));
+    let failed = catch_unwind(AssertUnwindSafe(|| builder.check(f))).is_err();
+    println!(
+        "{name}: planted bug caught = {failed} in {:?}",
+        start.elapsed()
+    );
+    assert!(failed, "{name}: the model did not catch the planted bug");
+}
+
+fn bucket(capacity: u64, clock: &ManualClock) -> LeasedBucket<ManualClock> {
+    let policy = Policy::new(capacity, 1.0).unwrap();
+    let config = LeaseConfig::new().slots(2).max_lease(2);
+    LeasedBucket::with_config(policy, clock.clone(), config).unwrap()
+}
+
+/// Admits `cost` on `slot`, returning the tokens taken.
+fn take(b: &LeasedBucket<ManualClock>, slot: usize, cost: u64) -> u64 {
+    if b.try_acquire_on(slot, cost).unwrap().is_admitted() {
+        cost
+    } else {
+        0
+    }
+}
+
+/// Spends whatever is left, one token at a time, from slot 0.
+fn drain(b: &LeasedBucket<ManualClock>) -> u64 {
+    let mut n = 0;
+    while b.try_acquire_on(0, 1).unwrap().is_admitted() {
+        n += 1;
+    }
+    n
+}
+
+/// Two threads lease, spend locally, hit a global word that cannot pay (so take back
+/// the other slot's lease before deciding), refund and reclaim, on a frozen clock.
+/// However they interleave, the tokens admitted (net of refunds) plus what is left
+/// equal the initial balance exactly. The refund is made well below the capacity, where
+/// no credit can meet the cap (that case is `capped_refund_with_a_lease_out`).
+fn frozen_two_threads() {
+    let clock = ManualClock::new();
+    let b = Arc::new(bucket(64, &clock));
+    let t = {
+        let b = b.clone();
+        thread::spawn(move || {
+            let mut net = take(&b, 1, 20); // leases two more to slot 1
+            if take(&b, 1, 1) > 0 {
+                b.refund(1).unwrap();
+            }
+            net += take(&b, 1, 1);
+            b.reclaim();
+            net
+        })
+    };
+    let mut mine = take(&b, 0, 1); // leases two more to slot 0
+    mine += take(&b, 0, 40); // may need slot 1's lease: reclaim before rejecting
+    let theirs = t.join().unwrap();
+    let total = mine + theirs + drain(&b);
+    assert_eq!(
+        total, 64,
+        "admitted {mine} + {theirs}, then drained the rest"
+    );
+    assert_eq!(b.leased_tokens(), 0);
+}
+
+#[test]
+fn frozen_clock_admits_exactly_the_balance() {
+    let _s = serial();
+    assert!(explore("frozen_two_threads", frozen_two_threads) > 1);
+}
+
+#[test]
+fn frozen_clock_model_catches_a_lease_left_in_the_global_word() {
+    let _s = serial();
+    caught(
+        "frozen_two_threads + LEASE_KEEPS_GLOBAL",
+        &mutants::LEASE_KEEPS_GLOBAL,
+        frozen_two_threads,
+    );
+}
+
+/// Three threads on two slots (two share slot 1), frozen clock: exact conservation.
+fn frozen_three_threads() {
+    let clock = ManualClock::new();
+    let b = Arc::new(bucket(64, &clock));
+    let handles: Vec<_> = (0..2)
+        .map(|i| {
+            let b = b.clone();
+            thread::spawn(move || {
+                let got = take(&b, i, 20);
+                if i == 1 && got > 0 {
+                    b.refund(1).unwrap();
+                    return got - 1;
+                }
+                got
+            })
+        })
+        .collect();
+    let mut total = take(&b, 1, 2);
+    for h in handles {
+        total += h.join().unwrap();
+    }
+    total += drain(&b);
+    assert_eq!(total, 64);
+}
+
+#[test]
+fn frozen_clock_three_threads_admit_exactly_the_balance() {
+    let _s = serial();
+    assert!(explore_with("frozen_three_threads", Some(4), frozen_three_threads) > 1);
+}
+
+/// A refund that meets the cap while a lease is out (frozen clock). Thread A leases; the
+/// other thread refunds two tokens nobody took. A plain bucket ends with at most one
+/// token of credit from the refund (it caps at 8), so at most 9 tokens are admitted in
+/// all; crediting the global word without taking the lease back first admits 10.
+fn capped_refund_with_a_lease_out() {
+    let clock = ManualClock::new();
+    let b = Arc::new(bucket(8, &clock));
+    let t = {
+        let b = b.clone();
+        thread::spawn(move || take(&b, 0, 1)) // leases one more to slot 0
+    };
+    b.refund(2).unwrap();
+    let taken = t.join().unwrap();
+    let total = taken + drain(&b);
+    assert!(
+        (8..=9).contains(&total),
+        "admitted {total}, a plain bucket at most 9"
+    );
+}
+
+#[test]
+fn a_capped_refund_takes_leases_back_first() {
+    let _s = serial();
+    assert!(
+        explore(
+            "capped_refund_with_a_lease_out",
+            capped_refund_with_a_lease_out
+        ) > 1
+    );
+}
+
+#[test]
+fn capped_refund_model_catches_credit_that_ignores_leases() {
+    let _s = serial();
+    caught(
+        "capped_refund_with_a_lease_out + CREDIT_IGNORES_LEASES",
+        &mutants::CREDIT_IGNORES_LEASES,
+        capped_refund_with_a_lease_out,
+    );
+}
+
+/// The clock advances past a full refill while a lease is out. Slot 0 leases a token at
+/// tick 0; then one thread moves the clock 100 s on and spends on slot 1 (a trip to the
+/// global word: refill, capped at full), while the other waits for the new time and
+/// spends on slot 0. A plain bucket is full after the advance, so the two spends and the
+/// drain take at most 8: 9 in all with the first admission. Spending the tick-0 lease
+/// after the advance admits 10. (Fewer than 9 is allowed: a refill made while the other
+/// thread's lease is in flight leaves room for it, at most one lease, 2 tokens.)
+fn tick_edge_with_a_lease_out() {
+    const LATER: Duration = Duration::from_secs(100);
+    let clock = ManualClock::new();
+    let b = Arc::new(bucket(8, &clock));
+    let first = take(&b, 0, 1); // slot 0 leases one more at tick 0
+    assert_eq!(b.leased_tokens(), 1);
+    let advanced = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+    let refiller = {
+        let (b, clock, advanced) = (b.clone(), clock.clone(), advanced.clone());
+        thread::spawn(move || {
+            clock.advance(LATER);
+            advanced.store(true, Ordering::Release);
+            take(&b, 1, 1)
+        })
+    };
+    let spender = {
+        let (b, advanced) = (b.clone(), advanced.clone());
+        thread::spawn(move || {
+            while !advanced.load(Ordering::Acquire) {
+                thread::yield_now();
+            }
+            take(&b, 0, 1)
+        })
+    };
+    let total = first + refiller.join().unwrap() + spender.join().unwrap() + drain(&b);
+    assert!(
+        (7..=9).contains(&total),
+        "admitted {total}: a plain bucket admits 9"
+    );
+}
+
+#[test]
+fn a_lease_is_not_spent_after_its_tick() {
+    let _s = serial();
+    let bound = TICK_MODEL_PREEMPTIONS;
+    assert!(
+        explore_with(
+            "tick_edge_with_a_lease_out",
+            Some(bound),
+            tick_edge_with_a_lease_out
+        ) > 1
+    );
+}
+
+#[test]
+fn tick_edge_model_catches_a_lease_that_never_expires() {
+    let _s = serial();
+    caught(
+        "tick_edge_with_a_lease_out + LEASE_NEVER_EXPIRES",
+        &mutants::LEASE_NEVER_EXPIRES,
+        tick_edge_with_a_lease_out,
+    );
+}
+
+/// A clock that reads the manual clock, or, for the thread that made it and while `stale`
+/// is set, time zero: a thread that read the clock long ago and was delayed.
+#[derive(Clone)]
+struct Skewed {
+    inner: ManualClock,
+    stale: Arc<loom::sync::atomic::AtomicBool>,
+    reader: loom::thread::ThreadId,
+}
+
+impl Clock for Skewed {
+    fn now_nanos(&self) -> u64 {
+        if self.stale.load(Ordering::Acquire) && thread::current().id() == self.reader {
+            0
+        } else {
+            self.inner.now_nanos()
+        }
+    }
+}
+
+/// A spender that read tick 0 and was delayed while another thread refilled the global
+/// word at a later tick (capped at full): it must not then spend its tick-0 lease. The
+/// refiller moves the clock 100 s on and trips to the global word; the spender waits
+/// until the refiller is done, then spends on slot 0 with a tick-0 reading. A plain
+/// bucket refuses that reading (the clock went backwards) and admits 9 in all;
+/// spending the tick-0 lease admits 10. Without waiting, the spend may also come first
+/// and be decided at tick 0, which a plain bucket allows too (9 or 10); a refill made
+/// while that spend's trip to the global word is in flight leaves room for its lease (at
+/// most 2 tokens), so as few as 7.
+fn stale_spender_after_a_refill(wait: bool) {
+    const LATER: Duration = Duration::from_secs(100);
+    let clock = Skewed {
+        inner: ManualClock::new(),
+        stale: Arc::new(loom::sync::atomic::AtomicBool::new(false)),
+        reader: thread::current().id(),
+    };
+    let policy = Policy::new(8, 1.0).unwrap();
+    let config = LeaseConfig::new().slots(2).max_lease(2);
+    let b = Arc::new(LeasedBucket::with_config(policy, clock.clone(), config).unwrap());
+    let take = |b: &LeasedBucket<Skewed>, slot: usize| match b.try_acquire_on(slot, 1) {
+        Ok(d) if d.is_admitted() => 1u64,
+        _ => 0,
+    };
+    let first = take(&b, 0); // slot 0 leases one more at tick 0
+    let done = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+    let refiller = {
+        let (b, clock, done) = (b.clone(), clock.clone(), done.clone());
+        thread::spawn(move || {
+            clock.inner.advance(LATER);
+            let got = take(&b, 1);
+            done.store(true, Ordering::Release);
+            got
+        })
+    };
+    if wait {
+        while !done.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+    }
+    clock.stale.store(true, Ordering::Release);
+    let stale = take(&b, 0);
+    clock.stale.store(false, Ordering::Release);
+    let refilled = refiller.join().unwrap();
+    let mut rest = 0;
+    while take(&b, 0) == 1 {
+        rest += 1;
+    }
+    let total = first + stale + refilled + rest;
+    if wait {
+        assert_eq!(total, 9, "a plain bucket admits exactly 9");
+    } else {
+        assert!((7..=10).contains(&total), "admitted {total}");
+    }
+}
+
+#[test]
+fn a_delayed_spender_cannot_spend_a_lease_across_a_refill() {
+    let _s = serial();
+    assert!(
+        explore("stale_spender_after_a_refill", || {
+            stale_spender_after_a_refill(true)
+        }) > 1
+    );
+    assert!(
+        explore("stale_spender_races_a_refill", || {
+            stale_spender_after_a_refill(false)
+        }) > 1
+    );
+}
+
+#[test]
+fn stale_spender_model_catches_credit_that_ignores_leases() {
+    let _s = serial();
+    caught(
+        "stale_spender_after_a_refill + CREDIT_IGNORES_LEASES",
+        &mutants::CREDIT_IGNORES_LEASES,
+        || stale_spender_after_a_refill(true),
+    );
+}
