@@ -372,13 +372,15 @@ fn write_csv(path: &Path, cells: &[Cell], rounds: u32, duration: Duration) -> Re
     std::fs::write(path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 8] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0x2c, 0xa0, 0x2c),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x7f, 0x7f, 0x7f),
     RGBColor(0x94, 0x67, 0xbd),
     RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0x17, 0xbe, 0xcf),
 ];
 
 fn draw(

@@ -10,7 +10,6 @@
 //!    key with [`random_key`]);
 //! 3. one arm in [`Engine::visit`] building it for a [`Regime`].
 //!
-//! The core-local hot bucket joins here; the spots are marked `ENGINE SLOT`.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -19,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tokengate::{Bucket, Clock, CoarseClock, KeyedLimiter, Policy, QuantaClock};
+use tokengate::{Bucket, Clock, CoarseClock, KeyedLimiter, LeasedBucket, Policy, QuantaClock};
 
 use crate::mutex_bucket::MutexBucket;
 
@@ -127,14 +126,20 @@ pub enum Engine {
     TokengateKeyed,
     /// governor's keyed limiter (`check_key`), default dashmap store and hasher.
     GovernorKeyed,
-    // ENGINE SLOT: the core-local hot bucket (regimes Admit and Reject) goes here.
+    /// tokengate `LeasedBucket`: core-local leases, on the TSC clock.
+    Leased,
+    /// tokengate `LeasedBucket` on the coarse clock (the local path reads one shared,
+    /// rarely written line instead of the TSC).
+    LeasedCoarse,
 }
 
 impl Engine {
     /// Every engine, in table order.
-    pub const ALL: [Engine; 6] = [
+    pub const ALL: [Engine; 8] = [
         Engine::Tokengate,
         Engine::TokengateCoarse,
+        Engine::Leased,
+        Engine::LeasedCoarse,
         Engine::Governor,
         Engine::Mutex,
         Engine::TokengateKeyed,
@@ -150,6 +155,8 @@ impl Engine {
             Engine::Mutex => "mutex",
             Engine::TokengateKeyed => "tokengate-keyed",
             Engine::GovernorKeyed => "governor-keyed",
+            Engine::Leased => "tokengate-leased",
+            Engine::LeasedCoarse => "tokengate-leased-coarse",
         }
     }
 
@@ -162,15 +169,20 @@ impl Engine {
             Engine::Mutex => "Mutex<f64 bucket>",
             Engine::TokengateKeyed => "tokengate keyed",
             Engine::GovernorKeyed => "governor keyed",
+            Engine::Leased => "tokengate leased (TSC clock)",
+            Engine::LeasedCoarse => "tokengate leased (coarse clock)",
         }
     }
 
     /// The regimes this engine runs in.
     pub fn regimes(self) -> &'static [Regime] {
         match self {
-            Engine::Tokengate | Engine::TokengateCoarse | Engine::Governor | Engine::Mutex => {
-                &[Regime::Admit, Regime::Reject]
-            }
+            Engine::Tokengate
+            | Engine::TokengateCoarse
+            | Engine::Leased
+            | Engine::LeasedCoarse
+            | Engine::Governor
+            | Engine::Mutex => &[Regime::Admit, Regime::Reject],
             Engine::TokengateKeyed | Engine::GovernorKeyed => &[Regime::Keyed],
         }
     }
@@ -195,6 +207,11 @@ impl Engine {
             Engine::TokengateCoarse => {
                 let clock = CoarseClock::new().map_err(|e| e.to_string())?;
                 visit.visit(&Bucket::with_clock(policy()?, clock))
+            }
+            Engine::Leased => visit.visit(&LeasedBucket::new(policy()?)),
+            Engine::LeasedCoarse => {
+                let clock = CoarseClock::new().map_err(|e| e.to_string())?;
+                visit.visit(&LeasedBucket::with_clock(policy()?, clock))
             }
             Engine::Governor => visit.visit(&Direct(RateLimiter::direct(regime.quota()))),
             Engine::Mutex => visit.visit(&MutexBucket::new(
@@ -305,7 +322,12 @@ impl Limiter for GovernorKeyed {
     }
 }
 
-// ENGINE SLOT: `impl Limiter for` the hot bucket.
+impl<C: Clock> Limiter for LeasedBucket<C> {
+    #[inline]
+    fn decide(&self, _: &mut u64) -> bool {
+        matches!(black_box(self.try_acquire(1)), Ok(d) if d.is_admitted())
+    }
+}
 
 /// A key in `0..KEYS`, uniform, from a xorshift64 state (never zero).
 #[inline]
