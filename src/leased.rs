@@ -14,10 +14,14 @@
 //!    marks its slot LEASING (taking its leftover), and in one CAS on the global word
 //!    gives the leftover back, pays the cost and takes a batch (the lease); then
 //!    publishes the batch into its slot, stamped with the global word's tick.
-//! 3. **Reclaim**: the global word cannot pay. The thread closes every other slot,
+//! 3. **Reject, read-only**: the global balance (refilled) plus every slot's tokens cannot
+//!    pay. Nothing is written, as on a plain bucket (I5).
+//! 4. **Reclaim**: the global word cannot pay, but the slots together could. The thread
+//!    closes every other slot,
 //!    taking the tokens idle in them (and cancelling leases in flight, which their
 //!    lessees give back), gives them back in the same CAS, and only if the global
-//!    balance plus everything reclaimed cannot pay does it reject.
+//!    balance plus everything reclaimed cannot pay does it reject (this rejection writes:
+//!    it gave the reclaimed tokens back).
 //!
 //! The lease size adapts: `min(max_lease, spare / (2 * slots))` whole tokens, where
 //! `spare` is the balance left after paying the cost. A full bucket leases big batches;
@@ -558,6 +562,25 @@ impl<C: Clock> LeasedBucket<C> {
             return Ok(Decision::with_balance(layout, units, behind, now, 0, true));
         }
         let cost_units = cost << layout.frac_bits();
+        // Read-only rejection (I5): when the global balance and every slot together
+        // cannot pay, nothing is written. `min(B, g + Δ) + O < needed` implies
+        // `min(B, g + Δ + O) < needed`: what a plain bucket holds cannot pay either.
+        let snapshot = self.global.peek(layout, now);
+        if snapshot.behind() <= layout.tolerance_ticks() {
+            let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
+            let units = snapshot.units().saturating_add(held);
+            if units < layout.base_units() + cost_units {
+                let balance = units as i64 - layout.base_units() as i64;
+                return Ok(Decision::with_balance(
+                    layout,
+                    balance,
+                    snapshot.behind(),
+                    now,
+                    cost,
+                    false,
+                ));
+            }
+        }
         let claim = self.slots.claim(slot);
         let marker = claim.map(|(index, _)| index);
         let returned_units = claim.map_or(0, |(_, tokens)| tokens << layout.frac_bits());
@@ -749,6 +772,12 @@ impl<C: Clock> LeasedBucket<C> {
     #[doc(hidden)]
     pub fn __word(&self) -> u64 {
         self.global.load()
+    }
+
+    /// The word of slot `slot` (modulo the slot count), for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn __slot_word(&self, slot: usize) -> u64 {
+        self.slots.word(slot)
     }
 
     fn wait(&self, layout: &Layout, cost: u64, now: u64) -> Duration {

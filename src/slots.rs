@@ -298,6 +298,11 @@ impl Slots {
         }
     }
 
+    /// The word of slot `index`, for tests and diagnostics.
+    pub(crate) fn word(&self, index: usize) -> u64 {
+        self.slot(index).word.load(Ordering::Acquire)
+    }
+
     /// Tokens held in OPEN slots now (a racy sum; exact when nothing runs concurrently).
     pub(crate) fn held(&self) -> u64 {
         self.slots

@@ -416,3 +416,19 @@ fn concurrent_admissions_on_a_frozen_clock_conserve_tokens() {
         assert_eq!(hot.leased_tokens(), 0);
     }
 }
+
+#[test]
+fn a_rejection_with_nothing_to_reclaim_writes_nothing() {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1)); // slot stamps are then not zero
+    let hot =
+        LeasedBucket::with_config(Policy::new(10, 1.0).unwrap(), clock, config(2, 2)).unwrap();
+    assert!(hot.try_acquire_on(0, 10).unwrap().is_admitted());
+    let words = |h: &LeasedBucket<ManualClock>| [h.__word(), h.__slot_word(0), h.__slot_word(1)];
+    let before = words(&hot);
+    for slot in 0..4 {
+        assert!(hot.try_acquire_on(slot, 1).unwrap().is_rejected());
+    }
+    assert_eq!(words(&hot), before);
+    assert_eq!(hot.leased_tokens(), 0);
+}
