@@ -151,9 +151,11 @@ impl RawBucket {
     /// race, however long, not a clock stepping back. So this path loads the word
     /// *first* and reads the clock *after*: every tick in the loaded word was then read
     /// from the clock before this reading, and a reading still well behind it is a clock
-    /// that stepped back (refused). A lost CAS here reloads and reads again: it is the
-    /// cold path, and each loss means another thread made progress. Out of line, so
-    /// that the hot loop stays small.
+    /// that stepped back (or the time of a bucket idle past its wrap period): refused,
+    /// unless the bucket is full, which holds the same at any time and is re-anchored at
+    /// the new reading (no credit; this is what makes a full bucket immune to the wrap).
+    /// A lost CAS here reloads and reads again: it is the cold path, and each loss means
+    /// another thread made progress. Out of line, so that the hot loop stays small.
     #[cold]
     #[inline(never)]
     fn transition_after_reread<C: Clock + ?Sized, T>(
@@ -165,9 +167,15 @@ impl RawBucket {
         loop {
             let cur = self.word.load(Ordering::Acquire);
             let now = clock.now_nanos();
-            let snapshot = layout.refill(cur, layout.tick_of(now));
+            let mut snapshot = layout.refill(cur, layout.tick_of(now));
             if snapshot.behind() > layout.tolerance_ticks() {
-                return Err(clock_went_backwards(layout, &snapshot, now));
+                // The clock stepped back (or an idle bucket's time wrapped). A full
+                // bucket holds the same at every time: re-anchor it at `now`, adding
+                // nothing. Any other balance at `now` is unknown: refuse.
+                match layout.reanchor_full(&snapshot, layout.tick_of(now)) {
+                    Some(full) => snapshot = full,
+                    None => return Err(clock_went_backwards(layout, &snapshot, now)),
+                }
             }
             let (next, out) = step(&snapshot, now);
             let Some(next) = next else {
@@ -195,14 +203,15 @@ impl RawBucket {
         let Some(cost_units) = layout.units_of(cost) else {
             return Err(cost_exceeds_capacity(layout, cost));
         };
+        if cost_units == 0 {
+            // Nothing to take: admitted whatever the balance or the clock, nothing written.
+            let snapshot = self.snapshot(layout, now);
+            return Ok(Decision::new(layout, &snapshot, now, cost, 0, true));
+        }
         self.transition(layout, clock, now, true, |snapshot, now| {
             match layout.take(snapshot, cost_units) {
-                Some(next) if cost_units > 0 => (
+                Some(next) => (
                     Some(next),
-                    Decision::new(layout, snapshot, now, cost, cost_units, true),
-                ),
-                Some(_) => (
-                    None,
                     Decision::new(layout, snapshot, now, cost, cost_units, true),
                 ),
                 None => (
@@ -264,8 +273,25 @@ impl RawBucket {
     /// Time from `now` until `cost` tokens are there (zero if they are), writing nothing.
     pub(crate) fn wait(&self, layout: &Layout, now: u64, cost: u64) -> std::time::Duration {
         let snapshot = self.snapshot(layout, now);
-        let cost_units = layout.units_of(cost).unwrap_or(layout.max_units());
-        Decision::new(layout, &snapshot, now, cost, cost_units, false).wait_for(cost)
+        Decision::new(layout, &snapshot, now, cost, 0, false).wait_for(cost)
+    }
+
+    /// The refusal [`try_acquire`](Self::try_acquire) would give for `cost` at `now`
+    /// (already checked against the capacity) if the balance seen now cannot pay it;
+    /// `None` if it can, or if `now` reads well behind the stored tick (only the CAS loop
+    /// can tell a lost race from a clock stepping back). Writes nothing.
+    #[inline]
+    pub(crate) fn refusal(&self, layout: &Layout, now: u64, cost: u64) -> Option<Decision> {
+        let snapshot = self.snapshot(layout, now);
+        let cost_units = layout.units_of(cost)?;
+        if snapshot.behind() > layout.tolerance_ticks()
+            || layout.take(&snapshot, cost_units).is_some()
+        {
+            return None;
+        }
+        Some(Decision::new(
+            layout, &snapshot, now, cost, cost_units, false,
+        ))
     }
 
     /// The refilled snapshot at `now`, writing nothing.
@@ -363,7 +389,8 @@ impl<C: Clock> Bucket<C> {
     ///
     /// Returns a [`Decision`]: admitted (the cost is taken) or rejected (nothing changed,
     /// nothing written; [`Decision::retry_after`] says when the cost will be there). A
-    /// cost of zero is always admitted and writes nothing.
+    /// cost of zero is always admitted, whatever the balance (even while reservations are
+    /// owed) or the clock, and writes nothing.
     ///
     /// # Errors
     ///

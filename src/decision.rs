@@ -155,15 +155,22 @@ impl Decision {
     }
 
     /// Time until `tokens` tokens are there, from the state this decision saw (zero if
-    /// they are already there).
+    /// they are already there), saturating at `Duration::MAX`. For more tokens than the
+    /// capacity, which never come, it is the time refill would take ignoring the cap.
     pub fn wait_for(&self, tokens: u64) -> Duration {
         let needed = (i128::from(tokens) << self.frac_bits()) - i128::from(self.balance);
         if needed <= 0 {
             return Duration::ZERO;
         }
         let ticks = (needed as u128).div_ceil(u128::from(self.refill_per_tick));
-        let nanos = ((ticks << self.tick_shift()) as i128 + i128::from(self.lead_nanos)).max(0);
-        duration_from_nanos(nanos as u128)
+        // `ticks << S` can exceed u128 for absurd requests on tiny rates: saturate.
+        let Some(nanos) = ticks
+            .checked_mul(1u128 << self.tick_shift())
+            .and_then(|n| n.checked_add_signed(i128::from(self.lead_nanos)))
+        else {
+            return Duration::MAX;
+        };
+        duration_from_nanos(nanos)
     }
 }
 

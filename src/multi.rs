@@ -9,9 +9,12 @@
 //! 3. buckets are taken in one global order, ascending [`Member::member_id`], so two
 //!    acquirers with overlapping sets meet on the first bucket they share instead of each
 //!    holding a part of what the other needs;
-//! 4. on the first refusal, the buckets already taken are refunded in reverse order, each
-//!    exactly as if it had never been taken (I6), and the result names the bucket that
-//!    refused and the time until the whole set could be paid.
+//! 4. a read-only first pass refuses, writing nothing (I5), a set whose balances seen now
+//!    cannot pay; only a set that passes is taken;
+//! 5. if a take is refused even so (another thread took the tokens in between), the
+//!    buckets already taken are refunded in reverse order, each exactly as if it had never
+//!    been taken (I6); the result names the bucket that refused and the time until the
+//!    whole set could be paid.
 //!
 //! Sets of up to [`INLINE_MEMBERS`] buckets allocate nothing.
 
@@ -58,6 +61,15 @@ pub trait Member: sealed::Sealed + Sync {
     /// Time from `now` until `cost` tokens are there.
     #[doc(hidden)]
     fn wait_at(&self, cost: u64, now: u64) -> Duration;
+
+    /// The read-only first pass: the refusal `take_at(cost, now)` would give if the
+    /// balance seen now cannot pay, or `None` (it could pay, or only the take can tell).
+    /// Writes nothing.
+    #[doc(hidden)]
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        let _ = (cost, now);
+        None
+    }
 }
 
 impl<C: Clock> sealed::Sealed for Bucket<C> {}
@@ -86,12 +98,19 @@ impl<C: Clock> Member for Bucket<C> {
     #[inline]
     fn refund_at(&self, cost: u64, now: u64) {
         let layout = self.policy().layout();
-        let units = layout.units_of(cost).unwrap_or(layout.max_units());
+        let units = layout
+            .units_of(cost)
+            .expect("acquire_all checks every cost against its capacity first");
         self.raw().refund_units(layout, self.clock(), now, units);
     }
 
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         self.raw().wait(self.policy().layout(), now, cost)
+    }
+
+    #[inline]
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        self.raw().refusal(self.policy().layout(), now, cost)
     }
 }
 
@@ -192,10 +211,12 @@ impl fmt::Debug for MultiDecision {
 ///
 /// 1. Every cost is checked against its bucket's capacity (I8) and a bucket named twice
 ///    is refused, before anything is taken.
-/// 2. Buckets are taken in one global order, ascending [`Member::member_id`], so two
+/// 2. A read-only first pass refuses, writing nothing, a set whose balances seen now
+///    cannot pay.
+/// 3. Buckets are taken in one global order, ascending [`Member::member_id`], so two
 ///    acquirers with overlapping sets meet on the first bucket they share.
-/// 3. On the first refusal, the buckets already taken are refunded in reverse order,
-///    each exactly as if it had never been taken (I6).
+/// 4. On a refusal at that stage (a race), the buckets already taken are refunded in
+///    reverse order, each exactly as if it had never been taken (I6).
 ///
 /// Sets of up to [`INLINE_MEMBERS`] buckets allocate nothing.
 ///
@@ -269,6 +290,20 @@ pub fn acquire_all_with<M: Member + ?Sized>(
     }
 
     let now = first.now_nanos();
+    // First pass, read-only: a set that cannot be paid now is refused without a write
+    // (I5), so refused requests neither write the shared buckets' lines nor hold their
+    // tokens for a moment. Only a set that passes is taken, and a refusal then (another
+    // thread got there first) rolls back.
+    for &i in order.iter() {
+        let (member, cost) = requests[i];
+        if let Some(decision) = member.refusal_at(cost, now) {
+            observe(i, &decision);
+            return Ok(MultiDecision {
+                refused: Some((i, decision)),
+                retry_after: retry_after(requests, now),
+            });
+        }
+    }
     for (taken, &i) in order.iter().enumerate() {
         let (member, cost) = requests[i];
         let outcome = member.take_at(cost, now);
@@ -290,17 +325,10 @@ pub fn acquire_all_with<M: Member + ?Sized>(
             m.refund_at(c, now);
         }
         return match outcome {
-            Ok(decision) => {
-                let retry_after = requests
-                    .iter()
-                    .map(|&(m, c)| m.wait_at(c, now))
-                    .max()
-                    .unwrap_or(Duration::ZERO);
-                Ok(MultiDecision {
-                    refused: Some((i, decision)),
-                    retry_after,
-                })
-            }
+            Ok(decision) => Ok(MultiDecision {
+                refused: Some((i, decision)),
+                retry_after: retry_after(requests, now),
+            }),
             Err(error) => Err(MultiError::Bucket { index: i, error }),
         };
     }
@@ -310,19 +338,32 @@ pub fn acquire_all_with<M: Member + ?Sized>(
     })
 }
 
-/// Insertion sort of request positions by member identity (sets are small), refusing
-/// duplicates.
+/// The time until every member of the set holds its cost, seen from `now`.
+fn retry_after<M: Member + ?Sized>(requests: &[(&M, u64)], now: u64) -> Duration {
+    requests
+        .iter()
+        .map(|&(m, c)| m.wait_at(c, now))
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Sorts request positions by member identity (insertion sort for the small inline sets,
+/// the library sort beyond), refusing duplicates.
 fn sort_by_id<M: Member + ?Sized>(
     order: &mut [usize],
     requests: &[(&M, u64)],
 ) -> Result<(), MultiError> {
     let id = |i: usize| requests[i].0.member_id();
-    for k in 1..order.len() {
-        let mut j = k;
-        while j > 0 && id(order[j - 1]) > id(order[j]) {
-            order.swap(j - 1, j);
-            j -= 1;
+    if order.len() <= INLINE_MEMBERS {
+        for k in 1..order.len() {
+            let mut j = k;
+            while j > 0 && id(order[j - 1]) > id(order[j]) {
+                order.swap(j - 1, j);
+                j -= 1;
+            }
         }
+    } else {
+        order.sort_unstable_by_key(|&i| id(i));
     }
     for pair in order.windows(2) {
         if id(pair[0]) == id(pair[1]) {

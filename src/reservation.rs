@@ -83,8 +83,8 @@ impl ReserveError {
     /// ```
     pub fn excess(&self) -> Option<Duration> {
         match *self {
-            ReserveError::ExceedsMaxWait { wait, max_wait } => Some(wait - max_wait),
-            ReserveError::ExceedsHorizon { wait, horizon } => Some(wait - horizon),
+            ReserveError::ExceedsMaxWait { wait, max_wait } => Some(wait.saturating_sub(max_wait)),
+            ReserveError::ExceedsHorizon { wait, horizon } => Some(wait.saturating_sub(horizon)),
             _ => None,
         }
     }
@@ -114,13 +114,13 @@ impl fmt::Display for ReserveError {
                 f,
                 "the reservation would wait {wait:?}, {:?} more than the maximum wait of \
                  {max_wait:?}; nothing was taken",
-                wait - max_wait
+                wait.saturating_sub(max_wait)
             ),
             ReserveError::ExceedsHorizon { wait, horizon } => write!(
                 f,
                 "the reservation would wait {wait:?}, {:?} beyond the policy's reservation \
                  horizon of {horizon:?} (PolicyBuilder::max_reservation); nothing was taken",
-                wait - horizon
+                wait.saturating_sub(horizon)
             ),
         }
     }

@@ -477,6 +477,19 @@ impl Layout {
         }
     }
 
+    /// A full snapshot read behind `now_tick` (a clock that stepped back, or a bucket idle
+    /// past its wrap period) re-anchored at `now_tick`: full is full at any time, so this
+    /// adds nothing. `None` when the snapshot is not full. Only for a reading known not to
+    /// be a lost race: a stale reading re-anchored would count its lag twice.
+    #[inline]
+    pub fn reanchor_full(&self, snapshot: &Snapshot, now_tick: u64) -> Option<Snapshot> {
+        (snapshot.units >= self.max_units).then(|| Snapshot {
+            units: self.max_units,
+            tick_field: self.tick_field(now_tick),
+            behind: 0,
+        })
+    }
+
     /// Takes `cost_units` from a snapshot: the new word, or `None` when the balance is
     /// below the cost, however large the cost (a rejection writes nothing, I5).
     #[inline]

@@ -124,12 +124,12 @@ fn a_cost_above_a_capacity_is_the_immediate_error_and_nothing_is_taken() {
 }
 
 #[test]
-fn rollback_restores_every_earlier_bucket_word_for_word() {
+fn a_set_that_cannot_be_paid_is_refused_without_a_write() {
     let clock = ManualClock::new();
     let b = buckets(4, 10, &clock);
     assert!(b[2].try_acquire(9).unwrap().is_admitted()); // leaves 1
     let before = words(&[&b[0], &b[1], &b[2], &b[3]]);
-    // Taken in order 0, 1, 2: 0 and 1 admit, 2 refuses; 3 is never reached.
+    // The read-only first pass finds bucket 2 short: only it is observed, nothing taken.
     let mut observed = Vec::new();
     let d = acquire_all_with(&[(&b[3], 3), (&b[1], 4), (&b[2], 2), (&b[0], 5)], |i, d| {
         observed.push((i, d.is_admitted()))
@@ -137,13 +137,17 @@ fn rollback_restores_every_earlier_bucket_word_for_word() {
     .unwrap();
     assert!(d.is_rejected());
     assert_eq!(d.refused_index(), Some(2));
-    assert_eq!(observed, [(3, true), (1, true), (2, false)]);
-    // Same clock tick as the buckets' own: the refunded words are the original words.
-    assert_eq!(words(&[&b[0], &b[1], &b[2], &b[3]]), before);
+    assert_eq!(d.refused_decision().unwrap().tokens_remaining(), 1.0);
+    assert_eq!(observed, [(2, false)]);
+    assert_eq!(
+        words(&[&b[0], &b[1], &b[2], &b[3]]),
+        before,
+        "a refusal wrote (I5)"
+    );
 }
 
 #[test]
-fn rollback_after_time_passed_restores_the_refilled_state_exactly() {
+fn a_refused_set_after_time_passed_leaves_every_word_as_it_was() {
     let clock = ManualClock::new();
     let b = buckets(3, 10, &clock);
     for bucket in &b {
@@ -151,26 +155,49 @@ fn rollback_after_time_passed_restores_the_refilled_state_exactly() {
     }
     clock.advance(Duration::from_millis(1500)); // about 1.5 tokens of refill each
     let expected: Vec<f64> = b.iter().map(Bucket::available).collect();
-    let layout = *b[0].policy().layout();
-    let now_tick = layout.tick_of(clock.now().as_nanos() as u64);
-    let refilled: Vec<u64> = b
-        .iter()
-        .map(|bucket| layout.refill(bucket.__word(), now_tick).units())
-        .collect();
-
+    let before = words(&[&b[0], &b[1], &b[2]]);
+    // 3.5 tokens each: buckets 0 and 1 could pay 3, bucket 2 cannot pay 4.
     let d = acquire_all(&[(&b[0], 3), (&b[1], 3), (&b[2], 4)]).unwrap();
     assert_eq!(d.refused_index(), Some(2));
-    let after: Vec<f64> = b.iter().map(Bucket::available).collect();
-    assert_eq!(after, expected);
-    // Buckets 0 and 1 were taken and refunded at `now`: stored at now's tick with exactly
-    // the refilled units. Bucket 2 refused and was never written.
-    for (i, bucket) in b.iter().enumerate().take(2) {
-        assert_eq!(
-            layout.decode(bucket.__word()),
-            Some((now_tick, refilled[i]))
-        );
+    assert_eq!(
+        b.iter().map(Bucket::available).collect::<Vec<_>>(),
+        expected
+    );
+    assert_eq!(words(&[&b[0], &b[1], &b[2]]), before);
+}
+
+#[test]
+fn a_take_refused_after_the_first_pass_rolls_back_exactly() {
+    // The first pass leaves a bucket whose time reads behind the clock to the takes (only
+    // the CAS loop can tell a lost race from a clock stepping back). Here the clock did
+    // step back, so that bucket's take errs after an earlier one was taken: the earlier
+    // one is rolled back to exactly its balance at `now`.
+    let clock = ManualClock::new();
+    let b = buckets(2, 10, &clock);
+    assert!(b[0].try_acquire(8).unwrap().is_admitted());
+    clock.advance(Duration::from_secs(1));
+    assert!(b[1].try_acquire(8).unwrap().is_admitted()); // b[1] stored at 1 s, 2 left
+    clock.set(Duration::from_millis(500)); // half a second back
+    let layout = *b[0].policy().layout();
+    let now_tick = layout.tick_of(clock.now().as_nanos() as u64);
+    let refilled = layout.refill(b[0].__word(), now_tick).units();
+    let b1_before = b[1].__word();
+
+    let mut observed = Vec::new();
+    let got = acquire_all_with(&[(&b[0], 1), (&b[1], 1)], |i, d| {
+        observed.push((i, d.is_admitted()))
+    });
+    match got {
+        Err(MultiError::Bucket {
+            index: 1,
+            error: AcquireError::ClockWentBackwards { .. },
+        }) => {}
+        other => panic!("expected bucket 1 to refuse with ClockWentBackwards, got {other:?}"),
     }
-    assert_ne!(layout.decode(b[2].__word()).unwrap().0, now_tick);
+    assert_eq!(observed, [(0, true)]);
+    // Taken and refunded at `now`: stored at now's tick with exactly the refilled units.
+    assert_eq!(layout.decode(b[0].__word()), Some((now_tick, refilled)));
+    assert_eq!(b[1].__word(), b1_before);
 }
 
 #[test]

@@ -72,11 +72,16 @@ impl<C: Clock> Member for Handle<'_, C> {
         let units = self
             .layout
             .units_of(cost)
-            .unwrap_or(self.layout.max_units());
+            .expect("acquire_all checks every cost against its capacity first");
         self.raw.refund_units(self.layout, self.clock, now, units);
     }
 
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         self.raw.wait(self.layout, now, cost)
+    }
+
+    #[inline]
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        self.raw.refusal(self.layout, now, cost)
     }
 }

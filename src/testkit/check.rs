@@ -264,6 +264,11 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
             }
             Op::Acquire(c) => {
                 let cost = scale_cost(c, capacity);
+                if exact && cost > 0 && cost <= capacity && model.reanchors(now) {
+                    if let Some(ideal) = ideal.as_mut() {
+                        ideal.reanchor_full(now);
+                    }
+                }
                 let got = bucket.try_acquire(cost);
                 let admitted = got.is_ok_and(|d| d.is_admitted());
                 match &got {

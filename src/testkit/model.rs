@@ -113,16 +113,23 @@ impl Model {
         if cost > self.capacity {
             return Outcome::CostExceedsCapacity;
         }
-        let (units, tick, behind) = self.refilled(now_nanos);
+        let (mut units, mut tick, mut behind) = self.refilled(now_nanos);
+        if cost == 0 {
+            return Outcome::Admitted {
+                balance: self.balance(units),
+            };
+        }
         if behind > self.tolerance {
-            return Outcome::ClockWentBackwards;
+            if units < self.max {
+                return Outcome::ClockWentBackwards;
+            }
+            // A full bucket re-anchors at `now`, adding nothing.
+            (units, tick, behind) = (self.max, self.tick_of(now_nanos), 0);
         }
         let cost_units = u128::from(cost) << self.frac_bits;
         if units >= self.base + cost_units {
-            if cost_units > 0 {
-                self.units = units - cost_units;
-                self.tick = tick;
-            }
+            self.units = units - cost_units;
+            self.tick = tick;
             Outcome::Admitted {
                 balance: self.balance(units - cost_units),
             }
@@ -132,6 +139,13 @@ impl Model {
                 retry_after: self.wait(units, cost_units, behind, now_nanos),
             }
         }
+    }
+
+    /// Whether `try_acquire` of a positive cost at `now_nanos` re-anchors a full bucket
+    /// whose time reads well behind the clock (a clock that stepped back).
+    pub fn reanchors(&self, now_nanos: u64) -> bool {
+        let (units, _, behind) = self.refilled(now_nanos);
+        behind > self.tolerance && units >= self.max
     }
 
     /// `refund(cost)` at `now_nanos`; `false` when the cost is above the capacity.
@@ -149,9 +163,15 @@ impl Model {
     }
 
     /// Brings the state forward to `now_nanos` without taking or giving anything, as a
-    /// write of the bucket's own balance does (a rolled back take). A `now` behind the
-    /// model's time changes nothing.
+    /// take that is then rolled back does: a `now` behind the model's time changes
+    /// nothing, except that the take re-anchors a full bucket at a clock that stepped back
+    /// (see [`reanchors`](Model::reanchors)).
     pub fn advance(&mut self, now_nanos: u64) {
+        if self.reanchors(now_nanos) {
+            self.units = self.max;
+            self.tick = self.tick_of(now_nanos);
+            return;
+        }
         let (units, tick, _) = self.refilled(now_nanos);
         self.units = units;
         self.tick = tick;
@@ -280,6 +300,15 @@ impl Ideal {
         }
         self.scaled -= cost;
         true
+    }
+
+    /// Follows the engine re-anchoring a full bucket at a clock reading behind its time
+    /// (a clock that stepped back): a full bucket's time restarts at `now`'s tick edge.
+    /// The engine is never above the ideal, so when it is full the ideal is full too.
+    pub fn reanchor_full(&mut self, now_nanos: u64) {
+        if self.scaled >= self.capacity {
+            self.time = u128::from(now_nanos >> self.tick_shift) << self.tick_shift;
+        }
     }
 
     /// Gives `cost` back, capped at the capacity.

@@ -99,6 +99,11 @@ impl Member {
 
     fn take_ideal(&mut self, cost: u64, now: u64, step: usize, i: usize) -> Result<(), Violation> {
         if let Some(ideal) = self.ideal.as_mut().filter(|_| cost > 0) {
+            // The engine re-anchors a full bucket whose time reads behind a clock that
+            // stepped back; its ideal restarts there too.
+            if self.exact && self.model.reanchors(now) {
+                ideal.reanchor_full(now);
+            }
             if !ideal.take(cost, now) {
                 return Err(violation(
                     step,
@@ -396,12 +401,22 @@ fn acquire_all_step(
     let mut order: Vec<usize> = (0..request.len()).collect();
     order.sort_by_key(|&k| members[request[k].0].bucket.id());
     let seen_order: Vec<usize> = observed.iter().map(|&(k, _)| k).collect();
-    if seen_order[..] != order[..seen_order.len().min(order.len())] {
+    // A set that cannot be paid is refused by the read-only first pass: only the refusing
+    // member is observed, nothing is written. Otherwise members are observed as they are
+    // taken, a prefix of the identity order.
+    let first_pass_refusal = matches!(&got, Ok(d) if d.is_rejected());
+    if !first_pass_refusal && seen_order[..] != order[..seen_order.len().min(order.len())] {
         return Err(violation(
             step,
             format!(
                 "observed positions {seen_order:?}, not a prefix of the identity order {order:?}"
             ),
+        ));
+    }
+    if first_pass_refusal && !unchanged(members) {
+        return Err(violation(
+            step,
+            format!("acquire_all {request:?} refused with {got:?} but wrote a word (I5)"),
         ));
     }
     let refused = match &got {
@@ -418,14 +433,11 @@ fn acquire_all_step(
             ));
         }
     };
-    // Observed: every member up to the refusing one (excluded when it erred), all admitted
-    // but a rejecting last one.
+    // Observed: the refusing member alone (first pass), or every member up to the erring
+    // one, excluded, all admitted.
     let expected_seen = match (refused, &got) {
         (None, _) => order.len(),
-        (Some(k), Ok(_)) => order
-            .iter()
-            .position(|&o| o == k)
-            .map_or(usize::MAX, |p| p + 1),
+        (Some(_), Ok(_)) => 1,
         (Some(k), Err(_)) => order.iter().position(|&o| o == k).unwrap_or(usize::MAX),
     };
     if seen_order.len() != expected_seen {
@@ -471,7 +483,13 @@ fn acquire_all_step(
             }
             continue;
         };
-        let snapshot = l.refill(before[i], l.tick_of(now));
+        let mut snapshot = l.refill(before[i], l.tick_of(now));
+        if snapshot.behind() > l.tolerance_ticks() {
+            // A full bucket behind a clock that stepped back is re-anchored when taken.
+            snapshot = l
+                .reanchor_full(&snapshot, l.tick_of(now))
+                .unwrap_or(snapshot);
+        }
         let expected = if refused.is_some() || cost == 0 {
             None
         } else {
@@ -515,6 +533,9 @@ fn acquire_all_step(
                 continue;
             }
             if let Some(ideal) = m.ideal.as_mut() {
+                if m.exact && m.model.reanchors(now) {
+                    ideal.reanchor_full(now);
+                }
                 ideal.advance(now);
             }
             if m.exact {
@@ -541,15 +562,26 @@ fn acquire_all_step(
             }
         }
     } else if request.iter().all(|&(i, _)| members[i].exact) {
-        // The models predict the refusal: the first member in identity order that would
-        // not admit.
-        let expected = order.iter().find_map(|&k| {
-            let (i, cost) = request[k];
-            match members[i].model.clone().try_acquire(cost, now) {
-                Outcome::Admitted { .. } => None,
-                other => Some((k, other)),
-            }
-        });
+        // The models predict the refusal: the read-only first pass refuses at the first
+        // member in identity order that would reject (it leaves members whose time reads
+        // behind to the takes); failing that, the takes stop at the first member that
+        // errs.
+        let outcomes: Vec<(usize, Outcome)> = order
+            .iter()
+            .map(|&k| {
+                let (i, cost) = request[k];
+                (k, members[i].model.clone().try_acquire(cost, now))
+            })
+            .collect();
+        let expected = outcomes
+            .iter()
+            .find(|(_, o)| matches!(o, Outcome::Rejected { .. }))
+            .or_else(|| {
+                outcomes
+                    .iter()
+                    .find(|(_, o)| !matches!(o, Outcome::Admitted { .. }))
+            })
+            .copied();
         match (expected, &got) {
             (
                 Some((
