@@ -18,6 +18,10 @@ pub const MAX_RATE_ERROR: f64 = 1e-3;
 /// 9.1 years). Longer wraps cost refill precision and buy nothing.
 const TARGET_WRAP_BITS: u32 = 58;
 
+/// log2 of the wrap period every policy gets when the word allows it, before precision
+/// and tick length are considered (2^56 ns, about 2.3 years).
+const LONG_WRAP_BITS: u32 = 56;
+
 /// log2 of the shortest wrap period a policy accepts (2^50 ns, about 13 days).
 pub(crate) const MIN_WRAP_BITS: u32 = 50;
 
@@ -499,14 +503,16 @@ struct Candidate {
 }
 
 impl Candidate {
-    /// Lexicographic score: an acceptable wrap; a rate within the target error; a tick no
-    /// longer than preferred; among preferred ticks the longest wrap up to the target;
-    /// then the shortest tick; then the smallest error.
+    /// Lexicographic score: an acceptable wrap; the wrap up to about 2.3 years (a bucket
+    /// must not misread its idle time for anything shorter); a rate within the target
+    /// error; a tick no longer than preferred; among preferred ticks the longest wrap up
+    /// to the target; then the shortest tick; then the smallest error.
     fn better_than(&self, other: &Candidate, preferred_shift: u32) -> bool {
         let key = |c: &Candidate| {
             let preferred = c.layout.tick_shift() <= preferred_shift;
             (
                 c.wrap_bits >= MIN_WRAP_BITS,
+                c.wrap_bits.min(LONG_WRAP_BITS),
                 c.error <= TARGET_RATE_ERROR,
                 preferred,
                 if preferred {

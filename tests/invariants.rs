@@ -122,7 +122,9 @@ fn i3_refill_is_exact_on_the_tick_grid() {
     let (stepped_clock, once_clock) = (ManualClock::new(), ManualClock::new());
     let stepped = Bucket::with_clock(policy, stepped_clock.clone());
     let once = Bucket::with_clock(policy, once_clock.clone());
-    let ticks = 1_000_000u64;
+    // Up to a million ticks, short of filling the bucket (the cap is I1's business).
+    let ticks = (layout.max_units() / layout.refill_per_tick() - 2).min(1_000_000);
+    assert!(ticks > 10_000, "{layout:?}");
     for _ in 0..ticks {
         stepped_clock.advance(layout.tick());
         // Two writes at every tick (give one token, take it back) force an update.
@@ -292,4 +294,57 @@ fn i8_cost_above_capacity_is_an_immediate_error() {
         e.to_string(),
         "cost 21 tokens exceeds the bucket capacity of 20 tokens: it can never be admitted"
     );
+}
+
+/// A full bucket holds the same at every time, so it is immune to the tick wrap: left
+/// idle for any time, including one that lands its stored tick in the back window (where
+/// the time reads as behind), it admits.
+#[test]
+fn full_bucket_is_immune_to_the_wrap() {
+    for (capacity, rate) in [(100, 20.0), (100_000, 20.0), (1 << 36, 1e-3)] {
+        let policy = Policy::new(capacity, rate).unwrap();
+        let layout = *policy.layout();
+        let wrap = policy.wrap_period();
+        let window = layout.tick() * u32::try_from(layout.back_window_ticks()).unwrap_or(u32::MAX);
+        for idle in [
+            wrap - window / 2,
+            wrap * 3 - layout.tick() * 3,
+            wrap * 7 + window,
+        ] {
+            let clock = ManualClock::new();
+            let bucket = Bucket::with_clock(policy, clock.clone());
+            clock.advance(idle);
+            let d = bucket.try_acquire(1).unwrap_or_else(|e| {
+                panic!("B={capacity} r={rate}, idle {idle:?} of a {wrap:?} wrap: {e}")
+            });
+            assert!(d.is_admitted());
+            assert_eq!(d.tokens_remaining(), (capacity - 1) as f64);
+            // ... and the bucket carries on from there.
+            clock.advance(layout.tick() * 2);
+            assert!(bucket.try_acquire(1).unwrap().is_admitted());
+        }
+    }
+}
+
+/// Ordinary policies wrap after years, so no bucket in ordinary use idles past it.
+#[test]
+fn ordinary_policies_wrap_after_years() {
+    let two_years = std::time::Duration::from_secs(2 * 365 * 86_400);
+    for capacity in [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 100_000_000] {
+        for rate in [0.01, 0.1, 1.0, 20.0, 1_000.0, 1e6, 1e9] {
+            let Ok(policy) = Policy::new(capacity, rate) else {
+                continue;
+            };
+            assert!(
+                policy.wrap_period() >= two_years,
+                "B={capacity} r={rate}: wraps after {:?} ({:?})",
+                policy.wrap_period(),
+                policy.layout()
+            );
+            assert!(
+                policy.rate_error() <= tokengate::MAX_RATE_ERROR,
+                "B={capacity} r={rate}"
+            );
+        }
+    }
 }
