@@ -2,7 +2,7 @@
 //! manual clock for tests and simulations.
 
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -99,7 +99,11 @@ impl std::error::Error for ClockError {
     }
 }
 
-static UPKEEP: OnceLock<Result<Option<quanta::Handle>, String>> = OnceLock::new();
+/// The upkeep thread this crate started, if it started one (kept for the process's life).
+static UPKEEP: Mutex<Option<quanta::Handle>> = Mutex::new(None);
+
+/// The origin every [`CoarseClock`] counts from, fixed by the first one.
+static COARSE_ORIGIN: OnceLock<quanta::Instant> = OnceLock::new();
 
 /// A coarse clock: quanta's `Clock::recent`, a time an upkeep thread refreshes every
 /// [`COARSE_INTERVAL`] (1 ms), read with one atomic load instead of the counter.
@@ -110,7 +114,11 @@ static UPKEEP: OnceLock<Result<Option<quanta::Handle>, String>> = OnceLock::new(
 ///
 /// The upkeep thread is process-wide, started by the first `CoarseClock::new()` and kept
 /// for the life of the process. If the application already runs quanta's upkeep thread,
-/// that one is used.
+/// that one is used: then the time stops moving if the application stops its thread,
+/// which delays refill and never creates credit. Every coarse clock in the process counts
+/// from one origin, so buckets on different coarse clocks can share an
+/// [`acquire_all`](crate::acquire_all). (Clocks of different kinds count from different
+/// origins: do not mix them in one acquisition.)
 ///
 /// ```
 /// use tokengate::{Clock, CoarseClock};
@@ -141,21 +149,20 @@ impl CoarseClock {
     ///
     /// [`ClockError`] when the upkeep thread cannot be spawned.
     pub fn new() -> Result<CoarseClock, ClockError> {
-        let started = UPKEEP.get_or_init(|| {
-            match quanta::Upkeep::new(COARSE_INTERVAL).start() {
-                Ok(handle) => Ok(Some(handle)),
-                // Someone else keeps the recent time: use theirs.
-                Err(quanta::Error::UpkeepRunning) => Ok(None),
-                Err(e) => Err(e.to_string()),
+        {
+            let mut upkeep = UPKEEP.lock().unwrap_or_else(PoisonError::into_inner);
+            if upkeep.is_none() {
+                match quanta::Upkeep::new(COARSE_INTERVAL).start() {
+                    Ok(handle) => *upkeep = Some(handle),
+                    // Someone else keeps the recent time: use theirs.
+                    Err(quanta::Error::UpkeepRunning) => {}
+                    // Not cached: a later call tries again.
+                    Err(e) => return Err(ClockError(e)),
+                }
             }
-        });
-        if let Err(msg) = started {
-            return Err(ClockError(quanta::Error::FailedToSpawnUpkeepThread(
-                std::io::Error::other(msg.clone()),
-            )));
         }
         let inner = quanta::Clock::new();
-        let origin = inner.recent();
+        let origin = *COARSE_ORIGIN.get_or_init(|| inner.recent());
         Ok(CoarseClock { inner, origin })
     }
 }
@@ -247,5 +254,21 @@ impl Clock for ManualClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
         self.nanos.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Coarse clocks made at different times count from one origin, so their readings
+    /// interleave in order (a later clock with its own origin would read earlier).
+    #[test]
+    fn coarse_clocks_share_one_origin() {
+        let a = CoarseClock::new().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = CoarseClock::new().unwrap();
+        let (a1, b1, a2) = (a.now_nanos(), b.now_nanos(), a.now_nanos());
+        assert!(a1 <= b1 && b1 <= a2, "{a1} {b1} {a2}");
     }
 }
