@@ -144,7 +144,8 @@ pub enum PolicyError {
         capacity: u64,
         /// The refill rate asked for, in tokens per second.
         refill_per_second: f64,
-        /// The largest capacity representable at this rate.
+        /// The largest capacity below the one asked for that is representable at this
+        /// rate.
         max: u64,
     },
     /// `refill_per_second` is NaN or infinite.
@@ -157,7 +158,8 @@ pub enum PolicyError {
         refill_per_second: f64,
         /// The capacity asked for.
         capacity: u64,
-        /// The smallest representable rate for this capacity, in tokens per second.
+        /// The smallest representable rate above it for this capacity, in tokens per
+        /// second (none is representable below).
         min: f64,
     },
     /// `refill_per_second` is above what the packed word represents.
@@ -166,8 +168,30 @@ pub enum PolicyError {
         refill_per_second: f64,
         /// The capacity asked for.
         capacity: u64,
-        /// The largest representable rate for this capacity, in tokens per second.
+        /// The largest representable rate below it for this capacity, in tokens per
+        /// second (none is representable above).
         max: f64,
+    },
+    /// `refill_per_second` falls in a gap: the packed word represents rates below and
+    /// above it for this capacity, but not this one within 0.1% (an exact rate such as
+    /// 1e9 tokens/s can fit where slightly lower ones do not).
+    RateNotRepresentable {
+        /// The refill rate asked for, in tokens per second.
+        refill_per_second: f64,
+        /// The capacity asked for.
+        capacity: u64,
+        /// A representable rate just below, in tokens per second.
+        below: f64,
+        /// A representable rate just above, in tokens per second.
+        above: f64,
+    },
+    /// Neither the capacity nor the rate fits the packed word with the other: no rate
+    /// fits this capacity and no capacity up to it fits this rate.
+    NotRepresentable {
+        /// The capacity asked for.
+        capacity: u64,
+        /// The refill rate asked for, in tokens per second.
+        refill_per_second: f64,
     },
     /// The refill period of [`Policy::per`] is zero.
     ZeroPeriod,
@@ -190,8 +214,8 @@ impl fmt::Display for PolicyError {
                 max,
             } => write!(
                 f,
-                "capacity {capacity} tokens is above the largest the packed word holds at \
-                 {refill_per_second} tokens/s: at most {max}"
+                "capacity {capacity} tokens is above what the packed word holds at \
+                 {refill_per_second:e} tokens/s; the largest capacity below it that fits is {max}"
             ),
             PolicyError::RateNotFinite(r) => write!(
                 f,
@@ -217,6 +241,27 @@ impl fmt::Display for PolicyError {
                 f,
                 "refill rate {refill_per_second:e} tokens/s is above the largest this layout \
                  represents for capacity {capacity}, {max:.3e}"
+            ),
+            PolicyError::RateNotRepresentable {
+                refill_per_second,
+                capacity,
+                below,
+                above,
+            } => write!(
+                f,
+                "refill rate {refill_per_second:e} tokens/s cannot be represented within 0.1% \
+                 for capacity {capacity}; the nearest representable rates are {below:.4e} \
+                 and {above:.4e}"
+            ),
+            PolicyError::NotRepresentable {
+                capacity,
+                refill_per_second,
+            } => write!(
+                f,
+                "capacity {capacity} tokens at {refill_per_second:e} tokens/s cannot be \
+                 represented: no rate fits this capacity and no smaller capacity fits this \
+                 rate (capacities up to about 2^54 tokens and rates from about 1e-15 to 1e27 \
+                 tokens/s fit, not in every combination)"
             ),
             PolicyError::ZeroPeriod => f.write_str("refill period must be longer than zero"),
             PolicyError::ReservationTooLong {
@@ -570,8 +615,14 @@ fn candidate(capacity: u64, rate: &Rate, horizon_ns: u128, s: u32, f: u32) -> Op
 fn search(capacity: u64, rate: &Rate, horizon_ns: u128) -> Option<Layout> {
     let mut best: Option<Candidate> = None;
     let (preferred, max) = tick_shifts(capacity, rate);
+    // Only layouts that wrap after at least 2^MIN_WRAP_BITS ns can win: the token field
+    // (at least the capacity's bits plus F) leaves the tick field T bits with T + S >= MIN.
+    let capacity_bits = u64::BITS - capacity.leading_zeros();
     for s in 0..=max {
-        for f in 0..=62 {
+        let Some(f_max) = (64 + s).checked_sub(MIN_WRAP_BITS + capacity_bits) else {
+            continue;
+        };
+        for f in 0..=f_max.min(62) {
             let Some(c) = candidate(capacity, rate, horizon_ns, s, f) else {
                 continue;
             };
@@ -594,7 +645,12 @@ fn search(capacity: u64, rate: &Rate, horizon_ns: u128) -> Option<Layout> {
     Some(layout)
 }
 
-/// Explains why no layout exists, with the valid range.
+/// Explains why no layout exists, with representable values to use instead.
+///
+/// The values the word represents need not form one interval (an exact rate such as
+/// 1e9/s can fit where slightly lower ones do not), so the diagnosis searches outward
+/// from the value given: representable rates below and above it, and the largest
+/// representable capacity below it, each a value [`search`] accepts.
 fn diagnose(capacity: u64, rate: &Rate, horizon: Duration) -> PolicyError {
     let horizon_ns = horizon.as_nanos();
     let r = rate.per_second();
@@ -614,53 +670,103 @@ fn diagnose(capacity: u64, rate: &Rate, horizon: Duration) -> PolicyError {
             max: Duration::from_nanos(u64::try_from(lo).unwrap_or(u64::MAX)),
         };
     }
-    if search(1, rate, horizon_ns).is_some() {
-        let (mut lo, mut hi) = (1u64, capacity);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if search(mid, rate, horizon_ns).is_some() {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
+    let fits_rate = |x: f64| search(capacity, &Rate::PerSecond(x), horizon_ns).is_some();
+    let below = nearest_rate(r, 0.5, &fits_rate);
+    let above = nearest_rate(r, 2.0, &fits_rate);
+    let near = |x: Option<f64>| x.is_some_and(|x| (x / r).max(r / x) <= 4.0);
+    if !near(below) && !near(above) {
+        // No rate close to the one asked for fits this capacity: the capacity is what
+        // does not fit, if a smaller one does at this rate.
+        if let Some(max) = largest_capacity(capacity, |b| search(b, rate, horizon_ns).is_some()) {
+            return PolicyError::CapacityTooLarge {
+                capacity,
+                refill_per_second: r,
+                max,
+            };
         }
-        return PolicyError::CapacityTooLarge {
-            capacity,
-            refill_per_second: r,
-            max: lo,
-        };
     }
-    let fits = |x: f64| search(capacity, &Rate::PerSecond(x), horizon_ns).is_some();
-    // Find any representable rate by scanning powers of ten, then bisect in log space.
-    let Some(ok) = (-15..=15).map(|e| 10f64.powi(e)).find(|&x| fits(x)) else {
-        return PolicyError::CapacityTooLarge {
+    match (below, above) {
+        (Some(max), None) => PolicyError::RateTooLarge {
+            refill_per_second: r,
+            capacity,
+            max,
+        },
+        (None, Some(min)) => PolicyError::RateTooSmall {
+            refill_per_second: r,
+            capacity,
+            min,
+        },
+        (Some(below), Some(above)) => PolicyError::RateNotRepresentable {
+            refill_per_second: r,
+            capacity,
+            below,
+            above,
+        },
+        (None, None) => PolicyError::NotRepresentable {
             capacity,
             refill_per_second: r,
-            max: 0,
-        };
+        },
+    }
+}
+
+/// The representable rate nearest to `r` in the direction of `step` (0.5: below, 2: above):
+/// the first power-of-two step that fits, then a bisection in log space towards `r`.
+fn nearest_rate(r: f64, step: f64, fits: &impl Fn(f64) -> bool) -> Option<f64> {
+    // No layout represents rates outside 1e-20..1e20 tokens/s: start the walk there.
+    let (low, high) = (1e-20, 1e20);
+    let mut far = match (step < 1.0, r) {
+        (true, r) if r > high => high / step,
+        (false, r) if r < low => low / step,
+        (true, r) if r <= low => return None,
+        (false, r) if r >= high => return None,
+        _ => r,
     };
-    let (mut good, mut bad) = (ok.ln(), r.ln());
-    for _ in 0..64 {
-        let mid = (good + bad) / 2.0;
-        if fits(mid.exp()) {
+    for _ in 0..80 {
+        far *= step;
+        if !far.is_finite() || far <= 0.0 {
+            return None;
+        }
+        if fits(far) {
+            let (mut good, mut bad) = (far.ln(), r.ln());
+            // Within 0.002% of the boundary: enough for a message, and cheap.
+            for _ in 0..16 {
+                let mid = (good + bad) / 2.0;
+                if fits(mid.exp()) {
+                    good = mid;
+                } else {
+                    bad = mid;
+                }
+            }
+            return Some(good.exp());
+        }
+    }
+    None
+}
+
+/// A capacity below `capacity` that fits, within 0.1% of the largest: the first halving
+/// that fits, then a bisection towards `capacity`.
+fn largest_capacity(capacity: u64, fits: impl Fn(u64) -> bool) -> Option<u64> {
+    let mut good = capacity;
+    loop {
+        good /= 2;
+        if good == 0 {
+            return None;
+        }
+        if fits(good) {
+            break;
+        }
+    }
+    let mut bad = good.saturating_mul(2).min(capacity);
+    // To three significant digits: enough for a message, and cheap.
+    while bad - good > (good >> 10).max(1) {
+        let mid = good + (bad - good) / 2;
+        if fits(mid) {
             good = mid;
         } else {
             bad = mid;
         }
     }
-    if r < ok {
-        PolicyError::RateTooSmall {
-            refill_per_second: r,
-            capacity,
-            min: good.exp(),
-        }
-    } else {
-        PolicyError::RateTooLarge {
-            refill_per_second: r,
-            capacity,
-            max: good.exp(),
-        }
-    }
+    Some(good)
 }
 
 #[cfg(test)]

@@ -473,13 +473,11 @@ fn two_threads_of_random_overlapping_requests_conserve_every_bucket() {
             t.admitted, t.refused, t.rolled_back
         );
         assert_eq!(t.admitted + t.refused, REQUESTS_PER_THREAD);
-        // Not vacuous: both outcomes, and rollbacks, happen on every thread.
+        // Not vacuous: both outcomes happen on every thread. (Rollbacks need the other
+        // thread to take tokens between this thread's read-only first pass and its takes:
+        // rare here, explored exhaustively by the loom models, and pinned by
+        // `a_take_refused_after_the_first_pass_rolls_back_exactly`.)
         assert!(t.admitted > 1000, "thread {k} admitted only {}", t.admitted);
         assert!(t.refused > 1000, "thread {k} refused only {}", t.refused);
-        assert!(
-            t.rolled_back > 100,
-            "thread {k} rolled back only {}",
-            t.rolled_back
-        );
     }
 }
