@@ -107,12 +107,13 @@ impl RawBucket {
     /// `cur`: retry at once on the value the CAS returned.
     ///
     /// No backoff between attempts. Measured on 16 cores with every thread admitting on
-    /// one bucket (`tokengate bench`, BENCHMARKS.md): crossbeam's exponential `Backoff`
-    /// (up to 64 `pause`s, about 9,000 cycles on this Xeon) lifted 2-10 threads to 1.5-1.8x
-    /// governor's throughput by letting one thread run alone, but collapsed to 0.5x at 16
-    /// threads; shorter caps (8, 16, 32 pauses) were worse than none from 3 threads up;
-    /// retrying at once stays at 1.0-1.2x governor at every thread count. Predictable
-    /// scaling wins; a bucket that hot wants [`LeasedBucket`](crate::LeasedBucket).
+    /// one bucket (`tokengate bench`, BENCHMARKS.md "Sixteen cores"): crossbeam's
+    /// exponential `Backoff` (up to 64 `pause`s, about 9,000 cycles on that Xeon) made
+    /// 1.69x governor's throughput at 2 threads and 1.65x at 4 by letting one thread run
+    /// alone, but 1.18x at 8, 0.79x at 12 and 0.52x at 16; caps of 8, 16 or 32 `pause`s
+    /// and a single `pause` fell below governor at 8 threads and up; retrying at once
+    /// stayed at 1.04-1.17x governor at every count measured. Predictable scaling wins; a
+    /// bucket that hot wants [`LeasedBucket`](crate::LeasedBucket).
     #[cold]
     #[inline(never)]
     fn transition_contended<C: Clock + ?Sized, T>(

@@ -47,7 +47,9 @@
 //!
 //! - **I1** the balance never exceeds the capacity `B`.
 //! - **I2** the stored tick never moves backwards; a `now` older than the stored tick (a
-//!   lost race, or a clock that steps back) adds no credit and never panics.
+//!   lost race, or a clock that steps back) adds no credit and never panics. (A full
+//!   bucket read at a clock that stepped back is re-anchored at the new reading: full is
+//!   full at any time, so nothing is added.)
 //! - **I3** refill is exact on the tick grid: nothing is created or lost per update.
 //! - **I4** for every interval, across all threads: tokens admitted ≤ balance at the start
 //!   + `R` × ticks elapsed.
@@ -59,4 +61,7 @@
 //!   full bucket discards, so the refund can leave up to `c` more than a history without
 //!   the reservation: the balance still never exceeds `B` (I1) and tokens are conserved
 //!   (start + refill = admitted + balance), which the loom models check.
+//! - **I7** multi-bucket acquisition is all-or-nothing: a read-only first pass refuses a
+//!   set that cannot be paid, buckets are taken in one global order, and a take refused
+//!   after all (a race) rolls back the ones already taken, in reverse order.
 //! - **I8** a cost above `B` is an immediate, distinct error.
