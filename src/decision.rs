@@ -63,17 +63,14 @@ impl Decision {
         if admitted {
             balance -= cost_units as i64;
         }
-        let shift = layout.tick_shift();
-        let into_tick = now_nanos & ((1u64 << shift) - 1);
-        Decision {
-            cost,
+        Decision::with_balance(
+            layout,
             balance,
-            refill_per_tick: layout.refill_per_tick(),
-            lead_nanos: ((snapshot.behind() << shift) as i64) - into_tick as i64,
-            bits: u64::from(admitted)
-                | u64::from(layout.frac_bits()) << FRAC_SHIFT
-                | u64::from(shift) << TICK_SHIFT,
-        }
+            snapshot.behind(),
+            now_nanos,
+            cost,
+            admitted,
+        )
     }
 
     #[inline]

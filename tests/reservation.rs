@@ -369,8 +369,12 @@ fn blocking_acquire_on_a_manual_clock_returns_after_one_real_sleep() {
 }
 
 proptest! {
-    // About a quarter of the cases reach the cancel path; 1024 cases take milliseconds.
-    #![proptest_config(ProptestConfig::with_cases(1024))]
+    // About a quarter of the cases reach the cancel path.
+    #![proptest_config(ProptestConfig {
+        cases: 10_000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// I6 for reservations: on any policy and history, reserving then cancelling before
     /// the promised time leaves the bucket exactly as a twin that never reserved; a
