@@ -2,8 +2,8 @@
 //! decisions per second and the ratio to governor; writes CSV and an SVG chart.
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write as _};
-use std::path::{Path, PathBuf};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
@@ -11,28 +11,44 @@ use clap::builder::PossibleValue;
 use plotters::prelude::*;
 
 use crate::engines::{self, Engine, Limiter, Regime, Sample, Visit};
-use crate::{create_parent, default_output, parse_duration, show_duration};
+use crate::{
+    Out, default_output, open_output, parse_duration, show_duration, whole_number, write_output,
+};
+
+/// The most threads a sweep runs.
+const MAX_THREADS: u64 = 1024;
+
+/// The longest measured time per cell.
+const MAX_CELL: Duration = Duration::from_secs(60);
+
+/// The shortest measured time per cell: below it, starting the threads is most of it.
+const MIN_CELL: Duration = Duration::from_millis(1);
 
 /// Options of `tokengate bench`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Largest thread count: every count from 1 to N is measured. Default: every core
-    /// of this machine. Also read from TOKENGATE_THREADS.
+    /// Largest thread count N. The sweep measures 1, 2, 4, 8, ... threads up to N, and
+    /// N itself (every count with --every-count). Default: every core of this machine.
+    /// Also read from TOKENGATE_THREADS.
     #[arg(long, short = 't', value_name = "N", env = "TOKENGATE_THREADS",
-          value_parser = clap::value_parser!(u16).range(1..=1024))]
-    threads: Option<u16>,
+          allow_negative_numbers = true, value_parser = thread_count)]
+    threads: Option<usize>,
+
+    /// Measure every thread count from 1 to N instead of the powers of two and N.
+    #[arg(long)]
+    every_count: bool,
 
     /// Measured time per cell (one engine, one regime, one thread count, one round),
-    /// with a unit: ns, us, ms, s or m. Each cell also runs a short unmeasured warm-up
-    /// (a fifth of this, at most 50 ms).
-    #[arg(long, short = 'd', value_name = "DURATION", default_value = "200ms",
-          value_parser = parse_duration)]
+    /// with a unit: ns, us, ms, s or m; from 1ms to 1m. Each cell also runs a short
+    /// unmeasured warm-up (a fifth of this, at most 50 ms).
+    #[arg(long, short = 'd', value_name = "DURATION", default_value = "100ms",
+          allow_hyphen_values = true, value_parser = cell_duration)]
     duration: Duration,
 
-    /// Rounds over the whole sweep; each cell reports the median round. More rounds
-    /// smooth out a busy machine.
-    #[arg(long, short = 'r', value_name = "N", default_value_t = 3,
-          value_parser = clap::value_parser!(u32).range(1..=100))]
+    /// Rounds over the whole sweep, from 1 to 100; each cell reports the median round.
+    /// More rounds smooth out a busy machine.
+    #[arg(long, short = 'r', value_name = "N", default_value = "3",
+          allow_negative_numbers = true, value_parser = rounds)]
     rounds: u32,
 
     /// Engines to compare, comma-separated.
@@ -48,13 +64,9 @@ pub struct Args {
     /// Regimes to run, comma-separated. admit: B = 1e6, r = 1e9 tokens/s (every request
     /// admitted); reject: B = 1, r = 1 token/s (every request rejected); keyed: B = 100,
     /// r = 1000 tokens/s per key over 100,000 random keys (keyed engines only).
-    #[arg(
-        long,
-        value_name = "REGIME",
-        value_delimiter = ',',
-        default_value = "admit,reject,keyed"
-    )]
-    regimes: Vec<Regime>,
+    /// Default: every regime one of the selected engines runs in.
+    #[arg(long, value_name = "REGIME", value_delimiter = ',')]
+    regimes: Option<Vec<Regime>>,
 
     /// CSV output: one row per regime, engine and thread count (median, min and max in
     /// millions of decisions per second, and the ratio to governor). Default:
@@ -66,6 +78,87 @@ pub struct Args {
     /// regime. Default: target/tokengate-bench/bench.svg.
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
+}
+
+fn thread_count(text: &str) -> Result<usize, String> {
+    whole_number(text, "the thread count", "", 1, MAX_THREADS).map(|n| n as usize)
+}
+
+fn rounds(text: &str) -> Result<u32, String> {
+    whole_number(text, "the number of rounds", "", 1, 100).map(|n| n as u32)
+}
+
+fn cell_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if (MIN_CELL..=MAX_CELL).contains(&d) {
+        Ok(d)
+    } else {
+        Err(format!(
+            "the measured time per cell must be from {} to {}, got {text}",
+            show_duration(MIN_CELL),
+            show_duration(MAX_CELL)
+        ))
+    }
+}
+
+/// The thread counts of a sweep up to `max`: 1, 2, 4, 8, ... below `max`, then `max`;
+/// or every count from 1 to `max`.
+fn thread_counts(max: usize, every_count: bool) -> Vec<usize> {
+    if every_count {
+        return (1..=max).collect();
+    }
+    let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |&t| t.checked_mul(2))
+        .take_while(|&t| t < max)
+        .collect();
+    counts.push(max);
+    counts
+}
+
+/// The regimes to run: those asked for (each must have a selected engine that runs in
+/// it), or by default every regime one of `engines` runs in, in table order.
+fn selected_regimes(engines: &[Engine], asked: Option<&[Regime]>) -> Result<Vec<Regime>, String> {
+    let runs_in = |regime: Regime| engines.iter().any(|e| e.regimes().contains(&regime));
+    let Some(asked) = asked else {
+        return Ok(Regime::ALL.into_iter().filter(|&r| runs_in(r)).collect());
+    };
+    let regimes = dedup(asked);
+    if let Some(&regime) = regimes.iter().find(|&&r| !runs_in(r)) {
+        let runs_it: Vec<_> = Engine::ALL
+            .iter()
+            .filter(|e| e.regimes().contains(&regime))
+            .map(|e| e.name())
+            .collect();
+        return Err(format!(
+            "no selected engine runs in the {} regime; add one of: {}",
+            regime.name(),
+            runs_it.join(", ")
+        ));
+    }
+    Ok(regimes)
+}
+
+/// The cells of a sweep, regime by regime, thread count by thread count.
+fn plan(regimes: &[Regime], counts: &[usize], engines: &[Engine]) -> Vec<(Regime, usize, Engine)> {
+    let mut plan = Vec::new();
+    for &regime in regimes {
+        for &threads in counts {
+            for &engine in engines.iter().filter(|e| e.regimes().contains(&regime)) {
+                plan.push((regime, threads, engine));
+            }
+        }
+    }
+    plan
+}
+
+/// The unmeasured warm-up before each cell's measurement.
+fn warmup(duration: Duration) -> Duration {
+    (duration / 5).min(Duration::from_millis(50))
+}
+
+/// The time a sweep of `cells` cells takes: every cell, every round, warm-up and
+/// measurement.
+fn estimate(cells: usize, rounds: u32, duration: Duration) -> Duration {
+    (duration + warmup(duration)).mul_f64(cells as f64 * f64::from(rounds))
 }
 
 impl ValueEnum for Engine {
@@ -138,53 +231,41 @@ impl Visit for &Measure {
 }
 
 /// Runs the sweep and prints the report.
-pub fn run(args: Args) -> Result<(), String> {
+pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     let max_threads = match args.threads {
-        Some(n) => usize::from(n),
+        Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
+    let counts = thread_counts(max_threads, args.every_count);
     let engines = dedup(&args.engines);
-    let regimes = dedup(&args.regimes);
-    for &regime in &regimes {
-        if !engines.iter().any(|e| e.regimes().contains(&regime)) {
-            let runs_it: Vec<_> = Engine::ALL
-                .iter()
-                .filter(|e| e.regimes().contains(&regime))
-                .map(|e| e.name())
-                .collect();
-            return Err(format!(
-                "no selected engine runs in the {} regime; add one of: {}",
-                regime.name(),
-                runs_it.join(", ")
-            ));
-        }
-    }
+    let regimes = selected_regimes(&engines, args.regimes.as_deref())?;
+    let left_out: Vec<_> = engines
+        .iter()
+        .filter(|e| !e.regimes().iter().any(|r| regimes.contains(r)))
+        .map(|e| e.name())
+        .collect();
     let csv_path = args.csv.unwrap_or_else(|| default_output("bench.csv"));
     let svg_path = args.svg.unwrap_or_else(|| default_output("bench.svg"));
-    create_parent(&csv_path)?;
-    create_parent(&svg_path)?;
+    let csv_file = open_output(&csv_path)?;
+    let svg_file = open_output(&svg_path)?;
 
-    let warmup = (args.duration / 5).min(Duration::from_millis(50));
-    let plan: Vec<(Regime, usize, Engine)> = regimes
-        .iter()
-        .flat_map(|&r| (1..=max_threads).map(move |t| (r, t)))
-        .flat_map(|(r, t)| {
-            engines
-                .iter()
-                .filter(move |e| e.regimes().contains(&r))
-                .map(move |&e| (r, t, e))
-        })
-        .collect();
+    let warmup = warmup(args.duration);
+    let plan = plan(&regimes, &counts, &engines);
     let total = plan.len() * args.rounds as usize;
-    let estimate = (args.duration + warmup) * total as u32;
-    println!(
-        "tokengate bench: {} cells x {} round(s), {} each, about {} in all, on {}",
+    out.print(&format!(
+        "tokengate bench: {} cells x {} round(s), {} each, about {} in all, on {}\n",
         plan.len(),
         args.rounds,
         show_duration(args.duration),
-        show_duration(estimate),
+        show_duration(estimate(plan.len(), args.rounds, args.duration)),
         machine()
-    );
+    ))?;
+    if !left_out.is_empty() {
+        out.print(&format!(
+            "left out: {} (no selected regime runs them)\n",
+            left_out.join(", ")
+        ))?;
+    }
 
     engines::warm_clocks();
     let mut cells: Vec<Cell> = plan
@@ -221,17 +302,21 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     progress.clear();
 
-    print!("{}", table(&cells, &regimes, &engines, max_threads));
-    print!("{}", summary(&cells, &regimes, max_threads));
-    write_csv(&csv_path, &cells, args.rounds, args.duration)?;
-    draw(&svg_path, &cells, &regimes, &engines, max_threads)?;
-    println!(
-        "\nFinished in {}. Wrote {} and {}.",
+    out.print(&table(&cells, &regimes, &engines, &counts))?;
+    out.print(&summary(&cells, &regimes, &engines, &counts))?;
+    write_output(
+        csv_file,
+        &csv_path,
+        &csv(&cells, args.rounds, args.duration),
+    )?;
+    let chart = draw(&cells, &regimes, &engines, max_threads)?;
+    write_output(svg_file, &svg_path, &chart)?;
+    out.print(&format!(
+        "\nFinished in {}. Wrote {} and {}.\n",
         show_duration(started.elapsed()),
         csv_path.display(),
         svg_path.display()
-    );
-    Ok(())
+    ))
 }
 
 fn dedup<T: PartialEq + Copy>(items: &[T]) -> Vec<T> {
@@ -255,87 +340,110 @@ fn ratio(cells: &[Cell], cell: &Cell) -> Option<f64> {
         .map(|b| cell.median() / b.median())
 }
 
-fn table(cells: &[Cell], regimes: &[Regime], engines: &[Engine], max_threads: usize) -> String {
+/// "1 thread", "4 threads".
+fn threads_label(t: usize) -> String {
+    if t == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{t} threads")
+    }
+}
+
+fn table(cells: &[Cell], regimes: &[Regime], engines: &[Engine], counts: &[usize]) -> String {
     let mut out = String::new();
     for &regime in regimes {
+        let shown: Vec<Engine> = engines
+            .iter()
+            .copied()
+            .filter(|e| e.regimes().contains(&regime))
+            .collect();
+        let width = shown
+            .iter()
+            .map(|e| e.label().len())
+            .chain(["engine".len()])
+            .max()
+            .unwrap_or(0);
         let _ = writeln!(out, "\n{}", regime.describe());
         let _ = writeln!(
             out,
             "  millions of decisions per second, all threads together (x = ratio to {})",
             regime.baseline().label()
         );
-        let mut header = format!("  {:<26}", "engine");
-        for t in 1..=max_threads {
-            let label = if t == 1 {
-                "1 thread".to_string()
-            } else {
-                format!("{t} threads")
-            };
-            let _ = write!(header, "{label:>18}");
+        let mut header = format!("  {:<width$}", "engine");
+        for &t in counts {
+            let _ = write!(header, "{:>18}", threads_label(t));
         }
         let _ = writeln!(out, "{header}");
-        for &engine in engines.iter().filter(|e| e.regimes().contains(&regime)) {
-            let mut line = format!("  {:<26}", engine.label());
-            for t in 1..=max_threads {
+        for engine in shown {
+            let mut line = format!("  {:<width$}", engine.label());
+            for &t in counts {
                 let Some(cell) = find(cells, regime, engine, t) else {
                     continue;
                 };
                 let r = ratio(cells, cell).map_or("     ".to_string(), |r| format!("{r:>4.2}x"));
                 let _ = write!(line, "{:>11.2} {r:>6}", cell.median());
             }
-            let _ = writeln!(out, "{line}");
+            let _ = writeln!(out, "{}", line.trim_end());
         }
     }
     out
 }
 
-fn summary(cells: &[Cell], regimes: &[Regime], max_threads: usize) -> String {
+/// The plain-language summary: per regime, each engine against the baseline at 1 thread,
+/// 2 threads and the largest count, then each engine's scaling (its throughput at 2 and
+/// at the largest count over its own 1-thread throughput).
+fn summary(cells: &[Cell], regimes: &[Regime], engines: &[Engine], counts: &[usize]) -> String {
     let mut out = String::from("\nSummary (higher is better; medians of the rounds)\n");
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let shown = dedup(&[1, 2, max].map(|t| t.min(max)));
     for &regime in regimes {
         let baseline = regime.baseline();
-        for t in [1, max_threads] {
+        let in_regime = || engines.iter().filter(|e| e.regimes().contains(&regime));
+        for &t in &shown {
             let Some(base) = find(cells, regime, baseline, t) else {
                 continue;
             };
-            for cell in cells.iter().filter(|c| {
-                c.regime == regime
-                    && c.threads == t
-                    && c.engine != baseline
-                    && c.engine != Engine::Mutex
-            }) {
+            for &engine in in_regime().filter(|&&e| e != baseline && e != Engine::Mutex) {
+                let Some(cell) = find(cells, regime, engine, t) else {
+                    continue;
+                };
                 let _ = writeln!(
                     out,
-                    "  {:<7} {t} thread(s): {} makes {:.2}x the decisions of {} ({:.1} vs {:.1} M/s)",
+                    "  {:<7} {}: {} makes {:.2}x the decisions of {} ({:.1} vs {:.1} M/s)",
                     regime.name(),
-                    cell.engine.label(),
+                    threads_label(t),
+                    engine.label(),
                     cell.median() / base.median(),
                     baseline.label(),
                     cell.median(),
                     base.median()
                 );
             }
-            if t == max_threads {
-                break;
-            }
         }
-        if max_threads > 1 {
-            for cell in cells
+        for &engine in in_regime() {
+            let Some(one) = find(cells, regime, engine, 1) else {
+                continue;
+            };
+            let scaling: Vec<String> = shown
                 .iter()
-                .filter(|c| c.regime == regime && c.threads == max_threads)
-            {
-                if let Some(one) = find(cells, regime, cell.engine, 1) {
-                    if matches!(cell.engine, Engine::Tokengate | Engine::TokengateKeyed)
-                        || cell.engine == baseline
-                    {
-                        let _ = writeln!(
-                            out,
-                            "  {:<7} scaling: {} at {max_threads} threads = {:.2}x its 1-thread throughput",
-                            regime.name(),
-                            cell.engine.label(),
-                            cell.median() / one.median()
-                        );
-                    }
-                }
+                .filter(|&&t| t > 1)
+                .filter_map(|&t| find(cells, regime, engine, t))
+                .map(|c| {
+                    format!(
+                        "{:.2}x at {}",
+                        c.median() / one.median(),
+                        threads_label(c.threads)
+                    )
+                })
+                .collect();
+            if !scaling.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  {:<7} scaling over 1 thread: {} {}",
+                    regime.name(),
+                    engine.label(),
+                    scaling.join(", ")
+                );
             }
         }
     }
@@ -348,7 +456,8 @@ fn summary(cells: &[Cell], regimes: &[Regime], max_threads: usize) -> String {
     out
 }
 
-fn write_csv(path: &Path, cells: &[Cell], rounds: u32, duration: Duration) -> Result<(), String> {
+/// The CSV report, one row per cell.
+fn csv(cells: &[Cell], rounds: u32, duration: Duration) -> String {
     let mut out = String::from(
         "regime,engine,threads,mops_median,mops_min,mops_max,ratio_to_baseline,baseline,admitted_fraction,rounds,duration_ms\n",
     );
@@ -369,7 +478,7 @@ fn write_csv(path: &Path, cells: &[Cell], rounds: u32, duration: Duration) -> Re
             duration.as_millis()
         );
     }
-    std::fs::write(path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    out
 }
 
 const COLORS: [RGBColor; 8] = [
@@ -383,69 +492,75 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(0x17, 0xbe, 0xcf),
 ];
 
+/// The SVG chart: one panel per regime, one line per engine.
 fn draw(
-    path: &Path,
     cells: &[Cell],
     regimes: &[Regime],
     engines: &[Engine],
     max_threads: usize,
-) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
+) -> Result<String, String> {
+    let err = |e: &dyn std::fmt::Display| format!("cannot draw the chart: {e}");
     let width = 520 * regimes.len() as u32;
-    let root = SVGBackend::new(path, (width, 400)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let panels = root.split_evenly((1, regimes.len()));
-    for (panel, &regime) in panels.iter().zip(regimes) {
-        let top = cells
-            .iter()
-            .filter(|c| c.regime == regime)
-            .map(Cell::median)
-            .fold(0.0, f64::max)
-            * 1.6; // headroom for the legend above the lines
-        let mut chart = ChartBuilder::on(panel)
-            .caption(format!("{} regime", regime.name()), ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(52)
-            .build_cartesian_2d(0.5f64..max_threads as f64 + 0.5, 0.0..top.max(1.0))
-            .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("threads")
-            .y_desc("million decisions / s")
-            .x_labels(max_threads.min(16))
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .light_line_style(WHITE)
-            .draw()
-            .map_err(|e| err(&e))?;
-        for (i, &engine) in engines.iter().enumerate() {
-            let points: Vec<(f64, f64)> = (1..=max_threads)
-                .filter_map(|t| find(cells, regime, engine, t).map(|c| (t as f64, c.median())))
-                .collect();
-            if points.is_empty() {
-                continue;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width, 400)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let panels = root.split_evenly((1, regimes.len()));
+        for (panel, &regime) in panels.iter().zip(regimes) {
+            let top = cells
+                .iter()
+                .filter(|c| c.regime == regime)
+                .map(Cell::median)
+                .fold(0.0, f64::max)
+                * 1.6; // headroom for the legend above the lines
+            let mut chart = ChartBuilder::on(panel)
+                .caption(format!("{} regime", regime.name()), ("sans-serif", 18))
+                .margin(12)
+                .x_label_area_size(36)
+                .y_label_area_size(52)
+                .build_cartesian_2d(0.5f64..max_threads as f64 + 0.5, 0.0..top.max(1.0))
+                .map_err(|e| err(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("threads")
+                .y_desc("million decisions / s")
+                .x_labels(max_threads.min(16))
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .light_line_style(WHITE)
+                .draw()
+                .map_err(|e| err(&e))?;
+            for (i, &engine) in engines.iter().enumerate() {
+                let points: Vec<(f64, f64)> = cells
+                    .iter()
+                    .filter(|c| c.regime == regime && c.engine == engine)
+                    .map(|c| (c.threads as f64, c.median()))
+                    .collect();
+                if points.is_empty() {
+                    continue;
+                }
+                let color = COLORS[i % COLORS.len()];
+                chart
+                    .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                    .map_err(|e| err(&e))?
+                    .label(engine.label())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                    });
+                chart
+                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|e| err(&e))?;
             }
-            let color = COLORS[i % COLORS.len()];
             chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(engine.label())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK.mix(0.3))
+                .draw()
                 .map_err(|e| err(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
     }
-    root.present().map_err(|e| err(&e))
+    Ok(svg)
 }
 
 /// The CPU model and core count, for the report header.
@@ -534,48 +649,197 @@ mod tests {
 
     #[test]
     fn csv_and_svg_are_written() {
-        let dir = std::env::temp_dir().join(format!("tokengate-bench-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
         let cells = vec![
             cell(Regime::Admit, Engine::Tokengate, 1, &[40.0, 42.0, 41.0]),
             cell(Regime::Admit, Engine::Governor, 1, &[20.0, 21.0, 22.0]),
         ];
-        let (csv, svg) = (dir.join("b.csv"), dir.join("b.svg"));
-        write_csv(&csv, &cells, 3, Duration::from_millis(200)).unwrap();
-        draw(
-            &svg,
+        let text = csv(&cells, 3, Duration::from_millis(200));
+        let row = text.lines().nth(1).unwrap();
+        assert!(
+            row.starts_with("admit,tokengate,1,41.0000,40.0000,42.0000,1.9524,governor,"),
+            "{row}"
+        );
+        let svg = draw(
             &cells,
             &[Regime::Admit],
             &[Engine::Tokengate, Engine::Governor],
             1,
         )
         .unwrap();
-        let text = std::fs::read_to_string(&csv).unwrap();
-        let row = text.lines().nth(1).unwrap();
-        assert!(
-            row.starts_with("admit,tokengate,1,41.0000,40.0000,42.0000,1.9524,governor,"),
-            "{row}"
-        );
-        let svg = std::fs::read_to_string(&svg).unwrap();
         assert!(svg.contains("<svg") && svg.contains("tokengate (TSC clock)"));
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut argv = vec!["bench"];
+        argv.extend_from_slice(extra);
+        <Wrap as clap::Parser>::try_parse_from(argv).map(|w| w.args)
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "tokengate-bench-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     #[test]
-    fn a_regime_without_a_selected_engine_is_refused() {
-        let args = Args {
-            threads: Some(1),
-            duration: Duration::from_millis(1),
-            rounds: 1,
-            engines: vec![Engine::Tokengate],
-            regimes: vec![Regime::Keyed],
-            csv: None,
-            svg: None,
-        };
-        let err = run(args).unwrap_err();
+    fn a_regime_asked_for_without_a_selected_engine_is_refused() {
+        let mut args = parse(&["--threads", "1", "--engines", "tokengate"]).unwrap();
+        args.regimes = Some(vec![Regime::Keyed]);
+        let mut out = Out::new(Vec::new());
+        let err = run(args, &mut out).unwrap_err();
         assert!(
             err.contains("keyed") && err.contains("governor-keyed"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn regimes_default_to_those_the_selected_engines_run_in() {
+        let direct = [Engine::Tokengate, Engine::Governor];
+        assert_eq!(
+            selected_regimes(&direct, None),
+            Ok(vec![Regime::Admit, Regime::Reject])
+        );
+        assert_eq!(
+            selected_regimes(&[Engine::GovernorKeyed], None),
+            Ok(vec![Regime::Keyed])
+        );
+        assert_eq!(
+            selected_regimes(&Engine::ALL, None),
+            Ok(Regime::ALL.to_vec())
+        );
+        assert_eq!(
+            selected_regimes(&direct, Some(&[Regime::Reject, Regime::Reject])),
+            Ok(vec![Regime::Reject])
+        );
+        assert!(selected_regimes(&direct, Some(&[Regime::Admit, Regime::Keyed])).is_err());
+    }
+
+    #[test]
+    fn thread_counts_are_powers_of_two_and_n_or_every_count() {
+        assert_eq!(thread_counts(1, false), [1]);
+        assert_eq!(thread_counts(2, false), [1, 2]);
+        assert_eq!(thread_counts(6, false), [1, 2, 4, 6]);
+        assert_eq!(thread_counts(16, false), [1, 2, 4, 8, 16]);
+        assert_eq!(thread_counts(64, false), [1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!(thread_counts(3, true), [1, 2, 3]);
+        assert_eq!(thread_counts(1024, true).len(), 1024);
+    }
+
+    #[test]
+    fn default_sweep_takes_well_under_a_minute_up_to_sixty_four_cores() {
+        let args = parse(&[]).unwrap();
+        let engines = dedup(&args.engines);
+        let regimes = selected_regimes(&engines, args.regimes.as_deref()).unwrap();
+        for (cores, most) in [(2, 12), (16, 30), (64, 45)] {
+            let cells = plan(&regimes, &thread_counts(cores, false), &engines).len();
+            let time = estimate(cells, args.rounds, args.duration);
+            assert!(
+                time <= Duration::from_secs(most),
+                "{cores} cores: {cells} cells, {time:?}"
+            );
+        }
+        // Every count on 16 cores is what --every-count is for: several times longer.
+        let every = plan(&regimes, &thread_counts(16, true), &engines).len();
+        assert!(estimate(every, args.rounds, args.duration) > Duration::from_secs(60));
+    }
+
+    #[test]
+    fn numeric_options_take_negative_values_to_their_range_check() {
+        for (argv, range) in [
+            (&["--threads", "-1"][..], "from 1 to 1024, got -1"),
+            (&["--rounds", "-2"], "from 1 to 100, got -2"),
+            (&["--duration", "-1s"], "must be greater than zero"),
+            (&["--duration", "1000000000m"], "from 1 ms to 60 s"),
+            (&["--duration", "500us"], "from 1 ms to 60 s"),
+            (&["--threads", "1025"], "from 1 to 1024"),
+        ] {
+            let err = parse(argv).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{argv:?}"
+            );
+            assert!(err.to_string().contains(range), "{argv:?}: {err}");
+        }
+        let args = parse(&["--threads", "8", "--duration", "1m", "--every-count"]).unwrap();
+        assert_eq!(
+            (args.threads, args.duration, args.every_count),
+            (Some(8), Duration::from_secs(60), true)
+        );
+    }
+
+    #[test]
+    fn a_bad_output_path_is_refused_before_the_sweep() {
+        let dir = scratch("paths");
+        let file = dir.join("plain-file");
+        std::fs::write(&file, "").unwrap();
+        let under_a_file = file.join("bench.csv");
+        let mut args = parse(&["--threads", "1", "--duration", "1m", "--rounds", "100"]).unwrap();
+        args.csv = Some(under_a_file.clone());
+        args.svg = Some(dir.join("bench.svg"));
+        let mut out = Out::new(Vec::new());
+        let err = run(args, &mut out).unwrap_err();
+        assert!(err.contains("cannot create directory"), "{err}");
+        // Nothing was printed: the sweep (and its estimate line) never started.
+        assert!(out.sink.is_empty());
+        let mut args = parse(&["--threads", "1", "--duration", "1m", "--rounds", "100"]).unwrap();
+        args.csv = Some(dir.clone());
+        let err = run(args, &mut out).unwrap_err();
+        assert!(err.contains("for writing"), "{err}");
+        assert!(out.sink.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn table_column_fits_the_longest_engine_label() {
+        let engines = [Engine::LeasedCoarse, Engine::Governor, Engine::Mutex];
+        let cells: Vec<Cell> = engines
+            .iter()
+            .flat_map(|&e| [1, 2].map(|t| cell(Regime::Admit, e, t, &[12.5])))
+            .collect();
+        let text = table(&cells, &[Regime::Admit], &engines, &[1, 2]);
+        let lines: Vec<&str> = text.lines().skip(3).collect();
+        assert_eq!(lines.len(), 1 + engines.len(), "{text}");
+        let header = lines[0];
+        assert!(header.starts_with("  engine "), "{text}");
+        for line in &lines[1..] {
+            // Every row ends where the header does: its figures sit under the headings.
+            assert_eq!(line.len(), header.len(), "{text}");
+        }
+        assert!(lines[1].starts_with("  tokengate leased (coarse clock) "));
+    }
+
+    #[test]
+    fn summary_gives_one_two_and_n_threads_and_every_engines_scaling() {
+        let engines = [Engine::Tokengate, Engine::Leased, Engine::Governor];
+        let mut cells = Vec::new();
+        for (i, &e) in engines.iter().enumerate() {
+            for t in [1, 2, 4, 8] {
+                let mops = 10.0 * t as f64 * (i + 1) as f64;
+                cells.push(cell(Regime::Admit, e, t, &[mops]));
+            }
+        }
+        let text = summary(&cells, &[Regime::Admit], &engines, &[1, 2, 4, 8]);
+        for line in [
+            "admit   1 thread: tokengate leased (TSC clock) makes 0.67x the decisions of governor check() (20.0 vs 30.0 M/s)",
+            "admit   2 threads: tokengate (TSC clock) makes 0.33x",
+            "admit   8 threads: tokengate leased (TSC clock) makes 0.67x",
+            "admit   scaling over 1 thread: tokengate (TSC clock) 2.00x at 2 threads, 8.00x at 8 threads\n",
+            "admit   scaling over 1 thread: tokengate leased (TSC clock) 2.00x at 2 threads, 8.00x",
+            "admit   scaling over 1 thread: governor check() 2.00x",
+        ] {
+            assert!(text.contains(line), "missing `{line}` in\n{text}");
+        }
+        assert!(!text.contains("4 threads"), "{text}");
     }
 }

@@ -6,6 +6,8 @@
 //! cargo run --release -- simulate    # replay traffic against B and r on a simulated clock
 //! ```
 
+use std::fs::File;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -41,15 +43,63 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut out = Out::stdout();
     let outcome = match cli.command {
-        Command::Bench(args) => bench::run(args),
-        Command::Simulate(args) => simulate::run(args),
+        Command::Bench(args) => bench::run(args, &mut out),
+        Command::Simulate(args) => simulate::run(args, &mut out),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {message}");
+            let _ = writeln!(std::io::stderr(), "error: {message}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Where the reports go: standard output in the program. Once the reader has gone
+/// (`tokengate simulate | head`), writes fail with a broken pipe: that is no error, the
+/// rest of the report is dropped, and the run still finishes (and writes its files).
+#[derive(Debug)]
+struct Out<W: Write = std::io::Stdout> {
+    sink: W,
+    closed: bool,
+}
+
+impl Out {
+    fn stdout() -> Out {
+        Out::new(std::io::stdout())
+    }
+}
+
+impl<W: Write> Out<W> {
+    fn new(sink: W) -> Out<W> {
+        Out {
+            sink,
+            closed: false,
+        }
+    }
+
+    /// Writes `text` as it is (no newline added).
+    ///
+    /// # Errors
+    ///
+    /// A message for any write error but a broken pipe.
+    fn print(&mut self, text: &str) -> Result<(), String> {
+        if self.closed {
+            return Ok(());
+        }
+        match self
+            .sink
+            .write_all(text.as_bytes())
+            .and_then(|()| self.sink.flush())
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot write to standard output: {e}")),
         }
     }
 }
@@ -60,19 +110,79 @@ fn default_output(file: &str) -> PathBuf {
     Path::new("target").join("tokengate-bench").join(file)
 }
 
-/// Creates the parent directory of `path`, with a message naming it on failure.
-fn create_parent(path: &Path) -> Result<(), String> {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create directory {}: {e}", dir.display())),
-        _ => Ok(()),
+/// Opens an output file for writing before any work is done, creating its directory,
+/// so that a bad path fails at once rather than after a long run; the message names the
+/// path.
+fn open_output(path: &Path) -> Result<File, String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
+    }
+    File::create(path).map_err(|e| format!("cannot open {} for writing: {e}", path.display()))
+}
+
+/// Writes a finished output file opened by [`open_output`].
+fn write_output(mut file: File, path: &Path, contents: &str) -> Result<(), String> {
+    file.write_all(contents.as_bytes())
+        .and_then(|()| file.flush())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Parses a whole number in `min..=max` for the option that sets `what`, counted in
+/// `unit` (empty for a plain number, such as a seed); the message names both and the
+/// valid range.
+fn whole_number(text: &str, what: &str, unit: &str, min: u64, max: u64) -> Result<u64, String> {
+    let range = if max == u64::MAX {
+        format!("at least {min}")
+    } else {
+        format!("from {min} to {max}")
+    };
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" of {unit}")
+    };
+    match text.trim().parse::<u64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{what} must be a whole number{unit}, {range}, got {text}"
+        )),
     }
 }
 
-/// Parses a positive duration: a number and a unit, `ns`, `us`, `ms`, `s` or `m`
+/// Parses a number above zero and at most `max` for the option that sets `what`,
+/// counted in `unit` (empty for a plain fraction); the message names both and the valid
+/// range. NaN and infinities are refused.
+fn positive_number(text: &str, what: &str, unit: &str, max: f64) -> Result<f64, String> {
+    let range = if max == f64::MAX {
+        "above 0".to_string()
+    } else {
+        format!("above 0 and at most {}", show_number(max))
+    };
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" of {unit}")
+    };
+    match text.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= max => Ok(v),
+        _ => Err(format!("{what} must be a number{unit} {range}, got {text}")),
+    }
+}
+
+/// Parses a positive duration: a number and a unit, `ns`, `us`, `ms`, `s`, `m` or `h`
 /// (`250ms`, `1.5s`, `2m`).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    if let Some(rest) = text.strip_prefix('-') {
+        return Err(
+            if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+                format!("duration `{text}` must be greater than zero")
+            } else {
+                format!("expected a duration such as 250ms, 2s or 1m, got `{text}`")
+            },
+        );
+    }
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .ok_or_else(|| format!("`{text}` has no unit: write e.g. 250ms, 2s or 1m"))?;
@@ -86,9 +196,10 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => 1e-3,
         "s" => 1.0,
         "m" | "min" => 60.0,
+        "h" => 3600.0,
         other => {
             return Err(format!(
-                "unknown unit `{other}` in `{text}`: use ns, us, ms, s or m"
+                "unknown unit `{other}` in `{text}`: use ns, us, ms, s, m or h"
             ));
         }
     };
@@ -107,20 +218,33 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         })
 }
 
-/// Writes a duration for people: `250 ms`, `1.5 s`.
+/// Writes a duration for people: `250 ms`, `1.5 s`, `2.5 min`, `3 h`.
 fn show_duration(d: Duration) -> String {
     let s = d.as_secs_f64();
-    if s >= 1.0 {
-        format!("{} s", trim_float(s))
+    if s >= 7200.0 {
+        format!("{} h", show_number(s / 3600.0))
+    } else if s >= 120.0 {
+        format!("{} min", show_number(s / 60.0))
+    } else if s >= 1.0 {
+        format!("{} s", show_number(s))
     } else if s >= 1e-3 {
-        format!("{} ms", trim_float(s * 1e3))
+        format!("{} ms", show_number(s * 1e3))
     } else {
-        format!("{} us", trim_float(s * 1e6))
+        format!("{} us", show_number(s * 1e6))
     }
 }
 
-/// A float with at most 3 decimals and no trailing zeros.
-fn trim_float(v: f64) -> String {
+/// A number for people: at most 3 decimals and no trailing zeros (`25`, `0.125`), or
+/// four significant digits with an exponent when that would hide it (`1e300`,
+/// `2.5e-7`), so a huge or tiny value never prints as hundreds of digits or as `0`.
+fn show_number(v: f64) -> String {
+    let magnitude = v.abs();
+    if magnitude != 0.0 && !(1e-3..1e7).contains(&magnitude) {
+        let s = format!("{v:.3e}");
+        let (mantissa, exponent) = s.split_once('e').unwrap_or((&s, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        return format!("{mantissa}e{exponent}");
+    }
     let s = format!("{v:.3}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
     s.to_string()
@@ -148,7 +272,18 @@ mod tests {
                 .unwrap_err()
                 .contains("greater than zero")
         );
-        assert!(parse_duration("3h").unwrap_err().contains("unknown unit"));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_duration("-1s")
+                .unwrap_err()
+                .contains("greater than zero")
+        );
+        assert!(
+            parse_duration("--rounds")
+                .unwrap_err()
+                .contains("expected a duration")
+        );
         assert!(
             parse_duration("1.2.3s")
                 .unwrap_err()
@@ -167,10 +302,126 @@ mod tests {
             &["tokengate", "simulate", "--start", "half"],
             &["tokengate", "simulate", "--mix", "search=3"],
             &["tokengate", "simulate", "--rate", "0"],
+            &["tokengate", "simulate", "--mix", "a=1:1,"],
+            &["tokengate", "simulate", "--capacity", "1e3"],
         ] {
             assert!(Cli::try_parse_from(args).is_err(), "{args:?} was accepted");
         }
         assert!(Cli::try_parse_from(["tokengate", "bench", "--threads", "2"]).is_ok());
+    }
+
+    #[test]
+    fn negative_numbers_reach_the_check_that_names_the_range() {
+        for (args, message) in [
+            (
+                &["tokengate", "simulate", "--refill", "-5"][..],
+                "the refill rate must be a number of tokens per second above 0, got -5",
+            ),
+            (
+                &["tokengate", "simulate", "--capacity", "-1"],
+                "the capacity must be a whole number of tokens, at least 1, got -1",
+            ),
+            (
+                &["tokengate", "simulate", "--rate", "-1"],
+                "above 0 and at most 1e9, got -1",
+            ),
+            (
+                &["tokengate", "simulate", "--duration", "-1s"],
+                "must be greater than zero",
+            ),
+            (
+                &["tokengate", "simulate", "--seed", "-1"],
+                "at least 0, got -1",
+            ),
+            (
+                &["tokengate", "simulate", "--duty", "-0.5"],
+                "at most 1, got -0.5",
+            ),
+            (
+                &["tokengate", "bench", "--threads", "-1"],
+                "from 1 to 1024, got -1",
+            ),
+            (
+                &["tokengate", "bench", "--duration", "-1s"],
+                "greater than zero",
+            ),
+        ] {
+            let err = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{args:?}"
+            );
+            assert!(err.to_string().contains(message), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn whole_numbers_name_the_unit_and_the_range() {
+        assert_eq!(
+            whole_number("12", "the capacity", "tokens", 1, u64::MAX),
+            Ok(12)
+        );
+        assert_eq!(
+            whole_number("1e3", "the capacity", "tokens", 1, u64::MAX),
+            Err("the capacity must be a whole number of tokens, at least 1, got 1e3".into())
+        );
+        assert_eq!(
+            whole_number("0", "the thread count", "", 1, 1024),
+            Err("the thread count must be a whole number, from 1 to 1024, got 0".into())
+        );
+        assert_eq!(positive_number("2.5", "the rate", "x", 10.0), Ok(2.5));
+        for bad in ["0", "-1", "11", "nan", "inf", "ten"] {
+            assert!(
+                positive_number(bad, "the rate", "x", 10.0).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_print_short_whatever_their_size() {
+        assert_eq!(show_number(25.0), "25");
+        assert_eq!(show_number(0.125), "0.125");
+        assert_eq!(show_number(0.0), "0");
+        assert_eq!(show_number(1_234_567.0), "1234567");
+        assert_eq!(show_number(12_345_678.0), "1.235e7");
+        assert_eq!(show_number(1e300), "1e300");
+        assert_eq!(show_number(2.5e-7), "2.5e-7");
+        assert_eq!(show_number(-4e9), "-4e9");
+        assert_eq!(show_duration(Duration::from_secs(161)), "2.683 min");
+        assert_eq!(show_duration(Duration::from_secs(86_400)), "24 h");
+        assert_eq!(show_duration(Duration::from_millis(250)), "250 ms");
+    }
+
+    /// A reader that has gone away, or a disk that is full.
+    struct Failing(io::ErrorKind);
+
+    impl Write for Failing {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(self.0.into())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_silences_the_report_without_an_error() {
+        let mut out = Out::new(Failing(io::ErrorKind::BrokenPipe));
+        assert_eq!(out.print("table\n"), Ok(()));
+        assert!(out.closed);
+        assert_eq!(out.print("summary\n"), Ok(()));
+        let mut out = Out::new(Failing(io::ErrorKind::StorageFull));
+        assert!(
+            out.print("table\n")
+                .unwrap_err()
+                .contains("standard output")
+        );
+        let mut out = Out::new(Vec::new());
+        out.print("a\n").unwrap();
+        out.print("b\n").unwrap();
+        assert_eq!(out.sink, b"a\nb\n");
     }
 
     // Tests of the files `benches/engine.rs` shares (it includes them with `#[path]`).

@@ -1,17 +1,36 @@
 //! `tokengate simulate`: replays a traffic pattern against a policy on the manual clock.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ValueEnum;
 use plotters::prelude::*;
-use tokengate::{AcquireError, Bucket, ManualClock, Policy, Start};
+use tokengate::{AcquireError, Bucket, ManualClock, Policy, PolicyError, Start};
 
-use crate::{create_parent, default_output, parse_duration, show_duration, trim_float};
+use crate::{
+    Out, default_output, open_output, parse_duration, positive_number, show_duration, show_number,
+    whole_number, write_output,
+};
 
 /// The most arrivals one simulation replays (`--rate` x `--duration`).
 const MAX_ARRIVALS: f64 = 50e6;
+
+/// The highest offered rate: one request per nanosecond, the simulated clock's step.
+const MAX_RATE: f64 = 1e9;
+
+/// The longest simulated time (and burst period).
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// The largest weight of a work class.
+const MAX_WEIGHT: u64 = 1_000_000;
+
+/// `--duty` when not given.
+const DEFAULT_DUTY: f64 = 0.25;
+
+/// `--burst-period` when not given.
+const DEFAULT_BURST_PERIOD: Duration = Duration::from_secs(1);
 
 /// Time bins of the chart.
 const BINS: usize = 200;
@@ -25,29 +44,33 @@ pub struct Args {
     #[arg(long, short = 'p', value_enum, default_value_t = Pattern::Steady)]
     pattern: Pattern,
 
-    /// Offered load, in requests per second (averaged over the run).
-    #[arg(long, value_name = "REQ_PER_S", default_value_t = 25.0, value_parser = positive_f64)]
+    /// Offered load, in requests per second (averaged over the run): above 0, at most
+    /// 1e9 (one request per nanosecond, the simulated clock's step).
+    #[arg(long, value_name = "REQ_PER_S", default_value = "25",
+          allow_negative_numbers = true, value_parser = rate)]
     rate: f64,
 
-    /// Simulated time to replay, with a unit (ns, us, ms, s, m). The simulation runs
-    /// faster than real time: no sleeping.
+    /// Simulated time to replay, with a unit (ns, us, ms, s, m, h), at most 24h. The
+    /// simulation runs faster than real time: no sleeping.
     #[arg(long, short = 'd', value_name = "DURATION", default_value = "20s",
-          value_parser = parse_duration)]
+          allow_hyphen_values = true, value_parser = simulated_duration)]
     duration: Duration,
 
     /// Weighted mix of work classes, comma-separated NAME=COST:WEIGHT: COST in tokens
     /// per request (1 or more, at most --capacity), WEIGHT the relative share of
-    /// requests. Example: metadata=1:70,search=3:25,export=20:5.
+    /// requests (1 to 1000000). Example: metadata=1:70,search=3:25,export=20:5.
     #[arg(long, short = 'm', value_name = "MIX", default_value = "request=1:1",
           value_parser = parse_mix)]
     mix: Mix,
 
-    /// Bucket capacity B, in tokens: the largest burst.
-    #[arg(long, short = 'b', value_name = "TOKENS", default_value_t = 60)]
+    /// Bucket capacity B, in whole tokens (at least 1): the largest burst.
+    #[arg(long, short = 'b', value_name = "TOKENS", default_value = "60",
+          allow_negative_numbers = true, value_parser = capacity)]
     capacity: u64,
 
-    /// Refill rate r, in tokens per second: the sustained rate.
-    #[arg(long, short = 'r', value_name = "TOKENS_PER_S", default_value_t = 10.0)]
+    /// Refill rate r, in tokens per second (above 0): the sustained rate.
+    #[arg(long, short = 'r', value_name = "TOKENS_PER_S", default_value = "10",
+          allow_negative_numbers = true, value_parser = refill)]
     refill: f64,
 
     /// Whether the bucket starts full (an immediate burst of B) or empty.
@@ -56,22 +79,37 @@ pub struct Args {
 
     /// Seed of the random choices (Poisson gaps, work classes): the same seed replays
     /// the same traffic.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value = "1", allow_negative_numbers = true, value_parser = seed)]
     seed: u64,
 
-    /// For --pattern bursty: the period of the bursts, with a unit.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
-    burst_period: Duration,
+    /// With --pattern bursty only: the period of the bursts, with a unit, at most 24h.
+    /// Default: 1s.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true,
+          value_parser = simulated_duration)]
+    burst_period: Option<Duration>,
 
-    /// For --pattern bursty: the fraction of each period in which its requests arrive
-    /// (0 < duty <= 1; 0.25 = four times the average rate for a quarter of the time).
-    #[arg(long, value_name = "FRACTION", default_value_t = 0.25, value_parser = duty)]
-    duty: f64,
+    /// With --pattern bursty only: the fraction of each period in which its requests
+    /// arrive (0 < duty <= 1; 0.25 = four times the average rate for a quarter of the
+    /// time). Default: 0.25.
+    #[arg(long, value_name = "FRACTION", allow_negative_numbers = true, value_parser = duty)]
+    duty: Option<f64>,
 
     /// SVG chart of the bucket level and the admitted rate over time. Default:
     /// target/tokengate-bench/simulate.svg.
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
+}
+
+impl Args {
+    /// `--duty`, or its default.
+    fn duty(&self) -> f64 {
+        self.duty.unwrap_or(DEFAULT_DUTY)
+    }
+
+    /// `--burst-period`, or its default.
+    fn burst_period(&self) -> Duration {
+        self.burst_period.unwrap_or(DEFAULT_BURST_PERIOD)
+    }
 }
 
 /// How requests arrive.
@@ -83,6 +121,17 @@ pub enum Pattern {
     Bursty,
     /// Independent arrivals: exponential gaps with mean 1 / rate.
     Poisson,
+}
+
+impl Pattern {
+    /// The command-line value.
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::Steady => "steady",
+            Pattern::Bursty => "bursty",
+            Pattern::Poisson => "poisson",
+        }
+    }
 }
 
 /// `--start`.
@@ -106,26 +155,54 @@ pub struct Class {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mix(Vec<Class>);
 
-fn positive_f64(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(_) => Err(format!("must be a positive finite number, got {text}")),
-        Err(_) => Err(format!("`{text}` is not a number")),
-    }
+fn rate(text: &str) -> Result<f64, String> {
+    positive_number(text, "the offered rate", "requests per second", MAX_RATE)
+}
+
+fn refill(text: &str) -> Result<f64, String> {
+    positive_number(text, "the refill rate", "tokens per second", f64::MAX)
+}
+
+fn capacity(text: &str) -> Result<u64, String> {
+    whole_number(text, "the capacity", "tokens", 1, u64::MAX)
+}
+
+fn seed(text: &str) -> Result<u64, String> {
+    whole_number(text, "the seed", "", 0, u64::MAX)
 }
 
 fn duty(text: &str) -> Result<f64, String> {
-    let v = positive_f64(text)?;
-    if v > 1.0 {
-        return Err(format!("must be in (0, 1], got {text}"));
+    positive_number(
+        text,
+        "the duty (the share of each burst period with arrivals)",
+        "",
+        1.0,
+    )
+}
+
+fn simulated_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "a simulated time must be at most {}, got {text}",
+            show_duration(MAX_DURATION)
+        ));
     }
-    Ok(v)
+    Ok(d)
 }
 
 fn parse_mix(text: &str) -> Result<Mix, String> {
+    if text.trim().is_empty() {
+        return Err("the mix names no class: write e.g. request=1:1".to_string());
+    }
+    let usage = "write each class as NAME=COST:WEIGHT, e.g. search=3:25";
     let mut classes = Vec::new();
-    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let usage = "write each class as NAME=COST:WEIGHT, e.g. search=3:25";
+    for part in text.split(',').map(str::trim) {
+        if part.is_empty() {
+            return Err(format!(
+                "the mix `{text}` has an empty class (a stray comma?): {usage}"
+            ));
+        }
         let (name, rest) = part
             .split_once('=')
             .ok_or_else(|| format!("class `{part}` has no `=`: {usage}"))?;
@@ -136,23 +213,20 @@ fn parse_mix(text: &str) -> Result<Mix, String> {
         if name.is_empty() {
             return Err(format!("class `{part}` has an empty name: {usage}"));
         }
-        let cost: u64 = cost.trim().parse().map_err(|_| {
-            format!("cost `{cost}` of class {name} is not a whole number of tokens")
-        })?;
-        let weight: u64 = weight
-            .trim()
-            .parse()
-            .map_err(|_| format!("weight `{weight}` of class {name} is not a whole number"))?;
-        if cost == 0 {
-            return Err(format!(
-                "class {name} costs 0 tokens; costs must be at least 1"
-            ));
-        }
-        if weight == 0 {
-            return Err(format!(
-                "class {name} has weight 0; weights must be at least 1"
-            ));
-        }
+        let cost = whole_number(
+            cost,
+            &format!("the cost of class {name}"),
+            "tokens",
+            1,
+            u64::MAX,
+        )?;
+        let weight = whole_number(
+            weight,
+            &format!("the weight of class {name}"),
+            "",
+            1,
+            MAX_WEIGHT,
+        )?;
         if classes.iter().any(|c: &Class| c.name == name) {
             return Err(format!("class {name} is named twice"));
         }
@@ -161,9 +235,6 @@ fn parse_mix(text: &str) -> Result<Mix, String> {
             cost,
             weight,
         });
-    }
-    if classes.is_empty() {
-        return Err("the mix names no class: write e.g. request=1:1".to_string());
     }
     Ok(Mix(classes))
 }
@@ -175,8 +246,8 @@ impl Mix {
 
     /// Mean cost per request, in tokens.
     fn mean_cost(&self) -> f64 {
-        let w: u64 = self.0.iter().map(|c| c.cost * c.weight).sum();
-        w as f64 / self.total_weight() as f64
+        let w: f64 = self.0.iter().map(|c| c.cost as f64 * c.weight as f64).sum();
+        w / self.total_weight() as f64
     }
 
     /// The class for a uniform draw in `0..total_weight`.
@@ -222,8 +293,8 @@ struct ClassStats {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Bin {
-    offered_tokens: u64,
-    admitted_tokens: u64,
+    offered_tokens: u128,
+    admitted_tokens: u128,
     /// Bucket level at the bin's start, in tokens.
     level: f64,
 }
@@ -236,7 +307,7 @@ struct Outcome {
     /// Time of the first rejection.
     first_rejection: Option<Duration>,
     /// Tokens admitted from the first rejection to the end.
-    tokens_after_dry: u64,
+    tokens_after_dry: u128,
     requests_after_dry: u64,
 }
 
@@ -244,8 +315,8 @@ struct Outcome {
 fn arrivals(args: &Args, rng: &mut Rng) -> impl Iterator<Item = u64> {
     let end = args.duration.as_nanos() as f64;
     let gap = 1e9 / args.rate;
-    let period = args.burst_period.as_nanos() as f64;
-    let (pattern, duty) = (args.pattern, args.duty);
+    let period = args.burst_period().as_nanos() as f64;
+    let (pattern, duty) = (args.pattern, args.duty());
     let mut k = 0u64;
     let mut t = 0.0f64;
     let mut seed = Rng(rng.next());
@@ -302,13 +373,13 @@ fn simulate(args: &Args, policy: Policy) -> Result<Outcome, String> {
         let cost = args.mix.0[class].cost;
         let decision = bucket.try_acquire(cost).map_err(|e| e.to_string())?;
         let bin = &mut bins[((at / width) as usize).min(BINS - 1)];
-        bin.offered_tokens += cost;
+        bin.offered_tokens += u128::from(cost);
         let stats = &mut out.per_class[class];
         if decision.is_admitted() {
             stats.admitted += 1;
-            bin.admitted_tokens += cost;
+            bin.admitted_tokens += u128::from(cost);
             if out.first_rejection.is_some() {
-                out.tokens_after_dry += cost;
+                out.tokens_after_dry += u128::from(cost);
                 out.requests_after_dry += 1;
             }
         } else {
@@ -321,8 +392,24 @@ fn simulate(args: &Args, policy: Policy) -> Result<Outcome, String> {
     Ok(out)
 }
 
-/// Runs the simulation and prints the report.
-pub fn run(args: Args) -> Result<(), String> {
+/// Checks what the parser cannot see alone, before any work: the options that go
+/// together, each class's cost against the capacity, the size of the run; and builds
+/// the policy.
+fn validate(args: &Args) -> Result<Policy, String> {
+    if args.pattern != Pattern::Bursty {
+        for (given, option) in [
+            (args.duty.is_some(), "--duty"),
+            (args.burst_period.is_some(), "--burst-period"),
+        ] {
+            if given {
+                return Err(format!(
+                    "{option} shapes --pattern bursty only, and the pattern is {}; \
+                     add --pattern bursty or leave {option} out",
+                    args.pattern.name()
+                ));
+            }
+        }
+    }
     let start = match args.start {
         StartArg::Full => Start::Full,
         StartArg::Empty => Start::Empty,
@@ -330,7 +417,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let policy = Policy::builder(args.capacity, args.refill)
         .start(start)
         .build()
-        .map_err(|e| format!("invalid policy: {e}"))?;
+        .map_err(|e| format!("invalid policy: {}", policy_message(e)))?;
     for class in &args.mix.0 {
         if class.cost > args.capacity {
             let e = AcquireError::CostExceedsCapacity {
@@ -346,33 +433,66 @@ pub fn run(args: Args) -> Result<(), String> {
     let arrivals = args.rate * args.duration.as_secs_f64();
     if arrivals > MAX_ARRIVALS {
         return Err(format!(
-            "--rate x --duration is {arrivals:.0} requests, above the {MAX_ARRIVALS:.0} one run replays; \
-             shorten --duration or lower --rate"
+            "--rate x --duration is {} requests, above the {} one run replays; \
+             shorten --duration or lower --rate",
+            show_number(arrivals.round()),
+            show_number(MAX_ARRIVALS)
         ));
     }
+    Ok(policy)
+}
+
+/// The library's message, with the rate written for people.
+fn policy_message(e: PolicyError) -> String {
+    match e {
+        PolicyError::CapacityTooLarge {
+            refill_per_second,
+            max: 0,
+            ..
+        } => format!(
+            "the refill rate {} tokens/s leaves the packed word no room for any capacity; \
+             lower --refill",
+            show_number(refill_per_second)
+        ),
+        PolicyError::CapacityTooLarge {
+            capacity,
+            refill_per_second,
+            max,
+        } => format!(
+            "capacity {capacity} tokens is above the largest the packed word holds at {} \
+             tokens/s, which is {max}; lower --capacity or --refill",
+            show_number(refill_per_second)
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// Runs the simulation and prints the report.
+pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
+    let policy = validate(&args)?;
     let svg_path = args
         .svg
         .clone()
         .unwrap_or_else(|| default_output("simulate.svg"));
-    create_parent(&svg_path)?;
+    let svg_file = open_output(&svg_path)?;
 
     let outcome = simulate(&args, policy)?;
-    print!("{}", report(&args, &policy, &outcome));
-    draw(&svg_path, &args, &policy, &outcome)?;
-    println!("\nWrote {}.", svg_path.display());
-    Ok(())
+    out.print(&report(&args, &policy, &outcome))?;
+    let chart = draw(&args, &policy, &outcome)?;
+    write_output(svg_file, &svg_path, &chart)?;
+    out.print(&format!("\nWrote {}.\n", svg_path.display()))
 }
 
 fn pattern_text(args: &Args) -> String {
     match args.pattern {
-        Pattern::Steady => format!("steady {} req/s", trim_float(args.rate)),
-        Pattern::Poisson => format!("Poisson, mean {} req/s", trim_float(args.rate)),
+        Pattern::Steady => format!("steady {} req/s", show_number(args.rate)),
+        Pattern::Poisson => format!("Poisson, mean {} req/s", show_number(args.rate)),
         Pattern::Bursty => format!(
             "bursty, mean {} req/s ({} req/s for the first {:.0}% of every {})",
-            trim_float(args.rate),
-            trim_float(args.rate / args.duty),
-            args.duty * 100.0,
-            show_duration(args.burst_period)
+            show_number(args.rate),
+            show_number(args.rate / args.duty()),
+            args.duty() * 100.0,
+            show_duration(args.burst_period())
         ),
     }
 }
@@ -385,7 +505,7 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
         s,
         "tokengate simulate: B = {} tokens, r = {} tokens/s, starting {}; {} for {} (seed {})",
         args.capacity,
-        trim_float(args.refill),
+        show_number(args.refill),
         if policy.starts_full() {
             "full"
         } else {
@@ -398,16 +518,16 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
     let _ = writeln!(
         s,
         "offered load: {} tokens/s on average ({} req/s x mean cost {})\n",
-        trim_float(offered_tokens),
-        trim_float(args.rate),
-        trim_float(args.mix.mean_cost())
+        show_number(offered_tokens),
+        show_number(args.rate),
+        show_number(args.mix.mean_cost())
     );
     let _ = writeln!(
         s,
         "  {:<14}{:>6}{:>11}{:>11}{:>10}",
         "class", "cost", "admitted", "rejected", "admitted"
     );
-    let (mut admitted, mut rejected, mut tokens) = (0, 0, 0);
+    let (mut admitted, mut rejected, mut tokens) = (0u64, 0u64, 0u128);
     for (class, stats) in args.mix.0.iter().zip(&out.per_class) {
         let n = stats.admitted + stats.rejected;
         let _ = writeln!(
@@ -421,7 +541,7 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
         );
         admitted += stats.admitted;
         rejected += stats.rejected;
-        tokens += stats.admitted * class.cost;
+        tokens += u128::from(stats.admitted) * u128::from(class.cost);
     }
     let _ = writeln!(
         s,
@@ -436,8 +556,8 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
     let _ = writeln!(
         s,
         "admitted overall: {} tokens/s, {} req/s",
-        trim_float(tokens as f64 / secs),
-        trim_float(admitted as f64 / secs)
+        show_number(tokens as f64 / secs),
+        show_number(admitted as f64 / secs)
     );
     match out.first_rejection {
         Some(dry) => {
@@ -447,10 +567,10 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
                     s,
                     "sustained after the initial burst (from {:.2} s, the first rejection): {} tokens/s, {} req/s; r = {} (effective {})",
                     dry.as_secs_f64(),
-                    trim_float(out.tokens_after_dry as f64 / window),
-                    trim_float(out.requests_after_dry as f64 / window),
-                    trim_float(r),
-                    trim_float(policy.effective_refill_per_second())
+                    show_number(out.tokens_after_dry as f64 / window),
+                    show_number(out.requests_after_dry as f64 / window),
+                    show_number(r),
+                    show_number(policy.effective_refill_per_second())
                 );
             }
         }
@@ -466,162 +586,169 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
             "\nThe offered {} tokens/s exceed r by {} tokens/s: in the long run a share {:.0}% \
              is rejected. A full bucket absorbs the excess for B / (offered - r) = {:.1} s.\n\
              To admit it all, r must be at least {} tokens/s.",
-            trim_float(offered_tokens),
-            trim_float(excess),
+            show_number(offered_tokens),
+            show_number(excess),
             100.0 * excess / offered_tokens,
             args.capacity as f64 / excess,
-            trim_float(offered_tokens)
+            show_number(offered_tokens)
         );
     } else {
         let _ = writeln!(
             s,
             "\nr covers the average load ({} <= {} tokens/s); rejections come from bursts \
              larger than B can hold.",
-            trim_float(offered_tokens),
-            trim_float(r)
+            show_number(offered_tokens),
+            show_number(r)
         );
     }
     if args.pattern == Pattern::Bursty {
-        let burst_secs = args.burst_period.as_secs_f64() * args.duty;
-        let burst_tokens = offered_tokens * args.burst_period.as_secs_f64();
+        let burst_secs = args.burst_period().as_secs_f64() * args.duty();
+        let burst_tokens = offered_tokens * args.burst_period().as_secs_f64();
         let need = burst_tokens - r * burst_secs;
         let _ = writeln!(
             s,
             "Each burst brings {} tokens in {}; with r = {} it needs B >= {} to pass whole \
              (and r >= {} to refill between bursts).",
-            trim_float(burst_tokens),
+            show_number(burst_tokens),
             show_duration(Duration::from_secs_f64(burst_secs)),
-            trim_float(r),
-            trim_float(need.max(0.0).ceil()),
-            trim_float(offered_tokens)
+            show_number(r),
+            show_number(need.max(0.0).ceil()),
+            show_number(offered_tokens)
         );
     }
     s
 }
 
-fn draw(path: &Path, args: &Args, policy: &Policy, out: &Outcome) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
-    let root = SVGBackend::new(path, (900, 620)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let root = root
-        .titled(
-            &format!(
-                "B = {}, r = {}/s, {}",
-                args.capacity,
-                trim_float(args.refill),
-                pattern_text(args)
-            ),
-            ("sans-serif", 18),
-        )
-        .map_err(|e| err(&e))?;
-    let (upper, lower) = root.split_vertically(300);
-    let secs = args.duration.as_secs_f64();
-    let width = secs / BINS as f64;
-    let capacity = args.capacity as f64;
+/// The SVG chart: the bucket level above, offered and admitted rates below.
+fn draw(args: &Args, policy: &Policy, out: &Outcome) -> Result<String, String> {
+    let err = |e: &dyn std::fmt::Display| format!("cannot draw the chart: {e}");
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 620)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let root = root
+            .titled(
+                &format!(
+                    "B = {}, r = {}/s, {}",
+                    args.capacity,
+                    show_number(args.refill),
+                    pattern_text(args)
+                ),
+                ("sans-serif", 18),
+            )
+            .map_err(|e| err(&e))?;
+        let (upper, lower) = root.split_vertically(300);
+        let secs = args.duration.as_secs_f64();
+        let width = secs / BINS as f64;
+        let capacity = args.capacity as f64;
 
-    let mut level = ChartBuilder::on(&upper)
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..secs, 0.0..capacity * 1.1)
-        .map_err(|e| err(&e))?;
-    level
-        .configure_mesh()
-        .y_desc("tokens in the bucket")
-        .light_line_style(WHITE)
-        .draw()
-        .map_err(|e| err(&e))?;
-    let blue = RGBColor(0x1f, 0x77, 0xb4);
-    let red = RGBColor(0xd6, 0x27, 0x28);
-    level
-        .draw_series(LineSeries::new(
-            out.bins
-                .iter()
-                .enumerate()
-                .map(|(i, b)| (i as f64 * width, b.level)),
-            blue.stroke_width(2),
+        let mut level = ChartBuilder::on(&upper)
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..secs, 0.0..capacity * 1.1)
+            .map_err(|e| err(&e))?;
+        level
+            .configure_mesh()
+            .y_desc("tokens in the bucket")
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(|e| err(&e))?;
+        let blue = RGBColor(0x1f, 0x77, 0xb4);
+        let red = RGBColor(0xd6, 0x27, 0x28);
+        level
+            .draw_series(LineSeries::new(
+                out.bins
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| (i as f64 * width, b.level)),
+                blue.stroke_width(2),
+            ))
+            .map_err(|e| err(&e))?
+            .label("bucket level")
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(2))
+            });
+        level
+            .draw_series(LineSeries::new(
+                [(0.0, capacity), (secs, capacity)],
+                red.stroke_width(1),
+            ))
+            .map_err(|e| err(&e))?
+            .label("capacity B")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(1)));
+        level
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(|e| err(&e))?;
+
+        // Rates over groups of bins holding about 20 arrivals each, so that a steady load
+        // does not read as a saw of 2 and 3 arrivals per bin; bursts stay visible.
+        let mut group = (20.0 / (args.rate * width))
+            .ceil()
+            .clamp(1.0, (BINS / 10) as f64) as usize;
+        if args.pattern == Pattern::Bursty {
+            let burst_bins = args.burst_period().as_secs_f64() * args.duty() / width / 2.0;
+            group = group.min(burst_bins.floor().max(1.0) as usize);
+        }
+        let rates: Vec<(f64, f64, f64)> = out
+            .bins
+            .chunks(group)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let w = width * chunk.len() as f64;
+                let offered: u128 = chunk.iter().map(|b| b.offered_tokens).sum();
+                let admitted: u128 = chunk.iter().map(|b| b.admitted_tokens).sum();
+                let mid = (i * group) as f64 * width + w / 2.0;
+                (mid, offered as f64 / w, admitted as f64 / w)
+            })
+            .collect();
+        let r = policy.effective_refill_per_second();
+        let top = rates.iter().map(|&(_, o, _)| o).fold(r, f64::max) * 1.15;
+        let mut rate = ChartBuilder::on(&lower)
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..secs, 0.0..top.max(1.0))
+            .map_err(|e| err(&e))?;
+        rate.configure_mesh()
+            .x_desc("simulated time (s)")
+            .y_desc("tokens per second")
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(|e| err(&e))?;
+        let grey = RGBColor(0x99, 0x99, 0x99);
+        let green = RGBColor(0x2c, 0xa0, 0x2c);
+        rate.draw_series(LineSeries::new(
+            rates.iter().map(|&(t, o, _)| (t, o)),
+            grey.stroke_width(1),
         ))
         .map_err(|e| err(&e))?
-        .label("bucket level")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(2)));
-    level
-        .draw_series(LineSeries::new(
-            [(0.0, capacity), (secs, capacity)],
-            red.stroke_width(1),
+        .label("offered")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], grey.stroke_width(1)));
+        rate.draw_series(LineSeries::new(
+            rates.iter().map(|&(t, _, a)| (t, a)),
+            green.stroke_width(2),
         ))
         .map_err(|e| err(&e))?
-        .label("capacity B")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(1)));
-    level
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(|e| err(&e))?;
-
-    // Rates over groups of bins holding about 20 arrivals each, so that a steady load
-    // does not read as a saw of 2 and 3 arrivals per bin; bursts stay visible.
-    let mut group = (20.0 / (args.rate * width))
-        .ceil()
-        .clamp(1.0, (BINS / 10) as f64) as usize;
-    if args.pattern == Pattern::Bursty {
-        let burst_bins = args.burst_period.as_secs_f64() * args.duty / width / 2.0;
-        group = group.min(burst_bins.floor().max(1.0) as usize);
+        .label("admitted")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], green.stroke_width(2)));
+        rate.draw_series(LineSeries::new([(0.0, r), (secs, r)], red.stroke_width(1)))
+            .map_err(|e| err(&e))?
+            .label("refill rate r")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(1)));
+        rate.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
     }
-    let rates: Vec<(f64, f64, f64)> = out
-        .bins
-        .chunks(group)
-        .enumerate()
-        .map(|(i, chunk)| {
-            let w = width * chunk.len() as f64;
-            let offered: u64 = chunk.iter().map(|b| b.offered_tokens).sum();
-            let admitted: u64 = chunk.iter().map(|b| b.admitted_tokens).sum();
-            let mid = (i * group) as f64 * width + w / 2.0;
-            (mid, offered as f64 / w, admitted as f64 / w)
-        })
-        .collect();
-    let r = policy.effective_refill_per_second();
-    let top = rates.iter().map(|&(_, o, _)| o).fold(r, f64::max) * 1.15;
-    let mut rate = ChartBuilder::on(&lower)
-        .margin(10)
-        .x_label_area_size(36)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..secs, 0.0..top.max(1.0))
-        .map_err(|e| err(&e))?;
-    rate.configure_mesh()
-        .x_desc("simulated time (s)")
-        .y_desc("tokens per second")
-        .light_line_style(WHITE)
-        .draw()
-        .map_err(|e| err(&e))?;
-    let grey = RGBColor(0x99, 0x99, 0x99);
-    let green = RGBColor(0x2c, 0xa0, 0x2c);
-    rate.draw_series(LineSeries::new(
-        rates.iter().map(|&(t, o, _)| (t, o)),
-        grey.stroke_width(1),
-    ))
-    .map_err(|e| err(&e))?
-    .label("offered")
-    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], grey.stroke_width(1)));
-    rate.draw_series(LineSeries::new(
-        rates.iter().map(|&(t, _, a)| (t, a)),
-        green.stroke_width(2),
-    ))
-    .map_err(|e| err(&e))?
-    .label("admitted")
-    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], green.stroke_width(2)));
-    rate.draw_series(LineSeries::new([(0.0, r), (secs, r)], red.stroke_width(1)))
-        .map_err(|e| err(&e))?
-        .label("refill rate r")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(1)));
-    rate.configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))
+    Ok(svg)
 }
 
 #[cfg(test)]
@@ -656,10 +783,75 @@ mod tests {
         assert_eq!(mix.pick(70), 1);
         assert_eq!(mix.pick(99), 2);
         assert!(parse_mix("a=0:1").unwrap_err().contains("at least 1"));
-        assert!(parse_mix("a=1:0").unwrap_err().contains("weight 0"));
+        assert!(
+            parse_mix("a=1:0")
+                .unwrap_err()
+                .contains("the weight of class a must be a whole number, from 1 to 1000000")
+        );
+        assert!(parse_mix("a=1:1000001").is_err());
         assert!(parse_mix("a=1").unwrap_err().contains(":WEIGHT"));
         assert!(parse_mix("a=1:1,a=2:1").unwrap_err().contains("twice"));
         assert!(parse_mix("").unwrap_err().contains("no class"));
+        for stray in ["a=1:1,", ",a=1:1", "a=1:1,,b=2:1"] {
+            assert!(
+                parse_mix(stray).unwrap_err().contains("empty class"),
+                "{stray}"
+            );
+        }
+    }
+
+    #[test]
+    fn mean_cost_of_huge_classes_does_not_overflow() {
+        let mix = parse_mix(&format!("a={}:1000000,b=1:1000000", u64::MAX)).unwrap();
+        assert!((mix.mean_cost() - u64::MAX as f64 / 2.0).abs() < 1e6);
+    }
+
+    #[test]
+    fn duty_and_burst_period_without_bursty_pattern_are_refused() {
+        for extra in [
+            &["--duty", "0.5"][..],
+            &["--burst-period", "2s"],
+            &["--pattern", "poisson", "--duty", "0.5"],
+        ] {
+            let err = validate(&args(extra)).unwrap_err();
+            assert!(err.contains("--pattern bursty only"), "{extra:?}: {err}");
+        }
+        let a = args(&[
+            "--pattern",
+            "bursty",
+            "--duty",
+            "0.5",
+            "--burst-period",
+            "2s",
+        ]);
+        assert!(validate(&a).is_ok());
+        assert_eq!((a.duty(), a.burst_period()), (0.5, Duration::from_secs(2)));
+        let a = args(&["--pattern", "bursty"]);
+        assert_eq!((a.duty(), a.burst_period()), (0.25, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_before_any_work_in_short_messages() {
+        let a = args(&["--capacity", "18446744073709551615", "--refill", "1e300"]);
+        let err = validate(&a).unwrap_err();
+        assert!(err.contains("1e300") && err.len() < 200, "{err}");
+        let a = args(&["--capacity", "18446744073709551615", "--refill", "1e9"]);
+        let err = validate(&a).unwrap_err();
+        assert!(
+            err.contains("at 1e9 tokens/s, which is 18014398509481983"),
+            "{err}"
+        );
+        let a = args(&["--rate", "1e9", "--duration", "1m"]);
+        let err = validate(&a).unwrap_err();
+        assert!(err.contains("is 6e10 requests, above the 5e7"), "{err}");
+        let wrap = |argv: &[&str]| {
+            let mut v = vec!["simulate"];
+            v.extend_from_slice(argv);
+            Wrap::try_parse_from(v).unwrap_err().to_string()
+        };
+        assert!(wrap(&["--rate", "1e300"]).contains("at most 1e9, got 1e300"));
+        assert!(wrap(&["--duration", "25h"]).contains("at most 24 h"));
+        assert!(wrap(&["--burst-period", "1000000000m"]).contains("at most 24 h"));
     }
 
     #[test]
@@ -714,14 +906,17 @@ mod tests {
     #[test]
     fn costly_class_above_capacity_is_refused() {
         let a = args(&["--capacity", "10", "--mix", "export=20:1"]);
-        let err = run(a).unwrap_err();
+        let err = run(a, &mut Out::new(Vec::new())).unwrap_err();
         assert!(err.contains("export") && err.contains("capacity"), "{err}");
     }
 
     #[test]
     fn invalid_policy_is_refused_with_the_library_message() {
-        let a = args(&["--capacity", "0"]);
-        let err = run(a).unwrap_err();
-        assert!(err.starts_with("invalid policy: capacity"), "{err}");
+        let a = args(&["--capacity", "100", "--refill", "1e-300"]);
+        let err = run(a, &mut Out::new(Vec::new())).unwrap_err();
+        assert!(
+            err.starts_with("invalid policy: refill rate 1e-300"),
+            "{err}"
+        );
     }
 }
