@@ -26,6 +26,9 @@ const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 /// The largest weight of a work class.
 const MAX_WEIGHT: u64 = 1_000_000;
 
+/// Below this many arrivals a run says nothing about B and r.
+const MIN_ARRIVALS_FOR_ADVICE: u64 = 10;
+
 /// `--duty` when not given.
 const DEFAULT_DUTY: f64 = 0.25;
 
@@ -483,6 +486,14 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     out.print(&format!("\nWrote {}.\n", svg_path.display()))
 }
 
+/// A `--duration` long enough for 100 arrivals and twice `absorb` seconds (the time a
+/// full bucket hides an excess), in whole seconds, if one run can replay it.
+fn longer_run(args: &Args, absorb: f64) -> Option<String> {
+    let secs = (2.0 * absorb).max(100.0 / args.rate).max(1.0).ceil();
+    (secs <= MAX_DURATION.as_secs_f64() && secs * args.rate <= MAX_ARRIVALS)
+        .then(|| format!("{secs}s"))
+}
+
 fn pattern_text(args: &Args) -> String {
     match args.pattern {
         Pattern::Steady => format!("steady {} req/s", show_number(args.rate)),
@@ -575,30 +586,88 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
             }
         }
         None => {
-            let _ = writeln!(s, "no request was rejected: B and r cover this load");
+            let _ = writeln!(
+                s,
+                "no request was rejected in the {} simulated",
+                show_duration(args.duration)
+            );
         }
     }
-    // What the numbers say about B and r.
-    if offered_tokens > r {
-        let excess = offered_tokens - r;
+    // What the numbers say about B and r, from what this run saw.
+    let arrived = admitted + rejected;
+    let excess = offered_tokens - r;
+    // How long a full bucket hides an excess of offered tokens over r.
+    let absorb = if excess > 0.0 && policy.starts_full() {
+        args.capacity as f64 / excess
+    } else {
+        0.0
+    };
+    if arrived < MIN_ARRIVALS_FOR_ADVICE {
         let _ = writeln!(
             s,
-            "\nThe offered {} tokens/s exceed r by {} tokens/s: in the long run a share {:.0}% \
-             is rejected. A full bucket absorbs the excess for B / (offered - r) = {:.1} s.\n\
-             To admit it all, r must be at least {} tokens/s.",
+            "\nOnly {arrived} request(s) arrived in {}: too few to say anything about B and r. \
+             Simulate a longer --duration{}.",
+            show_duration(args.duration),
+            longer_run(args, absorb).map_or(String::new(), |d| format!(" (e.g. {d})"))
+        );
+        return s;
+    }
+    if excess > 0.0 {
+        let share = 100.0 * excess / offered_tokens;
+        if out.first_rejection.is_none() {
+            let why = if policy.starts_full() {
+                format!(
+                    "a full bucket absorbs the excess for B / (offered - r) = {} s, longer \
+                     than this run",
+                    show_number(absorb)
+                )
+            } else {
+                "this run is too short for the excess to show".to_string()
+            };
+            let _ = writeln!(
+                s,
+                "\nThe offered {} tokens/s exceed r by {} tokens/s, but {why}. Over a longer \
+                 run a share {share:.0}% is rejected{}.\n\
+                 To admit it all, r must be at least {} tokens/s.",
+                show_number(offered_tokens),
+                show_number(excess),
+                longer_run(args, absorb).map_or(String::new(), |d| format!(
+                    " (simulate --duration {d} to see it)"
+                )),
+                show_number(offered_tokens)
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "\nThe offered {} tokens/s exceed r by {} tokens/s: in the long run a share \
+                 {share:.0}% is rejected. A full bucket absorbs the excess for \
+                 B / (offered - r) = {} s.\n\
+                 To admit it all, r must be at least {} tokens/s.",
+                show_number(offered_tokens),
+                show_number(excess),
+                show_number(args.capacity as f64 / excess),
+                show_number(offered_tokens)
+            );
+        }
+    } else if rejected == 0 {
+        let _ = writeln!(
+            s,
+            "\nr covers the average load ({} <= {} tokens/s) and B held every burst of this run.",
             show_number(offered_tokens),
-            show_number(excess),
-            100.0 * excess / offered_tokens,
-            args.capacity as f64 / excess,
-            show_number(offered_tokens)
+            show_number(r)
         );
     } else {
         let _ = writeln!(
             s,
-            "\nr covers the average load ({} <= {} tokens/s); rejections come from bursts \
+            "\nr covers the average load ({} <= {} tokens/s); rejections come from {}bursts \
              larger than B can hold.",
             show_number(offered_tokens),
-            show_number(r)
+            show_number(r),
+            if policy.starts_full() {
+                ""
+            } else {
+                "the empty start and from "
+            }
         );
     }
     if args.pattern == Pattern::Bursty {
@@ -852,6 +921,68 @@ mod tests {
         assert!(wrap(&["--rate", "1e300"]).contains("at most 1e9, got 1e300"));
         assert!(wrap(&["--duration", "25h"]).contains("at most 24 h"));
         assert!(wrap(&["--burst-period", "1000000000m"]).contains("at most 24 h"));
+    }
+
+    fn report_of(extra: &[&str]) -> String {
+        let a = args(extra);
+        let policy = validate(&a).unwrap();
+        let out = simulate(&a, policy).unwrap();
+        report(&a, &policy, &out)
+    }
+
+    #[test]
+    fn a_run_with_too_few_arrivals_says_it_cannot_tell() {
+        let text = report_of(&["--duration", "1us"]);
+        assert!(
+            text.contains("no request was rejected in the 1 us simulated"),
+            "{text}"
+        );
+        assert!(text.contains("too few to say anything"), "{text}");
+        assert!(text.contains("(e.g. 8s)"), "{text}");
+        assert!(!text.contains("rejected. A full bucket"), "{text}");
+        assert!(!text.contains("cover this load"), "{text}");
+    }
+
+    #[test]
+    fn an_excess_hidden_by_the_full_bucket_is_called_so() {
+        // 25 arrivals in 1 s, all admitted from the full bucket of 60.
+        let text = report_of(&["--duration", "1s"]);
+        assert!(
+            text.contains("no request was rejected in the 1 s simulated"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "a full bucket absorbs the excess for B / (offered - r) = 4 s, longer than this run"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("simulate --duration 8s to see it"), "{text}");
+        // The 20 s default run does see it.
+        let text = report_of(&[]);
+        assert!(
+            text.contains("in the long run a share 60% is rejected"),
+            "{text}"
+        );
+        assert!(!text.contains("no request was rejected"), "{text}");
+    }
+
+    #[test]
+    fn a_load_within_r_and_b_says_both_held() {
+        let text = report_of(&["--rate", "5"]);
+        assert!(text.contains("no request was rejected"), "{text}");
+        assert!(text.contains("B held every burst of this run"), "{text}");
+        let text = report_of(&[
+            "--rate",
+            "0.2",
+            "--duration",
+            "100s",
+            "--start",
+            "empty",
+            "--mix",
+            "big=30:1",
+        ]);
+        assert!(text.contains("the empty start"), "{text}");
     }
 
     #[test]
