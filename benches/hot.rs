@@ -2,8 +2,8 @@
 //! same run and the same admit regime (1e9 tokens/s, burst 1e6: every request is
 //! admitted, so this measures the admission path).
 //!
-//! `cargo bench --bench hot`. Thread sweep 1..=N, N from `TOKENGATE_THREADS` (default:
-//! all cores). Multi-threaded figures are aggregate decisions per second (criterion's
+//! `cargo bench --bench hot`. Thread sweep 1..=N, N from `TOKENGATE_THREADS` (1 to 1024,
+//! default: all cores; another value stops the run). Multi-threaded figures are aggregate decisions per second (criterion's
 //! `thrpt`, in elements/s) of N threads hammering one shared limiter.
 
 use std::hint::black_box;
@@ -11,7 +11,7 @@ use std::num::NonZeroU32;
 use std::sync::{Barrier, LazyLock};
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use governor::clock::QuantaUpkeepClock;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
@@ -51,12 +51,26 @@ fn coarse() -> CoarseClock {
     CoarseClock::new().expect("upkeep thread")
 }
 
+/// The largest thread count: `TOKENGATE_THREADS` (1 to 1024, as `tokengate bench
+/// --threads`), or every core. A bad value stops the run with a message rather than
+/// measuring something else.
 fn threads() -> usize {
-    std::env::var("TOKENGATE_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    let value = match std::env::var("TOKENGATE_THREADS") {
+        Err(std::env::VarError::NotPresent) => {
+            return std::thread::available_parallelism().map_or(1, |n| n.get());
+        }
+        Ok(v) => v,
+        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+    };
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => n,
+        _ => {
+            eprintln!(
+                "error: TOKENGATE_THREADS must be a whole number from 1 to 1024, got {value:?}"
+            );
+            std::process::exit(2)
+        }
+    }
 }
 
 /// A shared limiter as the benchmark drives it: one admission attempt.
@@ -188,4 +202,10 @@ criterion_group! {
     config = config();
     targets = single, contended
 }
-criterion_main!(benches);
+// `criterion_main!` with one step first: a bad TOKENGATE_THREADS is refused before
+// anything is measured, not after the one-thread groups.
+fn main() {
+    threads();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -4,7 +4,7 @@
 //! `benches/engine.rs` (criterion reports the median of much longer samples).
 //!
 //! ```text
-//! cargo bench --bench percentile                   # every case, about 30 s
+//! cargo bench --bench percentile                   # every case, about 2 s
 //! cargo bench --bench percentile -- tg_reject gov_reject
 //! PERCENTILE_BATCHES=20 valgrind --tool=callgrind target/release/deps/percentile-* tg_admit
 //! ```
@@ -42,11 +42,27 @@ fn p5_nanos(batches: usize, mut call: impl FnMut()) -> f64 {
     means[means.len() / 20]
 }
 
+/// `PERCENTILE_BATCHES` (1 to 1,000,000), or 3000. A bad value stops the run with a
+/// message rather than measuring something else.
+fn batches() -> usize {
+    let value = match std::env::var("PERCENTILE_BATCHES") {
+        Err(std::env::VarError::NotPresent) => return 3000,
+        Ok(v) => v,
+        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+    };
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => n,
+        _ => {
+            eprintln!(
+                "error: PERCENTILE_BATCHES must be a whole number from 1 to 1000000, got {value:?}"
+            );
+            std::process::exit(2)
+        }
+    }
+}
+
 fn main() {
-    let batches = std::env::var("PERCENTILE_BATCHES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3000);
+    let batches = batches();
     // `cargo bench` passes `--bench`; any other argument selects cases by exact name.
     let only: Vec<String> = std::env::args()
         .skip(1)
