@@ -351,18 +351,20 @@ fn threads_label(t: usize) -> String {
 
 fn table(cells: &[Cell], regimes: &[Regime], engines: &[Engine], counts: &[usize]) -> String {
     let mut out = String::new();
+    // One label column for every regime, as wide as the longest label shown.
+    let width = engines
+        .iter()
+        .filter(|e| e.regimes().iter().any(|r| regimes.contains(r)))
+        .map(|e| e.label().len())
+        .chain(["engine".len()])
+        .max()
+        .unwrap_or(0);
     for &regime in regimes {
         let shown: Vec<Engine> = engines
             .iter()
             .copied()
             .filter(|e| e.regimes().contains(&regime))
             .collect();
-        let width = shown
-            .iter()
-            .map(|e| e.label().len())
-            .chain(["engine".len()])
-            .max()
-            .unwrap_or(0);
         let _ = writeln!(out, "\n{}", regime.describe());
         let _ = writeln!(
             out,
@@ -817,6 +819,22 @@ mod tests {
             assert_eq!(line.len(), header.len(), "{text}");
         }
         assert!(lines[1].starts_with("  tokengate leased (coarse clock) "));
+        // The keyed regime's table lines up with the others.
+        let keyed = cell(Regime::Keyed, Engine::GovernorKeyed, 1, &[10.0]);
+        let both = [Engine::LeasedCoarse, Engine::GovernorKeyed];
+        let text = table(
+            &[keyed, cell(Regime::Admit, Engine::LeasedCoarse, 1, &[1.0])],
+            &[Regime::Admit, Regime::Keyed],
+            &both,
+            &[1],
+        );
+        let headers: Vec<usize> = text
+            .lines()
+            .filter(|l| l.starts_with("  engine "))
+            .map(str::len)
+            .collect();
+        assert_eq!(headers.len(), 2, "{text}");
+        assert_eq!(headers[0], headers[1], "{text}");
     }
 
     #[test]
