@@ -27,9 +27,9 @@ const MIN_CELL: Duration = Duration::from_millis(1);
 /// Options of `tokengate bench`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Largest thread count N. The sweep measures 1, 2, 4, 8, ... threads up to N, and
-    /// N itself (every count with --every-count). Default: every core of this machine.
-    /// Also read from TOKENGATE_THREADS.
+    /// Largest thread count N, from 1 to 1024. The sweep measures 1, 2, 4, 8, ...
+    /// threads below N, and N itself (every count with --every-count). Default: every
+    /// core of this machine. Also read from TOKENGATE_THREADS.
     #[arg(long, short = 't', value_name = "N", env = "TOKENGATE_THREADS",
           allow_negative_numbers = true, value_parser = thread_count)]
     threads: Option<usize>,
