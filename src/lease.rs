@@ -108,6 +108,18 @@ pub(crate) trait LeaseSource {
 /// Writes are `AcqRel` read-modify-writes and loads `Acquire`, unlike a plain bucket's
 /// `Relaxed`: the exactness argument orders slot operations against this word (see
 /// [`crate::slots`]).
+///
+/// # Readings behind the word
+///
+/// A reading more than the race tolerance behind the stored tick is a lost race (the
+/// caller read the clock, then was delayed while others stored later ticks) or a clock
+/// that stepped back. As on a plain bucket (`RawBucket::transition_after_reread`), the
+/// exchange then reads the clock again *after* the acquiring load of the word it compares
+/// the reading with, and again after every CAS it loses (a failed CAS returns the word
+/// with `Acquire` too). Every tick in that word was read by its writer before its
+/// releasing CAS, so such a reading is not earlier than any of them unless the clock
+/// stepped back. A reading still well behind is refused with
+/// [`AcquireError::ClockWentBackwards`], everything handed in given back.
 pub(crate) struct GlobalWord {
     word: CachePadded<AtomicU64>,
 }
@@ -187,7 +199,10 @@ impl LeaseSource for GlobalWord {
     ) -> Result<Grant, AcquireError> {
         let needed = layout.base_units() + request.cost_units;
         let mut hand = request.returned_units;
-        let (mut quiesced, mut reread) = (false, false);
+        // `after_load`: the slow path of a reading found well behind the word (see
+        // "Readings behind the word" on `GlobalWord`): from then on, every reading is
+        // taken after the (acquiring) load of the word it is compared with.
+        let (mut quiesced, mut after_load) = (false, false);
         let mut reserve = 0;
         let mut now = request.now;
         let mut now_tick = layout.tick_of(now);
@@ -195,8 +210,10 @@ impl LeaseSource for GlobalWord {
         loop {
             let snapshot = layout.refill(cur, now_tick);
             if snapshot.behind() > layout.tolerance_ticks() {
-                if !reread {
-                    reread = true;
+                if !after_load {
+                    // `cur` was loaded (or returned by a failed CAS) with `Acquire`: a
+                    // reading taken now is later than every reading stored in it.
+                    after_load = true;
                     now = clock.now_nanos();
                     now_tick = layout.tick_of(now);
                     continue;
@@ -249,6 +266,10 @@ impl LeaseSource for GlobalWord {
                     }
                     Err(actual) => {
                         cur = actual;
+                        if after_load {
+                            now = clock.now_nanos();
+                            now_tick = layout.tick_of(now);
+                        }
                         continue;
                     }
                 }
@@ -273,7 +294,13 @@ impl LeaseSource for GlobalWord {
                         now,
                     });
                 }
-                Err(actual) => cur = actual,
+                Err(actual) => {
+                    cur = actual;
+                    if after_load {
+                        now = clock.now_nanos();
+                        now_tick = layout.tick_of(now);
+                    }
+                }
             }
         }
     }

@@ -432,3 +432,83 @@ fn a_rejection_with_nothing_to_reclaim_writes_nothing() {
     assert_eq!(words(&hot), before);
     assert_eq!(hot.leased_tokens(), 0);
 }
+
+/// A clock handing out scripted readings in order (the last one again once they run
+/// out), running `hook` with each reading's index after taking it and before returning
+/// it: the hook stands for other threads acting between a thread's reading and its next
+/// step, so a lost race plays out on one thread, deterministically.
+#[derive(Clone)]
+struct Scripted(Arc<Script>);
+
+struct Script {
+    readings: Vec<u64>,
+    next: AtomicU64,
+    hook: std::sync::OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
+}
+
+impl Scripted {
+    fn new(readings_ms: &[u64]) -> Scripted {
+        Scripted(Arc::new(Script {
+            readings: readings_ms.iter().map(|ms| ms * 1_000_000).collect(),
+            next: AtomicU64::new(0),
+            hook: std::sync::OnceLock::new(),
+        }))
+    }
+
+    fn on_reading(&self, hook: impl Fn(usize) + Send + Sync + 'static) {
+        assert!(self.0.hook.set(Box::new(hook)).is_ok());
+    }
+}
+
+impl Clock for Scripted {
+    fn now_nanos(&self) -> u64 {
+        let index = self.0.next.fetch_add(1, Ordering::SeqCst) as usize;
+        let reading = self.0.readings[index.min(self.0.readings.len() - 1)];
+        if let Some(hook) = self.0.hook.get() {
+            hook(index);
+        }
+        reading
+    }
+}
+
+/// The lost race of a thread descheduled between its clock reading and its trip to the
+/// global word. Readings in real-time order: 0 ms (creation); A reads 150 ms, then B
+/// reads 200 ms and writes; A loads B's word, is well behind it, and reads the clock
+/// again (200 ms), then C reads 250 ms and writes; A loads C's word, is behind again,
+/// reads again (250 ms), then D reads 300 ms and writes before A's CAS. A's CAS fails on
+/// D's word, which is again well ahead of A's reading: a lost race (D read the clock
+/// after A's load), not a clock that stepped back. A plain bucket loads the word again
+/// and reads the clock again after every lost CAS, and admits; so must a leased bucket.
+#[test]
+fn a_lost_race_after_a_reread_is_not_a_clock_step_back() {
+    fn run<B: Send + Sync + 'static>(
+        make: impl FnOnce(Scripted) -> B,
+        take: fn(&B, usize) -> Result<tokengate::Decision, tokengate::AcquireError>,
+    ) -> Result<tokengate::Decision, tokengate::AcquireError> {
+        let clock = Scripted::new(&[0, 150, 200, 200, 250, 250, 300]);
+        let bucket = Arc::new(make(clock.clone()));
+        let weak = Arc::downgrade(&bucket);
+        clock.on_reading(move |index| {
+            let bucket = weak
+                .upgrade()
+                .expect("the bucket outlives its clock readings");
+            // B, C and D, each on its own slot, right after one of A's readings.
+            if let 1 | 3 | 5 = index {
+                let d = take(&bucket, index.div_ceil(2)).expect("B, C and D read the latest time");
+                assert!(d.is_admitted());
+            }
+        });
+        take(&bucket, 0)
+    }
+    let policy = Policy::new(100, 20.0).unwrap();
+    let plain = run(
+        |clock| Bucket::with_clock(policy, clock),
+        |b, _| b.try_acquire(1),
+    );
+    assert!(plain.unwrap().is_admitted());
+    let hot = run(
+        |clock| LeasedBucket::with_config(policy, clock, config(4, 5)).unwrap(),
+        |b, slot| b.try_acquire_on(slot, 1),
+    );
+    assert!(hot.unwrap().is_admitted(), "{hot:?}");
+}
