@@ -98,6 +98,20 @@ pub(crate) trait LeaseSource {
     /// The state at `now`, writing nothing.
     fn peek(&self, layout: &Layout, now: u64) -> Snapshot;
 
+    /// For a reading found well behind the source: loads the state, then reads the clock
+    /// again. Returns the state an exchange would decide on at the new reading (a full
+    /// state found still behind re-anchored to it) and the reading. Writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::ClockWentBackwards`] when the new reading is still well behind a
+    /// state that is not full: the clock stepped back.
+    fn reread<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+    ) -> Result<(Snapshot, u64), AcquireError>;
+
     /// A stable identity (for the global order of multi-bucket acquisition).
     fn id(&self) -> usize;
 }
@@ -119,7 +133,25 @@ pub(crate) trait LeaseSource {
 /// with `Acquire` too). Every tick in that word was read by its writer before its
 /// releasing CAS, so such a reading is not earlier than any of them unless the clock
 /// stepped back. A reading still well behind is refused with
-/// [`AcquireError::ClockWentBackwards`], everything handed in given back.
+/// [`AcquireError::ClockWentBackwards`], everything handed in given back; unless the word
+/// is full.
+///
+/// A full word is re-anchored instead ([`reanchored`]): it becomes full at the new
+/// reading's tick, and the exchange proceeds. A full bucket holds the same at any time,
+/// so no credit is made, and a full bucket passes clock steps back and tick wraps, as a
+/// plain one does. "Full" is the word's own units; the tokens out on lease need not
+/// enter the decision, because a full word has none that can be spent. Every exchange
+/// keeps `g + O <= B` (`g` the word's balance, `O` every token outside it, in OPEN slots
+/// or in a hand): leasing moves tokens out, spending removes them, giving back is capped
+/// at `B`, and a credit that could meet the capacity while tokens are outside is added
+/// only after quiescing has taken the OPEN slots' tokens into the adder's hand, and is
+/// capped at `B - reserve` for those still in flight ([`settle`]). So when `g = B`,
+/// `O = 0`: no slot holds a token (in particular none stamped with the later tick, which
+/// would turn spendable again when the clock comes back to it), and no lessee holds one
+/// it could publish (a lease cancelled by a reset is only given back, capped). The
+/// re-anchor keeps the stored units, so the exchange sees no credit and quiesces nothing;
+/// whatever is credited later, from the new tick on, meets the quiescing and the cap
+/// like any other credit.
 pub(crate) struct GlobalWord {
     word: CachePadded<AtomicU64>,
 }
@@ -183,6 +215,16 @@ impl GlobalWord {
     }
 }
 
+/// A full `snapshot` found well behind the word, re-anchored: full at `now_tick`, not
+/// behind. `None` when it is not full (then a reading well behind is refused). See
+/// "Readings behind the word" on [`GlobalWord`].
+#[inline]
+fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Snapshot> {
+    layout
+        .is_full(snapshot)
+        .then(|| layout.refill(layout.start_word(now_tick, true), now_tick))
+}
+
 /// Units stored in `word`, before any refill.
 #[inline]
 fn stored_units(layout: &Layout, word: u64) -> u64 {
@@ -208,7 +250,7 @@ impl LeaseSource for GlobalWord {
         let mut now_tick = layout.tick_of(now);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
-            let snapshot = layout.refill(cur, now_tick);
+            let mut snapshot = layout.refill(cur, now_tick);
             if snapshot.behind() > layout.tolerance_ticks() {
                 if !after_load {
                     // `cur` was loaded (or returned by a failed CAS) with `Acquire`: a
@@ -218,10 +260,15 @@ impl LeaseSource for GlobalWord {
                     now_tick = layout.tick_of(now);
                     continue;
                 }
-                if hand > 0 {
-                    self.give_back(layout, hand);
+                match reanchored(layout, &snapshot, now_tick) {
+                    Some(full) => snapshot = full,
+                    None => {
+                        if hand > 0 {
+                            self.give_back(layout, hand);
+                        }
+                        return Err(clock_went_backwards(layout, &snapshot, now));
+                    }
                 }
-                return Err(clock_went_backwards(layout, &snapshot, now));
             }
             let stored = stored_units(layout, cur);
             let credit = snapshot.units() > stored
@@ -370,6 +417,27 @@ impl LeaseSource for GlobalWord {
     #[inline]
     fn peek(&self, layout: &Layout, now: u64) -> Snapshot {
         layout.refill(self.word.load(Ordering::Acquire), layout.tick_of(now))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reread<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+    ) -> Result<(Snapshot, u64), AcquireError> {
+        // Load first (acquiring the writers' readings), then read.
+        let cur = self.word.load(Ordering::Acquire);
+        let now = clock.now_nanos();
+        let now_tick = layout.tick_of(now);
+        let snapshot = layout.refill(cur, now_tick);
+        if snapshot.behind() <= layout.tolerance_ticks() {
+            return Ok((snapshot, now));
+        }
+        match reanchored(layout, &snapshot, now_tick) {
+            Some(full) => Ok((full, now)),
+            None => Err(clock_went_backwards(layout, &snapshot, now)),
+        }
     }
 
     #[inline]

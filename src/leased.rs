@@ -126,7 +126,11 @@
 //!   lease; rejections report exactly what a plain bucket reports.
 //! * Spending from a slot only checks that the clock is in the lease's tick; a clock
 //!   that stepped back is reported ([`AcquireError::ClockWentBackwards`]) on the next trip
-//!   to the global word, as a plain bucket reports it.
+//!   to the global word, as a plain bucket reports it: only when a reading taken after
+//!   loading the word is still well behind it, and only when the global word is not
+//!   full. A full global word is re-anchored to the new reading instead (a full bucket
+//!   holds the same at any time, and a full global word means no token is out on lease;
+//!   see `GlobalWord` in `src/lease.rs` for the argument).
 //! * A slot stamp is a tick modulo `2^T`, as the global word's is: a slot left untouched
 //!   for an exact multiple of the wrap period ([`Policy::wrap_period`], years for
 //!   ordinary policies) would read as current. Any trip to the global word that adds
@@ -497,7 +501,9 @@ impl<C: Clock> LeasedBucket<C> {
     ///
     /// - [`AcquireError::CostExceedsCapacity`] at once for a cost above the capacity.
     /// - [`AcquireError::ClockWentBackwards`] when a trip to the global word finds the
-    ///   clock well behind its last update.
+    ///   clock well behind its last update, even when read again after loading it, and
+    ///   the global word is not full (a full one is re-anchored to the new reading and
+    ///   the request proceeds). Nothing is written.
     ///
     /// ```
     /// use tokengate::{AcquireError, LeasedBucket, ManualClock, Policy};
@@ -562,24 +568,28 @@ impl<C: Clock> LeasedBucket<C> {
             return Ok(Decision::with_balance(layout, units, behind, now, 0, true));
         }
         let cost_units = cost << layout.frac_bits();
+        let mut now = now;
+        let mut snapshot = self.global.peek(layout, now);
+        if snapshot.behind() > layout.tolerance_ticks() {
+            // A lost race or a clock stepped back: read again after loading the word. A
+            // refusal here comes before the slot is claimed, so it writes nothing.
+            (snapshot, now) = self.global.reread(layout, &self.clock)?;
+        }
         // Read-only rejection (I5): when the global balance and every slot together
         // cannot pay, nothing is written. `min(B, g + Δ) + O < needed` implies
         // `min(B, g + Δ + O) < needed`: what a plain bucket holds cannot pay either.
-        let snapshot = self.global.peek(layout, now);
-        if snapshot.behind() <= layout.tolerance_ticks() {
-            let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
-            let units = snapshot.units().saturating_add(held);
-            if units < layout.base_units() + cost_units {
-                let balance = units as i64 - layout.base_units() as i64;
-                return Ok(Decision::with_balance(
-                    layout,
-                    balance,
-                    snapshot.behind(),
-                    now,
-                    cost,
-                    false,
-                ));
-            }
+        let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
+        let units = snapshot.units().saturating_add(held);
+        if units < layout.base_units() + cost_units {
+            let balance = units as i64 - layout.base_units() as i64;
+            return Ok(Decision::with_balance(
+                layout,
+                balance,
+                snapshot.behind(),
+                now,
+                cost,
+                false,
+            ));
         }
         let claim = self.slots.claim(slot);
         let marker = claim.map(|(index, _)| index);

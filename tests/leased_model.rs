@@ -512,3 +512,56 @@ fn a_lost_race_after_a_reread_is_not_a_clock_step_back() {
     );
     assert!(hot.unwrap().is_admitted(), "{hot:?}");
 }
+
+/// A full bucket holds the same at any time: a clock stepping back one minute re-anchors
+/// its global word to the new reading instead of refusing, and creates no credit.
+#[test]
+fn a_full_bucket_admits_after_the_clock_steps_back() {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(120));
+    let policy = Policy::new(100, 1.0).unwrap();
+    let hot = LeasedBucket::with_config(policy, clock.clone(), config(2, 10)).unwrap();
+    clock.set(Duration::from_secs(60));
+    let d = hot.try_acquire_on(0, 1).unwrap();
+    assert!(d.is_admitted(), "{d:?}");
+    let layout = policy.layout();
+    let (tick, _) = layout.decode(hot.__word()).unwrap();
+    assert_eq!(
+        tick,
+        layout.tick_of(60_000_000_000),
+        "re-anchored to the reading"
+    );
+    assert_eq!(hot.available(), 99.0);
+    // From the new anchor on, time refills as for any bucket, never past the capacity.
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(hot.available(), 100.0);
+    let burst = (0..200)
+        .filter(|i| hot.try_acquire_on(i % 2, 1).unwrap().is_admitted())
+        .count();
+    assert_eq!(burst, 100);
+}
+
+/// A bucket that is not full refuses a clock stepped back one minute, writing nothing:
+/// not the global word, not a slot.
+#[test]
+fn a_bucket_not_full_refuses_a_clock_step_back_and_writes_nothing() {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(120));
+    let policy = Policy::new(100, 1.0).unwrap();
+    let hot = LeasedBucket::with_config(policy, clock.clone(), config(2, 10)).unwrap();
+    assert!(hot.try_acquire_on(0, 1).unwrap().is_admitted()); // slot 0 holds a lease
+    assert!(hot.leased_tokens() > 0);
+    let words = |h: &LeasedBucket<ManualClock>| [h.__word(), h.__slot_word(0), h.__slot_word(1)];
+    let before = (words(&hot), hot.available());
+    clock.set(Duration::from_secs(60));
+    for slot in 0..2 {
+        let err = hot.try_acquire_on(slot, 1).unwrap_err();
+        assert!(
+            matches!(err, tokengate::AcquireError::ClockWentBackwards { by }
+                if by > Duration::from_secs(59) && by <= Duration::from_secs(60)),
+            "{err:?}"
+        );
+    }
+    clock.set(Duration::from_secs(120));
+    assert_eq!((words(&hot), hot.available()), before);
+}
