@@ -15,7 +15,9 @@
 //!    gives the leftover back, pays the cost and takes a batch (the lease); then
 //!    publishes the batch into its slot, stamped with the global word's tick.
 //! 3. **Reject, read-only**: the global balance (refilled) plus every slot's tokens cannot
-//!    pay. Nothing is written, as on a plain bucket (I5).
+//!    pay. Nothing is written, as on a plain bucket (I5). When the global balance plus
+//!    the most the slots can hold (`slots * max_lease`) cannot pay, the slots are not
+//!    even read: such a rejection loads the global word alone.
 //! 4. **Reclaim**: the global word cannot pay, but the slots together could. The thread
 //!    closes every other slot,
 //!    taking the tokens idle in them (and cancelling leases in flight, which their
@@ -110,7 +112,8 @@
 //!   the cap takes them back, and [`LeasedBucket::reclaim`] returns them on demand.
 //! * **Early rejections**: when requests are decided one at a time (no overlap), a leased
 //!   bucket rejects exactly when the plain bucket does, with the same balance and
-//!   `retry_after`, and `available()` is equal after every step. Under overlap a
+//!   `retry_after` (but for a rejection decided on the global word alone, see below),
+//!   and `available()` is equal after every step. Under overlap a
 //!   rejection can come early only by tokens in flight: a request that finds other
 //!   threads mid-exchange cannot count their hands (at most one lease per slot), and a
 //!   credit made while leases are in flight withholds up to one lease per in-flight slot
@@ -123,7 +126,12 @@
 //! * An admission paid from a slot reports as [`Decision::tokens_remaining`] the tokens
 //!   left in that slot: a lower bound of the balance (the global word and other slots are
 //!   not read). Admissions through the global word report the global balance plus the new
-//!   lease; rejections report exactly what a plain bucket reports.
+//!   lease. A rejection reports exactly what a plain bucket reports, except one decided
+//!   on the global word alone (the global balance plus `slots * max_lease` cannot pay
+//!   the cost): it reports the global balance, below the plain bucket's by the tokens
+//!   idle in slots, and so a [`Decision::retry_after`] no shorter, longer by at most the
+//!   time those tokens take to refill. Reading every slot to make it exact would cost a
+//!   cache line per slot on every such rejection.
 //! * Spending from a slot only checks that the clock is in the lease's tick; a clock
 //!   that stepped back is reported ([`AcquireError::ClockWentBackwards`]) on the next trip
 //!   to the global word, as a plain bucket reports it: only when a reading taken after
@@ -272,6 +280,8 @@ pub struct LeasedBucket<C: Clock = QuantaClock> {
     /// `2 * slots * max_lease` in units, saturated: a bound on tokens outside the global
     /// word.
     max_outstanding_units: u64,
+    /// `slots * max_lease` in units, saturated: a bound on tokens held in OPEN slots.
+    max_held_units: u64,
 }
 
 impl<C: Clock> fmt::Debug for LeasedBucket<C> {
@@ -465,12 +475,14 @@ impl<C: Clock> LeasedBucket<C> {
         debug_assert!(max_lease <= lease_limit(&policy));
         // Per slot: its OPEN tokens, or one lease in a lessee's hand, or (closed) one in a
         // closer's hand and one in a cancelled lessee's.
-        let outstanding = (2 * max_lease as u128 * slots as u128) << layout.frac_bits();
+        let held = (max_lease as u128 * slots as u128) << layout.frac_bits();
+        let outstanding = 2 * held;
         LeasedBucket {
             global: GlobalWord::new(layout, clock.now_nanos(), policy.starts_full()),
             slots: Slots::new(slots, layout.tick_bits()),
             lease_shift: slots.trailing_zeros() + 1,
             max_outstanding_units: u64::try_from(outstanding).unwrap_or(u64::MAX),
+            max_held_units: u64::try_from(held).unwrap_or(u64::MAX),
             max_lease,
             policy,
             clock,
@@ -494,8 +506,10 @@ impl<C: Clock> LeasedBucket<C> {
     ///
     /// Returns a [`Decision`] as [`Bucket::try_acquire`](crate::Bucket::try_acquire) does;
     /// for an admission paid from the slot, [`Decision::tokens_remaining`] is the tokens
-    /// left in the slot (a lower bound of the balance). A cost of zero is always admitted
-    /// and writes nothing.
+    /// left in the slot (a lower bound of the balance), and for a rejection the global
+    /// balance plus `slots * max_lease` could not pay, it is the global balance (also a
+    /// lower bound; see [what is approximate](crate::leased#what-is-approximate)). A cost
+    /// of zero is always admitted and writes nothing.
     ///
     /// # Errors
     ///
@@ -578,9 +592,16 @@ impl<C: Clock> LeasedBucket<C> {
         // Read-only rejection (I5): when the global balance and every slot together
         // cannot pay, nothing is written. `min(B, g + Δ) + O < needed` implies
         // `min(B, g + Δ + O) < needed`: what a plain bucket holds cannot pay either.
-        let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
-        let units = snapshot.units().saturating_add(held);
-        if units < layout.base_units() + cost_units {
+        // First on the global word alone, against the most the slots can hold, so that
+        // a rejection even full slots could not turn loads no slot's line; then, only
+        // if the slots might pay, on what they hold.
+        let needed = layout.base_units() + cost_units;
+        let mut units = snapshot.units();
+        if units.saturating_add(self.max_held_units) >= needed {
+            let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
+            units = units.saturating_add(held);
+        }
+        if units < needed {
             let balance = units as i64 - layout.base_units() as i64;
             return Ok(Decision::with_balance(
                 layout,
@@ -824,5 +845,34 @@ impl<C: Clock> Member for LeasedBucket<C> {
 
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         self.wait(self.policy.layout(), cost, now)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::slots::scans;
+
+    #[test]
+    fn a_rejection_full_slots_could_not_turn_reads_no_slot() {
+        let config = LeaseConfig::new().slots(4).max_lease(5);
+        let policy = Policy::new(100, 1.0).unwrap();
+        let bucket = LeasedBucket::with_config(policy, ManualClock::new(), config).unwrap();
+        assert!(bucket.try_acquire_on(0, 80).unwrap().is_admitted()); // leases 20 / 8
+        assert!(bucket.try_acquire_on(1, 14).unwrap().is_admitted()); // leases 4 / 8 = 0
+        assert_eq!(bucket.leased_tokens(), 2);
+        // Global balance 4, slots hold at most 4 * 5: a cost of 25 is refused unread.
+        let before = scans();
+        let d = bucket.try_acquire_on(2, 25).unwrap();
+        assert!(d.is_rejected());
+        assert_eq!(scans(), before, "the rejection read the slots");
+        assert_eq!(d.tokens_remaining(), 4.0, "the global balance");
+        // A cost of 24 might be paid with full slots: the slots are read, and the 6 tokens
+        // in all cannot pay it either.
+        let d = bucket.try_acquire_on(2, 24).unwrap();
+        assert!(d.is_rejected());
+        assert_eq!(scans(), before + 1);
+        assert_eq!(d.tokens_remaining(), 6.0);
     }
 }

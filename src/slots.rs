@@ -304,7 +304,10 @@ impl Slots {
     }
 
     /// Tokens held in OPEN slots now (a racy sum; exact when nothing runs concurrently).
+    /// Loads every slot's line.
     pub(crate) fn held(&self) -> u64 {
+        #[cfg(all(test, not(loom)))]
+        SCANS.with(|n| n.set(n.get() + 1));
         self.slots
             .iter()
             .map(|s| match decode(s.word.load(Ordering::Acquire)) {
@@ -313,6 +316,18 @@ impl Slots {
             })
             .sum()
     }
+}
+
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    /// Calls of [`Slots::held`] on this thread, for tests of which paths read every slot.
+    static SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times this thread has read every slot ([`Slots::held`]).
+#[cfg(all(test, not(loom)))]
+pub(crate) fn scans() -> usize {
+    SCANS.with(|n| n.get())
 }
 
 #[cfg(all(test, not(loom)))]
