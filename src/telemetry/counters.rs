@@ -27,6 +27,12 @@ const CELLS: usize = 2 * PER_ATTEMPT;
 /// all-or-nothing acquisition over several scopes, a scope that admitted and was then
 /// rolled back because another scope refused counts neither.
 ///
+/// Every count is modulo `2^64`: the counters wrap (an atomic `fetch_add` does), and so do
+/// sums of tallies ([`Add`](std::ops::Add), [`requests`](Tally::requests)), which never
+/// panic. A token counter at a billion tokens a second wraps after 584 years; a consumer
+/// that takes differences of snapshots (`later - earlier`, with `wrapping_sub`) stays
+/// exact across a wrap.
+///
 /// ```
 /// use tokengate::Tally;
 /// let a = Tally { admitted_requests: 2, admitted_tokens: 6, ..Tally::default() };
@@ -48,21 +54,30 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Admitted plus rejected requests.
+    /// Admitted plus rejected requests, wrapping at `2^64` as the counters do (see
+    /// [`Tally`]).
+    ///
+    /// ```
+    /// use tokengate::Tally;
+    /// let t = Tally { admitted_requests: 5, rejected_requests: 2, ..Tally::default() };
+    /// assert_eq!(t.requests(), 7);
+    /// ```
     pub fn requests(&self) -> u64 {
-        self.admitted_requests + self.rejected_requests
+        self.admitted_requests.wrapping_add(self.rejected_requests)
     }
 }
 
+/// Field by field, wrapping at `2^64` as the counters do (see [`Tally`]): never a panic,
+/// whatever the values.
 impl Add for Tally {
     type Output = Tally;
 
     fn add(self, other: Tally) -> Tally {
         Tally {
-            admitted_requests: self.admitted_requests + other.admitted_requests,
-            admitted_tokens: self.admitted_tokens + other.admitted_tokens,
-            rejected_requests: self.rejected_requests + other.rejected_requests,
-            rejected_tokens: self.rejected_tokens + other.rejected_tokens,
+            admitted_requests: self.admitted_requests.wrapping_add(other.admitted_requests),
+            admitted_tokens: self.admitted_tokens.wrapping_add(other.admitted_tokens),
+            rejected_requests: self.rejected_requests.wrapping_add(other.rejected_requests),
+            rejected_tokens: self.rejected_tokens.wrapping_add(other.rejected_tokens),
         }
     }
 }
@@ -349,5 +364,46 @@ mod tests {
         b.add(&a.snapshot());
         b.add(&a.snapshot());
         assert_eq!(b.snapshot(), a.snapshot() + a.snapshot());
+    }
+
+    #[test]
+    fn tally_sums_wrap_at_two_to_the_sixty_four_as_the_counters_do() {
+        let near = Tally {
+            admitted_requests: u64::MAX,
+            admitted_tokens: u64::MAX - 1,
+            rejected_requests: 1,
+            rejected_tokens: u64::MAX,
+        };
+        let more = Tally {
+            admitted_requests: 2,
+            admitted_tokens: 3,
+            rejected_requests: 4,
+            rejected_tokens: 5,
+        };
+        let mut sum = near + more;
+        assert_eq!(
+            sum,
+            Tally {
+                admitted_requests: 1,
+                admitted_tokens: 1,
+                rejected_requests: 5,
+                rejected_tokens: 4,
+            }
+        );
+        assert_eq!(near.requests(), 0);
+        sum += near;
+        assert_eq!(sum.admitted_requests, 0);
+        // The cells wrap in `fetch_add`; striped sums wrap the same way.
+        let c = StripedCounters::new();
+        c.stripes[0].add(&CounterSnapshot {
+            original: near,
+            retry: near,
+        });
+        c.stripes[c.stripes.len() - 1].add(&CounterSnapshot {
+            original: more,
+            retry: Tally::default(),
+        });
+        assert_eq!(c.snapshot().original, near + more);
+        assert_eq!(c.snapshot().total().admitted_requests, 0); // 1 + (2^64 - 1)
     }
 }
