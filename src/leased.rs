@@ -147,7 +147,6 @@
 //!   and published after it is given back after the reset (at most `max_lease` per slot;
 //!   a reset to full is still exact, since giving back is capped).
 
-use std::cell::Cell;
 use std::fmt;
 use std::time::Duration;
 
@@ -158,7 +157,7 @@ use crate::error::AcquireError;
 use crate::lease::{GlobalWord, Grant, Holders, LeaseRequest, LeaseSource};
 use crate::multi::{Member, sealed};
 use crate::policy::Policy;
-use crate::slots::Slots;
+use crate::slots::{Slots, thread_index};
 use crate::state::Layout;
 
 /// The most slots a leased bucket may have.
@@ -352,28 +351,6 @@ fn default_lease(policy: &Policy, slots: usize) -> u64 {
         .min(lease_limit(policy))
 }
 
-/// This thread's slot index (masked by each bucket): assigned round-robin on first use.
-#[inline]
-fn thread_slot() -> usize {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    // A plain std counter even under loom: it only spreads threads over slots, and the
-    // loom models choose slots explicitly.
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    SLOT.try_with(|slot| {
-        let index = slot.get();
-        if index != usize::MAX {
-            return index;
-        }
-        let index = NEXT.fetch_add(1, Ordering::Relaxed) & (usize::MAX >> 1);
-        slot.set(index);
-        index
-    })
-    .unwrap_or(0)
-}
-
 /// The holders as one exchange with the source sees them: every slot but the caller's
 /// own marked one.
 struct Holding<'a> {
@@ -531,7 +508,7 @@ impl<C: Clock> LeasedBucket<C> {
     /// ```
     #[inline]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
-        self.try_acquire_on(thread_slot(), cost)
+        self.try_acquire_on(thread_index(), cost)
     }
 
     /// [`try_acquire`](LeasedBucket::try_acquire) from slot `slot` (taken modulo the slot
@@ -835,7 +812,7 @@ impl<C: Clock> Member for LeasedBucket<C> {
     }
 
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        self.acquire_at(thread_slot(), cost, now)
+        self.acquire_at(thread_index(), cost, now)
     }
 
     fn refund_at(&self, cost: u64, now: u64) {

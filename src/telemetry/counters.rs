@@ -1,12 +1,12 @@
 //! Admission counters: one block of eight per scope key, striped for the global scope.
 
-use std::cell::Cell;
 use std::fmt;
 use std::ops::{Add, AddAssign};
 
 use crossbeam_utils::CachePadded;
 
 use crate::attempt::Attempt;
+use crate::slots::thread_index;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Counters per attempt kind: admitted requests, admitted tokens, rejected requests,
@@ -239,28 +239,6 @@ impl fmt::Debug for StripedCounters {
     }
 }
 
-/// The next stripe to hand out to a thread. A std atomic in a `static` (loom's cannot be
-/// one): which stripe a thread writes never changes a count, only where it lands.
-static NEXT_STRIPE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-thread_local! {
-    /// This thread's stripe number (reduced modulo each counter's stripe count).
-    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-#[inline]
-fn thread_stripe() -> usize {
-    STRIPE.with(|s| {
-        let v = s.get();
-        if v != usize::MAX {
-            return v;
-        }
-        let v = NEXT_STRIPE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & (usize::MAX >> 1);
-        s.set(v);
-        v
-    })
-}
-
 impl StripedCounters {
     /// One stripe per hardware thread, rounded up to a power of two (at most 64).
     pub(crate) fn new() -> StripedCounters {
@@ -278,7 +256,8 @@ impl StripedCounters {
 
     #[inline]
     pub(crate) fn record(&self, admitted: bool, tokens: u64, attempt: Attempt) {
-        self.stripes[thread_stripe() & self.mask].record(admitted, tokens, attempt);
+        // Which stripe a thread writes never changes a count, only where it lands.
+        self.stripes[thread_index() & self.mask].record(admitted, tokens, attempt);
     }
 
     pub(crate) fn snapshot(&self) -> CounterSnapshot {
@@ -405,5 +384,30 @@ mod tests {
         });
         assert_eq!(c.snapshot().original, near + more);
         assert_eq!(c.snapshot().total().admitted_requests, 0); // 1 + (2^64 - 1)
+    }
+
+    /// A request counted from a thread-local's destructor, while the thread's locals are
+    /// torn down, is counted (the stripe index falls back to 0 where the thread's own
+    /// index cannot be reached) and never panics.
+    #[test]
+    fn a_thread_local_destructor_may_count() {
+        struct CountsOnDrop(std::sync::Arc<StripedCounters>);
+        impl Drop for CountsOnDrop {
+            fn drop(&mut self) {
+                self.0.record(true, 1, Attempt::Original);
+            }
+        }
+        thread_local! {
+            static GUARD: std::cell::RefCell<Option<CountsOnDrop>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let counters = std::sync::Arc::new(StripedCounters::new());
+        let c = counters.clone();
+        std::thread::spawn(move || {
+            GUARD.with(|g| *g.borrow_mut() = Some(CountsOnDrop(c)));
+        })
+        .join()
+        .expect("counting from a thread-local destructor does not panic");
+        assert_eq!(counters.snapshot().original.admitted_requests, 1);
     }
 }
