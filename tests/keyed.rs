@@ -335,3 +335,25 @@ fn invalid_configurations_are_typed_errors() {
         Some(KeyedConfigError::Shards(4096))
     );
 }
+
+/// A refund for a key whose admission was charged to the shared overflow bucket finds no
+/// bucket of its own and is dropped: the shared bucket keeps the cost (no credit made).
+#[test]
+fn a_refund_for_a_key_charged_to_the_shared_bucket_is_dropped() {
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0).unwrap(), 1)
+        .clock(clock.clone())
+        .overflow(Overflow::Share(Policy::new(5, 1.0).unwrap()))
+        .build()
+        .unwrap();
+    assert!(l.try_acquire(&1, 1).unwrap().is_admitted()); // key 1 fills the map
+    assert!(l.try_acquire(&2, 5).unwrap().is_admitted()); // charged to the shared bucket
+    assert!(!l.contains(&2));
+    assert_eq!(l.refund(&2, 5), Ok(()));
+    assert!(!l.contains(&2), "a refund creates no key");
+    assert!(
+        l.try_acquire(&3, 1).unwrap().is_rejected(),
+        "the shared bucket got nothing back"
+    );
+    assert_eq!(l.available(&1), 9.0, "nor did any other key");
+}

@@ -501,8 +501,20 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     }
 
     /// Gives back `cost` tokens of an earlier admission of `key` (`min(B, balance +
-    /// cost)`, I6). A key no longer in the map had refilled to full and been evicted: the
-    /// refund would be capped away, so there is nothing to do.
+    /// cost)`, I6) to the bucket `key` has in the map now. The map does not remember
+    /// which bucket paid a past request, so:
+    ///
+    /// - A key in the map: its bucket gets the refund, capped at the capacity. Exact when
+    ///   the admission was paid by that bucket.
+    /// - A key not in the map: the refund is dropped. Either its bucket refilled to full
+    ///   and was evicted (the refund would have been capped away: nothing is lost), or
+    ///   its admission was charged to the shared [`Overflow::Share`] bucket, which keeps
+    ///   the cost (conservative: no credit is created, the shared budget just does not get
+    ///   it back), or it was never charged.
+    /// - A key charged to the shared bucket that has since been given its own bucket: the
+    ///   refund goes to its own bucket (capped), which did not pay. To refund exactly under
+    ///   [`Overflow::Share`], refund only admissions after which
+    ///   [`contains`](KeyedLimiter::contains) was true.
     ///
     /// ```
     /// use tokengate::{KeyedLimiter, ManualClock, Policy};
