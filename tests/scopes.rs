@@ -383,3 +383,36 @@ fn overlapping_scope_sets_with_queued_writers_never_deadlock() {
             .expect("a thread did not finish: lock-order deadlock");
     }
 }
+
+/// A class names the limiter that gave it: another limiter refuses it, even one whose
+/// class at that position exists (and would charge another cost), and takes nothing.
+#[test]
+fn a_class_of_another_limiter_is_refused_as_unknown() {
+    let clock = ManualClock::new();
+    let build = |classes: [(&str, u64); 3]| {
+        classes
+            .iter()
+            .fold(
+                RuleSet::new().rule(ScopeKind::Global, Rule::new(p(100, 1.0))),
+                |rules, &(name, cost)| rules.class(WorkClass::new(name, cost)),
+            )
+            .build_with_clock(clock.clone())
+            .unwrap()
+    };
+    let a = build([("metadata", 1), ("search", 3), ("export", 20)]);
+    let b = build([("export", 20), ("search", 3), ("metadata", 1)]);
+    let export = a.class("export").unwrap();
+    assert_eq!(a.work_class(export).unwrap().name(), "export");
+    assert!(b.work_class(export).is_none());
+    assert_eq!(
+        b.try_acquire(&Request::new(), export).unwrap_err(),
+        tokengate::ScopeError::UnknownClass(export)
+    );
+    assert_eq!(b.available(&Scope::Global), Some(100.0));
+    assert!(
+        a.try_acquire(&Request::new(), export)
+            .unwrap()
+            .is_admitted()
+    );
+    assert_eq!(a.available(&Scope::Global), Some(80.0));
+}

@@ -199,7 +199,8 @@ pub(crate) fn scope_of(r: &Request, kind: ScopeKind) -> Option<Scope> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ScopeError {
-    /// The class is not one of this limiter's.
+    /// The class was not given by this limiter's [`class`](crate::ScopedLimiter::class)
+    /// (it came from another limiter).
     UnknownClass(crate::scope::rules::ClassId),
     /// A scope's bucket refused with an error (a clock that went backwards).
     Acquire {
@@ -216,7 +217,12 @@ impl fmt::Display for ScopeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ScopeError::UnknownClass(c) => {
-                write!(f, "work class {} is not one of this limiter's", c.0)
+                write!(
+                    f,
+                    "work class {} is not one of this limiter's (it was given by another \
+                     limiter)",
+                    c.index
+                )
             }
             ScopeError::Acquire { scope, error } => write!(f, "scope {scope}: {error}"),
             ScopeError::Multi(e) => e.fmt(f),

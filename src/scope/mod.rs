@@ -80,6 +80,8 @@ struct GlobalScope {
 /// crossbeam's `ShardedLock`) would otherwise allow: a reader holding shard A and waiting
 /// for B behind a queued writer, while another holds B and waits for A.
 pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
+    /// Unique in the process: the [`ClassId`]s this limiter gives carry it.
+    id: u64,
     clock: C,
     global: Option<GlobalScope>,
     tenant: Option<KeyedLimiter<TenantId, C, S>>,
@@ -171,7 +173,10 @@ impl RuleSet {
                 },
             });
         }
+        // A std atomic in a `static` (loom's cannot be one); 2^64 limiters never wrap it.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(ScopedLimiter {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             global: self.rules[ScopeKind::Global.index()].map(|r| GlobalScope {
                 raw: CachePadded::new(RawBucket::new(
                     r.policy.layout(),
@@ -220,17 +225,24 @@ fn keyed_map<K, C: Clock + Clone, S: BuildHasher + Clone>(
 type Slots<'a, C> = [Option<Slot<'a, C>>; 6];
 
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
-    /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire).
+    /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire) of
+    /// this limiter.
     pub fn class(&self, name: &str) -> Option<ClassId> {
         self.classes
             .iter()
             .position(|c| c.name() == name)
-            .map(|i| ClassId(i as u32))
+            .map(|i| ClassId {
+                limiter: self.id,
+                index: i as u32,
+            })
     }
 
-    /// The work class behind `id`.
+    /// The work class behind `id`; `None` for a class of another limiter.
     pub fn work_class(&self, id: ClassId) -> Option<&WorkClass> {
-        self.classes.get(id.0 as usize)
+        if id.limiter != self.id {
+            return None;
+        }
+        self.classes.get(id.index as usize)
     }
 
     /// Takes `class`'s cost from every scope `request` pays, or from none.
@@ -246,14 +258,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     ///
     /// # Errors
     ///
-    /// [`ScopeError::UnknownClass`] for a class of another limiter;
-    /// [`ScopeError::Acquire`] when a scope's clock went backwards. Nothing is taken.
+    /// [`ScopeError::UnknownClass`] for a class this limiter did not give (from another
+    /// limiter, even one built from the same rules); [`ScopeError::Acquire`] when a
+    /// scope's clock went backwards. Nothing is taken.
     pub fn try_acquire(
         &self,
         request: &Request,
         class: ClassId,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
-        let Some(class) = self.classes.get(class.0 as usize) else {
+        let Some(class) = self.work_class(class) else {
             return Err(ScopeError::UnknownClass(class));
         };
         let costs = *class.costs();

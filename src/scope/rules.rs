@@ -133,8 +133,32 @@ impl WorkClass {
 
 /// A work class of one [`ScopedLimiter`](crate::ScopedLimiter), found by name once
 /// ([`ScopedLimiter::class`](crate::ScopedLimiter::class)) and passed on every request.
+///
+/// It names the limiter that gave it: passed to any other limiter, even one built from
+/// the same rules, it is refused with [`ScopeError::UnknownClass`](crate::ScopeError)
+/// rather than read as whichever class sits at the same position there.
+///
+/// ```
+/// use tokengate::*;
+/// let rules = || RuleSet::new()
+///     .rule(ScopeKind::Global, Rule::new(Policy::new(10, 1.0).unwrap()))
+///     .class(WorkClass::new("search", 3));
+/// let (a, b) = (rules().build()?, rules().build()?);
+/// let search = a.class("search").unwrap();
+/// assert!(a.try_acquire(&Request::new(), search)?.is_admitted());
+/// assert_eq!(
+///     b.try_acquire(&Request::new(), search).unwrap_err(),
+///     ScopeError::UnknownClass(search)
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ClassId(pub(crate) u32);
+pub struct ClassId {
+    /// The identity of the limiter that gave it (unique in the process).
+    pub(crate) limiter: u64,
+    /// The class's position in that limiter's list.
+    pub(crate) index: u32,
+}
 
 /// Who is asking: each identity is optional, and the request pays the scope of every
 /// identity it carries whose kind has a rule (the global scope always, when it has one;
