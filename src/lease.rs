@@ -225,6 +225,20 @@ fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Sna
         .then(|| layout.refill(layout.start_word(now_tick, true), now_tick))
 }
 
+/// Whether the mutant that refuses a reading behind the word without reading the clock
+/// again is on (never, outside the loom models).
+#[inline(always)]
+fn reread_skipped() -> bool {
+    #[cfg(loom)]
+    {
+        crate::mutants::on(&crate::mutants::LEASE_SKIPS_REREAD)
+    }
+    #[cfg(not(loom))]
+    {
+        false
+    }
+}
+
 /// Units stored in `word`, before any refill.
 #[inline]
 fn stored_units(layout: &Layout, word: u64) -> u64 {
@@ -252,7 +266,7 @@ impl LeaseSource for GlobalWord {
         loop {
             let mut snapshot = layout.refill(cur, now_tick);
             if snapshot.behind() > layout.tolerance_ticks() {
-                if !after_load {
+                if !after_load && !reread_skipped() {
                     // `cur` was loaded (or returned by a failed CAS) with `Acquire`: a
                     // reading taken now is later than every reading stored in it.
                     after_load = true;

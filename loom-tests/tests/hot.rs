@@ -396,3 +396,96 @@ fn stale_spender_model_catches_credit_that_ignores_leases() {
         || stale_spender_after_a_refill(true),
     );
 }
+
+/// Outcomes of the clock-advance model, counted across executions.
+#[derive(Clone, Default)]
+struct AdvanceSeen {
+    both: loom_tests::Tally,
+    one: loom_tests::Tally,
+}
+
+/// Two trips to the global word (slots 0 and 1, each asking two tokens) while a third
+/// thread advances the clock by two tokens of refill, twice the race tolerance: the
+/// leased analogue of `clock_advance.rs`'s model. A trip whose reading predates the
+/// other's CAS finds the word well ahead of it; it loads the word and only then reads the
+/// clock again (see "Readings behind the word" on `GlobalWord`), so the writer's reading
+/// happens-before its new one and it never refuses the lost race as a clock that stepped
+/// back. Every execution conserves tokens: what was admitted plus what is left is the
+/// refill up to the final time.
+///
+/// A CAS lost *after* that second reading needs a third writer, which this model does not
+/// have; `tests/leased_model.rs` scripts that case with a clock that returns chosen
+/// readings in a chosen order.
+fn advancing_clock(seen: &AdvanceSeen) -> impl Fn() + Sync + Send + 'static {
+    let policy = Policy::new(8, 1000.0).unwrap().start_empty();
+    let layout = *policy.layout();
+    let two_tokens = 2 * loom_tests::ticks_per_token(&layout);
+    assert!(two_tokens > layout.tolerance_ticks());
+    let step = two_tokens << layout.tick_shift();
+    let refill = |nanos: u64| {
+        layout.units_to_tokens((layout.tick_of(nanos) * layout.refill_per_tick()) as i64)
+    };
+    let end = refill(2 * step);
+    assert!(end < 8.0, "the model must not reach the cap");
+    let seen = seen.clone();
+    move || {
+        let clock = ManualClock::new();
+        let config = LeaseConfig::new().slots(2).max_lease(1);
+        let b = Arc::new(LeasedBucket::with_config(policy, clock.clone(), config).unwrap());
+        clock.advance(Duration::from_nanos(step));
+        let acquirer = |slot: usize| {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire_on(slot, 2))
+        };
+        let (t0, t1) = (acquirer(0), acquirer(1));
+        let advancer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(Duration::from_nanos(step)))
+        };
+        advancer.join().unwrap();
+        let outcomes = [t0.join().unwrap(), t1.join().unwrap()];
+        let mut admitted = 0.0;
+        for outcome in &outcomes {
+            match outcome {
+                Ok(d) if d.is_admitted() => admitted += 2.0,
+                Ok(_) => {}
+                Err(e) => panic!("a lost race was refused: {e}"),
+            }
+        }
+        assert_eq!(
+            admitted + b.available(),
+            end,
+            "conservation: admitted {admitted}: {outcomes:?}"
+        );
+        seen.both.hit_if(admitted == 4.0);
+        seen.one.hit_if(admitted == 2.0);
+    }
+}
+
+#[test]
+fn a_lost_race_beyond_the_tolerance_is_not_a_clock_step_back() {
+    let _s = serial();
+    let seen = AdvanceSeen::default();
+    explore_with("advancing_clock", Some(3), advancing_clock(&seen));
+    println!(
+        "  executions admitting both / one: {} / {}",
+        seen.both.get(),
+        seen.one.get()
+    );
+    assert!(
+        seen.both.get() > 0,
+        "the advance never let the second trip in"
+    );
+    assert!(seen.one.get() > 0, "the second trip was never refused");
+}
+
+#[test]
+fn advancing_clock_model_catches_a_refusal_without_a_second_reading() {
+    let _s = serial();
+    let seen = AdvanceSeen::default();
+    caught(
+        "advancing_clock",
+        &mutants::LEASE_SKIPS_REREAD,
+        advancing_clock(&seen),
+    );
+}
