@@ -212,7 +212,8 @@ impl fmt::Debug for MultiDecision {
 /// 1. Every cost is checked against its bucket's capacity (I8) and a bucket named twice
 ///    is refused, before anything is taken.
 /// 2. A read-only first pass refuses, writing nothing, a set whose balances seen now
-///    cannot pay.
+///    cannot pay, naming the first bucket in the list that cannot pay its cost (so the
+///    bucket named does not depend on where the buckets are in memory).
 /// 3. Buckets are taken in one global order, ascending [`Member::member_id`], so two
 ///    acquirers with overlapping sets meet on the first bucket they share.
 /// 4. On a refusal at that stage (a race), the buckets already taken are refunded in
@@ -230,7 +231,7 @@ impl fmt::Debug for MultiDecision {
 /// assert!(acquire_all(&[(&global, 8), (&tenant, 8)])?.is_admitted());
 /// let d = acquire_all(&[(&global, 8), (&tenant, 8)])?;
 /// assert_eq!(d.refused_index(), Some(1)); // the tenant bucket refused...
-/// assert_eq!(global.available(), 992.0); // ...and the global bucket was refunded
+/// assert_eq!(global.available(), 992.0); // ...and the global bucket paid nothing
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
@@ -293,9 +294,9 @@ pub fn acquire_all_with<M: Member + ?Sized>(
     // First pass, read-only: a set that cannot be paid now is refused without a write
     // (I5), so refused requests neither write the shared buckets' lines nor hold their
     // tokens for a moment. Only a set that passes is taken, and a refusal then (another
-    // thread got there first) rolls back.
-    for &i in order.iter() {
-        let (member, cost) = requests[i];
+    // thread got there first) rolls back. Read in the listed order: the refusal names the
+    // first listed bucket that cannot pay, whatever the buckets' addresses.
+    for (i, &(member, cost)) in requests.iter().enumerate() {
         if let Some(decision) = member.refusal_at(cost, now) {
             observe(i, &decision);
             return Ok(MultiDecision {

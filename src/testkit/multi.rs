@@ -148,7 +148,9 @@ fn outcome(got: &Result<Decision, AcquireError>) -> Outcome {
 /// - otherwise every member's word after the call is exactly its refilled word less its
 ///   cost (admitted), or holds exactly its refilled balance (rejected or clock error:
 ///   rolled back); members not asked for are untouched; `observe` saw the members in
-///   ascending identity order, all admitted but a refusing last one;
+///   ascending identity order, all admitted but a refusing last one (or, for a refusal
+///   of the read-only first pass, the refusing member alone: the first in the list that
+///   cannot pay);
 /// - while the members' models are exact (no wrap ambiguity): the decision, the refusing
 ///   position, its balance and wait, and the set's `retry_after` equal the models' (each
 ///   model driven by the costs admitted for its bucket alone);
@@ -563,25 +565,22 @@ fn acquire_all_step(
         }
     } else if request.iter().all(|&(i, _)| members[i].exact) {
         // The models predict the refusal: the read-only first pass refuses at the first
-        // member in identity order that would reject (it leaves members whose time reads
-        // behind to the takes); failing that, the takes stop at the first member that
-        // errs.
-        let outcomes: Vec<(usize, Outcome)> = order
-            .iter()
-            .map(|&k| {
-                let (i, cost) = request[k];
-                (k, members[i].model.clone().try_acquire(cost, now))
-            })
-            .collect();
-        let expected = outcomes
-            .iter()
+        // member in listed order that would reject (it leaves members whose time reads
+        // behind to the takes); failing that, the takes stop at the first member, in
+        // identity order, that errs.
+        let outcome_of = |k: usize| {
+            let (i, cost) = request[k];
+            (k, members[i].model.clone().try_acquire(cost, now))
+        };
+        let expected = (0..request.len())
+            .map(outcome_of)
             .find(|(_, o)| matches!(o, Outcome::Rejected { .. }))
             .or_else(|| {
-                outcomes
+                order
                     .iter()
+                    .map(|&k| outcome_of(k))
                     .find(|(_, o)| !matches!(o, Outcome::Admitted { .. }))
-            })
-            .copied();
+            });
         match (expected, &got) {
             (
                 Some((
