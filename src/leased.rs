@@ -158,7 +158,7 @@ use crate::lease::{GlobalWord, Grant, Holders, LeaseRequest, LeaseSource};
 use crate::multi::{Member, sealed};
 use crate::policy::Policy;
 use crate::slots::{Slots, thread_index};
-use crate::state::Layout;
+use crate::state::{Layout, Snapshot};
 
 /// The most slots a leased bucket may have.
 pub const MAX_SLOTS: usize = 1 << 16;
@@ -566,28 +566,8 @@ impl<C: Clock> LeasedBucket<C> {
             // refusal here comes before the slot is claimed, so it writes nothing.
             (snapshot, now) = self.global.reread(layout, &self.clock)?;
         }
-        // Read-only rejection (I5): when the global balance and every slot together
-        // cannot pay, nothing is written. `min(B, g + Δ) + O < needed` implies
-        // `min(B, g + Δ + O) < needed`: what a plain bucket holds cannot pay either.
-        // First on the global word alone, against the most the slots can hold, so that
-        // a rejection even full slots could not turn loads no slot's line; then, only
-        // if the slots might pay, on what they hold.
-        let needed = layout.base_units() + cost_units;
-        let mut units = snapshot.units();
-        if units.saturating_add(self.max_held_units) >= needed {
-            let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
-            units = units.saturating_add(held);
-        }
-        if units < needed {
-            let balance = units as i64 - layout.base_units() as i64;
-            return Ok(Decision::with_balance(
-                layout,
-                balance,
-                snapshot.behind(),
-                now,
-                cost,
-                false,
-            ));
+        if let Some(refused) = self.read_only_refusal(&snapshot, now, cost) {
+            return Ok(refused);
         }
         let claim = self.slots.claim(slot);
         let marker = claim.map(|(index, _)| index);
@@ -629,6 +609,27 @@ impl<C: Clock> LeasedBucket<C> {
             Grant::Rejected { snapshot, now } => {
                 Decision::new(layout, &snapshot, now, cost, cost_units, false)
             }
+        })
+    }
+
+    /// The read-only rejection (I5): when the global balance (`snapshot`, at `now`) and
+    /// every slot together cannot pay `cost`, the refusal, having written nothing.
+    /// `min(B, g + Δ) + O < needed` implies `min(B, g + Δ + O) < needed`: what a plain
+    /// bucket holds cannot pay either. First on the global word alone, against the most
+    /// the slots can hold, so that a rejection even full slots could not turn loads no
+    /// slot's line; then, only if the slots might pay, on what they hold.
+    #[inline]
+    fn read_only_refusal(&self, snapshot: &Snapshot, now: u64, cost: u64) -> Option<Decision> {
+        let layout = self.policy.layout();
+        let needed = layout.base_units() + (cost << layout.frac_bits());
+        let mut units = snapshot.units();
+        if units.saturating_add(self.max_held_units) >= needed {
+            let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
+            units = units.saturating_add(held);
+        }
+        (units < needed).then(|| {
+            let balance = units as i64 - layout.base_units() as i64;
+            Decision::with_balance(layout, balance, snapshot.behind(), now, cost, false)
         })
     }
 
@@ -729,6 +730,20 @@ impl<C: Clock> LeasedBucket<C> {
         self.slots.reopen(None);
     }
 
+    /// Stores the global word refilled to now (a credit of nothing, quiescing as any
+    /// credit near the cap does), so that its stored tick is recent: the re-anchor a
+    /// [`ScopedLimiter::sweep`](crate::ScopedLimiter::sweep) does for the tick wrap.
+    pub(crate) fn reanchor(&self) {
+        let mut holding = self.holding(None);
+        self.global.credit(
+            self.policy.layout(),
+            self.clock.now_nanos(),
+            0,
+            &mut holding,
+        );
+        holding.release();
+    }
+
     /// Tokens available now: the global balance (refilled) plus every slot's, capped at
     /// the capacity, as a plain bucket would hold. A read-only peek; racy under
     /// concurrent admissions, exact otherwise.
@@ -822,6 +837,20 @@ impl<C: Clock> Member for LeasedBucket<C> {
 
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         self.wait(self.policy.layout(), cost, now)
+    }
+
+    /// The read-only rejection of [`try_acquire`](LeasedBucket::try_acquire): the global
+    /// balance plus every slot cannot pay. A reading well behind the global word is left
+    /// to the take, which reads the clock again.
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        if cost == 0 {
+            return None;
+        }
+        let snapshot = self.global.peek(self.policy.layout(), now);
+        if snapshot.behind() > self.policy.layout().tolerance_ticks() {
+            return None;
+        }
+        self.read_only_refusal(&snapshot, now, cost)
     }
 }
 

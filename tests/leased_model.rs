@@ -197,7 +197,7 @@ fn compare(c: &Case) -> Result<(), TestCaseError> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 5_000,
+        cases: 10_000,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

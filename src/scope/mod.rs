@@ -20,10 +20,13 @@ use crossbeam_utils::CachePadded;
 use crate::attempt::Attempt;
 use crate::bucket::RawBucket;
 use crate::clock::{Clock, QuantaClock};
+use crate::decision::Decision;
+use crate::error::AcquireError;
 use crate::keyed::{
     Handle, KeyHasher, KeyedLimiter, Overflow, Slot, SweepReport, reanchor, sweep_interval,
 };
-use crate::multi::{MultiError, acquire_all_with};
+use crate::leased::LeasedBucket;
+use crate::multi::{Member, MultiError, acquire_all_with, sealed};
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
@@ -32,10 +35,101 @@ pub use decision::{Refusal, ScopeDecision, ScopeError};
 pub use key::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
 pub use rules::{ClassId, DEFAULT_MAX_KEYS, Request, Rule, RuleError, RuleSet, WorkClass};
 
-struct GlobalScope {
-    raw: CachePadded<RawBucket>,
+struct GlobalScope<C: Clock> {
+    bucket: GlobalBucket<C>,
     policy: Policy,
     counters: Option<StripedCounters>,
+}
+
+/// The global scope's bucket: one word, or leased to per-core slots ([`Rule::leased`]).
+// One per limiter: the bytes a plain word leaves unused cost nothing, and boxing the
+// leased bucket would put a pointer chase on every request's path.
+#[allow(clippy::large_enum_variant)]
+enum GlobalBucket<C: Clock> {
+    Word(CachePadded<RawBucket>),
+    Leased(LeasedBucket<C>),
+}
+
+/// One bucket a request pays: a word (a keyed map's, or a plain global scope's) while
+/// its lock is held, or a leased global bucket, with where its counts go.
+enum Payer<'a, C: Clock> {
+    Word(Handle<'a, C>),
+    Leased(&'a LeasedBucket<C>, CounterRef<'a>),
+}
+
+impl<C: Clock> Clone for Payer<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C: Clock> Copy for Payer<'_, C> {}
+
+impl<'a, C: Clock> Payer<'a, C> {
+    fn counters(&self) -> CounterRef<'a> {
+        match self {
+            Payer::Word(h) => h.counters,
+            Payer::Leased(_, c) => *c,
+        }
+    }
+}
+
+impl<C: Clock> sealed::Sealed for Payer<'_, C> {}
+
+impl<C: Clock> Member for Payer<'_, C> {
+    #[inline]
+    fn member_id(&self) -> usize {
+        match self {
+            Payer::Word(h) => h.member_id(),
+            Payer::Leased(b, _) => b.member_id(),
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        match self {
+            Payer::Word(h) => Member::capacity(h),
+            Payer::Leased(b, _) => Member::capacity(*b),
+        }
+    }
+
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        match self {
+            Payer::Word(h) => h.now_nanos(),
+            Payer::Leased(b, _) => Member::now_nanos(*b),
+        }
+    }
+
+    #[inline]
+    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        match self {
+            Payer::Word(h) => h.take_at(cost, now),
+            Payer::Leased(b, _) => b.take_at(cost, now),
+        }
+    }
+
+    #[inline]
+    fn refund_at(&self, cost: u64, now: u64) {
+        match self {
+            Payer::Word(h) => h.refund_at(cost, now),
+            Payer::Leased(b, _) => b.refund_at(cost, now),
+        }
+    }
+
+    fn wait_at(&self, cost: u64, now: u64) -> Duration {
+        match self {
+            Payer::Word(h) => h.wait_at(cost, now),
+            Payer::Leased(b, _) => b.wait_at(cost, now),
+        }
+    }
+
+    #[inline]
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        match self {
+            Payer::Word(h) => h.refusal_at(cost, now),
+            Payer::Leased(b, _) => b.refusal_at(cost, now),
+        }
+    }
 }
 
 /// Pays every scope of a request all-or-nothing, with per-scope telemetry.
@@ -68,6 +162,18 @@ struct GlobalScope {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
+/// # A hot global scope
+///
+/// Every request pays the global scope, so its bucket is the one cache line all cores
+/// meet on. [`Rule::leased`] makes it a [`LeasedBucket`]: admissions take from a
+/// core-local slot, leased in batches from the global word, with the same exact bound
+/// (a leased global scope admits and refuses as a plain one would, names the same scope
+/// and the same [`retry_after`](ScopeDecision::retry_after) when it refuses, and counts
+/// the same). The global scope's own [`Decision`] may report less: for an admission paid
+/// from a slot, the tokens left in the slot; for a refusal that even full slots could not
+/// turn, the global word's balance alone (see
+/// [what is approximate](crate::leased#what-is-approximate)).
+///
 /// # Locking
 ///
 /// Each keyed kind has its own [`KeyedLimiter`] (its own shards and locks), and a request
@@ -83,7 +189,7 @@ pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     /// Unique in the process: the [`ClassId`]s this limiter gives carry it.
     id: u64,
     clock: C,
-    global: Option<GlobalScope>,
+    global: Option<GlobalScope<C>>,
     tenant: Option<KeyedLimiter<TenantId, C, S>>,
     user: Option<KeyedLimiter<UserId, C, S>>,
     api_key: Option<KeyedLimiter<ApiKeyId, C, S>>,
@@ -109,7 +215,8 @@ impl RuleSet {
     /// # Errors
     ///
     /// [`RuleError`] for an invalid map configuration, a class that could never be
-    /// admitted in some scope, or a duplicate class name.
+    /// admitted in some scope, a duplicate class name, or leasing asked for a keyed kind
+    /// or with a configuration that does not fit the global policy.
     pub fn build(self) -> Result<ScopedLimiter, RuleError> {
         self.build_with(QuantaClock::new(), KeyHasher::new())
     }
@@ -137,6 +244,13 @@ impl RuleSet {
         clock: C,
         hasher: S,
     ) -> Result<ScopedLimiter<C, S>, RuleError> {
+        for kind in ScopeKind::ALL {
+            if let (Some(r), true) = (&self.rules[kind.index()], kind != ScopeKind::Global) {
+                if r.lease.is_some() {
+                    return Err(RuleError::LeasedNotGlobal { kind });
+                }
+            }
+        }
         if u32::try_from(self.classes.len()).is_err() {
             return Err(RuleError::TooManyClasses);
         }
@@ -175,17 +289,27 @@ impl RuleSet {
         }
         // A std atomic in a `static` (loom's cannot be one); 2^64 limiters never wrap it.
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        Ok(ScopedLimiter {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            global: self.rules[ScopeKind::Global.index()].map(|r| GlobalScope {
-                raw: CachePadded::new(RawBucket::new(
-                    r.policy.layout(),
-                    clock.now_nanos(),
-                    r.policy.starts_full(),
-                )),
+        let global = match self.rules[ScopeKind::Global.index()] {
+            None => None,
+            Some(r) => Some(GlobalScope {
+                bucket: match r.lease {
+                    None => GlobalBucket::Word(CachePadded::new(RawBucket::new(
+                        r.policy.layout(),
+                        clock.now_nanos(),
+                        r.policy.starts_full(),
+                    ))),
+                    Some(config) => GlobalBucket::Leased(
+                        LeasedBucket::with_config(r.policy, clock.clone(), config)
+                            .map_err(RuleError::Lease)?,
+                    ),
+                },
                 policy: r.policy,
                 counters: r.counters.then(StripedCounters::new),
             }),
+        };
+        Ok(ScopedLimiter {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            global,
             tenant: keyed_map(&self.rules, ScopeKind::Tenant, &clock, &hasher)?,
             user: keyed_map(&self.rules, ScopeKind::User, &clock, &hasher)?,
             api_key: keyed_map(&self.rules, ScopeKind::ApiKey, &clock, &hasher)?,
@@ -296,24 +420,28 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         request: &Request,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
         let mut paid = [None; 6];
-        let mut handles: [Option<Handle<'_, C>>; 6] = [None; 6];
+        let mut handles: [Option<Payer<'_, C>>; 6] = [None; 6];
         if let Some(g) = &self.global {
             if costs[0] > 0 {
-                handles[0] = Some(Handle {
-                    raw: &g.raw,
-                    layout: g.policy.layout(),
-                    clock: &self.clock,
-                    counters: g
-                        .counters
-                        .as_ref()
-                        .map_or(CounterRef::Off, CounterRef::Striped),
+                let counters = g
+                    .counters
+                    .as_ref()
+                    .map_or(CounterRef::Off, CounterRef::Striped);
+                handles[0] = Some(match &g.bucket {
+                    GlobalBucket::Word(raw) => Payer::Word(Handle {
+                        raw,
+                        layout: g.policy.layout(),
+                        clock: &self.clock,
+                        counters,
+                    }),
+                    GlobalBucket::Leased(b) => Payer::Leased(b, counters),
                 });
             }
         }
         for (k, slot) in slots.into_iter().enumerate() {
             match slot {
                 None => {}
-                Some(Slot::Bucket(h)) => handles[k] = Some(h),
+                Some(Slot::Bucket(h)) => handles[k] = Some(Payer::Word(h)),
                 Some(Slot::Full { max_keys }) => {
                     // Refused before any bucket is touched.
                     let kind = ScopeKind::ALL[k];
@@ -362,7 +490,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Ok(m) if m.is_admitted() => {
                 for (k, h) in handles.iter().enumerate() {
                     if let Some(h) = h {
-                        h.counters.record(true, costs[k], attempt);
+                        h.counters().record(true, costs[k], attempt);
                     }
                 }
                 Ok(self.decision(request, paid, None, Duration::ZERO))
@@ -379,7 +507,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         p.decision = (j == k).then_some(refused);
                     }
                 }
-                members[i].0.counters.record(false, costs[k], attempt);
+                members[i].0.counters().record(false, costs[k], attempt);
                 Ok(self.decision(
                     request,
                     paid,
@@ -414,11 +542,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
     }
 
-    /// Whether a handle of kind `k` is that kind's overflow bucket rather than a key's.
-    fn is_overflow(&self, k: usize, h: &Handle<'_, C>) -> bool {
+    /// Whether a bucket of kind `k` is that kind's overflow bucket rather than a key's.
+    fn is_overflow(&self, k: usize, h: &Payer<'_, C>) -> bool {
         self.map(ScopeKind::ALL[k])
             .and_then(|m| m.overflow_id())
-            .is_some_and(|id| id == h.raw.id())
+            .is_some_and(|id| id == h.member_id())
     }
 
     fn key_limit_counts(&self, kind: ScopeKind, cost: u64, request: &Request) {
@@ -507,9 +635,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         Some(match scope {
             Scope::Global => {
                 let g = self.global.as_ref()?;
-                let layout = g.policy.layout();
-                let s = g.raw.snapshot(layout, self.clock.now_nanos());
-                layout.units_to_tokens(layout.balance_units(&s))
+                match &g.bucket {
+                    GlobalBucket::Word(raw) => {
+                        let layout = g.policy.layout();
+                        let s = raw.snapshot(layout, self.clock.now_nanos());
+                        layout.units_to_tokens(layout.balance_units(&s))
+                    }
+                    GlobalBucket::Leased(b) => b.available(),
+                }
             }
             Scope::Tenant(id) => self.tenant.as_ref()?.available(id),
             Scope::User(id) => self.user.as_ref()?.available(id),
@@ -519,17 +652,22 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         })
     }
 
-    /// Sweeps every keyed map ([`KeyedLimiter::sweep`]) and re-anchors the global bucket.
-    /// Run it at least every [`max_sweep_interval`](ScopedLimiter::max_sweep_interval).
+    /// Sweeps every keyed map ([`KeyedLimiter::sweep`]) and re-anchors the global bucket
+    /// (a leased one also gets its slots' idle tokens back, as
+    /// [`LeasedBucket::reclaim`] does). Run it at least every
+    /// [`max_sweep_interval`](ScopedLimiter::max_sweep_interval).
     pub fn sweep(&self) -> SweepReport {
         let mut report = SweepReport::default();
         if let Some(g) = &self.global {
-            reanchor(
-                &g.raw,
-                g.policy.layout(),
-                &self.clock,
-                self.clock.now_nanos(),
-            );
+            match &g.bucket {
+                GlobalBucket::Word(raw) => {
+                    reanchor(raw, g.policy.layout(), &self.clock, self.clock.now_nanos())
+                }
+                GlobalBucket::Leased(b) => {
+                    b.reclaim();
+                    b.reanchor();
+                }
+            }
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
@@ -556,11 +694,31 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         &self.clock
     }
 
+    /// Whether the global scope's bucket is leased to per-core slots ([`Rule::leased`]).
+    pub fn global_is_leased(&self) -> bool {
+        matches!(
+            self.global.as_ref().map(|g| &g.bucket),
+            Some(GlobalBucket::Leased(_))
+        )
+    }
+
+    /// Tokens the global scope's slots hold now, leased and not yet spent (zero for a
+    /// global scope that is not leased): see [`LeasedBucket::leased_tokens`].
+    pub fn global_leased_tokens(&self) -> u64 {
+        match self.global.as_ref().map(|g| &g.bucket) {
+            Some(GlobalBucket::Leased(b)) => b.leased_tokens(),
+            _ => 0,
+        }
+    }
+
     /// The packed word of `scope`'s bucket, for tests and diagnostics.
     #[doc(hidden)]
     pub fn __word(&self, scope: &Scope) -> Option<u64> {
         match scope {
-            Scope::Global => Some(self.global.as_ref()?.raw.load()),
+            Scope::Global => Some(match &self.global.as_ref()?.bucket {
+                GlobalBucket::Word(raw) => raw.load(),
+                GlobalBucket::Leased(b) => b.__word(),
+            }),
             Scope::Tenant(id) => self.tenant.as_ref()?.__word(id),
             Scope::User(id) => self.user.as_ref()?.__word(id),
             Scope::ApiKey(id) => self.api_key.as_ref()?.__word(id),

@@ -4,6 +4,7 @@ use std::fmt;
 
 use crate::attempt::Attempt;
 use crate::keyed::{Eviction, KeyedConfigError, Overflow};
+use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
 use crate::scope::key::{ApiKeyId, RouteId, ScopeKind, TenantId, UserId};
 
@@ -27,6 +28,7 @@ pub struct Rule {
     pub(crate) overflow: Overflow,
     pub(crate) eviction: Eviction,
     pub(crate) counters: bool,
+    pub(crate) lease: Option<LeaseConfig>,
 }
 
 /// The default maximum number of keys per scope kind (2^20).
@@ -43,6 +45,7 @@ impl Rule {
             overflow: Overflow::Reject,
             eviction: Eviction::Lossless,
             counters: true,
+            lease: None,
         }
     }
 
@@ -74,6 +77,34 @@ impl Rule {
     /// striped across cache lines for the global scope).
     pub fn counters(mut self, on: bool) -> Rule {
         self.counters = on;
+        self
+    }
+
+    /// Makes the global scope's bucket a [`LeasedBucket`](crate::LeasedBucket) with
+    /// `config`: tokens leased in batches to per-core slots, so that admissions on many
+    /// cores stop meeting on one cache line, with the same exact bound as the plain
+    /// bucket (see [`crate::leased`]). For the global scope only, the one bucket every
+    /// request pays; [`RuleSet::build`] refuses it on a keyed kind with
+    /// [`RuleError::LeasedNotGlobal`], and an invalid `config` with [`RuleError::Lease`].
+    ///
+    /// ```
+    /// use tokengate::{LeaseConfig, Policy, Rule, RuleError, RuleSet, ScopeKind, WorkClass};
+    /// let hot = Rule::new(Policy::new(10_000, 5_000.0)?).leased(LeaseConfig::new());
+    /// let limiter = RuleSet::new()
+    ///     .rule(ScopeKind::Global, hot)
+    ///     .class(WorkClass::new("read", 1))
+    ///     .build()?;
+    /// assert!(limiter.global_is_leased());
+    ///
+    /// let refused = RuleSet::new().rule(ScopeKind::Tenant, hot).build();
+    /// assert_eq!(
+    ///     refused.unwrap_err(),
+    ///     RuleError::LeasedNotGlobal { kind: ScopeKind::Tenant }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn leased(mut self, config: LeaseConfig) -> Rule {
+        self.lease = Some(config);
         self
     }
 
@@ -290,6 +321,13 @@ pub enum RuleError {
     DuplicateClass(String),
     /// More than 2^32 classes.
     TooManyClasses,
+    /// [`Rule::leased`] on a keyed kind: only the global scope's bucket can be leased.
+    LeasedNotGlobal {
+        /// The keyed kind whose rule asked for leasing.
+        kind: ScopeKind,
+    },
+    /// The global rule's [`LeaseConfig`] is invalid for its policy.
+    Lease(LeaseConfigError),
 }
 
 impl fmt::Display for RuleError {
@@ -308,6 +346,12 @@ impl fmt::Display for RuleError {
             ),
             RuleError::DuplicateClass(name) => write!(f, "class {name:?} is defined twice"),
             RuleError::TooManyClasses => f.write_str("at most 2^32 classes"),
+            RuleError::LeasedNotGlobal { kind } => write!(
+                f,
+                "rule for {kind} scopes asks for leasing: only the global scope's bucket \
+                 can be leased"
+            ),
+            RuleError::Lease(error) => write!(f, "rule for global scopes: {error}"),
         }
     }
 }
@@ -316,6 +360,7 @@ impl std::error::Error for RuleError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             RuleError::Keyed { error, .. } => Some(error),
+            RuleError::Lease(error) => Some(error),
             _ => None,
         }
     }
