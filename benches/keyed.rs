@@ -10,7 +10,9 @@
 //!   counters on, and governor's `check_key` (DashMap, SipHash).
 //! - `global_counters/*`: a scoped limiter with only the global scope, counters on or off,
 //!   on one thread and on all hardware threads at once (admitting, and rejecting: a
-//!   rejection writes nothing to the bucket, so there the counter is the only write).
+//!   rejection writes nothing to the bucket, so there the counter is the only write);
+//!   and admitting with the global scope leased to per-core slots (`Rule::leased`), the
+//!   same run.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokengate::{
-    KeyedLimiter, Policy, Request, Rule, RuleSet, ScopeKind, ScopedLimiter, WorkClass,
+    KeyedLimiter, LeaseConfig, Policy, Request, Rule, RuleSet, ScopeKind, ScopedLimiter, WorkClass,
 };
 
 const KEYS: u64 = 100_000;
@@ -89,12 +91,13 @@ fn keyed_100k(c: &mut Criterion) {
     g.finish();
 }
 
-fn global_only(counters: bool, capacity: u64, rate: f64) -> ScopedLimiter {
+fn global_only(counters: bool, capacity: u64, rate: f64, leased: bool) -> ScopedLimiter {
+    let mut rule = Rule::new(Policy::new(capacity, rate).unwrap()).counters(counters);
+    if leased {
+        rule = rule.leased(LeaseConfig::new());
+    }
     RuleSet::new()
-        .rule(
-            ScopeKind::Global,
-            Rule::new(Policy::new(capacity, rate).unwrap()).counters(counters),
-        )
+        .rule(ScopeKind::Global, rule)
         .class(WorkClass::new("metadata", 1))
         .build()
         .unwrap()
@@ -129,7 +132,7 @@ fn global_counters(c: &mut Criterion) {
     let mut g = c.benchmark_group("global_counters");
     for (name, capacity, rate) in [("admit", 1_000_000, 1e9), ("reject", 1, 1e-3)] {
         for counters in [false, true] {
-            let l = global_only(counters, capacity, rate);
+            let l = global_only(counters, capacity, rate, false);
             if name == "reject" {
                 run_threads(&l, 1, 1); // drain the single token
             }
@@ -141,6 +144,17 @@ fn global_counters(c: &mut Criterion) {
                 b.iter_custom(|iters| run_threads(&l, threads, iters))
             });
         }
+    }
+    for counters in [false, true] {
+        let l = global_only(counters, 1_000_000, 1e9, true);
+        let on = if counters { "on" } else { "off" };
+        g.bench_function(format!("admit_leased_counters_{on}_1_thread"), |b| {
+            b.iter_custom(|iters| run_threads(&l, 1, iters))
+        });
+        g.bench_function(
+            format!("admit_leased_counters_{on}_{threads}_threads"),
+            |b| b.iter_custom(|iters| run_threads(&l, threads, iters)),
+        );
     }
     g.finish();
 }

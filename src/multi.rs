@@ -254,6 +254,16 @@ pub fn acquire_all<M: Member + ?Sized>(
 /// As [`acquire_all`].
 pub fn acquire_all_with<M: Member + ?Sized>(
     requests: &[(&M, u64)],
+    observe: impl FnMut(usize, &Decision),
+) -> Result<MultiDecision, MultiError> {
+    acquire_all_at(requests, None, observe)
+}
+
+/// [`acquire_all_with`] at `now` when given (a reading of the members' clock that the
+/// caller has just taken), else at a reading of the first member's clock.
+pub(crate) fn acquire_all_at<M: Member + ?Sized>(
+    requests: &[(&M, u64)],
+    now: Option<u64>,
     mut observe: impl FnMut(usize, &Decision),
 ) -> Result<MultiDecision, MultiError> {
     for (index, &(member, cost)) in requests.iter().enumerate() {
@@ -290,7 +300,7 @@ pub fn acquire_all_with<M: Member + ?Sized>(
         sort_by_id(order, requests)?;
     }
 
-    let now = first.now_nanos();
+    let now = now.unwrap_or_else(|| first.now_nanos());
     // First pass, read-only: a set that cannot be paid now is refused without a write
     // (I5), so refused requests neither write the shared buckets' lines nor hold their
     // tokens for a moment. Only a set that passes is taken, and a refusal then (another

@@ -26,7 +26,7 @@ use crate::keyed::{
     Handle, KeyHasher, KeyedLimiter, Overflow, Slot, SweepReport, reanchor, sweep_interval,
 };
 use crate::leased::LeasedBucket;
-use crate::multi::{Member, MultiError, acquire_all_with, sealed};
+use crate::multi::{Member, MultiError, acquire_all_at, sealed};
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
@@ -403,7 +403,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     with(&self.route, r.route.as_ref(), costs[4], now, |ro| {
                         let tr = r.tenant.zip(r.route);
                         with(&self.tenant_route, tr.as_ref(), costs[5], now, |tr| {
-                            self.decide([None, t, u, a, ro, tr], &costs, request)
+                            self.decide([None, t, u, a, ro, tr], &costs, request, now)
                         })
                     })
                 })
@@ -411,13 +411,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         })
     }
 
-    /// Pays the held slots (and the global scope) all-or-nothing, counts, and builds the
-    /// decision.
+    /// Pays the held slots (and the global scope) all-or-nothing at `now` (the one
+    /// reading of the request, taken before its locks: a bucket that finds it well behind
+    /// reads the clock again), counts, and builds the decision.
     fn decide(
         &self,
         slots: Slots<'_, C>,
         costs: &[u64; 6],
         request: &Request,
+        now: u64,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
         let mut paid = [None; 6];
         let mut handles: [Option<Payer<'_, C>>; 6] = [None; 6];
@@ -480,7 +482,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             }
         }
         let members = &members[..n];
-        let outcome = acquire_all_with(members, |i, d| {
+        let outcome = acquire_all_at(members, Some(now), |i, d| {
             if let Some(p) = &mut paid[kinds[i]] {
                 p.decision = Some(*d);
             }
