@@ -840,12 +840,28 @@ impl<C: Clock> Member for LeasedBucket<C> {
     }
 
     /// The read-only rejection of [`try_acquire`](LeasedBucket::try_acquire): the global
-    /// balance plus every slot cannot pay. A reading well behind the global word is left
-    /// to the take, which reads the clock again.
+    /// balance plus every slot cannot pay. When this thread's slot can pay, only its own
+    /// line is read (the common case: the global word's line stays off the path). A
+    /// reading well behind the global word is left to the take, which reads the clock
+    /// again.
+    #[inline]
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
-        if cost == 0 {
+        let layout = self.policy.layout();
+        if cost == 0
+            || self
+                .slots
+                .can_pay(thread_index(), cost, layout.tick_of(now))
+        {
             return None;
         }
+        self.refusal_on_global(cost, now)
+    }
+}
+
+impl<C: Clock> LeasedBucket<C> {
+    #[cold]
+    #[inline(never)]
+    fn refusal_on_global(&self, cost: u64, now: u64) -> Option<Decision> {
         let snapshot = self.global.peek(self.policy.layout(), now);
         if snapshot.behind() > self.policy.layout().tolerance_ticks() {
             return None;

@@ -223,6 +223,14 @@ impl Slots {
         }
     }
 
+    /// Whether [`consume`](Slots::consume) would find the slot able to pay `cost` now.
+    /// Reads the slot's word alone; writes nothing.
+    #[inline]
+    pub(crate) fn can_pay(&self, index: usize, cost: u64, now_tick: u64) -> bool {
+        let cur = self.slot(index).word.load(Ordering::Acquire);
+        cur >> self.token_bits == now_tick & self.tick_mask && cur & self.token_mask >= cost
+    }
+
     /// Marks an OPEN slot LEASING, taking the tokens left in it (of any tick). Returns
     /// the slot's index and those tokens; `None` (writing nothing) when the slot is being
     /// leased by another thread or is closed.
@@ -374,25 +382,24 @@ mod tests {
     #[test]
     fn consume_spends_only_open_slots_leased_this_tick_holding_enough() {
         let slots = Slots::new(2, T);
-        assert_eq!(slots.consume(0, 1, 0), None);
+        // `can_pay`, read-only, agrees with every `consume` before it runs.
+        let consume = |i: usize, cost: u64, tick: u64| {
+            let could = slots.can_pay(i, cost, tick);
+            let spent = slots.consume(i, cost, tick);
+            assert_eq!(could, spent.is_some(), "slot {i}, cost {cost}, tick {tick}");
+            spent
+        };
+        assert_eq!(consume(0, 1, 0), None);
         let (i, t) = slots.claim(0).unwrap();
         assert_eq!((i, t), (0, 0));
-        assert_eq!(
-            slots.consume(0, 1, 7),
-            None,
-            "a LEASING slot is not spendable"
-        );
+        assert_eq!(consume(0, 1, 7), None, "a LEASING slot is not spendable");
         assert!(slots.publish(i, 7, 5));
-        assert_eq!(slots.consume(0, 6, 7), None);
-        assert_eq!(slots.consume(0, 1, 8), None, "expired at the next tick");
-        assert_eq!(
-            slots.consume(0, 1, 6),
-            None,
-            "nor spendable from an earlier tick"
-        );
-        assert_eq!(slots.consume(0, 2, 7), Some(3));
-        assert_eq!(slots.consume(2, 3, 7), Some(0), "indices wrap by the mask");
-        assert_eq!(slots.consume(0, 1, 7 + (1 << T)), None);
+        assert_eq!(consume(0, 6, 7), None);
+        assert_eq!(consume(0, 1, 8), None, "expired at the next tick");
+        assert_eq!(consume(0, 1, 6), None, "nor spendable from an earlier tick");
+        assert_eq!(consume(0, 2, 7), Some(3));
+        assert_eq!(consume(2, 3, 7), Some(0), "indices wrap by the mask");
+        assert_eq!(consume(0, 1, 7 + (1 << T)), None);
     }
 
     #[test]
