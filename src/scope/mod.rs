@@ -463,10 +463,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             }
         }
         // Compact the held handles into the member list (at most 6: no allocation).
-        let Some(&filler) = handles.iter().flatten().next() else {
+        let Some(filler) = handles.iter().flatten().next() else {
             return Ok(self.decision(request, paid, None, Duration::ZERO));
         };
-        let mut members = [(&filler, 0u64); 6];
+        let mut members = [(filler, 0u64); 6];
         let mut kinds = [0usize; 6];
         let mut n = 0;
         for (k, h) in handles.iter().enumerate() {
