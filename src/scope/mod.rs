@@ -3,8 +3,9 @@
 //! A [`RuleSet`] gives each scope kind (global, tenant, user, API key, route, tenant
 //! route) its own [`Rule`] (policy, key bound, overflow) and names the work classes with
 //! their costs. A [`ScopedLimiter`] built from it maps a [`Request`] to the scopes it must
-//! pay and pays them all or none, through [`acquire_all_with`](crate::acquire_all_with);
-//! the [`ScopeDecision`] names the scope that refused.
+//! pay and pays them all or none, as [`acquire_all_with`](crate::acquire_all_with) does
+//! (at the one clock reading of the request); the [`ScopeDecision`] names the scope that
+//! refused. The global scope's bucket may be a [`LeasedBucket`] ([`Rule::leased`]).
 //!
 
 mod decision;
