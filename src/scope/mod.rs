@@ -205,6 +205,13 @@ impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
         f.debug_struct("ScopedLimiter")
             .field("clock", &self.clock)
             .field("policies", &self.policies)
+            .field(
+                "global_leased",
+                &matches!(
+                    self.global.as_ref().map(|g| &g.bucket),
+                    Some(GlobalBucket::Leased(_))
+                ),
+            )
             .field("classes", &self.classes)
             .finish()
     }
