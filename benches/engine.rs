@@ -45,30 +45,11 @@ mod mutex_bucket;
 #[allow(dead_code)]
 mod engines;
 
+mod common;
+
+use common::max_threads;
 use engines::{Engine, Limiter, Regime, Visit};
 use mutex_bucket::MutexBucket;
-
-/// The largest thread count of the contention groups: `TOKENGATE_THREADS` (1 to 1024,
-/// as `tokengate bench --threads`), or every core. A bad value stops the run with a
-/// message rather than measuring something else.
-fn max_threads() -> usize {
-    let value = match std::env::var("TOKENGATE_THREADS") {
-        Err(std::env::VarError::NotPresent) => {
-            return std::thread::available_parallelism().map_or(1, |n| n.get());
-        }
-        Ok(v) => v,
-        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
-    };
-    match value.trim().parse::<usize>() {
-        Ok(n) if (1..=1024).contains(&n) => n,
-        _ => {
-            eprintln!(
-                "error: TOKENGATE_THREADS must be a whole number from 1 to 1024, got {value:?}"
-            );
-            std::process::exit(2)
-        }
-    }
-}
 
 fn policy(regime: Regime) -> Policy {
     regime.policy().expect("the regimes are valid policies")

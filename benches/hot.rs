@@ -17,6 +17,10 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use tokengate::{Bucket, Clock, CoarseClock, LeasedBucket, Policy, QuantaClock};
 
+mod common;
+
+use common::max_threads;
+
 const CAPACITY: u64 = 1_000_000;
 const RATE: f64 = 1e9;
 
@@ -49,28 +53,6 @@ fn coarse_governor() -> CoarseGovernor {
 fn coarse() -> CoarseClock {
     LazyLock::force(&UPKEEP);
     CoarseClock::new().expect("upkeep thread")
-}
-
-/// The largest thread count: `TOKENGATE_THREADS` (1 to 1024, as `tokengate bench
-/// --threads`), or every core. A bad value stops the run with a message rather than
-/// measuring something else.
-fn threads() -> usize {
-    let value = match std::env::var("TOKENGATE_THREADS") {
-        Err(std::env::VarError::NotPresent) => {
-            return std::thread::available_parallelism().map_or(1, |n| n.get());
-        }
-        Ok(v) => v,
-        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
-    };
-    match value.trim().parse::<usize>() {
-        Ok(n) if (1..=1024).contains(&n) => n,
-        _ => {
-            eprintln!(
-                "error: TOKENGATE_THREADS must be a whole number from 1 to 1024, got {value:?}"
-            );
-            std::process::exit(2)
-        }
-    }
 }
 
 /// A shared limiter as the benchmark drives it: one admission attempt.
@@ -178,7 +160,7 @@ fn contended(c: &mut Criterion) {
             Box::new(coarse_governor()),
         ),
     ];
-    for n in 1..=threads() {
+    for n in 1..=max_threads() {
         let mut g = c.benchmark_group(format!("threads_{n}"));
         g.throughput(Throughput::Elements(n as u64));
         for (name, limiter) in &limiters {
@@ -205,7 +187,7 @@ criterion_group! {
 // `criterion_main!` with one step first: a bad TOKENGATE_THREADS is refused before
 // anything is measured, not after the one-thread groups.
 fn main() {
-    threads();
+    max_threads();
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

@@ -9,19 +9,21 @@
 //!   tokengate with its default hasher (aHash), with std's SipHash, with foldhash, with
 //!   counters on, and governor's `check_key` (DashMap, SipHash).
 //! - `global_counters/*`: a scoped limiter with only the global scope, counters on or off,
-//!   on one thread and on all hardware threads at once (admitting, and rejecting: a
-//!   rejection writes nothing to the bucket, so there the counter is the only write);
-//!   and admitting with the global scope leased to per-core slots (`Rule::leased`), the
-//!   same run.
+//!   on one thread and on N threads at once (N from `TOKENGATE_THREADS`, 1 to 1024,
+//!   default: all cores), admitting and rejecting (a rejection writes nothing to the
+//!   bucket, so there the counter is the only write); and admitting with the global
+//!   scope leased to per-core slots (`Rule::leased`), in the same run.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use tokengate::{
     KeyedLimiter, LeaseConfig, Policy, Request, Rule, RuleSet, ScopeKind, ScopedLimiter, WorkClass,
 };
+
+mod common;
 
 const KEYS: u64 = 100_000;
 /// Random key indexes, precomputed so the generator is not measured.
@@ -128,7 +130,7 @@ fn run_threads(l: &ScopedLimiter, threads: u64, iters: u64) -> Duration {
 }
 
 fn global_counters(c: &mut Criterion) {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let threads = common::max_threads() as u64;
     let mut g = c.benchmark_group("global_counters");
     for (name, capacity, rate) in [("admit", 1_000_000, 1e9), ("reject", 1, 1e-3)] {
         for counters in [false, true] {
@@ -167,4 +169,10 @@ criterion_group! {
         .measurement_time(Duration::from_secs(2));
     targets = keyed_100k, global_counters
 }
-criterion_main!(benches);
+// `criterion_main!` with one step first: a bad TOKENGATE_THREADS is refused before
+// anything is measured, not after the keyed group.
+fn main() {
+    common::max_threads();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -19,6 +19,7 @@ use std::time::Instant;
 use governor::RateLimiter;
 use tokengate::{Bucket, Clock, CoarseClock, Policy, QuantaClock, acquire_all};
 
+mod common;
 #[path = "../src/bin/tokengate/mutex_bucket.rs"]
 mod mutex_bucket;
 
@@ -42,23 +43,9 @@ fn p5_nanos(batches: usize, mut call: impl FnMut()) -> f64 {
     means[means.len() / 20]
 }
 
-/// `PERCENTILE_BATCHES` (1 to 1,000,000), or 3000. A bad value stops the run with a
-/// message rather than measuring something else.
+/// `PERCENTILE_BATCHES` (1 to 1,000,000), or 3000.
 fn batches() -> usize {
-    let value = match std::env::var("PERCENTILE_BATCHES") {
-        Err(std::env::VarError::NotPresent) => return 3000,
-        Ok(v) => v,
-        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
-    };
-    match value.trim().parse::<usize>() {
-        Ok(n) if (1..=1_000_000).contains(&n) => n,
-        _ => {
-            eprintln!(
-                "error: PERCENTILE_BATCHES must be a whole number from 1 to 1000000, got {value:?}"
-            );
-            std::process::exit(2)
-        }
-    }
+    common::env_count("PERCENTILE_BATCHES", 1_000_000, || 3000)
 }
 
 fn main() {
