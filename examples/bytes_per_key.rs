@@ -12,6 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokengate::{KeyedLimiter, Policy};
 
+#[path = "support/rss.rs"]
+mod rss;
+
+use rss::rss_kib;
+
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -40,17 +45,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn keys(n: usize) -> Vec<u64> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;

@@ -14,20 +14,14 @@ use std::time::Instant;
 
 use tokengate::{Clock, KeyedError, KeyedLimiter, ManualClock, Policy, QuantaClock};
 
+#[path = "support/rss.rs"]
+mod rss;
+
+use rss::rss_kib;
+
 const FLOOD: u64 = 10_000_000;
 const MAX_KEYS: usize = 100_000;
 const RESIDENTS: u64 = 1_000;
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn flood<C: Clock>(name: &str, limiter: KeyedLimiter<u64, C>) {
     let rss0 = rss_kib();
