@@ -299,6 +299,29 @@ pub fn balance_now<C: tokengate::Clock>(bucket: &tokengate::Bucket<C>) -> i64 {
     layout.balance_units(&snapshot)
 }
 
+/// Two acquirers and a third thread advancing `clock` by `step` nanoseconds, started in
+/// that order; the acquirers' outcomes once all three are done. The shape of the models
+/// of a clock moving between a reading and its CAS.
+pub fn acquirers_racing_an_advance<T, A, B>(
+    clock: &tokengate::ManualClock,
+    step: u64,
+    first: A,
+    second: B,
+) -> [T; 2]
+where
+    T: Send + 'static,
+    A: FnOnce() -> T + Send + 'static,
+    B: FnOnce() -> T + Send + 'static,
+{
+    let (first, second) = (loom::thread::spawn(first), loom::thread::spawn(second));
+    let advancer = {
+        let clock = clock.clone();
+        loom::thread::spawn(move || clock.advance(Duration::from_nanos(step)))
+    };
+    advancer.join().unwrap();
+    [first.join().unwrap(), second.join().unwrap()]
+}
+
 /// Whole ticks for this layout to refill at least one token: `ceil(2^F / R)`.
 pub fn ticks_per_token(layout: &tokengate::state::Layout) -> u64 {
     (1u64 << layout.frac_bits()).div_ceil(layout.refill_per_tick())

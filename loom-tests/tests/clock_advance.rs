@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Model, Tally, balance_now, ticks_per_token};
+use loom_tests::{Model, Tally, acquirers_racing_an_advance, balance_now, ticks_per_token};
 use tokengate::{AcquireError, Bucket, Clock, ManualClock, Policy};
 
 #[test]
@@ -67,15 +67,9 @@ fn advancing_clock(
         clock.advance(Duration::from_nanos(start));
         let acquirer = || {
             let bucket = bucket.clone();
-            thread::spawn(move || bucket.try_acquire(cost))
+            move || bucket.try_acquire(cost)
         };
-        let (t1, t2) = (acquirer(), acquirer());
-        let advancer = {
-            let clock = clock.clone();
-            thread::spawn(move || clock.advance(Duration::from_nanos(step)))
-        };
-        advancer.join().unwrap();
-        let outcomes = [t1.join().unwrap(), t2.join().unwrap()];
+        let outcomes = acquirers_racing_an_advance(&clock, step, acquirer(), acquirer());
 
         let mut admitted = 0;
         for outcome in &outcomes {

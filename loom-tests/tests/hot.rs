@@ -4,87 +4,58 @@
 //! Run with `RUSTFLAGS="--cfg loom" cargo test -p loom-tests --release --test hot`.
 //!
 //! Each model is also run with a deliberate bug switched on (`tokengate::mutants`) and
-//! must then fail: that shows the model can see the bug it is there for.
+//! must then fail: that shows the model can see the bug it is there for. The harness
+//! (one model at a time, counting executions, expecting a violation) is `loom_tests::Model`.
 
 #![cfg(loom)]
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
+use loom_tests::{Model, Tally, acquirers_racing_an_advance, ticks_per_token};
 use tokengate::mutants;
 use tokengate::{Clock, LeaseConfig, LeasedBucket, ManualClock, Policy};
+
+/// The two-thread frozen-clock model (each thread leasing, spending, and one of them
+/// refunding and reclaiming, the other reclaiming before it decides) did not finish
+/// exhaustively within ten minutes once rejections read the slots before writing; it is
+/// bounded at five preemptions per execution.
+const FROZEN_TWO: Model = Model {
+    name: "LeasedBucket: two threads, frozen clock",
+    threads: 2,
+    preemption_bound: Some(5),
+};
+
+/// Three threads on two slots: bounded at three preemptions per execution (four: about
+/// a million executions, 2 minutes).
+const FROZEN_THREE: Model = Model {
+    name: "LeasedBucket: three threads on two slots, frozen clock",
+    threads: 3,
+    preemption_bound: Some(3),
+};
+
+const CAPPED_REFUND: Model = Model::exhaustive("LeasedBucket: capped refund with a lease out", 2);
 
 /// The tick-edge model (two threads each making a trip to the global word, one of them
 /// closing the other's slot) did not finish exhaustively within 15 minutes here; it is
 /// bounded at five preemptions per execution (about 400 000 executions, 40 s; each
 /// extra preemption multiplies that by about three to four).
-const TICK_MODEL_PREEMPTIONS: usize = 5;
+const TICK_EDGE: Model = Model {
+    name: "LeasedBucket: a lease out across a tick edge",
+    threads: 3,
+    preemption_bound: Some(5),
+};
 
-/// The two-thread frozen-clock model (each thread leasing, spending, and one of them
-/// refunding and reclaiming, the other reclaiming before it decides) did not finish
-/// exhaustively within ten minutes once rejections read the slots before writing; it is
-/// bounded at this many preemptions per execution.
-const FROZEN_MODEL_PREEMPTIONS: usize = 5;
+const STALE_SPENDER: Model = Model::exhaustive("LeasedBucket: a delayed spender after a refill", 2);
 
-/// Mutant flags are process-wide: models run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs `f` under loom, exhaustively unless `preemptions` bounds the preemptions per
-/// execution, returning the number of executions explored.
-fn explore_with(
-    name: &str,
-    preemptions: Option<usize>,
-    f: impl Fn() + Sync + Send + 'static,
-) -> usize {
-    static RUNS: AtomicUsize = AtomicUsize::new(0);
-    RUNS.store(0, Ordering::Relaxed);
-    let start = Instant::now();
-    let mut builder = loom::model::Builder::new();
-    if preemptions.is_some() {
-        builder.preemption_bound = preemptions;
-    }
-    let preemptions = builder.preemption_bound;
-    builder.check(move || {
-        RUNS.fetch_add(1, Ordering::Relaxed);
-        f();
-    });
-    let runs = RUNS.load(Ordering::Relaxed);
-    let bound = preemptions.map_or("exhaustive".to_string(), |p| {
-        format!("preemption bound {p}")
-    });
-    println!(
-        "{name} ({bound}): {runs} executions in {:?}",
-        start.elapsed()
-    );
-    runs
-}
-
-/// Runs `f` exhaustively.
-fn explore(name: &str, f: impl Fn() + Sync + Send + 'static) -> usize {
-    explore_with(name, None, f)
-}
-
-/// Runs `f` with `flag` on and asserts that loom finds a failing execution.
-fn caught(name: &str, flag: &'static AtomicBool, f: impl Fn() + Sync + Send + 'static) {
-    let _on = mutants::enable(flag);
-    let start = Instant::now();
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = builder.preemption_bound.or(Some(TICK_MODEL_PREEMPTIONS));
-    let failed = catch_unwind(AssertUnwindSafe(|| builder.check(f))).is_err();
-    println!(
-        "{name}: planted bug caught = {failed} in {:?}",
-        start.elapsed()
-    );
-    assert!(failed, "{name}: the model did not catch the planted bug");
-}
+/// Two acquirers and a clock advance: bounded at three preemptions per execution.
+const ADVANCING_CLOCK: Model = Model {
+    name: "LeasedBucket: two trips racing a clock advance",
+    threads: 4,
+    preemption_bound: Some(3),
+};
 
 fn bucket(capacity: u64, clock: &ManualClock) -> LeasedBucket<ManualClock> {
     let policy = Policy::new(capacity, 1.0).unwrap();
@@ -143,29 +114,15 @@ fn frozen_two_threads() {
 
 #[test]
 fn frozen_clock_admits_exactly_the_balance() {
-    let _s = serial();
-    assert!(
-        explore_with(
-            "frozen_two_threads",
-            Some(FROZEN_MODEL_PREEMPTIONS),
-            frozen_two_threads
-        ) > 1
-    );
+    assert!(FROZEN_TWO.check(frozen_two_threads).executions > 1);
 }
 
 #[test]
 fn frozen_clock_model_catches_a_lease_left_in_the_global_word() {
-    let _s = serial();
-    caught(
-        "frozen_two_threads + LEASE_KEEPS_GLOBAL",
-        &mutants::LEASE_KEEPS_GLOBAL,
-        frozen_two_threads,
-    );
+    FROZEN_TWO.expect_violation(&mutants::LEASE_KEEPS_GLOBAL, frozen_two_threads);
 }
 
 /// Three threads on two slots (two share slot 1), frozen clock: exact conservation.
-/// Bounded at three preemptions per execution (four: about a million executions, 2
-/// minutes).
 fn frozen_three_threads() {
     let clock = ManualClock::new();
     let b = Arc::new(bucket(64, &clock));
@@ -192,8 +149,7 @@ fn frozen_three_threads() {
 
 #[test]
 fn frozen_clock_three_threads_admit_exactly_the_balance() {
-    let _s = serial();
-    assert!(explore_with("frozen_three_threads", Some(3), frozen_three_threads) > 1);
+    assert!(FROZEN_THREE.check(frozen_three_threads).executions > 1);
 }
 
 /// A refund that meets the cap while a lease is out (frozen clock). Thread A leases; the
@@ -218,20 +174,17 @@ fn capped_refund_with_a_lease_out() {
 
 #[test]
 fn a_capped_refund_takes_leases_back_first() {
-    let _s = serial();
     assert!(
-        explore(
-            "capped_refund_with_a_lease_out",
-            capped_refund_with_a_lease_out
-        ) > 1
+        CAPPED_REFUND
+            .check(capped_refund_with_a_lease_out)
+            .executions
+            > 1
     );
 }
 
 #[test]
 fn capped_refund_model_catches_credit_that_ignores_leases() {
-    let _s = serial();
-    caught(
-        "capped_refund_with_a_lease_out + CREDIT_IGNORES_LEASES",
+    CAPPED_REFUND.expect_violation(
         &mutants::CREDIT_IGNORES_LEASES,
         capped_refund_with_a_lease_out,
     );
@@ -277,25 +230,12 @@ fn tick_edge_with_a_lease_out() {
 
 #[test]
 fn a_lease_is_not_spent_after_its_tick() {
-    let _s = serial();
-    let bound = TICK_MODEL_PREEMPTIONS;
-    assert!(
-        explore_with(
-            "tick_edge_with_a_lease_out",
-            Some(bound),
-            tick_edge_with_a_lease_out
-        ) > 1
-    );
+    assert!(TICK_EDGE.check(tick_edge_with_a_lease_out).executions > 1);
 }
 
 #[test]
 fn tick_edge_model_catches_a_lease_that_never_expires() {
-    let _s = serial();
-    caught(
-        "tick_edge_with_a_lease_out + LEASE_NEVER_EXPIRES",
-        &mutants::LEASE_NEVER_EXPIRES,
-        tick_edge_with_a_lease_out,
-    );
+    TICK_EDGE.expect_violation(&mutants::LEASE_NEVER_EXPIRES, tick_edge_with_a_lease_out);
 }
 
 /// A clock that reads the manual clock, or, for the thread that made it and while `stale`
@@ -374,34 +314,25 @@ fn stale_spender_after_a_refill(wait: bool) {
 
 #[test]
 fn a_delayed_spender_cannot_spend_a_lease_across_a_refill() {
-    let _s = serial();
-    assert!(
-        explore("stale_spender_after_a_refill", || {
-            stale_spender_after_a_refill(true)
-        }) > 1
-    );
-    assert!(
-        explore("stale_spender_races_a_refill", || {
-            stale_spender_after_a_refill(false)
-        }) > 1
-    );
+    let after = STALE_SPENDER.check(|| stale_spender_after_a_refill(true));
+    assert!(after.executions > 1);
+    let races = Model::exhaustive("LeasedBucket: a delayed spender racing a refill", 2)
+        .check(|| stale_spender_after_a_refill(false));
+    assert!(races.executions > 1);
 }
 
 #[test]
 fn stale_spender_model_catches_credit_that_ignores_leases() {
-    let _s = serial();
-    caught(
-        "stale_spender_after_a_refill + CREDIT_IGNORES_LEASES",
-        &mutants::CREDIT_IGNORES_LEASES,
-        || stale_spender_after_a_refill(true),
-    );
+    STALE_SPENDER.expect_violation(&mutants::CREDIT_IGNORES_LEASES, || {
+        stale_spender_after_a_refill(true)
+    });
 }
 
 /// Outcomes of the clock-advance model, counted across executions.
 #[derive(Clone, Default)]
 struct AdvanceSeen {
-    both: loom_tests::Tally,
-    one: loom_tests::Tally,
+    both: Tally,
+    one: Tally,
 }
 
 /// Two trips to the global word (slots 0 and 1, each asking two tokens) while a third
@@ -419,7 +350,7 @@ struct AdvanceSeen {
 fn advancing_clock(seen: &AdvanceSeen) -> impl Fn() + Sync + Send + 'static {
     let policy = Policy::new(8, 1000.0).unwrap().start_empty();
     let layout = *policy.layout();
-    let two_tokens = 2 * loom_tests::ticks_per_token(&layout);
+    let two_tokens = 2 * ticks_per_token(&layout);
     assert!(two_tokens > layout.tolerance_ticks());
     let step = two_tokens << layout.tick_shift();
     let refill = |nanos: u64| {
@@ -435,15 +366,9 @@ fn advancing_clock(seen: &AdvanceSeen) -> impl Fn() + Sync + Send + 'static {
         clock.advance(Duration::from_nanos(step));
         let acquirer = |slot: usize| {
             let b = b.clone();
-            thread::spawn(move || b.try_acquire_on(slot, 2))
+            move || b.try_acquire_on(slot, 2)
         };
-        let (t0, t1) = (acquirer(0), acquirer(1));
-        let advancer = {
-            let clock = clock.clone();
-            thread::spawn(move || clock.advance(Duration::from_nanos(step)))
-        };
-        advancer.join().unwrap();
-        let outcomes = [t0.join().unwrap(), t1.join().unwrap()];
+        let outcomes = acquirers_racing_an_advance(&clock, step, acquirer(0), acquirer(1));
         let mut admitted = 0.0;
         for outcome in &outcomes {
             match outcome {
@@ -464,9 +389,8 @@ fn advancing_clock(seen: &AdvanceSeen) -> impl Fn() + Sync + Send + 'static {
 
 #[test]
 fn a_lost_race_beyond_the_tolerance_is_not_a_clock_step_back() {
-    let _s = serial();
     let seen = AdvanceSeen::default();
-    explore_with("advancing_clock", Some(3), advancing_clock(&seen));
+    ADVANCING_CLOCK.check(advancing_clock(&seen));
     println!(
         "  executions admitting both / one: {} / {}",
         seen.both.get(),
@@ -481,11 +405,6 @@ fn a_lost_race_beyond_the_tolerance_is_not_a_clock_step_back() {
 
 #[test]
 fn advancing_clock_model_catches_a_refusal_without_a_second_reading() {
-    let _s = serial();
     let seen = AdvanceSeen::default();
-    caught(
-        "advancing_clock",
-        &mutants::LEASE_SKIPS_REREAD,
-        advancing_clock(&seen),
-    );
+    ADVANCING_CLOCK.expect_violation(&mutants::LEASE_SKIPS_REREAD, advancing_clock(&seen));
 }
