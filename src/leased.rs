@@ -633,6 +633,20 @@ impl<C: Clock> LeasedBucket<C> {
         })
     }
 
+    /// [`read_only_refusal`](Self::read_only_refusal) on the global word as it is now,
+    /// for `acquire_all`'s first pass once this thread's slot could not pay. A reading
+    /// well behind the global word is left to the take, which reads the clock again.
+    #[cold]
+    #[inline(never)]
+    fn refusal_on_global(&self, cost: u64, now: u64) -> Option<Decision> {
+        let layout = self.policy.layout();
+        let snapshot = self.global.peek(layout, now);
+        if snapshot.behind() > layout.tolerance_ticks() {
+            return None;
+        }
+        self.read_only_refusal(&snapshot, now, cost)
+    }
+
     /// Balance at `now` in units (global, refilled, plus every slot, capped) and how
     /// many ticks `now` is behind the global word. Read-only.
     fn balance_at(&self, now: u64) -> (i64, u64) {
@@ -841,9 +855,7 @@ impl<C: Clock> Member for LeasedBucket<C> {
 
     /// The read-only rejection of [`try_acquire`](LeasedBucket::try_acquire): the global
     /// balance plus every slot cannot pay. When this thread's slot can pay, only its own
-    /// line is read (the common case: the global word's line stays off the path). A
-    /// reading well behind the global word is left to the take, which reads the clock
-    /// again.
+    /// line is read (the common case: the global word's line stays off the path).
     #[inline]
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
         let layout = self.policy.layout();
@@ -855,18 +867,6 @@ impl<C: Clock> Member for LeasedBucket<C> {
             return None;
         }
         self.refusal_on_global(cost, now)
-    }
-}
-
-impl<C: Clock> LeasedBucket<C> {
-    #[cold]
-    #[inline(never)]
-    fn refusal_on_global(&self, cost: u64, now: u64) -> Option<Decision> {
-        let snapshot = self.global.peek(self.policy.layout(), now);
-        if snapshot.behind() > self.policy.layout().tolerance_ticks() {
-            return None;
-        }
-        self.read_only_refusal(&snapshot, now, cost)
     }
 }
 

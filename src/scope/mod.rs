@@ -205,13 +205,7 @@ impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
         f.debug_struct("ScopedLimiter")
             .field("clock", &self.clock)
             .field("policies", &self.policies)
-            .field(
-                "global_leased",
-                &matches!(
-                    self.global.as_ref().map(|g| &g.bucket),
-                    Some(GlobalBucket::Leased(_))
-                ),
-            )
+            .field("global_leased", &self.global_is_leased())
             .field("classes", &self.classes)
             .finish()
     }
@@ -327,6 +321,25 @@ impl RuleSet {
             policies,
             clock,
         })
+    }
+}
+
+impl<C: Clock, S> ScopedLimiter<C, S> {
+    /// Whether the global scope's bucket is leased to per-core slots ([`Rule::leased`]).
+    pub fn global_is_leased(&self) -> bool {
+        matches!(
+            self.global.as_ref().map(|g| &g.bucket),
+            Some(GlobalBucket::Leased(_))
+        )
+    }
+
+    /// Tokens the global scope's slots hold now, leased and not yet spent (zero for a
+    /// global scope that is not leased): see [`LeasedBucket::leased_tokens`].
+    pub fn global_leased_tokens(&self) -> u64 {
+        match self.global.as_ref().map(|g| &g.bucket) {
+            Some(GlobalBucket::Leased(b)) => b.leased_tokens(),
+            _ => 0,
+        }
     }
 }
 
@@ -702,23 +715,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The clock every scope reads.
     pub fn clock(&self) -> &C {
         &self.clock
-    }
-
-    /// Whether the global scope's bucket is leased to per-core slots ([`Rule::leased`]).
-    pub fn global_is_leased(&self) -> bool {
-        matches!(
-            self.global.as_ref().map(|g| &g.bucket),
-            Some(GlobalBucket::Leased(_))
-        )
-    }
-
-    /// Tokens the global scope's slots hold now, leased and not yet spent (zero for a
-    /// global scope that is not leased): see [`LeasedBucket::leased_tokens`].
-    pub fn global_leased_tokens(&self) -> u64 {
-        match self.global.as_ref().map(|g| &g.bucket) {
-            Some(GlobalBucket::Leased(b)) => b.leased_tokens(),
-            _ => 0,
-        }
     }
 
     /// The packed word of `scope`'s bucket, for tests and diagnostics.
