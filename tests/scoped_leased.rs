@@ -304,3 +304,48 @@ fn a_set_a_leased_bucket_cannot_pay_is_refused_without_a_write() {
     );
     assert!(hot.available() < 1.0);
 }
+
+/// A manual clock that counts its readings.
+#[derive(Clone)]
+struct Counted {
+    inner: ManualClock,
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tokengate::Clock for Counted {
+    fn now_nanos(&self) -> u64 {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.now_nanos()
+    }
+}
+
+#[test]
+fn a_scoped_request_reads_the_clock_once() {
+    for lease in [None, Some(LeaseConfig::new().slots(2).max_lease(8))] {
+        let clock = Counted {
+            inner: ManualClock::new(),
+            reads: Arc::default(),
+        };
+        let mut global = Rule::new(p(1000, 10.0));
+        if let Some(config) = lease {
+            global = global.leased(config);
+        }
+        let l = RuleSet::new()
+            .rule(ScopeKind::Global, global)
+            .rule(ScopeKind::Tenant, Rule::new(p(100, 3.0)))
+            .rule(ScopeKind::TenantRoute, Rule::new(p(50, 2.0)))
+            .class(tokengate::WorkClass::new("one", 1))
+            .build_with_clock(clock.clone())
+            .unwrap();
+        let one = l.class("one").unwrap();
+        let r = Request::new().tenant(TenantId(1)).route(RouteId(2));
+        assert!(l.try_acquire(&r, one).unwrap().is_admitted()); // inserts the keys
+        for _ in 0..5 {
+            let before = clock.reads.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(l.try_acquire(&r, one).unwrap().is_admitted());
+            let reads = clock.reads.load(std::sync::atomic::Ordering::Relaxed) - before;
+            assert_eq!(reads, 1, "leased global: {}", lease.is_some());
+        }
+    }
+}
