@@ -38,10 +38,10 @@ use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_gr
 use governor::RateLimiter;
 use tokengate::{Bucket, Clock, CoarseClock, Policy, QuantaClock, acquire_all};
 
-#[path = "../src/bin/tokengate/mutex_bucket.rs"]
+#[path = "../crates/cli/src/mutex_bucket.rs"]
 mod mutex_bucket;
 
-#[path = "../src/bin/tokengate/engines.rs"]
+#[path = "../crates/cli/src/engines.rs"]
 #[allow(dead_code)]
 mod engines;
 

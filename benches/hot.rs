@@ -41,7 +41,7 @@ fn governor() -> governor::DefaultDirectRateLimiter {
 /// `LeasedBucket<CoarseClock>`. Made first: quanta runs one upkeep thread per process,
 /// and `CoarseClock` shares it.
 static UPKEEP: LazyLock<QuantaUpkeepClock> = LazyLock::new(|| {
-    QuantaUpkeepClock::from_interval(tokengate::COARSE_INTERVAL).expect("upkeep thread")
+    QuantaUpkeepClock::from_interval(tokengate::clock::COARSE_INTERVAL).expect("upkeep thread")
 });
 
 type CoarseGovernor = RateLimiter<NotKeyed, InMemoryState, QuantaUpkeepClock>;

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use tokengate::{
-    KeyedLimiter, LeaseConfig, Policy, Request, Rule, RuleSet, ScopeKind, ScopedLimiter, WorkClass,
+    KeyedLimiter, Policy, ScopedLimiter, leased::LeaseConfig, scope::Request, scope::Rule,
+    scope::RuleSet, scope::ScopeKind, scope::WorkClass,
 };
 
 mod common;

@@ -20,7 +20,7 @@ use governor::RateLimiter;
 use tokengate::{Bucket, Clock, CoarseClock, Policy, QuantaClock, acquire_all};
 
 mod common;
-#[path = "../src/bin/tokengate/mutex_bucket.rs"]
+#[path = "../crates/cli/src/mutex_bucket.rs"]
 mod mutex_bucket;
 
 const BATCH: u32 = 2000;

@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 
-use tokengate::testkit::replay::Target;
+use tokengate_testkit::replay::Target;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

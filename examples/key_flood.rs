@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use tokengate::{Clock, KeyedError, KeyedLimiter, ManualClock, Policy, QuantaClock};
+use tokengate::{Clock, KeyedLimiter, ManualClock, Policy, QuantaClock, keyed::KeyedError};
 
 #[path = "support/rss.rs"]
 mod rss;

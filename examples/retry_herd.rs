@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokengate::Policy;
 use tokengate::retry::{Jitter, RetryPolicy};
-use tokengate::testkit::herd::{Herd, simulate};
+use tokengate_testkit::herd::{Herd, simulate};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seed = match std::env::args().nth(1) {

@@ -6,7 +6,7 @@
 /// growth.
 ///
 /// ```
-/// use tokengate::Attempt;
+/// use tokengate::telemetry::Attempt;
 /// assert!(Attempt::Original.is_original());
 /// assert!(Attempt::Retry(1).is_retry());
 /// assert_eq!(Attempt::Original.next(), Attempt::Retry(1));

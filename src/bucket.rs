@@ -505,9 +505,23 @@ impl<C: Clock> Bucket<C> {
         &self.raw
     }
 
-    /// The packed word, for tests and diagnostics.
-    #[doc(hidden)]
-    pub fn __word(&self) -> u64 {
+    /// The packed word as stored, before any refill: decode it with the policy's
+    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
+    /// wrote nothing (a rejection leaves it unchanged).
+    ///
+    /// ```
+    /// use tokengate::{Bucket, ManualClock, Policy};
+    ///
+    /// let bucket = Bucket::with_clock(Policy::new(2, 1.0)?, ManualClock::new());
+    /// assert!(bucket.try_acquire(2)?.is_admitted());
+    /// let word = bucket.stored_word();
+    /// assert!(bucket.try_acquire(1)?.is_rejected());
+    /// assert_eq!(bucket.stored_word(), word); // a rejection writes nothing
+    /// let (_, units) = bucket.policy().layout().decode(word).unwrap();
+    /// assert_eq!(units, bucket.policy().layout().base_units()); // empty
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stored_word(&self) -> u64 {
         self.raw.load()
     }
 }

@@ -126,7 +126,7 @@ static COARSE_ORIGIN: OnceLock<quanta::Instant> = OnceLock::new();
 /// let a = clock.now_nanos();
 /// let b = clock.now_nanos();
 /// assert!(b >= a); // monotonic; it moves once per upkeep interval
-/// # Ok::<(), tokengate::ClockError>(())
+/// # Ok::<(), tokengate::clock::ClockError>(())
 /// ```
 #[derive(Clone)]
 pub struct CoarseClock {

@@ -172,7 +172,7 @@ pub const MAX_SLOTS: usize = 1 << 16;
 /// capacity.
 ///
 /// ```
-/// use tokengate::{LeaseConfig, LeasedBucket, ManualClock, Policy};
+/// use tokengate::{leased::LeaseConfig, LeasedBucket, ManualClock, Policy};
 /// let config = LeaseConfig::new().slots(8).max_lease(100);
 /// let bucket = LeasedBucket::with_config(Policy::new(10_000, 1000.0)?, ManualClock::new(), config)?;
 /// assert_eq!(bucket.slots(), 8);
@@ -418,7 +418,7 @@ impl<C: Clock> LeasedBucket<C> {
     /// slot holds, see [`LeaseConfig::max_lease`]).
     ///
     /// ```
-    /// use tokengate::{LeaseConfig, LeaseConfigError, LeasedBucket, ManualClock, Policy};
+    /// use tokengate::{leased::LeaseConfig, leased::LeaseConfigError, LeasedBucket, ManualClock, Policy};
     /// let policy = Policy::new(10, 1.0)?;
     /// let err = LeasedBucket::with_config(policy, ManualClock::new(), LeaseConfig::new().slots(3));
     /// assert_eq!(err.unwrap_err(), LeaseConfigError::SlotsOutOfRange { slots: 3 });
@@ -520,7 +520,7 @@ impl<C: Clock> LeasedBucket<C> {
     /// As [`try_acquire`](LeasedBucket::try_acquire).
     ///
     /// ```
-    /// use tokengate::{LeaseConfig, LeasedBucket, ManualClock, Policy};
+    /// use tokengate::{leased::LeaseConfig, LeasedBucket, ManualClock, Policy};
     /// let config = LeaseConfig::new().slots(2).max_lease(10);
     /// let bucket = LeasedBucket::with_config(Policy::new(40, 1.0)?, ManualClock::new(), config)?;
     /// assert!(bucket.try_acquire_on(0, 1)?.is_admitted()); // leases 9 more to slot 0
@@ -805,16 +805,19 @@ impl<C: Clock> LeasedBucket<C> {
         self.global.id()
     }
 
-    /// The global packed word, for tests and diagnostics.
-    #[doc(hidden)]
-    pub fn __word(&self) -> u64 {
+    /// The global word as stored, before any refill: decode it with the policy's
+    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
+    /// wrote nothing.
+    pub fn stored_word(&self) -> u64 {
         self.global.load()
     }
 
-    /// The word of slot `slot` (modulo the slot count), for tests and diagnostics.
-    #[doc(hidden)]
-    pub fn __slot_word(&self, slot: usize) -> u64 {
-        self.slots.word(slot)
+    /// Every core-local slot's word as stored, in slot order. The slot words' layout is
+    /// private; compare them before and after an operation to see that it wrote nothing.
+    pub fn slot_words(&self) -> Vec<u64> {
+        (0..self.slots.len())
+            .map(|slot| self.slots.word(slot))
+            .collect()
     }
 
     fn wait(&self, layout: &Layout, cost: u64, now: u64) -> Duration {

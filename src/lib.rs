@@ -65,51 +65,40 @@
 
 mod attempt;
 mod bucket;
-mod clock;
+pub mod clock;
 mod decision;
 mod error;
 pub mod guide;
 pub mod http;
-mod keyed;
+pub mod keyed;
 mod lease;
 pub mod leased;
-mod multi;
+pub mod multi;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutants;
-mod policy;
-mod reservation;
+pub mod policy;
+pub mod reservation;
 pub mod retry;
-mod scope;
+pub mod scope;
 mod sleep;
 mod slots;
 pub mod state;
 mod sync;
-mod telemetry;
-#[cfg(feature = "testkit")]
-pub mod testkit;
+pub mod telemetry;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-pub use attempt::Attempt;
 pub use bucket::Bucket;
-pub use clock::{COARSE_INTERVAL, Clock, ClockError, CoarseClock, ManualClock, QuantaClock};
+pub use clock::{Clock, CoarseClock, ManualClock, QuantaClock};
 pub use decision::Decision;
 pub use error::AcquireError;
-pub use keyed::{
-    Eviction, KeyHasher, KeyedBuilder, KeyedConfigError, KeyedError, KeyedLimiter, MAX_SHARDS,
-    Overflow, SweepReport,
-};
-pub use leased::{LeaseConfig, LeaseConfigError, LeasedBucket, MAX_SLOTS};
-pub use multi::{INLINE_MEMBERS, Member, MultiDecision, MultiError, acquire_all, acquire_all_with};
-pub use policy::{MAX_RATE_ERROR, Policy, PolicyBuilder, PolicyError, Start, TARGET_RATE_ERROR};
-pub use reservation::{Reservation, ReserveError};
-pub use scope::{
-    ApiKeyId, ClassId, DEFAULT_MAX_KEYS, Refusal, Request, RouteId, Rule, RuleError, RuleSet,
-    Scope, ScopeDecision, ScopeError, ScopeKind, ScopedLimiter, TenantId, UserId, WorkClass,
-};
-pub use sleep::{Sleep, ThreadSleep};
-pub use telemetry::{CounterSnapshot, Record, Tally, Verdict};
+pub use keyed::KeyedLimiter;
+pub use leased::LeasedBucket;
+pub use multi::acquire_all;
+pub use policy::{Policy, PolicyBuilder, PolicyError, Start};
+pub use reservation::Reservation;
+pub use scope::ScopedLimiter;

@@ -23,7 +23,7 @@ const TARGET_WRAP_BITS: u32 = 58;
 const LONG_WRAP_BITS: u32 = 56;
 
 /// log2 of the shortest wrap period a policy accepts (2^50 ns, about 13 days).
-pub(crate) const MIN_WRAP_BITS: u32 = 50;
+pub const MIN_WRAP_BITS: u32 = 50;
 
 /// Ticks need not be shorter than this (2^20 ns, about 1 ms) unless the bucket is small
 /// compared with its rate.

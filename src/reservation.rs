@@ -31,7 +31,7 @@ use crate::bucket::Bucket;
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::duration_from_nanos;
 use crate::error::AcquireError;
-use crate::sleep::{Sleep, ThreadSleep};
+pub use crate::sleep::{Sleep, ThreadSleep};
 use crate::state::{Layout, Snapshot};
 
 /// Why [`Bucket::reserve`] refused. Nothing was taken and nothing was written.
@@ -74,7 +74,7 @@ impl ReserveError {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tokengate::ReserveError;
+    /// use tokengate::reservation::ReserveError;
     /// let e = ReserveError::ExceedsMaxWait {
     ///     wait: Duration::from_millis(1500),
     ///     max_wait: Duration::from_secs(1),
@@ -319,7 +319,7 @@ impl<C: Clock> Bucket<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tokengate::{Bucket, ManualClock, Policy, ReserveError, Start};
+    /// use tokengate::{Bucket, ManualClock, Policy, reservation::ReserveError, Start};
     ///
     /// let policy = Policy::builder(10, 10.0)
     ///     .max_reservation(Duration::from_secs(3))
@@ -330,10 +330,10 @@ impl<C: Clock> Bucket<C> {
     /// let second = bucket.reserve(10, Duration::from_secs(3))?; // queued: ~2 s
     /// assert!(second.ready_at() > first.ready_at());
     ///
-    /// let before = bucket.__word();
+    /// let before = bucket.stored_word();
     /// let err = bucket.reserve(5, Duration::from_secs(2)).unwrap_err();
     /// assert!(matches!(err, ReserveError::ExceedsMaxWait { .. })); // ~2.5 s > 2 s
-    /// assert_eq!(bucket.__word(), before); // nothing changed
+    /// assert_eq!(bucket.stored_word(), before); // nothing changed
     /// # first.consume(); second.consume();
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

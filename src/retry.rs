@@ -25,7 +25,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tokengate::retry::{Failure, Retry, RetryPolicy, SplitMix64};
-//! use tokengate::{Attempt, ManualClock};
+//! use tokengate::{telemetry::Attempt, ManualClock};
 //!
 //! let policy = RetryPolicy::new(4, Duration::from_millis(100), Duration::from_secs(2))?
 //!     .deadline(Duration::from_secs(10));
@@ -472,7 +472,7 @@ impl<C: Clock, R: RandomSource> Retry<C, R> {
     /// ```
     /// use std::time::Duration;
     /// use tokengate::retry::{GiveUp, Jitter, Retry, RetryPolicy, SplitMix64};
-    /// use tokengate::{Attempt, ManualClock};
+    /// use tokengate::{telemetry::Attempt, ManualClock};
     ///
     /// let policy = RetryPolicy::new(3, Duration::from_secs(1), Duration::from_secs(8))?
     ///     .jitter(Jitter::None);

@@ -17,7 +17,7 @@ use crate::clock::ManualClock;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tokengate::{ManualClock, Sleep};
+/// use tokengate::{ManualClock, reservation::Sleep};
 ///
 /// let clock = ManualClock::new();
 /// clock.sleep(Duration::from_millis(250)); // simulated: returns at once
@@ -39,7 +39,7 @@ impl<S: Sleep + ?Sized> Sleep for &S {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use tokengate::{Sleep, ThreadSleep};
+/// use tokengate::{reservation::Sleep, reservation::ThreadSleep};
 ///
 /// let start = Instant::now();
 /// ThreadSleep.sleep(Duration::from_millis(2));

@@ -2,7 +2,7 @@
 //! sequences (property tests), plus the regressions they found.
 
 use proptest::prelude::*;
-use tokengate::testkit::{Op, PolicySpec, Scenario, check};
+use tokengate_testkit::{Op, PolicySpec, Scenario, check};
 
 fn capacity() -> impl Strategy<Value = u64> {
     prop_oneof![
@@ -121,7 +121,7 @@ fn scenarios_exercise_every_outcome() {
 /// Named regressions: scenarios the property test once reported. Each pins a semantic
 /// of the engine that the reference models must share.
 mod regressions {
-    use tokengate::testkit::{Op, PolicySpec, Scenario, check};
+    use tokengate_testkit::{Op, PolicySpec, Scenario, check};
 
     fn run(capacity: u64, rate: f64, ops: Vec<Op>) {
         let s = Scenario {

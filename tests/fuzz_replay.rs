@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use tokengate::testkit::replay::{Failure, Tally, Target, decode};
-use tokengate::testkit::{
+use tokengate_testkit::replay::{Failure, Tally, Target, decode};
+use tokengate_testkit::{
     MultiOp, MultiScenario, Op, PolicySpec, Scenario, acceptable_layout, check, check_multi,
 };
 
@@ -179,7 +179,7 @@ fn multi_random_sweep_holds() {
 /// to valid policies, and garbage is refused without panicking.
 #[test]
 fn policy_decoding_reaches_tiny_to_huge_rates_and_capacities() {
-    let mut rng = tokengate::testkit::replay::Rng::new(11);
+    let mut rng = tokengate_testkit::replay::Rng::new(11);
     let (mut rates, mut capacities) = (Vec::new(), Vec::new());
     let (mut invalid, mut empty, mut reserving) = (0, 0, 0);
     for _ in 0..2000 {

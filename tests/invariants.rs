@@ -13,11 +13,21 @@ fn bucket(capacity: u64, rate: f64) -> (Bucket<ManualClock>, ManualClock) {
 }
 
 fn units(bucket: &Bucket<ManualClock>) -> u64 {
-    bucket.policy().layout().decode(bucket.__word()).unwrap().1
+    bucket
+        .policy()
+        .layout()
+        .decode(bucket.stored_word())
+        .unwrap()
+        .1
 }
 
 fn tick(bucket: &Bucket<ManualClock>) -> u64 {
-    bucket.policy().layout().decode(bucket.__word()).unwrap().0
+    bucket
+        .policy()
+        .layout()
+        .decode(bucket.stored_word())
+        .unwrap()
+        .0
 }
 
 /// I1: however long the idle time and however many refunds, the balance stays at B.
@@ -68,7 +78,7 @@ fn i2_stale_now_adds_no_credit() {
     assert_eq!(tick(&bucket), stored, "the stored tick moved backwards");
 
     // And the pure layer says the same for any stale tick within the tolerance.
-    let word = bucket.__word();
+    let word = bucket.stored_word();
     for back in 1..=layout.tolerance_ticks().min(1000) {
         let snapshot = layout.refill(word, stored - back);
         assert_eq!(snapshot.units(), units(&bucket));
@@ -83,7 +93,7 @@ fn i2_clock_stepping_back_adds_no_credit() {
     let (bucket, clock) = bucket(100, 10.0);
     clock.set(Duration::from_secs(100));
     assert!(bucket.try_acquire(50).unwrap().is_admitted());
-    let word = bucket.__word();
+    let word = bucket.stored_word();
 
     clock.set(Duration::from_secs(40)); // one minute back
     match bucket.try_acquire(1) {
@@ -96,7 +106,7 @@ fn i2_clock_stepping_back_adds_no_credit() {
         other => panic!("expected ClockWentBackwards, got {other:?}"),
     }
     assert_eq!(
-        bucket.__word(),
+        bucket.stored_word(),
         word,
         "a refused acquire changed the bucket"
     );
@@ -202,17 +212,17 @@ fn i4_admissions_bounded_by_start_balance_plus_refill() {
 fn i5_rejection_writes_nothing() {
     let (bucket, clock) = bucket(5, 1.0);
     assert!(bucket.try_acquire(5).unwrap().is_admitted());
-    let word = bucket.__word();
+    let word = bucket.stored_word();
     for i in 0..10_000 {
         clock.advance(Duration::from_micros(10));
         let d = bucket.try_acquire(1 + i % 5).unwrap();
         assert!(d.is_rejected());
         assert!(d.retry_after().is_some());
-        assert_eq!(bucket.__word(), word, "rejection {i} wrote the word");
+        assert_eq!(bucket.stored_word(), word, "rejection {i} wrote the word");
     }
     // available() is a peek too.
     let _ = bucket.available();
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
 }
 
 /// I6: a refund restores exactly the state the bucket would have had without the
@@ -269,7 +279,7 @@ fn i6_refund_commutes_with_capped_refill() {
 #[test]
 fn i8_cost_above_capacity_is_an_immediate_error() {
     let (bucket, clock) = bucket(20, 1.0);
-    let word = bucket.__word();
+    let word = bucket.stored_word();
     assert_eq!(
         bucket.try_acquire(21),
         Err(AcquireError::CostExceedsCapacity {
@@ -284,7 +294,7 @@ fn i8_cost_above_capacity_is_an_immediate_error() {
             capacity: 20
         })
     );
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
     clock.advance(Duration::from_secs(1_000_000));
     assert!(bucket.try_acquire(21).is_err());
     // The capacity itself is fine.
@@ -342,7 +352,7 @@ fn ordinary_policies_wrap_after_years() {
                 policy.layout()
             );
             assert!(
-                policy.rate_error() <= tokengate::MAX_RATE_ERROR,
+                policy.rate_error() <= tokengate::policy::MAX_RATE_ERROR,
                 "B={capacity} r={rate}"
             );
         }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tokengate::{KeyedError, KeyedLimiter, ManualClock, Policy};
+use tokengate::{KeyedLimiter, ManualClock, Policy, keyed::KeyedError};
 
 const MAX_KEYS: usize = 100_000;
 const RESIDENTS: u64 = 1_000;

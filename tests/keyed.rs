@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tokengate::{
-    AcquireError, Attempt, Bucket, Eviction, KeyedConfigError, KeyedError, KeyedLimiter,
-    ManualClock, Overflow, Policy,
+    AcquireError, Bucket, KeyedLimiter, ManualClock, Policy, keyed::Eviction,
+    keyed::KeyedConfigError, keyed::KeyedError, keyed::Overflow, telemetry::Attempt,
 };
 
 fn limiter(policy: Policy, max_keys: usize, clock: &ManualClock) -> KeyedLimiter<u64, ManualClock> {
@@ -38,12 +38,12 @@ fn one_key_draining_leaves_other_keys_untouched() {
     let clock = ManualClock::new();
     let l = limiter(Policy::new(10, 1.0).unwrap(), 100, &clock);
     l.try_acquire(&2, 1).unwrap();
-    let before = l.__word(&2).unwrap();
+    let before = l.stored_word(&2).unwrap();
     for _ in 0..20 {
         l.try_acquire(&1, 1).unwrap();
     }
     assert_eq!(l.available(&1), 0.0);
-    assert_eq!(l.__word(&2), Some(before));
+    assert_eq!(l.stored_word(&2), Some(before));
     assert_eq!(l.available(&2), 9.0);
 }
 
@@ -54,7 +54,7 @@ fn new_key_at_the_maximum_is_refused_with_a_distinct_reason_and_existing_keys_ke
     for k in 0..50u64 {
         assert!(l.try_acquire(&k, 1 + k % 5).unwrap().is_admitted());
     }
-    let words: Vec<u64> = (0..50u64).map(|k| l.__word(&k).unwrap()).collect();
+    let words: Vec<u64> = (0..50u64).map(|k| l.stored_word(&k).unwrap()).collect();
     // Nothing is full (time is frozen), so nothing can be evicted.
     assert_eq!(
         l.try_acquire(&1000, 1),
@@ -62,7 +62,7 @@ fn new_key_at_the_maximum_is_refused_with_a_distinct_reason_and_existing_keys_ke
     );
     assert_eq!(l.len(), 50);
     assert!(!l.contains(&1000));
-    let after: Vec<u64> = (0..50u64).map(|k| l.__word(&k).unwrap()).collect();
+    let after: Vec<u64> = (0..50u64).map(|k| l.stored_word(&k).unwrap()).collect();
     assert_eq!(words, after);
     // Existing keys keep working from their state.
     assert!(l.try_acquire(&0, 9).unwrap().is_admitted());

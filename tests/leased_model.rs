@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tokengate::{Bucket, Clock, LeaseConfig, LeasedBucket, ManualClock, Policy, acquire_all};
+use tokengate::{
+    Bucket, Clock, LeasedBucket, ManualClock, Policy, acquire_all, leased::LeaseConfig,
+};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -124,7 +126,7 @@ fn compare(c: &Case) -> Result<(), TestCaseError> {
     let hot = match LeasedBucket::with_config(policy, clock.clone(), config) {
         Ok(hot) => hot,
         // A lease above what a slot holds for this policy: use the largest allowed.
-        Err(tokengate::LeaseConfigError::LeaseOutOfRange { max, .. }) => {
+        Err(tokengate::leased::LeaseConfigError::LeaseOutOfRange { max, .. }) => {
             LeasedBucket::with_config(policy, clock.clone(), config.max_lease(max)).unwrap()
         }
         Err(e) => panic!("{e}"),
@@ -291,12 +293,12 @@ fn admissions_paid_from_a_slot_read_the_clock_once_and_never_touch_the_global_wo
     let policy = Policy::new(1_000_000, 1e9).unwrap();
     let hot = LeasedBucket::with_config(policy, clock.clone(), config(2, 10_000)).unwrap();
     assert!(hot.try_acquire_on(0, 1).unwrap().is_admitted());
-    let (reads, word) = (clock.reads.load(Ordering::Relaxed), hot.__word());
+    let (reads, word) = (clock.reads.load(Ordering::Relaxed), hot.stored_word());
     for _ in 0..9_000 {
         assert!(hot.try_acquire_on(0, 1).unwrap().is_admitted());
     }
     assert_eq!(clock.reads.load(Ordering::Relaxed), reads + 9_000);
-    assert_eq!(hot.__word(), word);
+    assert_eq!(hot.stored_word(), word);
 }
 
 #[test]
@@ -307,12 +309,12 @@ fn a_lease_expires_at_the_tick_edge_and_is_given_back() {
     let plain = Bucket::with_clock(policy, clock.clone());
     assert!(hot.try_acquire_on(0, 1).unwrap().is_admitted());
     assert!(plain.try_acquire(1).unwrap().is_admitted());
-    let word = hot.__word();
+    let word = hot.stored_word();
     clock.advance(policy.tick());
     assert!(hot.try_acquire_on(0, 1).unwrap().is_admitted());
     assert!(plain.try_acquire(1).unwrap().is_admitted());
     assert_ne!(
-        hot.__word(),
+        hot.stored_word(),
         word,
         "the expired lease went back through the global word"
     );
@@ -386,13 +388,17 @@ fn all_or_nothing_acquisition_rolls_a_leased_bucket_back_exactly() {
     )
     .unwrap();
     let tenant = Bucket::with_clock(Policy::new(10, 1.0).unwrap(), clock.clone());
-    let members: [(&dyn tokengate::Member, u64); 2] = [(&global, 8), (&tenant, 8)];
+    let members: [(&dyn tokengate::multi::Member, u64); 2] = [(&global, 8), (&tenant, 8)];
     assert!(acquire_all(&members).unwrap().is_admitted());
     let d = acquire_all(&members).unwrap();
     assert!(d.is_rejected());
     assert_eq!(global.available(), 992.0);
     assert_eq!(tenant.available(), 2.0);
-    let d = acquire_all(&[(&global as &dyn tokengate::Member, 993), (&tenant, 1)]).unwrap();
+    let d = acquire_all(&[
+        (&global as &dyn tokengate::multi::Member, 993),
+        (&tenant, 1),
+    ])
+    .unwrap();
     assert!(d.is_rejected());
     assert_eq!(d.refused_index(), Some(0));
     assert_eq!(global.available(), 992.0);
@@ -441,7 +447,8 @@ fn a_rejection_with_nothing_to_reclaim_writes_nothing() {
     let hot =
         LeasedBucket::with_config(Policy::new(10, 1.0).unwrap(), clock, config(2, 2)).unwrap();
     assert!(hot.try_acquire_on(0, 10).unwrap().is_admitted());
-    let words = |h: &LeasedBucket<ManualClock>| [h.__word(), h.__slot_word(0), h.__slot_word(1)];
+    let words =
+        |h: &LeasedBucket<ManualClock>| [h.stored_word(), h.slot_words()[0], h.slot_words()[1]];
     let before = words(&hot);
     for slot in 0..4 {
         assert!(hot.try_acquire_on(slot, 1).unwrap().is_rejected());
@@ -542,7 +549,7 @@ fn a_full_bucket_admits_after_the_clock_steps_back() {
     let d = hot.try_acquire_on(0, 1).unwrap();
     assert!(d.is_admitted(), "{d:?}");
     let layout = policy.layout();
-    let (tick, _) = layout.decode(hot.__word()).unwrap();
+    let (tick, _) = layout.decode(hot.stored_word()).unwrap();
     assert_eq!(
         tick,
         layout.tick_of(60_000_000_000),
@@ -568,7 +575,8 @@ fn a_bucket_not_full_refuses_a_clock_step_back_and_writes_nothing() {
     let hot = LeasedBucket::with_config(policy, clock.clone(), config(2, 10)).unwrap();
     assert!(hot.try_acquire_on(0, 1).unwrap().is_admitted()); // slot 0 holds a lease
     assert!(hot.leased_tokens() > 0);
-    let words = |h: &LeasedBucket<ManualClock>| [h.__word(), h.__slot_word(0), h.__slot_word(1)];
+    let words =
+        |h: &LeasedBucket<ManualClock>| [h.stored_word(), h.slot_words()[0], h.slot_words()[1]];
     let before = (words(&hot), hot.available());
     clock.set(Duration::from_secs(60));
     for slot in 0..2 {

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokengate::{
-    AcquireError, Bucket, INLINE_MEMBERS, ManualClock, Member, MultiError, Policy, acquire_all,
-    acquire_all_with,
+    AcquireError, Bucket, ManualClock, Policy, acquire_all, multi::INLINE_MEMBERS, multi::Member,
+    multi::MultiError, multi::acquire_all_with,
 };
 
 /// Counts the allocations made on threads that asked to be counted.
@@ -62,14 +62,14 @@ fn buckets(n: usize, capacity: u64, clock: &ManualClock) -> Vec<Clocked> {
 }
 
 fn words(buckets: &[&Clocked]) -> Vec<u64> {
-    buckets.iter().map(|b| b.__word()).collect()
+    buckets.iter().map(|b| b.stored_word()).collect()
 }
 
 /// The units a bucket holds at its stored tick.
 fn units(bucket: &Clocked) -> i64 {
     let layout = bucket.policy().layout();
     let (_, units) = layout
-        .decode(bucket.__word())
+        .decode(bucket.stored_word())
         .expect("units above capacity");
     units as i64 - layout.base_units() as i64
 }
@@ -180,8 +180,8 @@ fn a_take_refused_after_the_first_pass_rolls_back_exactly() {
     clock.set(Duration::from_millis(500)); // half a second back
     let layout = *b[0].policy().layout();
     let now_tick = layout.tick_of(clock.now().as_nanos() as u64);
-    let refilled = layout.refill(b[0].__word(), now_tick).units();
-    let b1_before = b[1].__word();
+    let refilled = layout.refill(b[0].stored_word(), now_tick).units();
+    let b1_before = b[1].stored_word();
 
     let mut observed = Vec::new();
     let got = acquire_all_with(&[(&b[0], 1), (&b[1], 1)], |i, d| {
@@ -196,8 +196,11 @@ fn a_take_refused_after_the_first_pass_rolls_back_exactly() {
     }
     assert_eq!(observed, [(0, true)]);
     // Taken and refunded at `now`: stored at now's tick with exactly the refilled units.
-    assert_eq!(layout.decode(b[0].__word()), Some((now_tick, refilled)));
-    assert_eq!(b[1].__word(), b1_before);
+    assert_eq!(
+        layout.decode(b[0].stored_word()),
+        Some((now_tick, refilled))
+    );
+    assert_eq!(b[1].stored_word(), b1_before);
 }
 
 #[test]
@@ -309,10 +312,13 @@ fn sets_larger_than_the_inline_size_work() {
     // The last bucket taken (the highest id, listed first) refuses: every other one is
     // refunded.
     set[0].1 = 4;
-    let before: Vec<u64> = b.iter().map(Bucket::__word).collect();
+    let before: Vec<u64> = b.iter().map(Bucket::stored_word).collect();
     let d = acquire_all(&set).unwrap();
     assert_eq!(d.refused_index(), Some(0));
-    assert_eq!(b.iter().map(Bucket::__word).collect::<Vec<_>>(), before);
+    assert_eq!(
+        b.iter().map(Bucket::stored_word).collect::<Vec<_>>(),
+        before
+    );
 
     // A duplicate among many is still found.
     set.push((&b[3], 1));

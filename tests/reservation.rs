@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tokengate::{Bucket, Clock, ManualClock, Policy, ReserveError, Start};
+use tokengate::{Bucket, Clock, ManualClock, Policy, Start, reservation::ReserveError};
 
 /// The balance at the clock's time, in units (negative while reservations are owed).
 fn balance(bucket: &Bucket<ManualClock>) -> i128 {
     let layout = bucket.policy().layout();
     let now = bucket.clock().now_nanos();
-    let snapshot = layout.refill(bucket.__word(), layout.tick_of(now));
+    let snapshot = layout.refill(bucket.stored_word(), layout.tick_of(now));
     i128::from(snapshot.units()) - i128::from(layout.base_units())
 }
 
@@ -177,7 +177,7 @@ fn a_wait_beyond_the_maximum_or_the_horizon_changes_nothing() {
     let clock = ManualClock::new();
     let bucket = Bucket::with_clock(p, clock.clone());
     let first = bucket.reserve(10, Duration::from_secs(2)).unwrap(); // ~1 s
-    let word = bucket.__word();
+    let word = bucket.stored_word();
 
     // 10 more tokens would wait ~2 s (a tick over, since the rate rounds down).
     let wait_ticks = (20u64 << l.frac_bits()).div_ceil(l.refill_per_tick());
@@ -191,7 +191,7 @@ fn a_wait_beyond_the_maximum_or_the_horizon_changes_nothing() {
         }
     );
     assert_eq!(err.excess(), Some(wait - Duration::from_secs(1)));
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
 
     let err = bucket.reserve(10, Duration::from_secs(60)).unwrap_err();
     assert_eq!(
@@ -201,15 +201,15 @@ fn a_wait_beyond_the_maximum_or_the_horizon_changes_nothing() {
             horizon: Duration::from_secs(2)
         }
     );
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
 
     // Just inside the caller's limit succeeds; one nanosecond less fails.
     let mid = bucket.reserve(5, Duration::from_secs(2)).unwrap();
     let exact = mid.wait();
     assert!(mid.cancel());
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
     assert!(bucket.reserve(5, exact - Duration::from_nanos(1)).is_err());
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
     bucket.reserve(5, exact).unwrap().consume();
 
     assert_eq!(
@@ -230,14 +230,14 @@ fn a_policy_without_horizon_refuses_any_wait_and_names_the_horizon() {
         .reserve(5, Duration::from_secs(10))
         .unwrap()
         .consume();
-    let word = bucket.__word();
+    let word = bucket.stored_word();
     let err = bucket.reserve(1, Duration::from_secs(10)).unwrap_err();
     assert!(
         matches!(err, ReserveError::ExceedsHorizon { horizon, .. } if horizon.is_zero()),
         "{err:?}"
     );
     assert!(err.to_string().contains("max_reservation"), "{err}");
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
 }
 
 #[test]
@@ -248,13 +248,13 @@ fn a_clock_step_back_refuses_a_reservation_without_writing() {
     clock.set(Duration::from_secs(100));
     bucket.try_acquire(5).unwrap();
     clock.set(Duration::from_secs(50));
-    let word = bucket.__word();
+    let word = bucket.stored_word();
     let err = bucket.reserve(1, Duration::from_secs(10)).unwrap_err();
     assert!(
         matches!(err, ReserveError::ClockWentBackwards { .. }),
         "{err:?}"
     );
-    assert_eq!(bucket.__word(), word);
+    assert_eq!(bucket.stored_word(), word);
 }
 
 #[test]
@@ -340,7 +340,7 @@ fn acquire_with_the_manual_clock_sleeps_exactly_the_promised_wait() {
         "{total:?}"
     );
 
-    let word = bucket.__word();
+    let word = bucket.stored_word();
     let before = clock.now();
     assert!(
         bucket
@@ -348,7 +348,7 @@ fn acquire_with_the_manual_clock_sleeps_exactly_the_promised_wait() {
             .is_err()
     );
     assert_eq!(
-        (bucket.__word(), clock.now()),
+        (bucket.stored_word(), clock.now()),
         (word, before),
         "refused: no sleep, no write"
     );
@@ -402,7 +402,7 @@ proptest! {
             prop_assert_eq!(reserving.try_acquire(c).unwrap(), twin.try_acquire(c).unwrap());
         }
         let cost = cost % (capacity + 1);
-        let word = reserving.__word();
+        let word = reserving.stored_word();
         match reserving.reserve(cost, Duration::from_millis(max_wait_ms)) {
             Ok(r) => {
                 prop_assert!(r.wait() <= Duration::from_millis(max_wait_ms.min(horizon_ms)));
@@ -418,7 +418,7 @@ proptest! {
                 prop_assert_eq!(reserving.try_acquire(cost).unwrap(), twin.try_acquire(cost).unwrap());
                 prop_assert_eq!(balance(&reserving), balance(&twin));
             }
-            Err(_) => prop_assert_eq!(reserving.__word(), word),
+            Err(_) => prop_assert_eq!(reserving.stored_word(), word),
         }
     }
 }

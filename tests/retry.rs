@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokengate::retry::{
     Failure, GiveUp, Jitter, RandomSource, Retry, RetryPolicy, RetryPolicyError, SplitMix64,
 };
-use tokengate::testkit::herd::{Herd, max_in_window, simulate};
-use tokengate::{Attempt, ManualClock, Policy};
+use tokengate::{ManualClock, Policy, telemetry::Attempt};
+use tokengate_testkit::herd::{Herd, max_in_window, simulate};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -260,7 +260,7 @@ fn jittered_retries_spread_a_thundering_herd_that_plain_backoff_keeps_together()
     assert_eq!(simulate(&herd(Jitter::Full)), jittered);
 }
 
-struct Summary<'a>(&'a tokengate::testkit::herd::HerdReport);
+struct Summary<'a>(&'a tokengate_testkit::herd::HerdReport);
 
 impl std::fmt::Debug for Summary<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

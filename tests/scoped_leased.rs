@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokengate::{
-    LeaseConfig, LeaseConfigError, ManualClock, Policy, Request, RouteId, Rule, RuleError, RuleSet,
-    Scope, ScopeKind, ScopedLimiter, TenantId,
+    ManualClock, Policy, ScopedLimiter, leased::LeaseConfig, leased::LeaseConfigError,
+    scope::Request, scope::RouteId, scope::Rule, scope::RuleError, scope::RuleSet, scope::Scope,
+    scope::ScopeKind, scope::TenantId,
 };
 
 fn p(capacity: u64, rate: f64) -> Policy {
@@ -26,9 +27,9 @@ fn limiter(clock: &ManualClock, lease: Option<LeaseConfig>) -> ScopedLimiter<Man
         .rule(ScopeKind::Global, global)
         .rule(ScopeKind::Tenant, Rule::new(p(30, 3.0)))
         .rule(ScopeKind::TenantRoute, Rule::new(p(12, 2.0)))
-        .class(tokengate::WorkClass::new("one", 1))
-        .class(tokengate::WorkClass::new("three", 3))
-        .class(tokengate::WorkClass::new("seven", 7).with_cost(ScopeKind::Global, 2))
+        .class(tokengate::scope::WorkClass::new("one", 1))
+        .class(tokengate::scope::WorkClass::new("three", 3))
+        .class(tokengate::scope::WorkClass::new("seven", 7).with_cost(ScopeKind::Global, 2))
         .build_with_clock(clock.clone())
         .unwrap()
 }
@@ -201,10 +202,10 @@ fn a_leased_global_scope_counts_reports_and_sweeps() {
 
     // A sweep returns slot tokens and stores the global word at the current tick.
     clock.advance(Duration::from_secs(2));
-    let word = l.__word(&Scope::Global).unwrap();
+    let word = l.stored_word(&Scope::Global).unwrap();
     l.sweep();
     assert_eq!(l.global_leased_tokens(), 0);
-    assert_ne!(l.__word(&Scope::Global), Some(word), "re-anchored");
+    assert_ne!(l.stored_word(&Scope::Global), Some(word), "re-anchored");
     // Two seconds at 10/s, less the rate's rounding down.
     let refilled = l.available(&Scope::Global).unwrap();
     assert!((19.9..=20.0).contains(&refilled), "{refilled}");
@@ -223,7 +224,7 @@ fn threads_on_a_leased_global_scope_admit_exactly_its_balance() {
                 Rule::new(p(5_000, 1.0)).leased(LeaseConfig::new().slots(4).max_lease(64)),
             )
             .rule(ScopeKind::Tenant, Rule::new(p(100_000, 1.0)))
-            .class(tokengate::WorkClass::new("one", 1))
+            .class(tokengate::scope::WorkClass::new("one", 1))
             .build_with_clock(clock)
             .unwrap(),
     );
@@ -249,7 +250,7 @@ fn threads_on_a_leased_global_scope_admit_exactly_its_balance() {
 
 #[test]
 fn a_set_a_leased_bucket_cannot_pay_is_refused_without_a_write() {
-    use tokengate::{Bucket, LeasedBucket, Member, acquire_all, acquire_all_with};
+    use tokengate::{Bucket, LeasedBucket, acquire_all, multi::Member, multi::acquire_all_with};
     let clock = ManualClock::new();
     let config = LeaseConfig::new().slots(2).max_lease(4);
     // The tenant bucket is taken first (lower address): without a read-only first pass
@@ -277,10 +278,10 @@ fn a_set_a_leased_bucket_cannot_pay_is_refused_without_a_write() {
     clock.advance(Duration::from_millis(10));
     let words = || {
         (
-            hot.__word(),
-            hot.__slot_word(0),
-            hot.__slot_word(1),
-            tenant.__word(),
+            hot.stored_word(),
+            hot.slot_words()[0],
+            hot.slot_words()[1],
+            tenant.stored_word(),
         )
     };
     let before = words();
@@ -335,7 +336,7 @@ fn a_scoped_request_reads_the_clock_once() {
             .rule(ScopeKind::Global, global)
             .rule(ScopeKind::Tenant, Rule::new(p(100, 3.0)))
             .rule(ScopeKind::TenantRoute, Rule::new(p(50, 2.0)))
-            .class(tokengate::WorkClass::new("one", 1))
+            .class(tokengate::scope::WorkClass::new("one", 1))
             .build_with_clock(clock.clone())
             .unwrap();
         let one = l.class("one").unwrap();

@@ -6,8 +6,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tokengate::{
-    ApiKeyId, Attempt, ManualClock, Overflow, Policy, Refusal, Request, RouteId, Rule, RuleError,
-    RuleSet, Scope, ScopeKind, ScopedLimiter, TenantId, UserId, Verdict, WorkClass,
+    ManualClock, Policy, ScopedLimiter, keyed::Overflow, scope::ApiKeyId, scope::Refusal,
+    scope::Request, scope::RouteId, scope::Rule, scope::RuleError, scope::RuleSet, scope::Scope,
+    scope::ScopeKind, scope::TenantId, scope::UserId, scope::WorkClass, telemetry::Attempt,
+    telemetry::Outcome,
 };
 
 fn p(capacity: u64, rate: f64) -> Policy {
@@ -54,13 +56,13 @@ fn one_tenant_draining_its_bucket_does_not_touch_another_tenants() {
     let search = l.class("search").unwrap();
     let b = Request::new().tenant(TenantId(2));
     assert!(l.try_acquire(&b, search).unwrap().is_admitted());
-    let b_word = l.__word(&Scope::Tenant(TenantId(2))).unwrap();
+    let b_word = l.stored_word(&Scope::Tenant(TenantId(2))).unwrap();
     let a = Request::new().tenant(TenantId(1));
     let admitted = (0..100)
         .filter(|_| l.try_acquire(&a, search).unwrap().is_admitted())
         .count();
     assert_eq!(admitted, 33);
-    assert_eq!(l.__word(&Scope::Tenant(TenantId(2))), Some(b_word));
+    assert_eq!(l.stored_word(&Scope::Tenant(TenantId(2))), Some(b_word));
     assert_eq!(l.available(&Scope::Tenant(TenantId(2))), Some(97.0));
     // The drained tenant's rejections are visible at its own scope.
     let c = l.counters(&Scope::Tenant(TenantId(1))).unwrap();
@@ -160,7 +162,7 @@ fn a_refusal_leaves_every_other_scope_untouched() {
         Scope::Route(RouteId(7)),
         Scope::TenantRoute(TenantId(1), RouteId(7)),
     ];
-    let words: Vec<Option<u64>> = scopes.iter().map(|s| l.__word(s)).collect();
+    let words: Vec<Option<u64>> = scopes.iter().map(|s| l.stored_word(s)).collect();
     let d = l.try_acquire(&r, search).unwrap();
     assert_eq!(
         d.refused_scope(),
@@ -168,7 +170,7 @@ fn a_refusal_leaves_every_other_scope_untouched() {
     );
     assert!(matches!(d.refusal(), Some(Refusal::RateLimited(_))));
     // Same tick: every word, rolled back or never touched, is bit for bit the same.
-    let after: Vec<Option<u64>> = scopes.iter().map(|s| l.__word(s)).collect();
+    let after: Vec<Option<u64>> = scopes.iter().map(|s| l.stored_word(s)).collect();
     assert_eq!(words, after);
     // Only the refusing scope counted the rejection.
     for s in &scopes[..5] {
@@ -214,7 +216,7 @@ fn an_admission_pays_every_scope_and_records_each() {
         "limiter=tenant:3 result=admitted bucket_capacity=100 refill_per_second=20 \
          token_cost=3 tokens_remaining=97 attempt=retry:2"
     );
-    assert!(d.records().all(|r| r.result == Verdict::Admitted));
+    assert!(d.records().all(|r| r.result == Outcome::Admitted));
     for s in d.scopes() {
         let c = l.counters(&s).unwrap();
         assert_eq!(
@@ -274,14 +276,14 @@ fn a_full_map_refuses_new_keys_naming_the_scope_or_shares_an_overflow_bucket() {
                 .is_admitted()
         );
     }
-    let global = l.__word(&Scope::Global);
+    let global = l.stored_word(&Scope::Global);
     let d = l
         .try_acquire(&Request::new().user(UserId(99)), meta)
         .unwrap();
     assert_eq!(d.refused_scope(), Some(Scope::User(UserId(99))));
     assert_eq!(d.refusal(), Some(Refusal::KeyLimit { max_keys: 2 }));
     assert_eq!(d.retry_after(), None);
-    assert_eq!(l.__word(&Scope::Global), global);
+    assert_eq!(l.stored_word(&Scope::Global), global);
     assert_eq!(
         l.overflow_counters(ScopeKind::User)
             .original
@@ -406,7 +408,7 @@ fn a_class_of_another_limiter_is_refused_as_unknown() {
     assert!(b.work_class(export).is_none());
     assert_eq!(
         b.try_acquire(&Request::new(), export).unwrap_err(),
-        tokengate::ScopeError::UnknownClass(export)
+        tokengate::scope::ScopeError::UnknownClass(export)
     );
     assert_eq!(b.available(&Scope::Global), Some(100.0));
     assert!(

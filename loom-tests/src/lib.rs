@@ -278,7 +278,7 @@ pub fn has_sequential_witness(
 /// that the word decodes (its units are at most `max_units`: invariant I1).
 pub fn stored_balance<C: tokengate::Clock>(bucket: &tokengate::Bucket<C>) -> i64 {
     let layout = bucket.policy().layout();
-    let word = bucket.__word();
+    let word = bucket.stored_word();
     let Some((_, units)) = layout.decode(word) else {
         panic!(
             "I1: the word {word:#x} holds {} units, above the capacity's {}",
@@ -295,7 +295,7 @@ pub fn balance_now<C: tokengate::Clock>(bucket: &tokengate::Bucket<C>) -> i64 {
     stored_balance(bucket);
     let layout = bucket.policy().layout();
     let now = bucket.clock().now_nanos();
-    let snapshot = layout.refill(bucket.__word(), layout.tick_of(now));
+    let snapshot = layout.refill(bucket.stored_word(), layout.tick_of(now));
     layout.balance_units(&snapshot)
 }
 

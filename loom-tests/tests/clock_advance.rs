@@ -93,7 +93,7 @@ fn advancing_clock(
             "conservation: balance {balance} at the end, refill {refilled}, admitted \
              {admitted}: {outcomes:?}"
         );
-        let (stored_tick, _) = layout.decode(bucket.__word()).unwrap();
+        let (stored_tick, _) = layout.decode(bucket.stored_word()).unwrap();
         assert!(
             stored_tick <= layout.tick_of(end),
             "I2: tick beyond the clock"

@@ -16,7 +16,7 @@ use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{Model, Tally, acquirers_racing_an_advance, ticks_per_token};
 use tokengate::mutants;
-use tokengate::{Clock, LeaseConfig, LeasedBucket, ManualClock, Policy};
+use tokengate::{Clock, LeasedBucket, ManualClock, Policy, leased::LeaseConfig};
 
 /// The two-thread frozen-clock model (each thread leasing, spending, and one of them
 /// refunding and reclaiming, the other reclaiming before it decides) did not finish

@@ -9,7 +9,9 @@
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{Model, Tally, stored_balance};
-use tokengate::{Bucket, Decision, ManualClock, MultiDecision, Policy, acquire_all_with};
+use tokengate::{
+    Bucket, Decision, ManualClock, Policy, multi::MultiDecision, multi::acquire_all_with,
+};
 
 type Clocked = Bucket<ManualClock>;
 

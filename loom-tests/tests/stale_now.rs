@@ -21,7 +21,7 @@ use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{Model, Tally, balance_now, ticks_per_token};
 use tokengate::state::Layout;
-use tokengate::{Bucket, Clock, ManualClock, Member, Policy};
+use tokengate::{Bucket, Clock, ManualClock, Policy, multi::Member};
 
 struct Setup {
     policy: Policy,
@@ -89,7 +89,7 @@ fn stale_reader(stale: &Tally) -> impl Fn() + Sync + Send + 'static {
             "I2: credit created: balance {balance} at t+d, expected refill {refilled} - admitted \
              {admitted} (A read {now_a}: {dec_a:?}, B read {now_b}: {dec_b:?})"
         );
-        let (stored_tick, _) = layout.decode(bucket.__word()).unwrap();
+        let (stored_tick, _) = layout.decode(bucket.stored_word()).unwrap();
         let newest = [(now_a, dec_a), (now_b, dec_b)]
             .iter()
             .filter(|(_, dec)| dec.is_admitted())

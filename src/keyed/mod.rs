@@ -816,9 +816,10 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         with_table!(&self.store, t => t.allocated_bytes())
     }
 
-    /// The packed word of `key`'s bucket, for tests and diagnostics.
-    #[doc(hidden)]
-    pub fn __word<Q>(&self, key: &Q) -> Option<u64>
+    /// The packed word of `key`'s bucket as stored, before any refill (`None` when the
+    /// key has no bucket): decode it with the policy's [`Layout`](crate::state::Layout).
+    /// For diagnostics, and to check that an operation wrote nothing.
+    pub fn stored_word<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,

@@ -48,7 +48,7 @@ pub(crate) struct KindPolicies {
 /// every scope's cost taken, or none.
 ///
 /// ```
-/// use tokengate::{ManualClock, Policy, Request, Rule, RuleSet, Scope, ScopeKind, TenantId, WorkClass};
+/// use tokengate::{ManualClock, Policy, scope::Request, scope::Rule, scope::RuleSet, scope::Scope, scope::ScopeKind, scope::TenantId, scope::WorkClass};
 /// let limiter = RuleSet::new()
 ///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(5, 1.0)?))
 ///     .class(WorkClass::new("search", 3))

@@ -39,7 +39,7 @@ id_type!(
 /// The kinds of scope, in the fixed order a scoped limiter locks their maps in.
 ///
 /// ```
-/// use tokengate::ScopeKind;
+/// use tokengate::scope::ScopeKind;
 /// assert_eq!(ScopeKind::TenantRoute.to_string(), "tenant_route");
 /// assert!(ScopeKind::Tenant < ScopeKind::User);
 /// assert_eq!(ScopeKind::ALL.len(), 6);
@@ -103,7 +103,7 @@ impl fmt::Display for ScopeKind {
 /// `api_key:9`, `route:3`, `tenant:42:route:3`), for logs and metric labels.
 ///
 /// ```
-/// use tokengate::{RouteId, Scope, ScopeKind, TenantId};
+/// use tokengate::{scope::RouteId, scope::Scope, scope::ScopeKind, scope::TenantId};
 /// let scope = Scope::TenantRoute(TenantId(42), RouteId(3));
 /// assert_eq!(scope.to_string(), "tenant:42:route:3");
 /// assert_eq!(scope.kind(), ScopeKind::TenantRoute);

@@ -717,19 +717,21 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         &self.clock
     }
 
-    /// The packed word of `scope`'s bucket, for tests and diagnostics.
-    #[doc(hidden)]
-    pub fn __word(&self, scope: &Scope) -> Option<u64> {
+    /// The packed word of `scope`'s bucket as stored, before any refill (`None` when the
+    /// scope has no rule or no bucket yet; for a leased global scope, its global word):
+    /// decode it with the rule's [`Layout`](crate::state::Layout). For diagnostics, and
+    /// to check that an operation wrote nothing.
+    pub fn stored_word(&self, scope: &Scope) -> Option<u64> {
         match scope {
             Scope::Global => Some(match &self.global.as_ref()?.bucket {
                 GlobalBucket::Word(raw) => raw.load(),
-                GlobalBucket::Leased(b) => b.__word(),
+                GlobalBucket::Leased(b) => b.stored_word(),
             }),
-            Scope::Tenant(id) => self.tenant.as_ref()?.__word(id),
-            Scope::User(id) => self.user.as_ref()?.__word(id),
-            Scope::ApiKey(id) => self.api_key.as_ref()?.__word(id),
-            Scope::Route(id) => self.route.as_ref()?.__word(id),
-            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.__word(&(*t, *r)),
+            Scope::Tenant(id) => self.tenant.as_ref()?.stored_word(id),
+            Scope::User(id) => self.user.as_ref()?.stored_word(id),
+            Scope::ApiKey(id) => self.api_key.as_ref()?.stored_word(id),
+            Scope::Route(id) => self.route.as_ref()?.stored_word(id),
+            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.stored_word(&(*t, *r)),
         }
     }
 }

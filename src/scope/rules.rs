@@ -12,7 +12,7 @@ use crate::scope::key::{ApiKeyId, RouteId, ScopeKind, TenantId, UserId};
 /// the bounds of their map.
 ///
 /// ```
-/// use tokengate::{Overflow, Policy, Rule};
+/// use tokengate::{keyed::Overflow, Policy, scope::Rule};
 /// let rule = Rule::new(Policy::new(100, 20.0)?)
 ///     .max_keys(50_000)
 ///     .overflow(Overflow::Share(Policy::new(100, 20.0)?))
@@ -88,7 +88,7 @@ impl Rule {
     /// [`RuleError::LeasedNotGlobal`], and an invalid `config` with [`RuleError::Lease`].
     ///
     /// ```
-    /// use tokengate::{LeaseConfig, Policy, Rule, RuleError, RuleSet, ScopeKind, WorkClass};
+    /// use tokengate::{leased::LeaseConfig, Policy, scope::Rule, scope::RuleError, scope::RuleSet, scope::ScopeKind, scope::WorkClass};
     /// let hot = Rule::new(Policy::new(10_000, 5_000.0)?).leased(LeaseConfig::new());
     /// let limiter = RuleSet::new()
     ///     .rule(ScopeKind::Global, hot)
@@ -121,7 +121,7 @@ impl Rule {
 /// scope (it is not consulted, and no key is created in it).
 ///
 /// ```
-/// use tokengate::{ScopeKind, WorkClass};
+/// use tokengate::{scope::ScopeKind, scope::WorkClass};
 /// let export = WorkClass::new("export", 20).with_cost(ScopeKind::Global, 5);
 /// assert_eq!(export.cost_in(ScopeKind::Tenant), 20);
 /// assert_eq!(export.cost_in(ScopeKind::Global), 5);
@@ -196,7 +196,7 @@ pub struct ClassId {
 /// `tenant_route` when both tenant and route are given).
 ///
 /// ```
-/// use tokengate::{Attempt, Request, RouteId, TenantId};
+/// use tokengate::{telemetry::Attempt, scope::Request, scope::RouteId, scope::TenantId};
 /// let request = Request::new().tenant(TenantId(42)).route(RouteId(3));
 /// assert_eq!(request.tenant, Some(TenantId(42)));
 /// assert!(request.user.is_none());
@@ -258,7 +258,7 @@ impl Request {
 /// [`ScopedLimiter`](crate::ScopedLimiter).
 ///
 /// ```
-/// use tokengate::{ManualClock, Policy, Rule, RuleSet, ScopeKind, WorkClass};
+/// use tokengate::{ManualClock, Policy, scope::Rule, scope::RuleSet, scope::ScopeKind, scope::WorkClass};
 /// let limiter = RuleSet::new()
 ///     .rule(ScopeKind::Global, Rule::new(Policy::new(10_000, 5_000.0)?))
 ///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(100, 20.0)?))

@@ -34,7 +34,7 @@ const CELLS: usize = 2 * PER_ATTEMPT;
 /// exact across a wrap.
 ///
 /// ```
-/// use tokengate::Tally;
+/// use tokengate::telemetry::Tally;
 /// let a = Tally { admitted_requests: 2, admitted_tokens: 6, ..Tally::default() };
 /// let b = Tally { rejected_requests: 1, rejected_tokens: 20, ..Tally::default() };
 /// let sum = a + b;
@@ -58,7 +58,7 @@ impl Tally {
     /// [`Tally`]).
     ///
     /// ```
-    /// use tokengate::Tally;
+    /// use tokengate::telemetry::Tally;
     /// let t = Tally { admitted_requests: 5, rejected_requests: 2, ..Tally::default() };
     /// assert_eq!(t.requests(), 7);
     /// ```
@@ -91,7 +91,7 @@ impl AddAssign for Tally {
 /// The counters of one scope key, original attempts and retries apart.
 ///
 /// ```
-/// use tokengate::{Attempt, KeyedLimiter, ManualClock, Policy};
+/// use tokengate::{telemetry::Attempt, KeyedLimiter, ManualClock, Policy};
 ///
 /// let limiter = KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0)?, 1000)
 ///     .clock(ManualClock::new())

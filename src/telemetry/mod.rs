@@ -19,6 +19,7 @@
 mod counters;
 mod record;
 
+pub use crate::attempt::Attempt;
 pub(crate) use counters::{CounterCells, CounterRef, StripedCounters};
 pub use counters::{CounterSnapshot, Tally};
-pub use record::{Record, Verdict};
+pub use record::{Outcome, Record};

@@ -8,18 +8,18 @@ use crate::policy::Policy;
 
 /// Whether a recorded request was admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Verdict {
+pub enum Outcome {
     /// The cost was taken.
     Admitted,
     /// The bucket refused the cost (nothing was taken).
     Rejected,
 }
 
-impl fmt::Display for Verdict {
+impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Verdict::Admitted => "admitted",
-            Verdict::Rejected => "rejected",
+            Outcome::Admitted => "admitted",
+            Outcome::Rejected => "rejected",
         })
     }
 }
@@ -39,14 +39,14 @@ impl fmt::Display for Verdict {
 /// `original` or `retry:N`, so retry waves can be told from organic traffic.
 ///
 /// ```
-/// use tokengate::{Attempt, Bucket, ManualClock, Policy, Record, Verdict};
+/// use tokengate::{telemetry::Attempt, Bucket, ManualClock, Policy, telemetry::Record, telemetry::Outcome};
 ///
 /// let policy = Policy::new(100, 20.0)?;
 /// let bucket = Bucket::with_clock(policy, ManualClock::new());
 /// bucket.try_acquire(98)?;
 /// let d = bucket.try_acquire(3)?;
 /// let record = Record::new("tenant_api", &policy, &d, Attempt::Original);
-/// assert_eq!(record.result, Verdict::Rejected);
+/// assert_eq!(record.result, Outcome::Rejected);
 /// assert_eq!(
 ///     record.to_string(),
 ///     "limiter=tenant_api result=rejected bucket_capacity=100 refill_per_second=20 \
@@ -59,7 +59,7 @@ pub struct Record<L> {
     /// Which limiter decided: a scope key or a name.
     pub limiter: L,
     /// Admitted or rejected.
-    pub result: Verdict,
+    pub result: Outcome,
     /// The bucket's capacity `B`, in tokens.
     pub bucket_capacity: u64,
     /// The configured refill rate, in tokens per second.
@@ -78,9 +78,9 @@ impl<L> Record<L> {
         Record {
             limiter,
             result: if decision.is_admitted() {
-                Verdict::Admitted
+                Outcome::Admitted
             } else {
-                Verdict::Rejected
+                Outcome::Rejected
             },
             bucket_capacity: policy.capacity(),
             refill_per_second: policy.refill_per_second(),
@@ -120,7 +120,7 @@ mod tests {
     fn display_matches_the_seed_field_order_and_rounds_the_balance() {
         let r = Record {
             limiter: "tenant_api",
-            result: Verdict::Rejected,
+            result: Outcome::Rejected,
             bucket_capacity: 100,
             refill_per_second: 20.0,
             token_cost: 3,

@@ -2,8 +2,8 @@
 //! simulation.
 //!
 //! ```text
-//! cargo run --release -- bench       # throughput vs threads: tokengate, governor, a mutex bucket
-//! cargo run --release -- simulate    # replay traffic against B and r on a simulated clock
+//! cargo run --release -p tokengate-cli -- bench       # throughput vs threads: tokengate, governor, a mutex bucket
+//! cargo run --release -p tokengate-cli -- simulate    # replay traffic against B and r on a simulated clock
 //! ```
 
 use std::fs::File;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::Policy;
+use tokengate::Policy;
 
 /// What a reference model decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +23,9 @@ pub enum Outcome {
     CostExceedsCapacity,
     /// The clock read behind the model's time by more than the race tolerance.
     ClockWentBackwards,
+    /// An error the model never gives (the engine's error enum is non-exhaustive): always
+    /// a mismatch.
+    OtherError,
 }
 
 /// The engine's documented semantics at its effective rate, on an absolute (never
@@ -105,7 +108,7 @@ impl Model {
         let ticks = needed.div_ceil(self.refill);
         let into = u128::from(now_nanos) & ((1u128 << self.tick_shift) - 1);
         let nanos = ((ticks + behind) << self.tick_shift) - into;
-        crate::decision::duration_from_nanos(nanos)
+        duration_from_nanos(nanos)
     }
 
     /// `try_acquire(cost)` at `now_nanos`.
@@ -361,6 +364,14 @@ fn ratio_ge(mut a: u128, mut b: u128, mut c: u128, mut d: u128) -> bool {
                 flipped = !flipped;
             }
         }
+    }
+}
+
+/// `nanos` as a `Duration`, saturating at `Duration::MAX`.
+fn duration_from_nanos(nanos: u128) -> Duration {
+    match u64::try_from(nanos / 1_000_000_000) {
+        Ok(secs) => Duration::new(secs, (nanos % 1_000_000_000) as u32),
+        Err(_) => Duration::MAX,
     }
 }
 

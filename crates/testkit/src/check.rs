@@ -7,10 +7,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::policy::{MIN_WRAP_BITS, Rate, tick_shifts};
-use crate::state::Layout;
-use crate::testkit::{Ideal, Model, Outcome};
-use crate::{AcquireError, Bucket, Clock, MAX_RATE_ERROR, ManualClock, Policy, Start};
+use crate::{Ideal, Model, Outcome};
+use tokengate::policy::MIN_WRAP_BITS;
+use tokengate::state::Layout;
+use tokengate::{AcquireError, Bucket, Clock, ManualClock, Policy, Start, policy::MAX_RATE_ERROR};
 
 /// A policy as a fuzzer or property test proposes it; it may be invalid.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,7 +27,7 @@ pub struct PolicySpec {
 
 impl PolicySpec {
     /// Builds the policy, or says why not.
-    pub fn build(&self) -> Result<Policy, crate::PolicyError> {
+    pub fn build(&self) -> Result<Policy, tokengate::PolicyError> {
         let start = if self.start_empty {
             Start::Empty
         } else {
@@ -132,7 +132,7 @@ pub fn acceptable_layout(spec: &PolicySpec) -> Option<Layout> {
     if spec.capacity == 0 || !r.is_finite() || r <= 0.0 {
         return None;
     }
-    let rate = Rate::PerSecond(r);
+    let rate = SpecRate(r);
     let horizon = u128::from(spec.max_reservation_nanos);
     for s in 0..=tick_shifts(spec.capacity, &rate).1 {
         for f in 0..=62 {
@@ -160,7 +160,7 @@ pub fn acceptable_layout(spec: &PolicySpec) -> Option<Layout> {
 /// The bounds the policy docs promise for a valid policy.
 fn check_policy_bounds(spec: &PolicySpec, policy: &Policy) -> Result<(), Violation> {
     let l = policy.layout();
-    let rate = Rate::PerSecond(spec.refill_per_second);
+    let rate = SpecRate(spec.refill_per_second);
     let bounds = [
         (
             policy.rate_error() <= MAX_RATE_ERROR,
@@ -246,7 +246,7 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
     for (step, op) in scenario.ops.iter().enumerate() {
         let now = clock.now_nanos();
         latest = latest.max(now);
-        let before = bucket.__word();
+        let before = bucket.stored_word();
         // From the first step whose time the engine's wrapping tick may read differently
         // from the model's absolute one, only the bounds (ideal bucket, I1, I5) are checked.
         let is_bucket_op = !matches!(op, Op::Advance(_) | Op::StepBack(_));
@@ -289,7 +289,7 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
                         }
                     }
                 }
-                if !(admitted && cost > 0) && bucket.__word() != before {
+                if !(admitted && cost > 0) && bucket.stored_word() != before {
                     return Err(violation(step, "a rejection or error wrote the word (I5)"));
                 }
                 if exact {
@@ -306,6 +306,7 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
                             Outcome::CostExceedsCapacity
                         }
                         Err(AcquireError::ClockWentBackwards { .. }) => Outcome::ClockWentBackwards,
+                        Err(_) => Outcome::OtherError,
                     };
                     if actual != expected {
                         return Err(violation(
@@ -319,7 +320,7 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
                 let cost = scale_cost(c, capacity);
                 let got = bucket.refund(cost);
                 if cost > capacity {
-                    if got.is_ok() || bucket.__word() != before {
+                    if got.is_ok() || bucket.stored_word() != before {
                         return Err(violation(step, "refund above capacity not refused cleanly"));
                     }
                 } else {
@@ -346,7 +347,7 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
             }
             Op::Peek => {
                 let available = bucket.available();
-                if bucket.__word() != before {
+                if bucket.stored_word() != before {
                     return Err(violation(step, "available() wrote the word"));
                 }
                 if !ambiguous && available != model.available(now) {
@@ -362,7 +363,7 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
         }
 
         // Bounds that hold whatever happened before.
-        let word = bucket.__word();
+        let word = bucket.stored_word();
         let Some((_, units)) = layout.decode(word) else {
             return Err(violation(step, "the word decodes to more than max_units"));
         };
@@ -384,4 +385,58 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
         }
     }
     Ok(report)
+}
+
+/// A rate in tokens per second, with the layout search's rounding written out
+/// independently of the engine: `floor(r * 2^shift / 1e9)` units per tick, exactly.
+#[derive(Clone, Copy, Debug)]
+struct SpecRate(f64);
+
+impl SpecRate {
+    /// `floor(r * 2^shift / 1e9)`, exact (from the bits of `r`); `None` above `u64`.
+    fn units_per_tick(&self, shift: u32) -> Option<u64> {
+        let bits = self.0.to_bits();
+        let exp = ((bits >> 52) & 0x7ff) as i32;
+        let frac = bits & ((1 << 52) - 1);
+        let (m, e) = if exp == 0 {
+            (frac, -1074)
+        } else {
+            (frac | (1 << 52), exp - 1075)
+        };
+        let k = e + shift as i32;
+        let exact = if k >= 0 {
+            if k > 127 - 53 {
+                return None;
+            }
+            (u128::from(m) << k) / 1_000_000_000
+        } else if k <= -128 {
+            0
+        } else {
+            (u128::from(m) / 1_000_000_000) >> (-k)
+        };
+        u64::try_from(exact).ok()
+    }
+
+    /// `r * 2^shift / 1e9` in floating point.
+    fn units_per_tick_f64(&self, shift: u32) -> f64 {
+        self.0 * 2f64.powi(shift as i32) / 1e9
+    }
+}
+
+/// The policy's tick limits `(preferred, max)` as the policy docs state them: a tick is
+/// never longer than 1/16 of the time the bucket takes to fill; preferably no longer
+/// than ~1 ms, or 1/16 of a token's time when that is longer. Shifts are capped at
+/// [`MAX_TICK_SHIFT`](tokengate::state::MAX_TICK_SHIFT).
+fn tick_shifts(capacity: u64, rate: &SpecRate) -> (u32, u32) {
+    fn shift_at_most(nanos: f64) -> u32 {
+        if nanos < 2.0 {
+            0
+        } else {
+            (nanos.log2().floor() as u32).min(tokengate::state::MAX_TICK_SHIFT)
+        }
+    }
+    let r = rate.0;
+    let max = shift_at_most(capacity as f64 / r * 1e9 / 16.0);
+    let preferred = shift_at_most((1e9 / r / 16.0).max((1u64 << 20) as f64));
+    (preferred.min(max), max)
 }

@@ -1,5 +1,5 @@
 //! A thundering herd, simulated: many clients refused at the same instant by one bucket,
-//! each retrying with the [`retry`](crate::retry) helper, on a manual clock.
+//! each retrying with the [`retry`](tokengate::retry) helper, on a manual clock.
 //!
 //! Every client sends one request at time zero to a server bucket that starts empty, so
 //! all are refused together. Each refusal goes over the wire as the server would send it
@@ -11,8 +11,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use crate::retry::{Retry, RetryPolicy, SplitMix64};
-use crate::{Bucket, ManualClock, Policy, http};
+use tokengate::retry::{Retry, RetryPolicy, SplitMix64};
+use tokengate::{Bucket, ManualClock, Policy, http};
 
 /// What to simulate.
 #[derive(Clone, Copy, Debug)]
@@ -54,7 +54,7 @@ pub fn simulate(herd: &Herd) -> HerdReport {
     let mut seeds = SplitMix64::new(herd.seed);
     let mut clients: Vec<_> = (0..herd.clients)
         .map(|_| {
-            let rng = SplitMix64::new(crate::retry::RandomSource::next_u64(&mut seeds));
+            let rng = SplitMix64::new(tokengate::retry::RandomSource::next_u64(&mut seeds));
             Retry::with_rng(herd.retry, clock.clone(), rng)
         })
         .collect();

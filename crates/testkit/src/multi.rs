@@ -6,13 +6,15 @@
 
 use std::time::Duration;
 
-use crate::state::Layout;
-use crate::testkit::check::{PolicySpec, Violation, scale_cost, violation};
-use crate::testkit::{Ideal, Model, Outcome};
-use crate::{AcquireError, Bucket, Clock, Decision, ManualClock, MultiError, acquire_all_with};
+use crate::check::{PolicySpec, Violation, scale_cost, violation};
+use crate::{Ideal, Model, Outcome};
+use tokengate::state::Layout;
+use tokengate::{
+    AcquireError, Bucket, Clock, Decision, ManualClock, multi::MultiError, multi::acquire_all_with,
+};
 
 /// One operation of a multi-bucket scenario. Bucket indices are taken modulo the number
-/// of buckets whose policy is valid; costs as in [`Op::Acquire`](crate::testkit::Op).
+/// of buckets whose policy is valid; costs as in [`Op::Acquire`](crate::Op).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MultiOp {
     /// `acquire_all` over `(bucket, cost)` pairs (duplicates and costs above a capacity
@@ -38,7 +40,7 @@ pub enum MultiOp {
     /// Moves the shared clock forward (saturating).
     Advance(u64),
     /// Moves the shared clock back, within the back window as for
-    /// [`Op::StepBack`](crate::testkit::Op).
+    /// [`Op::StepBack`](crate::Op).
     StepBack(u64),
 }
 
@@ -82,13 +84,13 @@ struct Member {
     capacity: u64,
     model: Model,
     ideal: Option<Ideal>,
-    /// Whether the model still tracks the bucket exactly (see [`check()`](crate::testkit::check())).
+    /// Whether the model still tracks the bucket exactly (see [`check()`](crate::check())).
     exact: bool,
 }
 
 impl Member {
     fn word(&self) -> u64 {
-        self.bucket.__word()
+        self.bucket.stored_word()
     }
 
     /// Marks the model inexact when a bucket operation reads a time its wrapping tick
@@ -138,6 +140,7 @@ fn outcome(got: &Result<Decision, AcquireError>) -> Outcome {
         },
         Err(AcquireError::CostExceedsCapacity { .. }) => Outcome::CostExceedsCapacity,
         Err(AcquireError::ClockWentBackwards { .. }) => Outcome::ClockWentBackwards,
+        Err(_) => Outcome::OtherError,
     }
 }
 

@@ -2,17 +2,17 @@
 //!
 //! [`check_packing`] builds a [`Layout`] from arbitrary parameters (which must be refused
 //! with an error when invalid, never with a panic), then runs every transition of
-//! [`state`](crate::state) on arbitrary words, ticks and amounts and compares each result
+//! [`state`](tokengate::state) on arbitrary words, ticks and amounts and compares each result
 //! with the same arithmetic done in `u128` from the documented formulas. The fuzz target
 //! `packing` and the corpus replay in `cargo test` both run it.
 
 use std::time::Duration;
 
-use crate::state::{
+use crate::check::{Violation, violation};
+use tokengate::state::{
     BACK_WINDOW_NANOS, Layout, LayoutError, MAX_REFILL_PER_TICK, MAX_TICK_SHIFT, MAX_UNITS,
     TOLERANCE_NANOS,
 };
-use crate::testkit::check::{Violation, violation};
 
 /// The free parameters of [`Layout::new`], as a fuzzer proposes them; they may be invalid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

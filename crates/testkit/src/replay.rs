@@ -8,7 +8,7 @@
 //! identically under `cargo test`.
 //!
 //! ```
-//! use tokengate::testkit::replay::{Rng, Target};
+//! use tokengate_testkit::replay::{Rng, Target};
 //!
 //! // Any bytes decode to some input; the checks hold on all of them.
 //! let mut rng = Rng::new(7);
@@ -25,9 +25,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use arbitrary::{Arbitrary, Unstructured};
 
-use crate::testkit::check::{Scenario, Violation, check, violation};
-use crate::testkit::multi::{MultiScenario, check_multi};
-use crate::testkit::packing::{PackingCase, check_packing};
+use crate::check::{Scenario, Violation, check, violation};
+use crate::multi::{MultiScenario, check_multi};
+use crate::packing::{PackingCase, check_packing};
 
 /// A fuzz target: which input type the bytes decode to and which check runs on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,7 +66,7 @@ impl std::error::Error for Failure {}
 /// `None` when they do not decode.
 ///
 /// ```
-/// use tokengate::testkit::{Scenario, replay::decode};
+/// use tokengate_testkit::{Scenario, replay::decode};
 ///
 /// // Even no bytes at all decode: a valid policy and no operations.
 /// let s: Scenario = decode(&[]).unwrap();
@@ -204,7 +204,7 @@ impl Target {
 /// everywhere.
 ///
 /// ```
-/// use tokengate::testkit::replay::Rng;
+/// use tokengate_testkit::replay::Rng;
 /// let (mut a, mut b) = (Rng::new(1), Rng::new(1));
 /// assert_eq!(a.bytes(16), b.bytes(16));
 /// ```

@@ -14,9 +14,9 @@
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 
-use crate::testkit::check::{Op, PolicySpec, Scenario};
-use crate::testkit::multi::{MultiOp, MultiScenario};
-use crate::testkit::packing::{LayoutParams, PackingCase, Probe, TickSpec, UnitsSpec, WordSpec};
+use crate::check::{Op, PolicySpec, Scenario};
+use crate::multi::{MultiOp, MultiScenario};
+use crate::packing::{LayoutParams, PackingCase, Probe, TickSpec, UnitsSpec, WordSpec};
 
 /// Longest operation list decoded from one input: keeps every execution short.
 const MAX_OPS: usize = 256;
