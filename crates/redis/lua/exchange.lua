@@ -1,0 +1,144 @@
+-- One exchange between an instance and a bucket's pool: reclaim expired leases, settle
+-- returned ones, refill exactly, credit, and grant a lease (or replay the grant recorded
+-- for the same request id). The clock prologue before this body defines `now` (µs).
+--
+-- KEYS[1] state hash {u, ts, rem, out, ep}; KEYS[2] lease hash id -> granted tokens;
+-- KEYS[3] sorted set of lease ids by reclaim time (µs).
+-- ARGV: 1 capacity (units, 10^6 per token), 2 rate (milli-tokens/s), 3 loose (0|1),
+--       4 start full (0|1), 5 lease lifetime on Redis (µs), 6 key keep (ms),
+--       7 request id ('' = no grant), 8 need (tokens), 9 want (tokens), 10 credit (units),
+--       11 settle count n, then n pairs: lease id, unspent tokens.
+-- Reply: {status, granted, exp_or_retry, u, out, ep, now}; status 1 granted, 2 replayed,
+--        0 rejected (writes nothing unless the key was created or a lease settled),
+--        3 no grant asked.
+local UNIT = 1000000
+local cap = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local loose = ARGV[3] == '1'
+local lease_us = tonumber(ARGV[5])
+local keep_ms = tonumber(ARGV[6])
+local req = ARGV[7]
+local need = tonumber(ARGV[8])
+local want = tonumber(ARGV[9])
+local credit = tonumber(ARGV[10])
+local nsettle = tonumber(ARGV[11])
+if req ~= '' and need < 1 then need = 1 end
+
+local st = redis.call('HMGET', KEYS[1], 'u', 'ts', 'rem', 'out', 'ep')
+local u, ts, rem, out, ep
+local write = false
+if not st[2] then
+  if ARGV[4] == '1' then u = cap else u = 0 end
+  ts = now; rem = 0; out = 0; ep = now; write = true
+else
+  u = tonumber(st[1]); ts = tonumber(st[2]); rem = tonumber(st[3])
+  out = tonumber(st[4]); ep = tonumber(st[5])
+end
+
+-- Reclaim: a lease past its reclaim time leaves `out`; nothing is credited back.
+local gone = {}
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
+for _, id in ipairs(expired) do
+  local g = tonumber(redis.call('HGET', KEYS[2], id) or '0')
+  out = out - g
+  gone[id] = true
+end
+local limit = cap
+if not loose then limit = cap - out * UNIT end
+
+-- Settle: the unspent part of a live lease comes back, the spent part is gone.
+local settled = {}
+for i = 0, nsettle - 1 do
+  local id = ARGV[12 + 2 * i]
+  local back = tonumber(ARGV[13 + 2 * i])
+  if not gone[id] then
+    local g = redis.call('HGET', KEYS[2], id)
+    if g then
+      g = tonumber(g)
+      if back > g then back = g end
+      out = out - g
+      u = u + back * UNIT
+      gone[id] = true
+      settled[#settled + 1] = id
+      write = true
+    end
+  end
+end
+if not loose then limit = cap - out * UNIT end
+if u > limit then u = limit end
+
+-- Refill from ts to now, exactly: rem carries the milli-unit remainder. A clock behind ts
+-- adds nothing and keeps ts.
+if now > ts then
+  if u >= limit then
+    rem = 0
+  else
+    local short = (limit - u) * 1000 - rem
+    local elapsed = now - ts
+    if elapsed > math.floor(short / rate) then
+      u = limit; rem = 0
+    else
+      local total = elapsed * rate + rem
+      local add = math.floor(total / 1000)
+      u = u + add; rem = total - add * 1000
+      if u >= limit then u = limit; rem = 0 end
+    end
+  end
+  ts = now
+end
+
+if credit > 0 then
+  u = u + credit
+  if u >= limit then u = limit; rem = 0 end
+  write = true
+end
+
+local status, granted, third = 3, 0, 0
+if req ~= '' then
+  local prev = nil
+  if not gone[req] then prev = redis.call('HGET', KEYS[2], req) end
+  if gone[req] then
+    status = 2
+  elseif prev then
+    status = 2; granted = tonumber(prev)
+    third = tonumber(redis.call('ZSCORE', KEYS[3], req))
+  elseif u >= need * UNIT then
+    local g = math.floor(u / UNIT)
+    if g > want then g = want end
+    if g < need then g = need end
+    u = u - g * UNIT; out = out + g
+    status = 1; granted = g; third = now + lease_us
+    redis.call('HSET', KEYS[2], req, g)
+    redis.call('ZADD', KEYS[3], third, req)
+    write = true
+  else
+    status = 0
+    if need * UNIT > limit then
+      local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+      if need * UNIT <= cap and first[2] then
+        third = tonumber(first[2]) - now
+        if third < 1 then third = 1 end
+      else
+        third = -1
+      end
+    else
+      local short = (need * UNIT - u) * 1000 - rem
+      third = math.floor((short + rate - 1) / rate)
+    end
+  end
+end
+
+if write then
+  for id, _ in pairs(gone) do
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZREM', KEYS[3], id)
+  end
+  redis.call('HSET', KEYS[1], 'u', u, 'ts', ts, 'rem', rem, 'out', out, 'ep', ep)
+  if out == 0 then
+    local to_full = math.floor(((cap - u) * 1000 - rem + rate - 1) / rate)
+    redis.call('PEXPIRE', KEYS[1], math.floor((to_full + 999) / 1000) + keep_ms)
+  else
+    redis.call('PERSIST', KEYS[1])
+  end
+end
+return {status, granted, third, u, out, ep, now}

@@ -1,0 +1,168 @@
+//! An exact Rust model of the exchange script, in plain integers: the reference the script
+//! is property-tested against on a real Redis (`tests/script_model.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::policy::{Mode, RemotePolicy, Start, UNITS_PER_TOKEN};
+use crate::script::{Exchange, Outcome, Reply};
+
+/// How many expired leases one exchange reclaims at most (the script's `LIMIT`).
+pub const RECLAIM_LIMIT: usize = 64;
+
+/// One bucket's Redis state, as the script keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelBucket {
+    /// The state hash: `None` while the key is missing.
+    pub state: Option<ModelState>,
+    /// Lease id -> granted tokens.
+    pub leases: BTreeMap<String, u64>,
+    /// (reclaim time µs, lease id), ordered as the sorted set orders them.
+    pub expiry: BTreeSet<(u64, String)>,
+}
+
+/// The state hash's fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelState {
+    /// Balance, units.
+    pub u: u64,
+    /// Last refill time, µs.
+    pub ts: u64,
+    /// Refill remainder, milli-units (below 1000).
+    pub rem: u64,
+    /// Tokens out on lease.
+    pub out: u64,
+    /// Epoch (creation time, µs).
+    pub ep: u64,
+}
+
+impl ModelBucket {
+    /// A bucket missing from Redis.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs one exchange at `now` (µs), as the script does with `lease_us` of lease
+    /// lifetime on Redis.
+    pub fn exchange(&mut self, policy: &RemotePolicy, lease_us: u64, ex: &Exchange, now: u64) -> Reply {
+        let cap = policy.capacity_units();
+        let rate = policy.rate_milli();
+        let loose = policy.mode() == Mode::Loose;
+        let mut need = ex.need;
+        if ex.request_id.is_some() && need < 1 {
+            need = 1;
+        }
+        let mut write = false;
+        let mut s = match self.state {
+            Some(s) => s,
+            None => {
+                write = true;
+                ModelState {
+                    u: if policy.start() == Start::Full { cap } else { 0 },
+                    ts: now,
+                    rem: 0,
+                    out: 0,
+                    ep: now,
+                }
+            }
+        };
+        let mut gone: BTreeSet<String> = BTreeSet::new();
+        for (_, id) in self.expiry.iter().take_while(|(at, _)| *at <= now).take(RECLAIM_LIMIT) {
+            s.out -= self.leases.get(id).copied().unwrap_or(0);
+            gone.insert(id.clone());
+        }
+        for (id, back) in &ex.settle {
+            if gone.contains(id) {
+                continue;
+            }
+            if let Some(&g) = self.leases.get(id) {
+                let back = (*back).min(g);
+                s.out -= g;
+                s.u += back * UNITS_PER_TOKEN;
+                gone.insert(id.clone());
+                write = true;
+            }
+        }
+        let limit = if loose { cap } else { cap - s.out * UNITS_PER_TOKEN };
+        s.u = s.u.min(limit);
+        if now > s.ts {
+            if s.u >= limit {
+                s.rem = 0;
+            } else {
+                let short = (limit - s.u) * 1000 - s.rem;
+                let elapsed = now - s.ts;
+                if elapsed > short / rate {
+                    s.u = limit;
+                    s.rem = 0;
+                } else {
+                    let total = elapsed * rate + s.rem;
+                    s.u += total / 1000;
+                    s.rem = total % 1000;
+                    if s.u >= limit {
+                        s.u = limit;
+                        s.rem = 0;
+                    }
+                }
+            }
+            s.ts = now;
+        }
+        if ex.credit_units > 0 {
+            s.u += ex.credit_units;
+            if s.u >= limit {
+                s.u = limit;
+                s.rem = 0;
+            }
+            write = true;
+        }
+        let mut outcome = Outcome::NoGrant;
+        let mut new_lease = None;
+        if let Some(req) = &ex.request_id {
+            let prev = if gone.contains(req) { None } else { self.leases.get(req).copied() };
+            if gone.contains(req) {
+                outcome = Outcome::Replayed { tokens: 0, reclaim_at_us: 0 };
+            } else if let Some(g) = prev {
+                let at = self.expiry.iter().find(|(_, id)| id == req).map_or(0, |(at, _)| *at);
+                outcome = Outcome::Replayed { tokens: g, reclaim_at_us: at };
+            } else if s.u >= need * UNITS_PER_TOKEN {
+                let g = (s.u / UNITS_PER_TOKEN).min(ex.want).max(need);
+                s.u -= g * UNITS_PER_TOKEN;
+                s.out += g;
+                let at = now + lease_us;
+                outcome = Outcome::Granted { tokens: g, reclaim_at_us: at };
+                new_lease = Some((req.clone(), g, at));
+                write = true;
+            } else {
+                let retry_after_us = if need * UNITS_PER_TOKEN > limit {
+                    match self.expiry.iter().next() {
+                        Some((at, _)) if need * UNITS_PER_TOKEN <= cap => {
+                            Some(at.saturating_sub(now).max(1))
+                        }
+                        _ => None,
+                    }
+                } else {
+                    let short = (need * UNITS_PER_TOKEN - s.u) * 1000 - s.rem;
+                    Some(short.div_ceil(rate))
+                };
+                outcome = Outcome::Rejected { retry_after_us };
+            }
+        }
+        if let Some((id, g, at)) = &new_lease {
+            self.leases.insert(id.clone(), *g);
+            self.expiry.retain(|(_, i)| i != id);
+            self.expiry.insert((*at, id.clone()));
+        }
+        if write {
+            for id in &gone {
+                self.leases.remove(id);
+                self.expiry.retain(|(_, i)| i != id);
+            }
+            self.state = Some(s);
+        }
+        Reply {
+            outcome,
+            balance_units: s.u,
+            outstanding: s.out,
+            epoch: s.ep,
+            now_us: now,
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The Lua scripts, invoked by SHA, and the typed form of one exchange and its reply.
+//!
+//! The scripts' source is a clock prologue plus a body (`lua/*.lua`). The production
+//! prologue reads Redis `TIME`; the test prologue reads `now` (µs) from the last argument,
+//! so tests drive refill, reclaim and clock steps exactly.
+
+use redis::{ConnectionLike, RedisResult, Script};
+
+use crate::policy::{Mode, RemotePolicy, Start};
+
+const EXCHANGE_BODY: &str = include_str!("../lua/exchange.lua");
+const TIME_PROLOGUE: &str =
+    "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n";
+const ARG_PROLOGUE: &str = "local now = tonumber(ARGV[#ARGV])\n";
+
+/// Where the scripts read the time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSource {
+    /// Redis `TIME` (µs since the Unix epoch on the server's wall clock).
+    Redis,
+    /// The caller's `now` argument: for tests that need exact time.
+    Argument,
+}
+
+/// The compiled scripts, each loaded on demand by SHA (`EVALSHA`; `NOSCRIPT` loads and
+/// retries, and means the script did not run).
+#[derive(Debug, Clone)]
+pub struct Scripts {
+    exchange: Script,
+    time: TimeSource,
+}
+
+/// The three keys of one bucket, under one hash tag so a cluster keeps them in one slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketKeys {
+    /// The state hash.
+    pub state: String,
+    /// Lease id -> granted tokens.
+    pub leases: String,
+    /// Lease ids by reclaim time (µs).
+    pub expiry: String,
+}
+
+impl BucketKeys {
+    /// The keys of bucket `scope` in `namespace`: `tg:{namespace:scope}` and its `:l`, `:x`.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the offending text when either part is empty or holds `{` or `}`
+    /// (which would break the hash tag).
+    pub fn new(namespace: &str, scope: &str) -> Result<Self, String> {
+        for (what, s) in [("namespace", namespace), ("scope", scope)] {
+            if s.is_empty() || s.contains(['{', '}']) {
+                return Err(format!(
+                    "{what} {s:?} must be non-empty and hold neither '{{' nor '}}'"
+                ));
+            }
+        }
+        let state = format!("tg:{{{namespace}:{scope}}}");
+        Ok(Self {
+            leases: format!("{state}:l"),
+            expiry: format!("{state}:x"),
+            state,
+        })
+    }
+}
+
+/// What one exchange asks.
+#[derive(Clone, Debug, Default)]
+pub struct Exchange {
+    /// The grant's request id (`None`: settle, credit or peek only). The same id twice is
+    /// one grant.
+    pub request_id: Option<String>,
+    /// The smallest grant accepted, tokens (at least 1 when a grant is asked).
+    pub need: u64,
+    /// The largest grant wanted, tokens.
+    pub want: u64,
+    /// New credit (a refund), units.
+    pub credit_units: u64,
+    /// Leases given back: (lease id, unspent tokens).
+    pub settle: Vec<(String, u64)>,
+}
+
+/// How an exchange's grant went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A new lease was granted.
+    Granted {
+        /// Tokens leased.
+        tokens: u64,
+        /// Redis's reclaim time for the lease, µs.
+        reclaim_at_us: u64,
+    },
+    /// The request id was already granted: the recorded grant, nothing new.
+    Replayed {
+        /// Tokens leased by the first grant.
+        tokens: u64,
+        /// Its reclaim time, µs.
+        reclaim_at_us: u64,
+    },
+    /// The balance cannot pay the need; the grant wrote nothing.
+    Rejected {
+        /// µs until the balance could pay, or `None` when only a settlement can help
+        /// (the need exceeds what refill may reach).
+        retry_after_us: Option<u64>,
+    },
+    /// No grant was asked.
+    NoGrant,
+}
+
+/// The reply of one exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// The grant.
+    pub outcome: Outcome,
+    /// The balance after the exchange, units.
+    pub balance_units: u64,
+    /// Tokens out on lease after the exchange.
+    pub outstanding: u64,
+    /// The bucket's epoch: its creation time; a new epoch means the state was lost.
+    pub epoch: u64,
+    /// Redis's time of the exchange, µs.
+    pub now_us: u64,
+}
+
+impl Reply {
+    /// Parses the script's integer array.
+    pub(crate) fn parse(v: &[i64]) -> Option<Self> {
+        let &[status, granted, third, u, out, ep, now] = v else {
+            return None;
+        };
+        let nonneg = |x: i64| u64::try_from(x).ok();
+        let outcome = match status {
+            1 => Outcome::Granted {
+                tokens: nonneg(granted)?,
+                reclaim_at_us: nonneg(third)?,
+            },
+            2 => Outcome::Replayed {
+                tokens: nonneg(granted)?,
+                reclaim_at_us: nonneg(third)?,
+            },
+            0 => Outcome::Rejected {
+                retry_after_us: nonneg(third),
+            },
+            3 => Outcome::NoGrant,
+            _ => return None,
+        };
+        Some(Self {
+            outcome,
+            balance_units: nonneg(u)?,
+            outstanding: nonneg(out)?,
+            epoch: nonneg(ep)?,
+            now_us: nonneg(now)?,
+        })
+    }
+}
+
+/// A reply the scripts cannot have produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadReply(pub String);
+
+impl Scripts {
+    /// The scripts reading time from `time`.
+    pub fn new(time: TimeSource) -> Self {
+        let prologue = match time {
+            TimeSource::Redis => TIME_PROLOGUE,
+            TimeSource::Argument => ARG_PROLOGUE,
+        };
+        Self {
+            exchange: Script::new(&format!("{prologue}{EXCHANGE_BODY}")),
+            time,
+        }
+    }
+
+    /// Where these scripts read the time.
+    pub fn time_source(&self) -> TimeSource {
+        self.time
+    }
+
+    /// Loads every script (`SCRIPT LOAD`), so a later pipeline finds them.
+    ///
+    /// # Errors
+    ///
+    /// The connection's error.
+    pub fn load(&self, con: &mut dyn ConnectionLike) -> RedisResult<()> {
+        self.exchange.prepare_invoke().load(con).map(drop)
+    }
+
+    /// The SHA1 of the exchange script.
+    pub fn exchange_sha(&self) -> &str {
+        self.exchange.get_hash()
+    }
+
+    /// The `EVALSHA` arguments of one exchange after the SHA: key count, keys, argv.
+    /// `now_us` is appended for [`TimeSource::Argument`] scripts and ignored otherwise.
+    pub fn exchange_args(
+        &self,
+        keys: &BucketKeys,
+        policy: &RemotePolicy,
+        lease_us: u64,
+        keep_ms: u64,
+        ex: &Exchange,
+        now_us: u64,
+    ) -> Vec<String> {
+        let mut a = vec![
+            "3".to_owned(),
+            keys.state.clone(),
+            keys.leases.clone(),
+            keys.expiry.clone(),
+            policy.capacity_units().to_string(),
+            policy.rate_milli().to_string(),
+            u8::from(policy.mode() == Mode::Loose).to_string(),
+            u8::from(policy.start() == Start::Full).to_string(),
+            lease_us.to_string(),
+            keep_ms.to_string(),
+            ex.request_id.clone().unwrap_or_default(),
+            ex.need.to_string(),
+            ex.want.to_string(),
+            ex.credit_units.to_string(),
+            ex.settle.len().to_string(),
+        ];
+        for (id, back) in &ex.settle {
+            a.push(id.clone());
+            a.push(back.to_string());
+        }
+        if self.time == TimeSource::Argument {
+            a.push(now_us.to_string());
+        }
+        a
+    }
+
+    /// Runs one exchange by `EVALSHA` (loading the script on `NOSCRIPT`).
+    ///
+    /// # Errors
+    ///
+    /// The connection's or server's error; a reply of the wrong shape is a
+    /// [`redis::ErrorKind::Parse`] error.
+    pub fn exchange(
+        &self,
+        con: &mut dyn ConnectionLike,
+        keys: &BucketKeys,
+        policy: &RemotePolicy,
+        lease_us: u64,
+        keep_ms: u64,
+        ex: &Exchange,
+        now_us: u64,
+    ) -> RedisResult<Reply> {
+        let args = self.exchange_args(keys, policy, lease_us, keep_ms, ex, now_us);
+        let run = |con: &mut dyn ConnectionLike| -> RedisResult<Vec<i64>> {
+            redis::cmd("EVALSHA")
+                .arg(self.exchange_sha())
+                .arg(&args)
+                .query(con)
+        };
+        let raw = match run(con) {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load(con)?;
+                run(con)?
+            }
+            r => r?,
+        };
+        Reply::parse(&raw).ok_or_else(|| bad_reply(&raw))
+    }
+}
+
+pub(crate) fn bad_reply(raw: &[i64]) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "exchange reply of the wrong shape",
+        format!("{raw:?}"),
+    ))
+}

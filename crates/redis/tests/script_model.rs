@@ -1,0 +1,250 @@
+//! The exchange script against its Rust model (`tokengate_redis::model`) on a real Redis,
+//! with the test clock prologue so time is exact.
+
+mod common;
+
+use proptest::prelude::*;
+use tokengate_redis::model::ModelBucket;
+use tokengate_redis::script::{BucketKeys, Exchange, Outcome, Scripts, TimeSource};
+use tokengate_redis::{Mode, RemotePolicy, Start, UNITS_PER_TOKEN};
+
+const KEEP_MS: u64 = 600_000;
+const T0: u64 = 1_700_000_000_000_000;
+
+struct Rig {
+    con: redis::Connection,
+    scripts: Scripts,
+    keys: BucketKeys,
+    policy: RemotePolicy,
+    lease_us: u64,
+    model: ModelBucket,
+}
+
+impl Rig {
+    fn new(test: &str, policy: RemotePolicy, lease_us: u64) -> Self {
+        let keys = BucketKeys::new(&common::namespace(test), "global").unwrap();
+        Self {
+            con: common::connect(),
+            scripts: Scripts::new(TimeSource::Argument),
+            keys,
+            policy,
+            lease_us,
+            model: ModelBucket::new(),
+        }
+    }
+
+    /// Runs `ex` at `now` on Redis and on the model; asserts both agree, reply and state.
+    fn run(&mut self, ex: &Exchange, now: u64) -> tokengate_redis::script::Reply {
+        let got = self
+            .scripts
+            .exchange(&mut self.con, &self.keys, &self.policy, self.lease_us, KEEP_MS, ex, now)
+            .expect("exchange");
+        let want = self.model.exchange(&self.policy, self.lease_us, ex, now);
+        assert_eq!(got, want, "reply of {ex:?} at {now}");
+        let stored = common::read_bucket(&mut self.con, &self.keys);
+        assert_eq!(stored, self.model, "state after {ex:?} at {now}");
+        got
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        common::delete(&mut self.con, &self.keys);
+    }
+}
+
+fn grant(id: &str, need: u64, want: u64) -> Exchange {
+    Exchange {
+        request_id: Some(id.to_owned()),
+        need,
+        want,
+        ..Exchange::default()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Grant { id: u8, need: u64, want: u64 },
+    Settle { id: u8, unspent: u64 },
+    GrantSettling { id: u8, need: u64, want: u64, old: u8, unspent: u64 },
+    Credit { units: u64 },
+    Peek,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u8..12, 0u64..6, 0u64..60).prop_map(|(id, need, want)| Op::Grant { id, need, want }),
+        2 => (0u8..12, 0u64..70).prop_map(|(id, unspent)| Op::Settle { id, unspent }),
+        2 => (0u8..12, 0u64..6, 0u64..60, 0u8..12, 0u64..70)
+            .prop_map(|(id, need, want, old, unspent)| Op::GrantSettling { id, need, want, old, unspent }),
+        1 => (0u64..5_000_000).prop_map(|units| Op::Credit { units }),
+        1 => Just(Op::Peek),
+    ]
+}
+
+fn to_exchange(op: &Op) -> Exchange {
+    let id = |i: &u8| format!("r{i}");
+    match op {
+        Op::Grant { id: i, need, want } => grant(&id(i), *need, *want),
+        Op::Settle { id: i, unspent } => Exchange {
+            settle: vec![(id(i), *unspent)],
+            ..Exchange::default()
+        },
+        Op::GrantSettling { id: i, need, want, old, unspent } => Exchange {
+            settle: vec![(id(old), *unspent)],
+            ..grant(&id(i), *need, *want)
+        },
+        Op::Credit { units } => Exchange {
+            credit_units: *units,
+            ..Exchange::default()
+        },
+        Op::Peek => Exchange::default(),
+    }
+}
+
+fn policy() -> impl Strategy<Value = RemotePolicy> {
+    (1u64..300, 1u64..2_000_000, any::<bool>(), any::<bool>()).prop_map(|(cap, rate_milli, loose, full)| {
+        RemotePolicy::new(cap, rate_milli as f64 / 1000.0)
+            .unwrap()
+            .with_mode(if loose { Mode::Loose } else { Mode::Exact })
+            .with_start(if full { Start::Full } else { Start::Empty })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Random operations at random times (steps back included): Redis and the model agree on
+    /// every reply and every stored field, and in exact mode balance + outstanding <= B.
+    #[test]
+    fn script_matches_model_on_random_sequences(
+        policy in policy(),
+        lease_us in 1u64..3_000_000,
+        steps in prop::collection::vec((op(), -200_000i64..1_500_000), 1..40),
+    ) {
+        let mut rig = Rig::new("prop", policy, lease_us);
+        let mut now = T0;
+        for (op, dt) in &steps {
+            now = now.saturating_add_signed(*dt);
+            let reply = rig.run(&to_exchange(op), now);
+            if policy.mode() == Mode::Exact {
+                prop_assert!(
+                    reply.balance_units + reply.outstanding * UNITS_PER_TOKEN <= policy.capacity_units(),
+                    "balance + outstanding above B: {reply:?}"
+                );
+            } else {
+                prop_assert!(reply.balance_units <= policy.capacity_units());
+            }
+        }
+    }
+}
+
+#[test]
+fn thousand_small_refills_equal_one_large() {
+    let policy = RemotePolicy::new(1000, 333.333).unwrap().with_start(Start::Empty);
+    let mut small = Rig::new("small", policy, 1_000_000);
+    let mut large = Rig::new("large", policy, 1_000_000);
+    let credit = |units| Exchange { credit_units: units, ..Exchange::default() };
+    small.run(&credit(1), T0);
+    large.run(&credit(1), T0);
+    let mut now = T0;
+    for i in 0..1000u64 {
+        now += 1 + (i * 7919) % 997;
+        small.run(&credit(1), now);
+    }
+    let one = large.run(&credit(1000), now);
+    let many = small.run(&Exchange::default(), now);
+    assert_eq!(many.balance_units, one.balance_units);
+    let state = |r: &mut Rig| common::read_bucket(&mut r.con, &r.keys).state.unwrap();
+    assert_eq!(state(&mut small).rem, state(&mut large).rem);
+    // The refill is the exact product: 333.333 tokens/s over `now - T0` µs, plus the credits.
+    let exact = (now - T0) * 333_333 / 1000 + 1001;
+    assert_eq!(one.balance_units, exact);
+}
+
+#[test]
+fn same_request_id_twice_is_one_grant() {
+    let policy = RemotePolicy::new(100, 1.0).unwrap();
+    let mut rig = Rig::new("idem", policy, 5_000_000);
+    let first = rig.run(&grant("a", 1, 30), T0);
+    let again = rig.run(&grant("a", 1, 30), T0 + 10);
+    assert_eq!(first.outcome, Outcome::Granted { tokens: 30, reclaim_at_us: T0 + 5_000_000 });
+    assert_eq!(again.outcome, Outcome::Replayed { tokens: 30, reclaim_at_us: T0 + 5_000_000 });
+    assert_eq!(again.outstanding, 30);
+    // Full at B - outstanding: no refill while the lease is out.
+    assert_eq!(again.balance_units, 70 * UNITS_PER_TOKEN);
+}
+
+#[test]
+fn settling_twice_credits_once() {
+    let policy = RemotePolicy::new(100, 0.001).unwrap();
+    let mut rig = Rig::new("settle2", policy, 5_000_000);
+    rig.run(&grant("a", 1, 40), T0);
+    let settle = Exchange { settle: vec![("a".into(), 25)], ..Exchange::default() };
+    let once = rig.run(&settle, T0);
+    let twice = rig.run(&settle, T0);
+    assert_eq!(once.balance_units, 85 * UNITS_PER_TOKEN);
+    assert_eq!(once.outstanding, 0);
+    assert_eq!(twice, once);
+}
+
+#[test]
+fn reclaim_credits_nothing() {
+    let policy = RemotePolicy::new(100, 0.001).unwrap();
+    let mut rig = Rig::new("reclaim", policy, 1_000);
+    rig.run(&grant("a", 1, 40), T0);
+    // A settlement after the reclaim time is too late: the lease is gone, and its tokens too.
+    let late = Exchange { settle: vec![("a".into(), 40)], ..Exchange::default() };
+    let after = rig.run(&late, T0 + 1_000);
+    assert_eq!(after.outstanding, 0);
+    assert_eq!(after.balance_units, 60 * UNITS_PER_TOKEN + 1);
+}
+
+#[test]
+fn rejection_writes_nothing() {
+    let policy = RemotePolicy::new(10, 1.0).unwrap();
+    let mut rig = Rig::new("reject", policy, 500_000);
+    rig.run(&grant("a", 10, 10), T0);
+    let before = common::read_bucket(&mut rig.con, &rig.keys);
+    // Later, with lease "a" past its reclaim time: the reclaim is seen but not written.
+    let no = rig.run(&grant("b", 3, 3), T0 + 2_000_000);
+    assert!(matches!(no.outcome, Outcome::Rejected { retry_after_us: Some(1_000_000) }), "{no:?}");
+    assert_eq!(common::read_bucket(&mut rig.con, &rig.keys), before);
+}
+
+#[test]
+fn clock_behind_the_state_adds_nothing() {
+    let policy = RemotePolicy::new(100, 10.0).unwrap().with_start(Start::Empty);
+    let mut rig = Rig::new("behind", policy, 60_000_000);
+    let credit = Exchange { credit_units: 1, ..Exchange::default() };
+    rig.run(&credit, T0);
+    let back = rig.run(&credit, T0 - 5_000_000);
+    assert_eq!(back.balance_units, 2);
+    let state = common::read_bucket(&mut rig.con, &rig.keys).state.unwrap();
+    assert_eq!(state.ts, T0);
+    // Time resumes from the stored T0: one second later, exactly 10 tokens more.
+    let later = rig.run(&Exchange::default(), T0 + 1_000_000);
+    assert_eq!(later.balance_units, 2 + 10 * UNITS_PER_TOKEN);
+}
+
+#[test]
+fn largest_policy_refills_exactly_after_years() {
+    let cap = RemotePolicy::max_capacity(1000.0);
+    let policy = RemotePolicy::new(cap, 1000.0).unwrap().with_start(Start::Empty);
+    assert!(RemotePolicy::new(cap + 1, 1000.0).is_err());
+    let mut rig = Rig::new("largest", policy, 1_000_000);
+    rig.run(&Exchange::default(), T0);
+    rig.run(&grant("a", 1, 5), T0 + 9_999_999);
+    let year = rig.run(&grant("b", 1, 1), T0 + 3_600_000_000 * 24 * 365 * 20);
+    assert_eq!(year.balance_units + year.outstanding * UNITS_PER_TOKEN, policy.capacity_units());
+}
+
+#[test]
+fn script_flush_is_recovered_by_reloading() {
+    let policy = RemotePolicy::new(10, 1.0).unwrap();
+    let mut rig = Rig::new("flush", policy, 1_000_000);
+    rig.run(&grant("a", 1, 1), T0);
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut rig.con).unwrap();
+    let r = rig.run(&grant("b", 1, 1), T0);
+    assert_eq!(r.outstanding, 2);
+}
