@@ -5,8 +5,18 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations, rust_2018_idioms)]
 #![doc(test(attr(deny(warnings))))]
 
+mod breaker;
+mod config;
+mod error;
 pub mod model;
 mod policy;
+mod pool;
+mod reservoir;
 pub mod script;
+mod worker;
 
+pub use config::{ConfigError, FailMode, PoolConfig};
+pub use error::{PoolError, Refused};
 pub use policy::{LUA_EXACT_LIMIT, MIN_RATE, Mode, PolicyError, RemotePolicy, Start, UNITS_PER_TOKEN};
+pub use pool::{Admitted, BucketStats, RedisPool, RemoteBucket};
+pub use reservoir::MAX_LEASE_TOKENS;

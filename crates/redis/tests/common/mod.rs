@@ -65,3 +65,71 @@ pub fn delete(con: &mut redis::Connection, keys: &BucketKeys) {
         .query(con)
         .expect("del");
 }
+
+/// A private `redis-server` on a free port, stopped on drop.
+pub struct Server {
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl Server {
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut s = Self { port, child: None };
+        s.ensure_running();
+        s
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts the server unless it runs; waits until it answers.
+    pub fn ensure_running(&mut self) {
+        if self.child.is_some() {
+            return;
+        }
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (see .ci/run)");
+        self.child = Some(child);
+        let client = redis::Client::open(self.url()).unwrap();
+        for _ in 0..200 {
+            if let Ok(mut c) = client.get_connection_with_timeout(std::time::Duration::from_millis(50)) {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    /// Kills the server (like a crash: nothing saved).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A connection to it.
+    pub fn connect(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_with_timeout(std::time::Duration::from_secs(2))
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

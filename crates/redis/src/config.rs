@@ -1,0 +1,200 @@
+//! A pool's settings, checked when the pool starts.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::reservoir::MAX_LEASE_TOKENS;
+use crate::script::TimeSource;
+
+/// What a bucket decides once its lease is spent and Redis cannot be reached (the
+/// breaker is open). A live lease is always honoured first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Reject, with `retry_after` at the breaker's next probe.
+    FailClosed,
+    /// Admit, counted ([`crate::BucketStats::fail_open_admitted`]).
+    FailOpen,
+    /// Decide on a local bucket of `B/K` tokens refilled at `r/K`, for the `K` instances
+    /// last seen by Redis (at least the configured hint). The default.
+    #[default]
+    Local,
+}
+
+/// The settings of a [`RedisPool`](crate::RedisPool).
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate_redis::{FailMode, PoolConfig};
+/// let config = PoolConfig::new("redis://127.0.0.1:6379/", "api")
+///     .lease_ttl(Duration::from_secs(2))
+///     .max_lease(100)
+///     .fail_mode(FailMode::FailClosed);
+/// assert_eq!(config.max_lease_tokens(), 100);
+/// ```
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub(crate) url: String,
+    pub(crate) namespace: String,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) grace: Duration,
+    pub(crate) max_lease: u64,
+    pub(crate) exchange_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) fail_mode: FailMode,
+    pub(crate) instances: u64,
+    pub(crate) probe_min: Duration,
+    pub(crate) probe_max: Duration,
+    pub(crate) key_keep: Duration,
+    pub(crate) time: TimeSource,
+}
+
+impl PoolConfig {
+    /// Settings for the Redis at `url` (`redis://host:port/db`), keys under `namespace`.
+    /// Defaults: lease time-to-live 2 s, grace 100 ms, leases of up to 100 tokens,
+    /// exchange timeout 50 ms, connect timeout 200 ms, [`FailMode::Local`] with a fleet
+    /// of at least 1, probes every 100 ms to 5 s.
+    pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            namespace: namespace.into(),
+            lease_ttl: Duration::from_secs(2),
+            grace: Duration::from_millis(100),
+            max_lease: 100,
+            exchange_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_millis(200),
+            fail_mode: FailMode::Local,
+            instances: 1,
+            probe_min: Duration::from_millis(100),
+            probe_max: Duration::from_secs(5),
+            key_keep: Duration::from_secs(60),
+            time: TimeSource::Redis,
+        }
+    }
+
+    /// How long a lease is spendable here, from the exchange's send time.
+    #[must_use]
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long after `ttl` Redis waits before it reclaims a lease: covers clock drift
+    /// between this host and Redis over `ttl`, and steps of Redis's wall clock.
+    #[must_use]
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// The largest lease asked for, tokens (`L`).
+    #[must_use]
+    pub fn max_lease(mut self, tokens: u64) -> Self {
+        self.max_lease = tokens;
+        self
+    }
+
+    /// The most one exchange with Redis may take before it counts as failed.
+    #[must_use]
+    pub fn exchange_timeout(mut self, timeout: Duration) -> Self {
+        self.exchange_timeout = timeout;
+        self
+    }
+
+    /// The most a connection attempt may take.
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// What to decide when the lease is spent and Redis cannot be reached.
+    #[must_use]
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// The fleet size assumed by [`FailMode::Local`] before Redis has reported one (and
+    /// its floor after).
+    #[must_use]
+    pub fn instances(mut self, k: u64) -> Self {
+        self.instances = k;
+        self
+    }
+
+    /// The breaker's probe backoff: from `min` doubling up to `max`, with full jitter.
+    #[must_use]
+    pub fn probe_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.probe_min = min;
+        self.probe_max = max;
+        self
+    }
+
+    /// Reads time from the scripts' argument instead of Redis `TIME`: for tests only.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// The largest lease asked for, tokens.
+    pub fn max_lease_tokens(&self) -> u64 {
+        self.max_lease
+    }
+
+    /// Checks every setting.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let ms = |d: Duration| d.as_millis() as u64;
+        if self.lease_ttl < Duration::from_millis(10) || self.lease_ttl > Duration::from_secs(3600) {
+            return Err(ConfigError::new("lease_ttl", ms(self.lease_ttl), "10 ..= 3,600,000 ms"));
+        }
+        if self.grace < Duration::from_millis(1) || self.grace > Duration::from_secs(3600) {
+            return Err(ConfigError::new("grace", ms(self.grace), "1 ..= 3,600,000 ms"));
+        }
+        if self.max_lease == 0 || self.max_lease > MAX_LEASE_TOKENS {
+            return Err(ConfigError::new("max_lease", self.max_lease, "1 ..= 16,777,215 tokens"));
+        }
+        for (name, d) in [
+            ("exchange_timeout", self.exchange_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("probe_min", self.probe_min),
+        ] {
+            if d < Duration::from_millis(1) || d > Duration::from_secs(60) {
+                return Err(ConfigError::new(name, ms(d), "1 ..= 60,000 ms"));
+            }
+        }
+        if self.instances == 0 || self.instances > 1_000_000 {
+            return Err(ConfigError::new("instances", self.instances, "1 ..= 1,000,000"));
+        }
+        if self.namespace.is_empty() || self.namespace.contains(['{', '}']) {
+            return Err(ConfigError::new("namespace", self.namespace.len() as u64, "a non-empty name without '{' or '}'"));
+        }
+        Ok(())
+    }
+}
+
+/// A setting outside its range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The setting.
+    pub setting: &'static str,
+    /// Its value (ms for durations, the length for names).
+    pub value: u64,
+    /// The valid range.
+    pub valid: &'static str,
+}
+
+impl ConfigError {
+    fn new(setting: &'static str, value: u64, valid: &'static str) -> Self {
+        Self { setting, value, valid }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} must be {}, got {}", self.setting, self.valid, self.value)
+    }
+}
+
+impl std::error::Error for ConfigError {}

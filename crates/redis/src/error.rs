@@ -1,0 +1,110 @@
+//! Errors of starting a pool and of registering a bucket.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::ConfigError;
+use crate::policy::PolicyError;
+
+/// Why a pool could not start, or a bucket could not be registered.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// A setting was out of range.
+    Config(ConfigError),
+    /// The bucket's policy cannot run exactly in Lua.
+    Policy(PolicyError),
+    /// The scope name would break the keys' hash tag.
+    Scope(String),
+    /// The URL did not parse.
+    Url {
+        /// The URL given.
+        url: String,
+        /// The client's message.
+        detail: String,
+    },
+    /// Redis did not answer within the timeout (refused, unroutable, or silent).
+    Unreachable {
+        /// The URL given.
+        url: String,
+        /// The timeout that applied.
+        timeout: Duration,
+        /// The client's message.
+        detail: String,
+    },
+    /// Redis answered but refused the setup (authentication, scripts disabled, ...).
+    Misconfigured {
+        /// The URL given.
+        url: String,
+        /// The server's message.
+        detail: String,
+    },
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(e) => write!(f, "invalid pool setting: {e}"),
+            Self::Policy(e) => write!(f, "invalid remote policy: {e}"),
+            Self::Scope(e) => write!(f, "invalid bucket scope: {e}"),
+            Self::Url { url, detail } => write!(f, "invalid Redis URL {url:?}: {detail}"),
+            Self::Unreachable { url, timeout, detail } => {
+                write!(f, "Redis at {url} did not answer within {timeout:?}: {detail}")
+            }
+            Self::Misconfigured { url, detail } => {
+                write!(f, "Redis at {url} refused the pool's setup: {detail}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+impl From<ConfigError> for PoolError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
+}
+
+impl From<PolicyError> for PoolError {
+    fn from(e: PolicyError) -> Self {
+        Self::Policy(e)
+    }
+}
+
+/// Why a decision refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The fleet's budget cannot pay now (Redis said so, or a lease is on its way).
+    Rejected {
+        /// When the cost could be paid, as far as this instance knows.
+        retry_after: Duration,
+    },
+    /// Redis cannot be reached, the lease is spent, and the fail mode is
+    /// [`FailClosed`](crate::FailMode::FailClosed).
+    Unavailable {
+        /// Until the breaker's next probe.
+        retry_after: Duration,
+    },
+    /// The cost was zero or above the largest lease.
+    Cost {
+        /// The cost asked.
+        cost: u64,
+        /// The largest cost this bucket pays (its largest lease).
+        max: u64,
+    },
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Rejected { retry_after } => write!(f, "rate limited; retry after {retry_after:?}"),
+            Self::Unavailable { retry_after } => {
+                write!(f, "the shared budget is unreachable; retry after {retry_after:?}")
+            }
+            Self::Cost { cost, max } => write!(f, "cost must be 1 ..= {max} tokens, got {cost}"),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}

@@ -1,0 +1,153 @@
+//! A bucket's local reservoir: the tokens Redis granted this instance, in two lease words
+//! (the current lease and the one prefetched behind it), so decisions never wait on the
+//! network.
+//!
+//! Each word is `[local expiry: 40 bits | tokens: 24 bits]`. The expiry is in the pool's
+//! time units of 2^20 ns (about 1.05 ms) since the pool started: 40 bits last 36 years.
+//! A lease's tokens are spendable only before its local expiry, which the background
+//! thread sets to the exchange's *send* time plus the lease time-to-live: it precedes
+//! Redis's reclaim (grant time + time-to-live + grace), so no token is spent after Redis
+//! has taken its lease back. Spending is one CAS; nothing else writes a word while it
+//! holds tokens except the thread retiring it (a swap to zero, after which the leftover
+//! is settled as unspent).
+//!
+//! # Orderings
+//!
+//! `Relaxed` throughout: a word is self-contained (tokens and expiry in one value), and
+//! the lease bookkeeping that pairs with it lives on the background thread alone.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+/// Bits of a word's token count.
+pub(crate) const TOKEN_BITS: u32 = 24;
+/// The largest lease one word holds, tokens.
+pub const MAX_LEASE_TOKENS: u64 = (1 << TOKEN_BITS) - 1;
+const TOKEN_MASK: u64 = MAX_LEASE_TOKENS;
+/// A pool time unit is 2^TIME_SHIFT ns.
+pub(crate) const TIME_SHIFT: u32 = 20;
+
+/// Packs a word.
+pub(crate) fn pack(expiry: u64, tokens: u64) -> u64 {
+    (expiry << TOKEN_BITS) | (tokens & TOKEN_MASK)
+}
+
+/// The tokens of a word.
+pub(crate) fn tokens(word: u64) -> u64 {
+    word & TOKEN_MASK
+}
+
+/// The local expiry of a word, pool time units.
+pub(crate) fn expiry(word: u64) -> u64 {
+    word >> TOKEN_BITS
+}
+
+/// What a spend found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spend {
+    /// Paid; the tokens left in the word paid from.
+    Paid { left: u64 },
+    /// Neither live word holds the cost.
+    Short,
+}
+
+/// The two lease words of one bucket.
+#[derive(Debug, Default)]
+pub(crate) struct Reservoir {
+    words: [CachePadded<AtomicU64>; 2],
+}
+
+impl Reservoir {
+    /// Pays `cost` tokens at pool time `now` from the first live word that holds them.
+    #[inline]
+    pub(crate) fn spend(&self, cost: u64, now: u64) -> Spend {
+        for word in &self.words {
+            let mut cur = word.load(Ordering::Relaxed);
+            while tokens(cur) >= cost && now < expiry(cur) {
+                match word.compare_exchange_weak(cur, cur - cost, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Spend::Paid { left: tokens(cur) - cost },
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+        Spend::Short
+    }
+
+    /// The word at `i`.
+    pub(crate) fn load(&self, i: usize) -> u64 {
+        self.words[i].load(Ordering::Relaxed)
+    }
+
+    /// Installs a grant into the empty word `i` (the thread's; spenders never raise a
+    /// word). Returns the tokens the word held (zero when the thread's bookkeeping holds).
+    pub(crate) fn install(&self, i: usize, expiry: u64, tokens_granted: u64) -> u64 {
+        tokens(self.words[i].swap(pack(expiry, tokens_granted), Ordering::Relaxed))
+    }
+
+    /// Empties word `i`; returns the tokens it held (unspent).
+    pub(crate) fn retire(&self, i: usize) -> u64 {
+        tokens(self.words[i].swap(0, Ordering::Relaxed))
+    }
+
+    /// Live tokens at `now`.
+    pub(crate) fn live(&self, now: u64) -> u64 {
+        self.words
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .filter(|&w| now < expiry(w))
+            .map(tokens)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spends_from_the_first_live_word_that_holds_the_cost() {
+        let r = Reservoir::default();
+        r.install(0, 10, 3);
+        r.install(1, 20, 8);
+        assert_eq!(r.spend(2, 5), Spend::Paid { left: 1 });
+        assert_eq!(r.spend(2, 5), Spend::Paid { left: 6 });
+        assert_eq!(r.live(5), 7);
+    }
+
+    #[test]
+    fn an_expired_word_pays_nothing() {
+        let r = Reservoir::default();
+        r.install(0, 10, 5);
+        assert_eq!(r.spend(1, 10), Spend::Short);
+        assert_eq!(r.live(10), 0);
+        assert_eq!(r.retire(0), 5);
+    }
+
+    #[test]
+    fn retiring_takes_the_leftover_and_stops_spending() {
+        let r = Reservoir::default();
+        r.install(1, 1 << 39, MAX_LEASE_TOKENS);
+        assert_eq!(r.spend(MAX_LEASE_TOKENS, 0), Spend::Paid { left: 0 });
+        r.install(1, 1 << 39, 4);
+        assert_eq!(r.retire(1), 4);
+        assert_eq!(r.spend(1, 0), Spend::Short);
+    }
+
+    #[test]
+    fn concurrent_spends_pay_each_token_once() {
+        let r = std::sync::Arc::new(Reservoir::default());
+        r.install(0, 100, 10_000);
+        let paid: u64 = (0..4)
+            .map(|_| {
+                let r = r.clone();
+                std::thread::spawn(move || (0..5_000).filter(|_| matches!(r.spend(1, 0), Spend::Paid { .. })).count() as u64)
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum();
+        assert_eq!(paid, 10_000);
+        assert_eq!(r.live(0), 0);
+    }
+}

@@ -1,0 +1,156 @@
+//! `RedisPool` and `RemoteBucket` against a real Redis: leases, the budget, start-up errors.
+
+mod common;
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use tokengate_redis::{Admitted, FailMode, PoolConfig, PoolError, RedisPool, Refused, RemotePolicy};
+
+fn config(test: &str) -> PoolConfig {
+    PoolConfig::new(common::url(), common::namespace(test))
+}
+
+/// Spins on `try_acquire(1)` for `d`, counting admissions.
+fn drive(bucket: &tokengate_redis::RemoteBucket, d: Duration) -> u64 {
+    let end = Instant::now() + d;
+    let mut n = 0;
+    while Instant::now() < end {
+        if bucket.try_acquire(1).is_ok() {
+            n += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    n
+}
+
+#[test]
+fn one_instance_spends_the_whole_budget_and_no_more() {
+    let pool = RedisPool::connect(config("whole").max_lease(10)).unwrap();
+    let bucket = pool.bucket("global", RemotePolicy::new(50, 0.001).unwrap()).unwrap();
+    let admitted = drive(&bucket, Duration::from_millis(400));
+    // B + r*T with r*T < 1 token: exactly the capacity.
+    assert_eq!(admitted, 50);
+    assert!(pool.round_trips() >= 5, "{}", pool.round_trips());
+    assert!(matches!(bucket.try_acquire(1), Err(Refused::Rejected { .. })));
+}
+
+#[test]
+fn two_pools_share_one_budget() {
+    let ns = common::namespace("share");
+    let policy = RemotePolicy::new(60, 0.001).unwrap();
+    let a = RedisPool::connect(PoolConfig::new(common::url(), ns.clone()).max_lease(7)).unwrap();
+    let b = RedisPool::connect(PoolConfig::new(common::url(), ns).max_lease(7)).unwrap();
+    let (ba, bb) = (a.bucket("g", policy).unwrap(), b.bucket("g", policy).unwrap());
+    let (na, nb) = std::thread::scope(|s| {
+        let ha = s.spawn(|| drive(&ba, Duration::from_millis(500)));
+        let hb = s.spawn(|| drive(&bb, Duration::from_millis(500)));
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    assert_eq!(na + nb, 60, "{na} + {nb}");
+    assert!(na > 0 && nb > 0, "{na} + {nb}");
+}
+
+#[test]
+fn a_cost_above_the_largest_lease_is_refused_with_the_range() {
+    let pool = RedisPool::connect(config("cost").max_lease(10)).unwrap();
+    let bucket = pool.bucket("g", RemotePolicy::new(50, 1.0).unwrap()).unwrap();
+    assert_eq!(bucket.try_acquire(11), Err(Refused::Cost { cost: 11, max: 10 }));
+    assert_eq!(bucket.try_acquire(0), Err(Refused::Cost { cost: 0, max: 10 }));
+}
+
+#[test]
+fn a_refund_returns_to_the_shared_budget() {
+    let pool = RedisPool::connect(config("refund").max_lease(5)).unwrap();
+    let bucket = pool.bucket("g", RemotePolicy::new(20, 0.001).unwrap()).unwrap();
+    assert_eq!(drive(&bucket, Duration::from_millis(300)), 20);
+    bucket.refund(3);
+    assert_eq!(drive(&bucket, Duration::from_millis(300)), 3);
+}
+
+#[test]
+fn a_closed_port_is_a_typed_error_within_the_connect_timeout() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let start = Instant::now();
+    let err = RedisPool::connect(PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "x")).unwrap_err();
+    assert!(matches!(err, PoolError::Unreachable { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_listener_that_never_answers_is_a_typed_error_not_a_hang() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let start = Instant::now();
+    let err = RedisPool::connect(
+        PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "x")
+            .connect_timeout(Duration::from_millis(200))
+            .exchange_timeout(Duration::from_millis(100)),
+    )
+    .unwrap_err();
+    assert!(matches!(err, PoolError::Unreachable { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    drop(listener);
+}
+
+#[test]
+fn settings_out_of_range_are_refused_with_the_range() {
+    let err = RedisPool::connect(config("cfg").max_lease(0)).unwrap_err();
+    assert_eq!(err.to_string(), "invalid pool setting: max_lease must be 1 ..= 16,777,215 tokens, got 0");
+    let err = RedisPool::connect(PoolConfig::new("nota url", "x")).unwrap_err();
+    assert!(matches!(err, PoolError::Url { .. }), "{err}");
+    let pool = RedisPool::connect(config("scope")).unwrap();
+    assert!(matches!(pool.bucket("a{b", RemotePolicy::new(1, 1.0).unwrap()), Err(PoolError::Scope(_))));
+}
+
+#[test]
+fn fail_modes_answer_once_the_breaker_opens() {
+    // A pool whose Redis goes away: a private server we stop.
+    let mut server = common::Server::start();
+    for (mode, check) in [
+        (FailMode::FailClosed, 0),
+        (FailMode::FailOpen, 1),
+        (FailMode::Local, 2),
+    ] {
+        server.ensure_running();
+        let pool = RedisPool::connect(
+            PoolConfig::new(server.url(), common::namespace("fail"))
+                .max_lease(5)
+                .lease_ttl(Duration::from_millis(100))
+                .exchange_timeout(Duration::from_millis(30))
+                .connect_timeout(Duration::from_millis(30))
+                .fail_mode(mode)
+                .instances(2),
+        )
+        .unwrap();
+        let bucket = pool.bucket("g", RemotePolicy::new(1000, 1000.0).unwrap()).unwrap();
+        assert!(drive(&bucket, Duration::from_millis(100)) > 0);
+        server.stop();
+        let start = Instant::now();
+        while !pool.is_unavailable() {
+            assert!(start.elapsed() < Duration::from_secs(5), "breaker never opened");
+            let _ = bucket.try_acquire(1);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The lease has expired (ttl 100 ms) by the time three rounds failed.
+        std::thread::sleep(Duration::from_millis(120));
+        let t = Instant::now();
+        let got = bucket.try_acquire(1);
+        assert!(t.elapsed() < Duration::from_millis(20));
+        match check {
+            0 => assert!(matches!(got, Err(Refused::Unavailable { .. })), "{got:?}"),
+            1 => assert_eq!(got, Ok(Admitted::FailOpen)),
+            _ => {
+                assert_eq!(got, Ok(Admitted::Local));
+                // B/K = 500 tokens locally, then rejections.
+                let mut n = 1;
+                while bucket.try_acquire(1).is_ok() {
+                    n += 1;
+                    assert!(n < 2000);
+                }
+                assert!((500..=520).contains(&n), "{n}");
+            }
+        }
+    }
+}
