@@ -140,7 +140,8 @@ impl<C: Clock> Member for Payer<'_, C> {
 /// none; see "Locking" below for the lock order.
 ///
 /// ```
-/// use tokengate::*;
+/// use tokengate::{ManualClock, Policy};
+/// use tokengate::scope::*;
 ///
 /// let limiter = RuleSet::new()
 ///     .rule(ScopeKind::Global, Rule::new(Policy::new(1000, 500.0)?))

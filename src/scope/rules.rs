@@ -170,7 +170,8 @@ impl WorkClass {
 /// rather than read as whichever class sits at the same position there.
 ///
 /// ```
-/// use tokengate::*;
+/// use tokengate::Policy;
+/// use tokengate::scope::*;
 /// let rules = || RuleSet::new()
 ///     .rule(ScopeKind::Global, Rule::new(Policy::new(10, 1.0).unwrap()))
 ///     .class(WorkClass::new("search", 3));
