@@ -806,7 +806,7 @@ impl<C: Clock> LeasedBucket<C> {
     }
 
     /// The global word as stored, before any refill: decode it with the policy's
-    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
+    /// [`Layout`]. For diagnostics, and to check that an operation
     /// wrote nothing.
     pub fn stored_word(&self) -> u64 {
         self.global.load()

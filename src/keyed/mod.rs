@@ -38,7 +38,7 @@ pub const MAX_SHARDS: usize = 1 << MAX_SHARD_BITS;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Overflow {
     /// Refuse the request with [`KeyedError::KeyLimit`] (or a
-    /// [`Refusal::KeyLimit`](crate::Refusal::KeyLimit) in a scoped limiter). The default.
+    /// [`Refusal::KeyLimit`](crate::scope::Refusal::KeyLimit) in a scoped limiter). The default.
     Reject,
     /// Charge the request to one bucket shared by every key that found the map full, with
     /// this policy: a flood of new keys then shares one budget instead of getting a fresh

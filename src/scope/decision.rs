@@ -18,7 +18,7 @@ pub enum Refusal {
     /// [`Decision::retry_after`] for that bucket).
     RateLimited(Decision),
     /// The key is new and the scope kind's map is at its maximum with nothing
-    /// evictable, under [`Overflow::Reject`](crate::Overflow::Reject). No time estimate:
+    /// evictable, under [`Overflow::Reject`](crate::keyed::Overflow::Reject). No time estimate:
     /// room appears as other keys' buckets refill and are evicted.
     KeyLimit {
         /// The map's maximum number of keys.
@@ -128,7 +128,7 @@ impl<'a> ScopeDecision<'a> {
     }
 
     /// Whether `scope`'s key found its map full and was charged to the kind's shared
-    /// overflow bucket ([`Overflow::Share`](crate::Overflow::Share)).
+    /// overflow bucket ([`Overflow::Share`](crate::keyed::Overflow::Share)).
     pub fn overflowed(&self, scope: Scope) -> bool {
         self.paid_for(scope).is_some_and(|p| p.overflow)
     }

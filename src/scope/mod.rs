@@ -3,7 +3,7 @@
 //! A [`RuleSet`] gives each scope kind (global, tenant, user, API key, route, tenant
 //! route) its own [`Rule`] (policy, key bound, overflow) and names the work classes with
 //! their costs. A [`ScopedLimiter`] built from it maps a [`Request`] to the scopes it must
-//! pay and pays them all or none, as [`acquire_all_with`](crate::acquire_all_with) does
+//! pay and pays them all or none, as [`acquire_all_with`](crate::multi::acquire_all_with) does
 //! (at the one clock reading of the request); the [`ScopeDecision`] names the scope that
 //! refused. The global scope's bucket may be a [`LeasedBucket`] ([`Rule::leased`]).
 //!
@@ -178,7 +178,7 @@ impl<C: Clock> Member for Payer<'_, C> {
 ///
 /// # Locking
 ///
-/// Each keyed kind has its own [`KeyedLimiter`] (its own shards and locks), and a request
+/// Each keyed kind has its own [`KeyedLimiter`](crate::KeyedLimiter) (its own shards and locks), and a request
 /// has at most one key per kind. The shard locks of a request are taken nested, always in
 /// the order of [`ScopeKind`] (tenant, user, API key, route, tenant route), each at most
 /// once, and held until every bucket has been paid or rolled back; a new key takes its
@@ -368,7 +368,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The scopes are the global scope (when it has a rule) and the scope of each
     /// identity the request carries whose kind has a rule; a class costing zero in a kind
     /// skips it. Each scope's counters (when on) count the request as admitted, or as
-    /// rejected in the scope that refused, under the request's [`Attempt`](crate::Attempt).
+    /// rejected in the scope that refused, under the request's [`Attempt`](crate::telemetry::Attempt).
     ///
     /// Allocates nothing for keys already in their maps. A new key is inserted (the slow
     /// path); at its map's maximum it may evict full buckets of its shard, then meets the
@@ -613,7 +613,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         })
     }
 
-    /// Sweeps every keyed map ([`KeyedLimiter::sweep`]) and re-anchors the global bucket
+    /// Sweeps every keyed map ([`KeyedLimiter::sweep`](crate::KeyedLimiter::sweep)) and re-anchors the global bucket
     /// (a leased one also gets its slots' idle tokens back, as
     /// [`LeasedBucket::reclaim`] does). Run it at least every
     /// [`max_sweep_interval`](ScopedLimiter::max_sweep_interval).
@@ -638,7 +638,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         report
     }
 
-    /// The shortest of the maps' [`KeyedLimiter::max_sweep_interval`]s (and the global
+    /// The shortest of the maps' [`KeyedLimiter::max_sweep_interval`](crate::KeyedLimiter::max_sweep_interval)s (and the global
     /// bucket's).
     pub fn max_sweep_interval(&self) -> Duration {
         let global = self.global.as_ref().map(|g| sweep_interval(&g.policy));

@@ -164,7 +164,7 @@ impl WorkClass {
 /// ([`ScopedLimiter::class`](crate::ScopedLimiter::class)) and passed on every request.
 ///
 /// It names the limiter that gave it: passed to any other limiter, even one built from
-/// the same rules, it is refused with [`ScopeError::UnknownClass`](crate::ScopeError)
+/// the same rules, it is refused with [`ScopeError::UnknownClass`](crate::scope::ScopeError)
 /// rather than read as whichever class sits at the same position there.
 ///
 /// ```
