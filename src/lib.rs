@@ -72,7 +72,6 @@ mod error;
 pub mod guide;
 pub mod http;
 pub mod keyed;
-mod lease;
 pub mod leased;
 pub mod multi;
 #[cfg(loom)]
@@ -83,7 +82,6 @@ pub mod reservation;
 pub mod retry;
 pub mod scope;
 mod sleep;
-mod slots;
 pub mod state;
 mod sync;
 pub mod telemetry;

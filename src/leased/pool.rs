@@ -1,106 +1,199 @@
-//! Where a [`LeasedBucket`](crate::LeasedBucket)'s tokens come from: a lease source, and
-//! its first implementation, one packed word in this process.
+//! Where a [`LeasedBucket`](super::LeasedBucket)'s tokens come from: the [`Pool`] trait,
+//! and its first implementation, [`LocalPool`], one packed word in this process.
 //!
-//! The source is the single source of truth for the balance. Holders (the bucket's
-//! core-local slots) take batches of tokens from it and give back what they did not
-//! spend. The interface is the one a remote pool (a budget held by a shared store and
-//! leased to many instances) would offer: lease at a time, give back, add credit, reset,
-//! peek. What the source asks of the holders, through [`Holders`], is what exactness
-//! needs: before it adds credit that could meet the capacity while tokens are out on
-//! lease, the holders stop spending them and hand them in (see
-//! [`crate::leased`] for the argument).
+//! A pool is the single source of truth for a leased bucket's balance. The bucket's
+//! core-local slots (the lessees) take batches of tokens from it and give back what they
+//! did not spend; the pool sees them only through [`Lessees`]. The trait is narrow so that
+//! a pool on a remote store (a budget in Redis leased to many instances) can keep the
+//! same contract: lease, give back, credit, reset, peek.
 
 use std::fmt;
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
+use super::exchange::{self, Attempt, Step};
 use crate::bucket::clock_went_backwards;
 use crate::clock::Clock;
 use crate::error::AcquireError;
+use crate::policy::Policy;
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
 
-/// What a lessee asks of the source in one exchange.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LeaseRequest {
-    /// The lessee's clock reading.
-    pub(crate) now: u64,
-    /// Units to pay for the request being decided.
-    pub(crate) cost_units: u64,
-    /// Units the lessee gives back in the same exchange (its slot's leftover).
-    pub(crate) returned_units: u64,
-    /// Whether to lease a batch beyond the cost (the lessee holds a slot marker).
-    pub(crate) lease: bool,
+/// What a leased bucket asks of its [`Pool`] in one [`lease`](Pool::lease) exchange.
+///
+/// Units are the policy layout's fixed-point units (`2^F` per token, see
+/// [`Layout::frac_bits`]); every amount the bucket sends is a whole number of tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The bucket's clock reading, in nanoseconds.
+    pub now: u64,
+    /// Units to pay for the request being decided (at least one token).
+    pub cost_units: u64,
+    /// Units the caller gives back in the same exchange (its slot's leftover, leased
+    /// earlier and not spent).
+    pub returned_units: u64,
+    /// Whether to lease a batch beyond the cost: the caller has a slot to put it in.
+    pub lease: bool,
 }
 
-/// The outcome of a lease exchange.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Grant {
+/// The answer to a [`Pool::lease`] exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOutcome {
     /// The cost is paid; `leased_units` more were handed out.
     Admitted {
-        /// Units handed to the lessee beyond the cost (whole tokens).
+        /// Units handed to the caller beyond the cost: a whole number of tokens, at most
+        /// what [`Lessees::lease_units`] asked for.
         leased_units: u64,
-        /// The source's tick after the exchange: the lease is spendable within it.
+        /// The tick (of the bucket's layout and clock, modulo `2^T`) the lease is
+        /// spendable in, and only in: the slot refuses it once the clock reads another
+        /// tick. No earlier than the request's reading.
         tick: u64,
-        /// The source's balance after the exchange, in units.
-        balance: i64,
+        /// The pool's balance after the exchange, in units (negative only while
+        /// reservations are owed).
+        balance_units: i64,
     },
-    /// The source, with everything handed back, cannot pay the cost; nothing was taken.
+    /// The pool, with everything handed back and every idle lease taken back, cannot pay
+    /// the cost. Nothing was taken; what was handed in is back in the pool.
     Rejected {
-        /// The source's state the rejection was decided on.
-        snapshot: Snapshot,
-        /// The clock reading it was decided at.
-        now: u64,
+        /// The pool's balance the rejection was decided on, in units.
+        balance_units: i64,
+        /// How many ticks `now_nanos` is behind the pool's last update (zero for a pool
+        /// that keeps no ticks): with `now_nanos`, it places the balance on the tick grid
+        /// for the decision's `retry_after`.
+        behind_ticks: u64,
+        /// The clock reading the rejection was decided at (the request's, or a later
+        /// one the pool read).
+        now_nanos: u64,
+    },
+    /// The pool cannot decide now: its store cannot be reached and its failure mode says
+    /// to refuse. Nothing was taken; what was handed in is kept (given back when the
+    /// store is reached again), never dropped. The bucket answers
+    /// [`AcquireError::PoolUnavailable`] with this `retry_after`.
+    Unavailable {
+        /// When to ask again.
+        retry_after: Duration,
     },
 }
 
-/// The holders of leased tokens, as a source sees them during one exchange.
-pub(crate) trait Holders {
-    /// An upper bound on the units outside the source: held by holders, or in a hand on
-    /// the way between a holder and the source.
+/// A pool's state at a reading, as [`Pool::peek`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolState {
+    /// The balance in units, refilled to the reading (negative only while reservations
+    /// are owed). Tokens out on lease are not in it.
+    pub balance_units: i64,
+    /// How many ticks the reading is behind the pool's last update (zero for a pool that
+    /// keeps no ticks). Above [`Layout::tolerance_ticks`] the balance is the stored one.
+    pub behind_ticks: u64,
+}
+
+/// What [`Lessees::quiesce`] took and left.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quiesced {
+    /// Units taken back from idle lessees, now in the exchange's hand.
+    pub taken_units: u64,
+    /// A bound on the units still in other threads' hands (leases in flight): a credit
+    /// must leave room for them under the capacity.
+    pub in_flight_units: u64,
+}
+
+/// The lessees (a leased bucket's slots) as a pool sees them during one exchange.
+///
+/// A pool calls it from inside an exchange; the bucket reopens what it quiesced once the
+/// exchange is over.
+pub trait Lessees {
+    /// An upper bound on the units outside the pool: held by lessees, or in a hand on
+    /// the way between a lessee and the pool.
     fn max_outstanding_units(&self) -> u64;
-    /// Stops every holder from spending or receiving leased tokens until the caller
-    /// releases them. Returns the units taken back, and a bound on the units still in
-    /// other threads' hands (leases in flight): a credit must leave room for those.
-    fn quiesce(&mut self) -> (u64, u64);
-    /// The batch to lease, in units, when `spare` units remain after paying the cost.
+
+    /// Stops every other lessee from spending or receiving leased tokens until the
+    /// exchange is over, and takes back their idle tokens. Calling it again in the same
+    /// exchange takes nothing more.
+    fn quiesce(&mut self) -> Quiesced;
+
+    /// The batch to lease, in units (whole tokens), when `spare` units remain after
+    /// paying the cost.
     fn lease_units(&self, spare: u64) -> u64;
 }
 
-/// A source of leased tokens.
+/// A source of tokens for a [`LeasedBucket`](super::LeasedBucket): one budget, leased in
+/// batches to the bucket's core-local slots.
 ///
-/// Every method is one linearizable exchange. Units are the policy layout's fixed-point
-/// units. Giving back is never new credit: it cannot make the source hold more than it
-/// would have held had the tokens never left.
-pub(crate) trait LeaseSource {
-    /// Takes back `returned_units`, pays `cost_units` and leases a batch, all at once. When
-    /// the source cannot pay, it takes back the holders' idle tokens and tries again; it
-    /// rejects only when its balance and everything handed back cannot pay.
+/// # Contract
+///
+/// A pool is built for one policy; the bucket passes that policy's [`Layout`] to every
+/// call, and every amount is in its fixed-point units (`2^F` per token). Units rather
+/// than whole tokens because the balance and the refill are fractional on the layout's
+/// grid: a remote store that keeps coarser units (milli-tokens, say) converts at its
+/// boundary, rounding what it grants and reports down, never up. Every amount the bucket
+/// sends is a whole number of tokens.
+///
+/// - **Linearizable.** Each call is one atomic exchange with the pool's state: there is
+///   an order of all calls on a pool, consistent with real time, in which each takes
+///   effect at once.
+/// - **The cap.** Write `g` for the pool's balance and `O` for every unit outside it
+///   (leased and not yet spent or given back). The pool keeps `g + O <= B` (the
+///   capacity). A pool that tracks `O` itself (a remote store counting its grants) keeps
+///   it directly; a pool that cannot see the lessees calls [`Lessees::quiesce`] before
+///   adding credit (refill, refund) that could meet the capacity, that is whenever
+///   `credit + hand + max_outstanding_units > B`, and caps the credit at `B` minus the
+///   units still in flight. The arithmetic is in `leased/exchange.rs`.
+/// - **Giving back is never new credit.** Units given back (by [`give_back`],
+///   [`LeaseRequest::returned_units`], or taken back by quiescing) never make the pool
+///   hold more than it would have held had they never left.
+/// - **A grant is spendable only in the tick it names.** The bucket's slots spend a lease
+///   only while its clock reads [`LeaseOutcome::Admitted::tick`]; after that the tokens
+///   are given back on the next exchange. This bounds what a lost or slow lessee can
+///   strand, and it is what lets the in-process pool add refill at tick edges exactly.
+/// - **A rejection writes nothing** unless it gives back what was handed in.
+/// - **Never waits on the network.** `lease` answers from what the pool holds;
+///   [`LeaseOutcome::Unavailable`] when it cannot decide. `give_back`, `credit` and `reset`
+///   cannot fail: a remote pool that cannot reach its store keeps them and applies them,
+///   in order, when it can.
+///
+/// [`give_back`]: Pool::give_back
+pub trait Pool: Send + Sync {
+    /// Takes back `request.returned_units`, pays `request.cost_units` and, when
+    /// `request.lease`, leases a batch (at most [`Lessees::lease_units`] of what is left),
+    /// all in one exchange. When the pool cannot pay, it quiesces the lessees, taking
+    /// their idle tokens back, and decides again: it rejects only when its balance and
+    /// everything handed back cannot pay.
     ///
-    /// On error nothing is taken and everything handed in has been given back.
+    /// # Errors
+    ///
+    /// [`AcquireError::ClockWentBackwards`] when the reading (read again through `clock`
+    /// after loading the pool's state, for a pool that keeps ticks) is well behind the
+    /// pool's last update and the pool is not full. Nothing is taken and everything
+    /// handed in has been given back.
     fn lease<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &C,
         request: LeaseRequest,
-        holders: &mut impl Holders,
-    ) -> Result<Grant, AcquireError>;
+        lessees: &mut impl Lessees,
+    ) -> Result<LeaseOutcome, AcquireError>;
 
-    /// Gives back `units` leased earlier and not spent.
+    /// Gives back `units` leased earlier and not spent (capped at the capacity, never new
+    /// credit).
     fn give_back(&self, layout: &Layout, units: u64);
 
-    /// Adds `units` of new credit at `now` (a refund), capped at the capacity.
-    fn credit(&self, layout: &Layout, now: u64, units: u64, holders: &mut impl Holders);
+    /// Adds `units` of new credit at `now` (a refund), capped at the capacity; quiesces
+    /// the lessees first when the credit could meet the capacity (see the contract).
+    fn credit(&self, layout: &Layout, now: u64, units: u64, lessees: &mut impl Lessees);
 
-    /// Back to the start state at `now`; tokens out on lease are taken back and dropped.
-    fn reset(&self, layout: &Layout, now: u64, full: bool, holders: &mut impl Holders);
+    /// Back to the policy's start state (`full` or empty) at `now`; tokens out on lease
+    /// are taken back (the bucket quiesces its slots) and dropped.
+    fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees);
 
-    /// The state at `now`, writing nothing.
-    fn peek(&self, layout: &Layout, now: u64) -> Snapshot;
+    /// The state at `now`, writing nothing. A remote pool answers from what it last
+    /// heard (a lower bound, like a slot admission's `tokens_remaining`).
+    fn peek(&self, layout: &Layout, now: u64) -> PoolState;
 
-    /// For a reading found well behind the source: loads the state, then reads the clock
-    /// again. Returns the state an exchange would decide on at the new reading (a full
-    /// state found still behind re-anchored to it) and the reading. Writes nothing.
+    /// For a reading found well behind the pool ([`PoolState::behind_ticks`] above
+    /// [`Layout::tolerance_ticks`]): reads the clock again after loading the state and
+    /// returns the state an exchange would decide on at the new reading, with that
+    /// reading. Writes nothing. The default reads the clock and peeks (a pool that keeps
+    /// no ticks is never behind).
     ///
     /// # Errors
     ///
@@ -110,18 +203,18 @@ pub(crate) trait LeaseSource {
         &self,
         layout: &Layout,
         clock: &C,
-    ) -> Result<(Snapshot, u64), AcquireError>;
-
-    /// A stable identity (for the global order of multi-bucket acquisition).
-    fn id(&self) -> usize;
+    ) -> Result<(PoolState, u64), AcquireError> {
+        let now = clock.now_nanos();
+        Ok((self.peek(layout, now), now))
+    }
 }
 
-/// The in-process source: one packed word on its own cache line, the same word a
-/// [`Bucket`](crate::Bucket) is.
+/// The in-process pool: one packed word on its own cache line, the same word a
+/// [`Bucket`](crate::Bucket) is. The default pool of a [`LeasedBucket`](super::LeasedBucket).
 ///
 /// Writes are `AcqRel` read-modify-writes and loads `Acquire`, unlike a plain bucket's
 /// `Relaxed`: the exactness argument orders slot operations against this word (see
-/// [`crate::slots`]).
+/// [`super::slots`]).
 ///
 /// # Readings behind the word
 ///
@@ -145,66 +238,51 @@ pub(crate) trait LeaseSource {
 /// or in a hand): leasing moves tokens out, spending removes them, giving back is capped
 /// at `B`, and a credit that could meet the capacity while tokens are outside is added
 /// only after quiescing has taken the OPEN slots' tokens into the adder's hand, and is
-/// capped at `B - reserve` for those still in flight ([`settle`]). So when `g = B`,
+/// capped at `B - reserve` for those still in flight (`exchange::settle`). So when `g = B`,
 /// `O = 0`: no slot holds a token (in particular none stamped with the later tick, which
 /// would turn spendable again when the clock comes back to it), and no lessee holds one
 /// it could publish (a lease cancelled by a reset is only given back, capped). The
 /// re-anchor keeps the stored units, so the exchange sees no credit and quiesces nothing;
 /// whatever is credited later, from the new tick on, meets the quiescing and the cap
 /// like any other credit.
-pub(crate) struct GlobalWord {
+pub struct LocalPool {
     word: CachePadded<AtomicU64>,
 }
 
-impl fmt::Debug for GlobalWord {
+impl fmt::Debug for LocalPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("GlobalWord")
+        f.debug_tuple("LocalPool")
             .field(&self.word.load(Ordering::Relaxed))
             .finish()
     }
 }
 
-/// Whether new credit on top of `units` (refilled, capped) could meet the capacity while
-/// `outstanding` more units are outside, so the holders must be quiesced first.
-#[inline]
-fn must_quiesce(layout: &Layout, units: u64, hand: u64, outstanding: u64) -> bool {
-    #[cfg(loom)]
-    if crate::mutants::on(&crate::mutants::CREDIT_IGNORES_LEASES) {
-        return false;
-    }
-    units.saturating_add(hand).saturating_add(outstanding) > layout.max_units()
-}
-
-/// The units after an exchange that gives back `hand` and adds the credit that took
-/// `stored` to `credited` (refill, refund), leaving room for `reserve` units still in
-/// flight: `max(min(B, stored + hand), min(B - reserve, credited + hand))`.
-///
-/// Giving back is never capped below what was given (while nothing over-spends, the sum
-/// is at most `B`); credit is capped at `B - reserve`, so that tokens in flight, given back
-/// later, still fit under the capacity. With nothing in flight (`reserve = 0`) this is the
-/// plain bucket's `min(B, credited + hand)`.
-#[inline]
-fn settle(layout: &Layout, stored: u64, credited: u64, hand: u64, reserve: u64) -> u64 {
-    let max = layout.max_units();
-    let given_back = stored.saturating_add(hand).min(max);
-    let with_credit = credited
-        .saturating_add(hand)
-        .min(max.saturating_sub(reserve));
-    given_back.max(with_credit)
-}
-
-impl GlobalWord {
-    /// A source in the policy's start state at `now_nanos`.
-    pub(crate) fn new(layout: &Layout, now_nanos: u64, full: bool) -> GlobalWord {
-        GlobalWord {
+impl LocalPool {
+    /// A pool for `policy` in its start state (full or empty) at `now_nanos` (a reading of
+    /// the clock the bucket will use).
+    ///
+    /// ```
+    /// use tokengate::{Clock, LeasedBucket, ManualClock, Policy};
+    /// use tokengate::leased::{LeaseConfig, LocalPool};
+    /// let policy = Policy::new(100, 1.0)?;
+    /// let clock = ManualClock::new();
+    /// let pool = LocalPool::new(&policy, clock.now_nanos());
+    /// let bucket = LeasedBucket::with_pool(policy, clock, LeaseConfig::new(), pool)?;
+    /// assert_eq!(bucket.available(), 100.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(policy: &Policy, now_nanos: u64) -> LocalPool {
+        let layout = policy.layout();
+        LocalPool {
             word: CachePadded::new(AtomicU64::new(
-                layout.start_word(layout.tick_of(now_nanos), full),
+                layout.start_word(layout.tick_of(now_nanos), policy.starts_full()),
             )),
         }
     }
 
-    /// The packed word, for tests and diagnostics.
-    pub(crate) fn load(&self) -> u64 {
+    /// The packed word as stored, before any refill: decode it with the policy's
+    /// [`Layout`]. For diagnostics, and to check that an operation wrote nothing.
+    pub fn stored_word(&self) -> u64 {
         self.word.load(Ordering::Acquire)
     }
 
@@ -217,7 +295,7 @@ impl GlobalWord {
 
 /// A full `snapshot` found well behind the word, re-anchored: full at `now_tick`, not
 /// behind. `None` when it is not full (then a reading well behind is refused). See
-/// "Readings behind the word" on [`GlobalWord`].
+/// "Readings behind the word" on [`LocalPool`].
 #[inline]
 fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Snapshot> {
     layout
@@ -239,128 +317,165 @@ fn reread_skipped() -> bool {
     }
 }
 
+/// [`exchange::must_quiesce`], with the loom mutant that adds credit without quiescing.
+#[inline]
+fn credit_bound(layout: &Layout, units: u64, hand: u64, outstanding: u64) -> bool {
+    #[cfg(loom)]
+    if crate::mutants::on(&crate::mutants::CREDIT_IGNORES_LEASES) {
+        return false;
+    }
+    exchange::must_quiesce(layout.max_units(), units, hand, outstanding)
+}
+
 /// Units stored in `word`, before any refill.
 #[inline]
 fn stored_units(layout: &Layout, word: u64) -> u64 {
     layout.decode(word).map_or(u64::MAX, |(_, units)| units)
 }
 
-impl LeaseSource for GlobalWord {
+/// The state a pool reports for a snapshot.
+#[inline]
+fn state_of(layout: &Layout, snapshot: &Snapshot) -> PoolState {
+    PoolState {
+        balance_units: layout.balance_units(snapshot),
+        behind_ticks: snapshot.behind(),
+    }
+}
+
+/// The clock reading an exchange decides at (see "Readings behind the word").
+struct Reading {
+    now: u64,
+    tick: u64,
+    /// Once a reading was found well behind the word: every later reading is taken after
+    /// the (acquiring) load of the word it is compared with.
+    after_load: bool,
+}
+
+impl Reading {
+    fn new(layout: &Layout, now: u64) -> Reading {
+        Reading {
+            now,
+            tick: layout.tick_of(now),
+            after_load: false,
+        }
+    }
+
+    fn read<C: Clock + ?Sized>(&mut self, layout: &Layout, clock: &C) {
+        self.now = clock.now_nanos();
+        self.tick = layout.tick_of(self.now);
+    }
+
+    /// After a lost CAS: the word returned was loaded with `Acquire`, so a reading taken
+    /// now is later than every reading stored in it.
+    fn after_cas<C: Clock + ?Sized>(&mut self, layout: &Layout, clock: &C) {
+        if self.after_load {
+            self.read(layout, clock);
+        }
+    }
+}
+
+impl LocalPool {
+    /// `cur` refilled to the reading, or what to do about a reading well behind it:
+    /// `Ok(None)` to decide again at a new reading (taken now, after `cur`'s load), an
+    /// error for a clock that stepped back under a word that is not full.
+    #[inline]
+    fn refilled<C: Clock + ?Sized>(
+        layout: &Layout,
+        clock: &C,
+        cur: u64,
+        reading: &mut Reading,
+    ) -> Result<Option<Snapshot>, AcquireError> {
+        let snapshot = layout.refill(cur, reading.tick);
+        if snapshot.behind() <= layout.tolerance_ticks() {
+            return Ok(Some(snapshot));
+        }
+        if !reading.after_load && !reread_skipped() {
+            // `cur` was loaded (or returned by a failed CAS) with `Acquire`.
+            reading.after_load = true;
+            reading.read(layout, clock);
+            return Ok(None);
+        }
+        match reanchored(layout, &snapshot, reading.tick) {
+            Some(full) => Ok(Some(full)),
+            None => Err(clock_went_backwards(layout, &snapshot, reading.now)),
+        }
+    }
+}
+
+impl Pool for LocalPool {
     fn lease<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &C,
         request: LeaseRequest,
-        holders: &mut impl Holders,
-    ) -> Result<Grant, AcquireError> {
+        lessees: &mut impl Lessees,
+    ) -> Result<LeaseOutcome, AcquireError> {
         let needed = layout.base_units() + request.cost_units;
         let mut hand = request.returned_units;
-        // `after_load`: the slow path of a reading found well behind the word (see
-        // "Readings behind the word" on `GlobalWord`): from then on, every reading is
-        // taken after the (acquiring) load of the word it is compared with.
-        let (mut quiesced, mut after_load) = (false, false);
-        let mut reserve = 0;
-        let mut now = request.now;
-        let mut now_tick = layout.tick_of(now);
+        let mut quiesced: Option<u64> = None;
+        let mut reading = Reading::new(layout, request.now);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
-            let mut snapshot = layout.refill(cur, now_tick);
-            if snapshot.behind() > layout.tolerance_ticks() {
-                if !after_load && !reread_skipped() {
-                    // `cur` was loaded (or returned by a failed CAS) with `Acquire`: a
-                    // reading taken now is later than every reading stored in it.
-                    after_load = true;
-                    now = clock.now_nanos();
-                    now_tick = layout.tick_of(now);
+            let snapshot = match LocalPool::refilled(layout, clock, cur, &mut reading) {
+                Ok(Some(snapshot)) => snapshot,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.give_back(layout, hand);
+                    return Err(e);
+                }
+            };
+            let stored = stored_units(layout, cur);
+            let outstanding = lessees.max_outstanding_units();
+            let attempt = Attempt {
+                max_units: layout.max_units(),
+                stored,
+                refilled: snapshot.units(),
+                hand,
+                credit_bound: credit_bound(layout, snapshot.units(), hand, outstanding),
+                quiesced,
+                needed,
+            };
+            let (next, outcome) = match exchange::step(attempt) {
+                Step::Quiesce => {
+                    let found = lessees.quiesce();
+                    hand = hand.saturating_add(found.taken_units);
+                    quiesced = Some(found.in_flight_units);
                     continue;
                 }
-                match reanchored(layout, &snapshot, now_tick) {
-                    Some(full) => snapshot = full,
-                    None => {
-                        if hand > 0 {
-                            self.give_back(layout, hand);
-                        }
-                        return Err(clock_went_backwards(layout, &snapshot, now));
-                    }
+                Step::Refuse => {
+                    // Read-only, like a plain bucket's rejection.
+                    return Ok(rejected(layout, &snapshot, reading.now));
                 }
-            }
-            let stored = stored_units(layout, cur);
-            let credit = snapshot.units() > stored
-                && must_quiesce(
-                    layout,
-                    snapshot.units(),
-                    hand,
-                    holders.max_outstanding_units(),
-                );
-            if credit && !quiesced {
-                let (taken, in_flight) = holders.quiesce();
-                hand = hand.saturating_add(taken);
-                reserve = in_flight;
-                quiesced = true;
-            }
-            let units = settle(
-                layout,
-                stored,
-                snapshot.units(),
-                hand,
-                if credit { reserve } else { 0 },
-            );
-            if units >= needed {
-                let leased = if request.lease {
-                    holders.lease_units(units - needed)
-                } else {
-                    0
-                };
-                #[allow(unused_mut)]
-                let mut left = units - request.cost_units - leased;
-                #[cfg(loom)]
-                if crate::mutants::on(&crate::mutants::LEASE_KEEPS_GLOBAL) {
-                    left += leased;
+                Step::GiveBackAndRefuse { units } => {
+                    let next = snapshot.with_units(units);
+                    let after = layout.refill(next, reading.tick);
+                    (next, rejected(layout, &after, reading.now))
                 }
-                match self.cas(cur, snapshot.with_units(left)) {
-                    Ok(_) => {
-                        return Ok(Grant::Admitted {
-                            leased_units: leased,
-                            tick: snapshot.tick(layout),
-                            balance: left as i64 - layout.base_units() as i64,
-                        });
+                Step::Pay { units } => {
+                    let leased = if request.lease {
+                        lessees.lease_units(units - needed)
+                    } else {
+                        0
+                    };
+                    #[allow(unused_mut)]
+                    let mut left = units - request.cost_units - leased;
+                    #[cfg(loom)]
+                    if crate::mutants::on(&crate::mutants::LEASE_KEEPS_GLOBAL) {
+                        left += leased;
                     }
-                    Err(actual) => {
-                        cur = actual;
-                        if after_load {
-                            now = clock.now_nanos();
-                            now_tick = layout.tick_of(now);
-                        }
-                        continue;
-                    }
+                    let admitted = LeaseOutcome::Admitted {
+                        leased_units: leased,
+                        tick: snapshot.tick(layout),
+                        balance_units: left as i64 - layout.base_units() as i64,
+                    };
+                    (snapshot.with_units(left), admitted)
                 }
-            }
-            if !quiesced {
-                // Reclaim before rejecting: take back every idle slot and try again.
-                let (taken, in_flight) = holders.quiesce();
-                hand = hand.saturating_add(taken);
-                reserve = in_flight;
-                quiesced = true;
-                continue;
-            }
-            if hand == 0 {
-                // Read-only, like a plain bucket's rejection.
-                return Ok(Grant::Rejected { snapshot, now });
-            }
-            let next = snapshot.with_units(units);
+            };
             match self.cas(cur, next) {
-                Ok(_) => {
-                    return Ok(Grant::Rejected {
-                        snapshot: layout.refill(next, now_tick),
-                        now,
-                    });
-                }
+                Ok(_) => return Ok(outcome),
                 Err(actual) => {
                     cur = actual;
-                    if after_load {
-                        now = clock.now_nanos();
-                        now_tick = layout.tick_of(now);
-                    }
+                    reading.after_cas(layout, clock);
                 }
             }
         }
@@ -383,29 +498,23 @@ impl LeaseSource for GlobalWord {
         }
     }
 
-    fn credit(&self, layout: &Layout, now: u64, units: u64, holders: &mut impl Holders) {
+    fn credit(&self, layout: &Layout, now: u64, units: u64, lessees: &mut impl Lessees) {
         let now_tick = layout.tick_of(now);
-        let (mut hand, mut reserve) = (0u64, 0u64);
-        let mut quiesced = false;
+        let mut hand = 0u64;
+        let mut quiesced: Option<u64> = None;
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             let snapshot = layout.refill(cur, now_tick);
             let credited = snapshot.units().saturating_add(units);
-            let bound = must_quiesce(layout, credited, hand, holders.max_outstanding_units());
-            if bound && !quiesced {
-                let (taken, in_flight) = holders.quiesce();
-                hand = hand.saturating_add(taken);
-                reserve = in_flight;
-                quiesced = true;
+            let bound = credit_bound(layout, credited, hand, lessees.max_outstanding_units());
+            if bound && quiesced.is_none() {
+                let found = lessees.quiesce();
+                hand = hand.saturating_add(found.taken_units);
+                quiesced = Some(found.in_flight_units);
             }
+            let reserve = if bound { quiesced.unwrap_or(0) } else { 0 };
             let stored = stored_units(layout, cur);
-            let next = settle(
-                layout,
-                stored,
-                credited,
-                hand,
-                if bound { reserve } else { 0 },
-            );
+            let next = exchange::settle(layout.max_units(), stored, credited, hand, reserve);
             match self.cas(cur, snapshot.with_units(next)) {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
@@ -413,10 +522,10 @@ impl LeaseSource for GlobalWord {
         }
     }
 
-    fn reset(&self, layout: &Layout, now: u64, full: bool, holders: &mut impl Holders) {
-        // What the holders had is dropped with the rest of the old state. Leases in
+    fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees) {
+        // What the lessees had is dropped with the rest of the old state. Leases in
         // flight are given back after the reset (capped at full).
-        holders.quiesce();
+        lessees.quiesce();
         let now_tick = layout.tick_of(now);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
@@ -429,8 +538,8 @@ impl LeaseSource for GlobalWord {
     }
 
     #[inline]
-    fn peek(&self, layout: &Layout, now: u64) -> Snapshot {
-        layout.refill(self.word.load(Ordering::Acquire), layout.tick_of(now))
+    fn peek(&self, layout: &Layout, now: u64) -> PoolState {
+        state_of(layout, &self.snapshot_at(layout, now))
     }
 
     #[cold]
@@ -439,23 +548,36 @@ impl LeaseSource for GlobalWord {
         &self,
         layout: &Layout,
         clock: &C,
-    ) -> Result<(Snapshot, u64), AcquireError> {
+    ) -> Result<(PoolState, u64), AcquireError> {
         // Load first (acquiring the writers' readings), then read.
         let cur = self.word.load(Ordering::Acquire);
         let now = clock.now_nanos();
         let now_tick = layout.tick_of(now);
         let snapshot = layout.refill(cur, now_tick);
         if snapshot.behind() <= layout.tolerance_ticks() {
-            return Ok((snapshot, now));
+            return Ok((state_of(layout, &snapshot), now));
         }
         match reanchored(layout, &snapshot, now_tick) {
-            Some(full) => Ok((full, now)),
+            Some(full) => Ok((state_of(layout, &full), now)),
             None => Err(clock_went_backwards(layout, &snapshot, now)),
         }
     }
+}
 
+impl LocalPool {
+    /// The word refilled to `now`, writing nothing.
     #[inline]
-    fn id(&self) -> usize {
-        &*self.word as *const AtomicU64 as usize
+    fn snapshot_at(&self, layout: &Layout, now: u64) -> Snapshot {
+        layout.refill(self.word.load(Ordering::Acquire), layout.tick_of(now))
+    }
+}
+
+/// The rejection an exchange reports, decided on `snapshot` at `now`.
+#[inline]
+fn rejected(layout: &Layout, snapshot: &Snapshot, now: u64) -> LeaseOutcome {
+    LeaseOutcome::Rejected {
+        balance_units: layout.balance_units(snapshot),
+        behind_ticks: snapshot.behind(),
+        now_nanos: now,
     }
 }
