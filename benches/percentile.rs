@@ -10,14 +10,16 @@
 //! ```
 //!
 //! Same regimes as `benches/engine.rs`: admit = 1e9 tokens/s, burst 1e6; reject = 1
-//! token/s, burst 1 (drained first). Every result passes through `black_box` whole.
+//! token/s, burst 1 (drained first); `leased_*` are the same regimes on a
+//! `LeasedBucket` (default slots and lease size). Every result passes through `black_box`
+//! whole.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use governor::RateLimiter;
-use tokengate::{Bucket, Clock, CoarseClock, Policy, QuantaClock, acquire_all};
+use tokengate::{Bucket, Clock, CoarseClock, LeasedBucket, Policy, QuantaClock, acquire_all};
 
 mod common;
 #[path = "../crates/cli/src/mutex_bucket.rs"]
@@ -75,6 +77,10 @@ fn main() {
     let _ = gov_reject.check();
     let mutex_admit = mutex_bucket::MutexBucket::new(1e6, 1e9);
     let scopes = [(); 3].map(|_| Bucket::new(admit()));
+    let leased_admit = LeasedBucket::new(admit());
+    let leased_coarse_admit = LeasedBucket::with_clock(admit(), coarse.clone());
+    let leased_reject = LeasedBucket::new(reject());
+    let _ = leased_reject.try_acquire(1);
 
     let mut cases: Vec<Case<'_>> = vec![
         (
@@ -152,6 +158,24 @@ fn main() {
             }),
         ),
         (
+            "leased_admit",
+            Box::new(|| {
+                let _ = black_box(black_box(&leased_admit).try_acquire(1));
+            }),
+        ),
+        (
+            "leased_coarse_admit",
+            Box::new(|| {
+                let _ = black_box(black_box(&leased_coarse_admit).try_acquire(1));
+            }),
+        ),
+        (
+            "leased_reject",
+            Box::new(|| {
+                let _ = black_box(black_box(&leased_reject).try_acquire(1));
+            }),
+        ),
+        (
             "multi3",
             Box::new(|| {
                 let set = [(&scopes[0], 1), (&scopes[1], 1), (&scopes[2], 1)];
@@ -161,7 +185,7 @@ fn main() {
     ];
     for (name, call) in &mut cases {
         if only.is_empty() || only.iter().any(|o| o == name) {
-            println!("{name:<14} {:7.2} ns", p5_nanos(batches, call));
+            println!("{name:<20} {:7.2} ns", p5_nanos(batches, call));
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 /// Why a bucket refused to decide. A rate-limit rejection is not an error: it is a
 /// [`Decision`](crate::Decision) that says rejected.
 ///
-/// Both errors change nothing in the bucket.
+/// No error changes anything in the bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AcquireError {
@@ -26,6 +26,14 @@ pub enum AcquireError {
         /// How far behind the bucket's last update the clock read.
         by: Duration,
     },
+    /// A [`LeasedBucket`](crate::LeasedBucket)'s pool could not decide: its store cannot be
+    /// reached and its failure mode says to refuse
+    /// ([`LeaseOutcome::Unavailable`](crate::leased::LeaseOutcome::Unavailable)). Not a
+    /// rate-limit rejection: nothing is known of the budget.
+    PoolUnavailable {
+        /// When to ask again.
+        retry_after: Duration,
+    },
 }
 
 impl fmt::Display for AcquireError {
@@ -40,6 +48,10 @@ impl fmt::Display for AcquireError {
                 f,
                 "the clock stepped back {by:?} behind the bucket's last update; \
                  no credit was added and nothing changed"
+            ),
+            AcquireError::PoolUnavailable { retry_after } => write!(
+                f,
+                "the token pool cannot be reached; nothing changed; retry after {retry_after:?}"
             ),
         }
     }

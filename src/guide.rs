@@ -41,7 +41,7 @@
 //! draft-ietf-httpapi-ratelimit-headers-11. On the client side, [`retry`](crate::retry)
 //! retries with bounded attempts, full-jitter exponential backoff added on top of the
 //! server's `Retry-After`, an overall deadline, and every attempt after the first marked
-//! [`Attempt::Retry`](crate::Attempt::Retry) for telemetry.
+//! [`Attempt::Retry`](crate::telemetry::Attempt::Retry) for telemetry.
 //!
 //! # Invariants
 //!

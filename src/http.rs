@@ -341,7 +341,7 @@ impl Quota {
     /// The `RateLimit` item for a decision of a bucket with this policy:
     /// `"name";r=<whole tokens left>;t=<seconds>` (see the [module docs](self) for `t`).
     ///
-    /// For several buckets ([`acquire_all_with`](crate::acquire_all_with)), write one item
+    /// For several buckets ([`acquire_all_with`](crate::multi::acquire_all_with)), write one item
     /// per bucket from the decisions it reports, joined by `", "`.
     ///
     /// ```

@@ -33,26 +33,27 @@
 //!
 //! # Layers
 //!
-//! - [`clock`](Clock): [`QuantaClock`] (default, TSC), [`CoarseClock`] (upkeep thread),
+//! Bottom to top, one direction of dependency:
+//!
+//! - [`clock`]: [`QuantaClock`] (default, TSC), [`CoarseClock`] (upkeep thread),
 //!   [`ManualClock`] (tests and simulations).
-//! - [`Policy`]: validated configuration and the fixed-point [`Layout`](state::Layout)
-//!   derived from it.
+//! - [`policy`]: [`Policy`], validated configuration, and the fixed-point
+//!   [`Layout`](state::Layout) derived from it.
 //! - [`state`]: the packed word and its pure transition functions.
-//! - [`Bucket`]: one atomic word and the CAS loop around `state`.
-//! - [`LeasedBucket`]: a bucket for hot paths shared by many cores, leasing batches of
-//!   tokens from one global word to core-local slots ([`leased`]).
-//! - [`acquire_all`]: all-or-nothing acquisition across several buckets.
-//! - [`Bucket::reserve`] / [`Bucket::acquire`]: delay instead of reject; reservations
-//!   queue in time order as debt in the packed word ([`Reservation`], [`Sleep`]).
+//! - [`Bucket`]: one atomic word and the CAS loop around `state`;
+//!   [`Bucket::reserve`] / [`Bucket::acquire`] delay instead of reject ([`reservation`]).
+//! - [`multi`]: [`acquire_all`], all-or-nothing acquisition across several buckets.
+//! - [`leased`]: [`LeasedBucket`], a bucket for hot paths shared by many cores, leasing
+//!   batches of tokens from a pool to core-local slots.
+//! - [`keyed`]: [`KeyedLimiter`], one bucket per key in a sharded map with a maximum
+//!   number of keys, eviction of refilled buckets and an overflow policy.
+//! - [`scope`]: [`ScopedLimiter`], the scopes of a request (global, tenant, user, API
+//!   key, route, tenant route) paid all-or-nothing, with work classes.
+//! - [`telemetry`]: per-scope counters (original vs retry) and decision records.
 //! - [`retry`]: client retries with bounded attempts, full-jitter backoff, `Retry-After`
 //!   floors and a deadline. [`http`]: 429, `Retry-After` and the IETF `RateLimit` fields.
-//! - [`KeyedLimiter`]: one bucket per key in a sharded map with a maximum number of keys,
-//!   eviction of refilled buckets and an overflow policy.
-//! - [`ScopedLimiter`]: the scopes of a request (global, tenant, user, API key, route,
-//!   tenant route) paid all-or-nothing, with work classes and per-scope counters.
-//! - [`telemetry`](Record): per-key counters (original vs retry) and decision records.
 //!
-//! The packed word, its precision bounds and the invariants are described in the
+//! The packed word, its precision bounds, the invariants and their proofs are in the
 //! [`guide`] module.
 
 #![warn(
@@ -71,7 +72,6 @@ mod error;
 pub mod guide;
 pub mod http;
 pub mod keyed;
-mod lease;
 pub mod leased;
 pub mod multi;
 #[cfg(loom)]
@@ -82,7 +82,6 @@ pub mod reservation;
 pub mod retry;
 pub mod scope;
 mod sleep;
-mod slots;
 pub mod state;
 mod sync;
 pub mod telemetry;

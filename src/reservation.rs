@@ -67,6 +67,12 @@ pub enum ReserveError {
         /// How far behind the bucket's last update the clock read.
         by: Duration,
     },
+    /// A leased bucket's pool could not decide (see
+    /// [`AcquireError::PoolUnavailable`]).
+    PoolUnavailable {
+        /// When to ask again.
+        retry_after: Duration,
+    },
 }
 
 impl ReserveError {
@@ -97,6 +103,9 @@ impl From<AcquireError> for ReserveError {
                 ReserveError::CostExceedsCapacity { cost, capacity }
             }
             AcquireError::ClockWentBackwards { by } => ReserveError::ClockWentBackwards { by },
+            AcquireError::PoolUnavailable { retry_after } => {
+                ReserveError::PoolUnavailable { retry_after }
+            }
         }
     }
 }
@@ -109,6 +118,9 @@ impl fmt::Display for ReserveError {
             }
             ReserveError::ClockWentBackwards { by } => {
                 AcquireError::ClockWentBackwards { by }.fmt(f)
+            }
+            ReserveError::PoolUnavailable { retry_after } => {
+                AcquireError::PoolUnavailable { retry_after }.fmt(f)
             }
             ReserveError::ExceedsMaxWait { wait, max_wait } => write!(
                 f,

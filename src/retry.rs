@@ -515,7 +515,7 @@ impl<C: Clock, R: RandomSource> Retry<C, R> {
     }
 
     /// Runs `op` until it succeeds or the policy gives up, sleeping between attempts with
-    /// `sleep` ([`ThreadSleep`](crate::ThreadSleep) for real clocks, the
+    /// `sleep` ([`ThreadSleep`](crate::reservation::ThreadSleep) for real clocks, the
     /// [`ManualClock`](crate::ManualClock) itself in simulations). `op` is told which
     /// attempt it is, for telemetry.
     ///

@@ -19,14 +19,14 @@ fn p(capacity: u64, rate: f64) -> Policy {
 /// Global 100 at 10/s (leased or not), tenant 30 at 3/s, tenant route 12 at 2/s, and
 /// classes costing 1, 3 and 7 (the last 2 in the global scope).
 fn limiter(clock: &ManualClock, lease: Option<LeaseConfig>) -> ScopedLimiter<ManualClock> {
-    let mut global = Rule::new(p(100, 10.0));
+    let mut global = counted(p(100, 10.0));
     if let Some(config) = lease {
         global = global.leased(config);
     }
     RuleSet::new()
         .rule(ScopeKind::Global, global)
-        .rule(ScopeKind::Tenant, Rule::new(p(30, 3.0)))
-        .rule(ScopeKind::TenantRoute, Rule::new(p(12, 2.0)))
+        .rule(ScopeKind::Tenant, counted(p(30, 3.0)))
+        .rule(ScopeKind::TenantRoute, counted(p(12, 2.0)))
         .class(tokengate::scope::WorkClass::new("one", 1))
         .class(tokengate::scope::WorkClass::new("three", 3))
         .class(tokengate::scope::WorkClass::new("seven", 7).with_cost(ScopeKind::Global, 2))
@@ -136,8 +136,8 @@ fn leasing_is_for_the_global_scope_with_a_config_that_fits() {
     ];
     for kind in kinds {
         let err = RuleSet::new()
-            .rule(ScopeKind::Global, Rule::new(p(100, 10.0)))
-            .rule(kind, Rule::new(p(100, 10.0)).leased(LeaseConfig::new()))
+            .rule(ScopeKind::Global, counted(p(100, 10.0)))
+            .rule(kind, counted(p(100, 10.0)).leased(LeaseConfig::new()))
             .build()
             .unwrap_err();
         assert_eq!(err, RuleError::LeasedNotGlobal { kind });
@@ -146,7 +146,7 @@ fn leasing_is_for_the_global_scope_with_a_config_that_fits() {
     let err = RuleSet::new()
         .rule(
             ScopeKind::Global,
-            Rule::new(p(100, 10.0)).leased(LeaseConfig::new().slots(3)),
+            counted(p(100, 10.0)).leased(LeaseConfig::new().slots(3)),
         )
         .build()
         .unwrap_err();
@@ -157,7 +157,7 @@ fn leasing_is_for_the_global_scope_with_a_config_that_fits() {
     let err = RuleSet::new()
         .rule(
             ScopeKind::Global,
-            Rule::new(p(100, 10.0)).leased(LeaseConfig::new().max_lease(101)),
+            counted(p(100, 10.0)).leased(LeaseConfig::new().max_lease(101)),
         )
         .build()
         .unwrap_err();
@@ -221,9 +221,9 @@ fn threads_on_a_leased_global_scope_admit_exactly_its_balance() {
         RuleSet::new()
             .rule(
                 ScopeKind::Global,
-                Rule::new(p(5_000, 1.0)).leased(LeaseConfig::new().slots(4).max_lease(64)),
+                counted(p(5_000, 1.0)).leased(LeaseConfig::new().slots(4).max_lease(64)),
             )
-            .rule(ScopeKind::Tenant, Rule::new(p(100_000, 1.0)))
+            .rule(ScopeKind::Tenant, counted(p(100_000, 1.0)))
             .class(tokengate::scope::WorkClass::new("one", 1))
             .build_with_clock(clock)
             .unwrap(),
@@ -328,14 +328,14 @@ fn a_scoped_request_reads_the_clock_once() {
             inner: ManualClock::new(),
             reads: Arc::default(),
         };
-        let mut global = Rule::new(p(1000, 10.0));
+        let mut global = counted(p(1000, 10.0));
         if let Some(config) = lease {
             global = global.leased(config);
         }
         let l = RuleSet::new()
             .rule(ScopeKind::Global, global)
-            .rule(ScopeKind::Tenant, Rule::new(p(100, 3.0)))
-            .rule(ScopeKind::TenantRoute, Rule::new(p(50, 2.0)))
+            .rule(ScopeKind::Tenant, counted(p(100, 3.0)))
+            .rule(ScopeKind::TenantRoute, counted(p(50, 2.0)))
             .class(tokengate::scope::WorkClass::new("one", 1))
             .build_with_clock(clock.clone())
             .unwrap();
@@ -349,4 +349,9 @@ fn a_scoped_request_reads_the_clock_once() {
             assert_eq!(reads, 1, "leased global: {}", lease.is_some());
         }
     }
+}
+
+/// A rule with per-key counters on (they are off by default), which these tests read.
+fn counted(policy: Policy) -> Rule {
+    Rule::new(policy).counters(true)
 }

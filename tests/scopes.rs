@@ -28,12 +28,12 @@ fn classes(rules: RuleSet) -> RuleSet {
 fn full_limiter(clock: &ManualClock) -> ScopedLimiter<ManualClock> {
     classes(
         RuleSet::new()
-            .rule(ScopeKind::Global, Rule::new(p(1000, 500.0)))
-            .rule(ScopeKind::Tenant, Rule::new(p(100, 20.0)))
-            .rule(ScopeKind::User, Rule::new(p(50, 10.0)))
-            .rule(ScopeKind::ApiKey, Rule::new(p(60, 10.0)))
-            .rule(ScopeKind::Route, Rule::new(p(500, 100.0)))
-            .rule(ScopeKind::TenantRoute, Rule::new(p(40, 5.0))),
+            .rule(ScopeKind::Global, counted(p(1000, 500.0)))
+            .rule(ScopeKind::Tenant, counted(p(100, 20.0)))
+            .rule(ScopeKind::User, counted(p(50, 10.0)))
+            .rule(ScopeKind::ApiKey, counted(p(60, 10.0)))
+            .rule(ScopeKind::Route, counted(p(500, 100.0)))
+            .rule(ScopeKind::TenantRoute, counted(p(40, 5.0))),
     )
     .build_with_clock(clock.clone())
     .unwrap()
@@ -50,7 +50,7 @@ fn everything(t: u64, u: u64) -> Request {
 #[test]
 fn one_tenant_draining_its_bucket_does_not_touch_another_tenants() {
     let clock = ManualClock::new();
-    let l = classes(RuleSet::new().rule(ScopeKind::Tenant, Rule::new(p(100, 20.0))))
+    let l = classes(RuleSet::new().rule(ScopeKind::Tenant, counted(p(100, 20.0))))
         .build_with_clock(clock.clone())
         .unwrap();
     let search = l.class("search").unwrap();
@@ -81,8 +81,8 @@ fn the_global_bucket_bounds_the_sum_of_all_tenants() {
     let clock = ManualClock::new();
     let l = classes(
         RuleSet::new()
-            .rule(ScopeKind::Global, Rule::new(p(100, 10.0)))
-            .rule(ScopeKind::Tenant, Rule::new(p(30, 3.0))),
+            .rule(ScopeKind::Global, counted(p(100, 10.0)))
+            .rule(ScopeKind::Tenant, counted(p(30, 3.0))),
     )
     .build_with_clock(clock.clone())
     .unwrap();
@@ -232,9 +232,9 @@ fn an_admission_pays_every_scope_and_records_each() {
 fn a_class_may_cost_differently_per_scope_and_zero_skips_a_scope() {
     let clock = ManualClock::new();
     let l = RuleSet::new()
-        .rule(ScopeKind::Global, Rule::new(p(100, 1.0)))
-        .rule(ScopeKind::Tenant, Rule::new(p(100, 1.0)))
-        .rule(ScopeKind::User, Rule::new(p(100, 1.0)))
+        .rule(ScopeKind::Global, counted(p(100, 1.0)))
+        .rule(ScopeKind::Tenant, counted(p(100, 1.0)))
+        .rule(ScopeKind::User, counted(p(100, 1.0)))
         .class(
             WorkClass::new("export", 20)
                 .with_cost(ScopeKind::Global, 2)
@@ -257,11 +257,11 @@ fn a_class_may_cost_differently_per_scope_and_zero_skips_a_scope() {
 fn a_full_map_refuses_new_keys_naming_the_scope_or_shares_an_overflow_bucket() {
     let clock = ManualClock::new();
     let l = RuleSet::new()
-        .rule(ScopeKind::Global, Rule::new(p(1000, 1.0)))
-        .rule(ScopeKind::User, Rule::new(p(10, 1.0)).max_keys(2))
+        .rule(ScopeKind::Global, counted(p(1000, 1.0)))
+        .rule(ScopeKind::User, counted(p(10, 1.0)).max_keys(2))
         .rule(
             ScopeKind::ApiKey,
-            Rule::new(p(10, 1.0))
+            counted(p(10, 1.0))
                 .max_keys(1)
                 .overflow(Overflow::Share(p(3, 1.0))),
         )
@@ -314,7 +314,7 @@ fn a_full_map_refuses_new_keys_naming_the_scope_or_shares_an_overflow_bucket() {
 #[test]
 fn a_class_that_could_never_be_admitted_is_a_build_error() {
     let err = RuleSet::new()
-        .rule(ScopeKind::Tenant, Rule::new(p(10, 1.0)))
+        .rule(ScopeKind::Tenant, counted(p(10, 1.0)))
         .class(WorkClass::new("export", 20))
         .build_with_clock(ManualClock::new())
         .unwrap_err();
@@ -346,9 +346,9 @@ fn overlapping_scope_sets_with_queued_writers_never_deadlock() {
     let l = Arc::new(
         classes(
             RuleSet::new()
-                .rule(ScopeKind::Tenant, Rule::new(p(1_000_000, 1e6)).shards(1))
-                .rule(ScopeKind::User, Rule::new(p(1_000_000, 1e6)).shards(1))
-                .rule(ScopeKind::Route, Rule::new(p(1_000_000, 1e6)).shards(1)),
+                .rule(ScopeKind::Tenant, counted(p(1_000_000, 1e6)).shards(1))
+                .rule(ScopeKind::User, counted(p(1_000_000, 1e6)).shards(1))
+                .rule(ScopeKind::Route, counted(p(1_000_000, 1e6)).shards(1)),
         )
         .build_with_clock(clock)
         .unwrap(),
@@ -395,7 +395,7 @@ fn a_class_of_another_limiter_is_refused_as_unknown() {
         classes
             .iter()
             .fold(
-                RuleSet::new().rule(ScopeKind::Global, Rule::new(p(100, 1.0))),
+                RuleSet::new().rule(ScopeKind::Global, counted(p(100, 1.0))),
                 |rules, &(name, cost)| rules.class(WorkClass::new(name, cost)),
             )
             .build_with_clock(clock.clone())
@@ -417,4 +417,9 @@ fn a_class_of_another_limiter_is_refused_as_unknown() {
             .is_admitted()
     );
     assert_eq!(a.available(&Scope::Global), Some(80.0));
+}
+
+/// A rule with per-key counters on (they are off by default), which these tests read.
+fn counted(policy: Policy) -> Rule {
+    Rule::new(policy).counters(true)
 }

@@ -2,6 +2,7 @@
 //! keys. The design is documented on [`KeyedLimiter`].
 
 mod handle;
+mod options;
 mod table;
 
 use std::borrow::Borrow;
@@ -25,6 +26,7 @@ use crate::policy::Policy;
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
 
 pub(crate) use handle::Handle;
+pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
 pub use table::SweepReport;
 pub(crate) use table::reanchor;
 use table::{Extra, MAX_SHARD_BITS, SweepCtx, Table};
@@ -36,7 +38,7 @@ pub const MAX_SHARDS: usize = 1 << MAX_SHARD_BITS;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Overflow {
     /// Refuse the request with [`KeyedError::KeyLimit`] (or a
-    /// [`Refusal::KeyLimit`](crate::Refusal::KeyLimit) in a scoped limiter). The default.
+    /// [`Refusal::KeyLimit`](crate::scope::Refusal::KeyLimit) in a scoped limiter). The default.
     Reject,
     /// Charge the request to one bucket shared by every key that found the map full, with
     /// this policy: a flood of new keys then shares one budget instead of getting a fresh
@@ -127,11 +129,7 @@ impl std::error::Error for KeyedConfigError {}
 /// Builds a [`KeyedLimiter`]; see [`KeyedLimiter::builder`].
 pub struct KeyedBuilder<K, C = QuantaClock, S = KeyHasher> {
     policy: Policy,
-    max_keys: usize,
-    shards: Option<usize>,
-    overflow: Overflow,
-    eviction: Eviction,
-    counters: bool,
+    options: KeyedOptions,
     clock: C,
     hasher: S,
     key: PhantomData<fn() -> K>,
@@ -141,11 +139,7 @@ impl<K, C: fmt::Debug, S> fmt::Debug for KeyedBuilder<K, C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedBuilder")
             .field("policy", &self.policy)
-            .field("max_keys", &self.max_keys)
-            .field("shards", &self.shards)
-            .field("overflow", &self.overflow)
-            .field("eviction", &self.eviction)
-            .field("counters", &self.counters)
+            .field("options", &self.options)
             .field("clock", &self.clock)
             .finish()
     }
@@ -156,11 +150,7 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
     pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, C2, S> {
         KeyedBuilder {
             policy: self.policy,
-            max_keys: self.max_keys,
-            shards: self.shards,
-            overflow: self.overflow,
-            eviction: self.eviction,
-            counters: self.counters,
+            options: self.options,
             clock,
             hasher: self.hasher,
             key: PhantomData,
@@ -172,46 +162,40 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
     pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> KeyedBuilder<K, C, S2> {
         KeyedBuilder {
             policy: self.policy,
-            max_keys: self.max_keys,
-            shards: self.shards,
-            overflow: self.overflow,
-            eviction: self.eviction,
-            counters: self.counters,
+            options: self.options,
             clock: self.clock,
             hasher,
             key: PhantomData,
         }
     }
 
-    /// Number of shards, a power of two up to [`MAX_SHARDS`]. The default is four per
-    /// hardware thread, rounded up to a power of two, at least 4 and at most 256. Each
-    /// shard costs about 1 KiB of locks; a sweep blocks one shard at a time.
+    /// Replaces every map option with `options` (its `max_keys` included).
+    pub fn options(mut self, options: KeyedOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// See [`KeyedOptions::shards`].
     pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards);
+        self.options = self.options.shards(shards);
         self
     }
 
-    pub(crate) fn shards_opt(mut self, shards: Option<usize>) -> Self {
-        self.shards = shards;
-        self
-    }
-
-    /// What a new key gets when the map is full (default [`Overflow::Reject`]).
+    /// See [`KeyedOptions::overflow`].
     pub fn overflow(mut self, overflow: Overflow) -> Self {
-        self.overflow = overflow;
+        self.options = self.options.overflow(overflow);
         self
     }
 
-    /// Which buckets sweeps may evict (default [`Eviction::Lossless`]).
+    /// See [`KeyedOptions::eviction`].
     pub fn eviction(mut self, eviction: Eviction) -> Self {
-        self.eviction = eviction;
+        self.options = self.options.eviction(eviction);
         self
     }
 
-    /// Keeps per-key counters (admitted and rejected requests and tokens, original and
-    /// retry; 64 bytes per key). Off by default.
+    /// See [`KeyedOptions::counters`] (off by default).
     pub fn counters(mut self, on: bool) -> Self {
-        self.counters = on;
+        self.options = self.options.counters(on);
         self
     }
 
@@ -224,20 +208,27 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
     where
         C: Clock,
     {
-        if self.max_keys == 0 {
+        let KeyedOptions {
+            max_keys,
+            shards,
+            overflow,
+            eviction,
+            counters,
+        } = self.options;
+        if max_keys == 0 {
             return Err(KeyedConfigError::ZeroMaxKeys);
         }
-        let shards = self.shards.unwrap_or_else(default_shards);
+        let shards = shards.unwrap_or_else(default_shards);
         if !shards.is_power_of_two() || shards > MAX_SHARDS {
             return Err(KeyedConfigError::Shards(shards));
         }
         let bits = shards.trailing_zeros();
-        let store = if self.counters {
-            Store::Counted(Table::new(bits, self.max_keys, self.hasher))
+        let store = if counters {
+            Store::Counted(Table::new(bits, max_keys, self.hasher))
         } else {
-            Store::Bare(Table::new(bits, self.max_keys, self.hasher))
+            Store::Bare(Table::new(bits, max_keys, self.hasher))
         };
-        let overflow_bucket = match self.overflow {
+        let overflow_bucket = match overflow {
             Overflow::Reject => None,
             Overflow::Share(p) => Some(SharedBucket {
                 raw: CachePadded::new(RawBucket::new(
@@ -251,10 +242,10 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
         let start_full = self.policy.starts_full();
         Ok(KeyedLimiter {
             store,
-            evict: start_full || self.eviction == Eviction::Full,
+            evict: start_full || eviction == Eviction::Full,
             policy: self.policy,
             clock: self.clock,
-            overflow: self.overflow,
+            overflow,
             overflow_bucket,
             overflow_counts: StripedCounters::new(),
             evicted_counts: CounterCells::default(),
@@ -337,21 +328,11 @@ pub(crate) enum Slot<'a, C> {
 /// the slots full, a power-of-two slot count per shard, so the bytes per key move between
 /// about 19.4 (tables just full) and 38.9 (just grown) as keys are added.
 ///
-/// Measured with a counting global allocator (live bytes after inserting N random `u64`
-/// keys, less before), each in a fresh process, in the same run as governor 0.10's keyed
-/// limiter (DashMap, also hashbrown, also 16-byte entries), with
-/// `cargo run --release --example bytes_per_key`:
-///
-/// | keys      | tokengate | tokengate + counters | governor keyed |
-/// |-----------|-----------|----------------------|----------------|
-/// | 250,000   | 35.7 B    | 169.9 B              | 35.7 B         |
-/// | 750,000   | 23.8 B    | 113.3 B              | 23.8 B         |
-/// | 1,000,000 | 35.7 B    | 169.9 B              | 35.7 B         |
-/// | 2,000,000 | 35.7 B    | 169.9 B              | 35.7 B         |
-///
-/// Resident memory (VmRSS) moved by the same amounts within 0.4 B/key at 1,000,000 keys
-/// (35.8 B for both). The two maps store the same 16 bytes per key at the same load
-/// factor, so they tie; 16 bytes is the floor for a 64-bit key and a 64-bit state.
+/// governor's keyed limiter (DashMap, also hashbrown) stores the same 16 bytes per key
+/// at the same load factor; 16 bytes is the floor for a 64-bit key and a 64-bit state.
+/// The measured bytes per key, side by side with governor, are in
+/// BENCHMARKS.md in the repository
+/// (`cargo run --release --example bytes_per_key`).
 ///
 /// # Bounded memory and eviction
 ///
@@ -379,8 +360,8 @@ pub(crate) enum Slot<'a, C> {
 /// Keys are often chosen by clients (user ids, API keys), so the default hasher,
 /// [`KeyHasher`] (aHash's `RandomState`), is keyed with random seeds the operating system
 /// provides, per process and per map, so an attacker cannot precompute keys that collide
-/// in the table or crowd one shard. It costs about 1 ns on a `u64` key where std's
-/// SipHash-1-3 costs about 8 (governor's keyed limiter uses SipHash). The hasher is a
+/// in the table or crowd one shard, at a fraction of the cost of std's SipHash-1-3
+/// (which governor's keyed limiter uses; see BENCHMARKS.md). The hasher is a
 /// type parameter: pass `std::hash::RandomState` for SipHash's stronger, proven keyed
 /// PRF; foldhash's `RandomState` (hashbrown's default) seeds itself from address-space
 /// layout and the time, and its authors state it does not resist an interactive attacker,
@@ -433,11 +414,7 @@ impl<K> KeyedLimiter<K> {
     pub fn builder(policy: Policy, max_keys: usize) -> KeyedBuilder<K> {
         KeyedBuilder {
             policy,
-            max_keys,
-            shards: None,
-            overflow: Overflow::Reject,
-            eviction: Eviction::Lossless,
-            counters: false,
+            options: KeyedOptions::new(max_keys),
             clock: QuantaClock::new(),
             hasher: KeyHasher::new(),
             key: PhantomData,

@@ -7,7 +7,7 @@ use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::multi::MultiError;
 use crate::policy::Policy;
-use crate::scope::key::{Scope, ScopeKind};
+use crate::scope::kind::{PerKind, Scope, ScopeKind};
 use crate::scope::rules::Request;
 use crate::telemetry::Record;
 
@@ -18,7 +18,7 @@ pub enum Refusal {
     /// [`Decision::retry_after`] for that bucket).
     RateLimited(Decision),
     /// The key is new and the scope kind's map is at its maximum with nothing
-    /// evictable, under [`Overflow::Reject`](crate::Overflow::Reject). No time estimate:
+    /// evictable, under [`Overflow::Reject`](crate::keyed::Overflow::Reject). No time estimate:
     /// room appears as other keys' buckets refill and are evicted.
     KeyLimit {
         /// The map's maximum number of keys.
@@ -68,10 +68,10 @@ pub(crate) struct KindPolicies {
 #[derive(Clone, Copy)]
 pub struct ScopeDecision<'a> {
     pub(crate) request: Request,
-    pub(crate) paid: [Option<Paid>; 6],
+    pub(crate) paid: PerKind<Option<Paid>>,
     pub(crate) refused: Option<(ScopeKind, Refusal)>,
     pub(crate) retry_after: Duration,
-    pub(crate) policies: &'a [Option<KindPolicies>; 6],
+    pub(crate) policies: &'a PerKind<Option<KindPolicies>>,
 }
 
 impl<'a> ScopeDecision<'a> {
@@ -89,7 +89,7 @@ impl<'a> ScopeDecision<'a> {
 
     /// The scope that refused, for a rejection.
     pub fn refused_scope(&self) -> Option<Scope> {
-        self.refused.and_then(|(k, _)| scope_of(&self.request, k))
+        self.refused.and_then(|(k, _)| Scope::of(&self.request, k))
     }
 
     /// Why the refusing scope refused, for a rejection.
@@ -113,7 +113,7 @@ impl<'a> ScopeDecision<'a> {
         ScopeKind::ALL
             .into_iter()
             .filter(|k| self.paid[k.index()].is_some())
-            .filter_map(|k| scope_of(&self.request, k))
+            .filter_map(|k| Scope::of(&self.request, k))
     }
 
     /// The cost `scope` was asked for, if the request pays it.
@@ -128,7 +128,7 @@ impl<'a> ScopeDecision<'a> {
     }
 
     /// Whether `scope`'s key found its map full and was charged to the kind's shared
-    /// overflow bucket ([`Overflow::Share`](crate::Overflow::Share)).
+    /// overflow bucket ([`Overflow::Share`](crate::keyed::Overflow::Share)).
     pub fn overflowed(&self, scope: Scope) -> bool {
         self.paid_for(scope).is_some_and(|p| p.overflow)
     }
@@ -155,7 +155,7 @@ impl<'a> ScopeDecision<'a> {
                 &kp.policy
             };
             Some(Record::new(
-                scope_of(&request, k)?,
+                Scope::of(&request, k)?,
                 policy,
                 &d,
                 request.attempt,
@@ -165,7 +165,7 @@ impl<'a> ScopeDecision<'a> {
 
     fn paid_for(&self, scope: Scope) -> Option<&Paid> {
         let k = scope.kind();
-        if scope_of(&self.request, k) != Some(scope) {
+        if Scope::of(&self.request, k) != Some(scope) {
             return None;
         }
         self.paid[k.index()].as_ref()
@@ -181,18 +181,6 @@ impl fmt::Debug for ScopeDecision<'_> {
             .field("retry_after", &self.retry_after())
             .finish()
     }
-}
-
-/// The scope of `kind` a request names, if it names one.
-pub(crate) fn scope_of(r: &Request, kind: ScopeKind) -> Option<Scope> {
-    Some(match kind {
-        ScopeKind::Global => Scope::Global,
-        ScopeKind::Tenant => Scope::Tenant(r.tenant?),
-        ScopeKind::User => Scope::User(r.user?),
-        ScopeKind::ApiKey => Scope::ApiKey(r.api_key?),
-        ScopeKind::Route => Scope::Route(r.route?),
-        ScopeKind::TenantRoute => Scope::TenantRoute(r.tenant?, r.route?),
-    })
 }
 
 /// Why a scoped acquisition refused to decide. Nothing was taken.

@@ -3,29 +3,27 @@
 //! A [`RuleSet`] gives each scope kind (global, tenant, user, API key, route, tenant
 //! route) its own [`Rule`] (policy, key bound, overflow) and names the work classes with
 //! their costs. A [`ScopedLimiter`] built from it maps a [`Request`] to the scopes it must
-//! pay and pays them all or none, as [`acquire_all_with`](crate::acquire_all_with) does
+//! pay and pays them all or none, as [`acquire_all_with`](crate::multi::acquire_all_with) does
 //! (at the one clock reading of the request); the [`ScopeDecision`] names the scope that
 //! refused. The global scope's bucket may be a [`LeasedBucket`] ([`Rule::leased`]).
 //!
 
 mod decision;
-mod key;
+mod kind;
+mod maps;
 mod rules;
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::BuildHasher;
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
-use crate::attempt::Attempt;
 use crate::bucket::RawBucket;
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
-use crate::keyed::{
-    Handle, KeyHasher, KeyedLimiter, Overflow, Slot, SweepReport, reanchor, sweep_interval,
-};
+use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, reanchor, sweep_interval};
 use crate::leased::LeasedBucket;
 use crate::multi::{Member, MultiError, acquire_all_at, sealed};
 use crate::policy::Policy;
@@ -33,8 +31,10 @@ use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
 use decision::{KindPolicies, Paid};
 pub use decision::{Refusal, ScopeDecision, ScopeError};
-pub use key::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
-pub use rules::{ClassId, DEFAULT_MAX_KEYS, Request, Rule, RuleError, RuleSet, WorkClass};
+use kind::PerKind;
+pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
+use maps::{KeyedMaps, KindMapOps};
+pub use rules::{ClassId, Request, Rule, RuleError, RuleSet, WorkClass};
 
 struct GlobalScope<C: Clock> {
     bucket: GlobalBucket<C>,
@@ -140,11 +140,12 @@ impl<C: Clock> Member for Payer<'_, C> {
 /// none; see "Locking" below for the lock order.
 ///
 /// ```
-/// use tokengate::*;
+/// use tokengate::{ManualClock, Policy};
+/// use tokengate::scope::*;
 ///
 /// let limiter = RuleSet::new()
 ///     .rule(ScopeKind::Global, Rule::new(Policy::new(1000, 500.0)?))
-///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(100, 20.0)?))
+///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(100, 20.0)?).counters(true))
 ///     .rule(ScopeKind::TenantRoute, Rule::new(Policy::new(30, 5.0)?))
 ///     .class(WorkClass::new("metadata", 1))
 ///     .class(WorkClass::new("search", 3))
@@ -177,7 +178,7 @@ impl<C: Clock> Member for Payer<'_, C> {
 ///
 /// # Locking
 ///
-/// Each keyed kind has its own [`KeyedLimiter`] (its own shards and locks), and a request
+/// Each keyed kind has its own [`KeyedLimiter`](crate::KeyedLimiter) (its own shards and locks), and a request
 /// has at most one key per kind. The shard locks of a request are taken nested, always in
 /// the order of [`ScopeKind`] (tenant, user, API key, route, tenant route), each at most
 /// once, and held until every bucket has been paid or rolled back; a new key takes its
@@ -191,13 +192,9 @@ pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     id: u64,
     clock: C,
     global: Option<GlobalScope<C>>,
-    tenant: Option<KeyedLimiter<TenantId, C, S>>,
-    user: Option<KeyedLimiter<UserId, C, S>>,
-    api_key: Option<KeyedLimiter<ApiKeyId, C, S>>,
-    route: Option<KeyedLimiter<RouteId, C, S>>,
-    tenant_route: Option<KeyedLimiter<(TenantId, RouteId), C, S>>,
+    maps: KeyedMaps<C, S>,
     classes: Vec<WorkClass>,
-    policies: [Option<KindPolicies>; 6],
+    policies: PerKind<Option<KindPolicies>>,
 }
 
 impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
@@ -266,7 +263,9 @@ impl RuleSet {
                 };
                 let cost = c.cost_in(kind);
                 let mut capacity = rule.policy.capacity();
-                if let (Overflow::Share(p), true) = (rule.overflow, kind != ScopeKind::Global) {
+                if let (Overflow::Share(p), true) =
+                    (rule.options.overflow, kind != ScopeKind::Global)
+                {
                     capacity = capacity.min(p.capacity());
                 }
                 if cost > capacity {
@@ -279,11 +278,11 @@ impl RuleSet {
                 }
             }
         }
-        let mut policies = [None; 6];
+        let mut policies = [None; ScopeKind::COUNT];
         for kind in ScopeKind::ALL {
             policies[kind.index()] = self.rules[kind.index()].map(|r| KindPolicies {
                 policy: r.policy,
-                overflow: match r.overflow {
+                overflow: match r.options.overflow {
                     Overflow::Share(p) if kind != ScopeKind::Global => Some(p),
                     _ => None,
                 },
@@ -306,17 +305,13 @@ impl RuleSet {
                     ),
                 },
                 policy: r.policy,
-                counters: r.counters.then(StripedCounters::new),
+                counters: r.options.counters.then(StripedCounters::new),
             }),
         };
         Ok(ScopedLimiter {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             global,
-            tenant: keyed_map(&self.rules, ScopeKind::Tenant, &clock, &hasher)?,
-            user: keyed_map(&self.rules, ScopeKind::User, &clock, &hasher)?,
-            api_key: keyed_map(&self.rules, ScopeKind::ApiKey, &clock, &hasher)?,
-            route: keyed_map(&self.rules, ScopeKind::Route, &clock, &hasher)?,
-            tenant_route: keyed_map(&self.rules, ScopeKind::TenantRoute, &clock, &hasher)?,
+            maps: KeyedMaps::build(&self.rules, &clock, &hasher)?,
             classes: self.classes,
             policies,
             clock,
@@ -343,31 +338,9 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
     }
 }
 
-/// The map of `kind` under its rule, if it has one.
-fn keyed_map<K, C: Clock + Clone, S: BuildHasher + Clone>(
-    rules: &[Option<Rule>; 6],
-    kind: ScopeKind,
-    clock: &C,
-    hasher: &S,
-) -> Result<Option<KeyedLimiter<K, C, S>>, RuleError> {
-    let Some(r) = rules[kind.index()] else {
-        return Ok(None);
-    };
-    KeyedLimiter::builder(r.policy, r.max_keys)
-        .clock(clock.clone())
-        .hasher(hasher.clone())
-        .overflow(r.overflow)
-        .eviction(r.eviction)
-        .counters(r.counters)
-        .shards_opt(r.shards)
-        .build()
-        .map(Some)
-        .map_err(|error| RuleError::Keyed { kind, error })
-}
-
-/// The slot of one keyed kind while its lock is held: `None` when the request does not
+/// The slot of each keyed kind while its lock is held: `None` when the request does not
 /// pay that kind.
-type Slots<'a, C> = [Option<Slot<'a, C>>; 6];
+type Slots<'a, C> = PerKind<Option<Slot<'a, C>>>;
 
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire) of
@@ -395,7 +368,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The scopes are the global scope (when it has a rule) and the scope of each
     /// identity the request carries whose kind has a rule; a class costing zero in a kind
     /// skips it. Each scope's counters (when on) count the request as admitted, or as
-    /// rejected in the scope that refused, under the request's [`Attempt`](crate::Attempt).
+    /// rejected in the scope that refused, under the request's [`Attempt`](crate::telemetry::Attempt).
     ///
     /// Allocates nothing for keys already in their maps. A new key is inserted (the slow
     /// path); at its map's maximum it may evict full buckets of its shard, then meets the
@@ -416,19 +389,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         };
         let costs = *class.costs();
         let now = self.clock.now_nanos();
-        let r = request;
         // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
-        with(&self.tenant, r.tenant.as_ref(), costs[1], now, |t| {
-            with(&self.user, r.user.as_ref(), costs[2], now, |u| {
-                with(&self.api_key, r.api_key.as_ref(), costs[3], now, |a| {
-                    with(&self.route, r.route.as_ref(), costs[4], now, |ro| {
-                        let tr = r.tenant.zip(r.route);
-                        with(&self.tenant_route, tr.as_ref(), costs[5], now, |tr| {
-                            self.decide([None, t, u, a, ro, tr], &costs, request, now)
-                        })
-                    })
-                })
-            })
+        self.maps.with_slots(request, &costs, now, |slots| {
+            self.decide(slots, &costs, request, now)
         })
     }
 
@@ -438,19 +401,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     fn decide(
         &self,
         slots: Slots<'_, C>,
-        costs: &[u64; 6],
+        costs: &PerKind<u64>,
         request: &Request,
         now: u64,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
-        let mut paid = [None; 6];
-        let mut handles: [Option<Payer<'_, C>>; 6] = [None; 6];
+        let mut paid = [None; ScopeKind::COUNT];
+        let mut handles: PerKind<Option<Payer<'_, C>>> = [None; ScopeKind::COUNT];
         if let Some(g) = &self.global {
-            if costs[0] > 0 {
+            if costs[ScopeKind::Global.index()] > 0 {
                 let counters = g
                     .counters
                     .as_ref()
                     .map_or(CounterRef::Off, CounterRef::Striped);
-                handles[0] = Some(match &g.bucket {
+                handles[ScopeKind::Global.index()] = Some(match &g.bucket {
                     GlobalBucket::Word(raw) => Payer::Word(Handle {
                         raw,
                         layout: g.policy.layout(),
@@ -483,12 +446,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 }
             }
         }
-        // Compact the held handles into the member list (at most 6: no allocation).
+        // Compact the held handles into the member list (one per kind: no allocation).
         let Some(filler) = handles.iter().flatten().next() else {
             return Ok(self.decision(request, paid, None, Duration::ZERO));
         };
-        let mut members = [(filler, 0u64); 6];
-        let mut kinds = [0usize; 6];
+        let mut members = [(filler, 0u64); ScopeKind::COUNT];
+        let mut kinds = [0usize; ScopeKind::COUNT];
         let mut n = 0;
         for (k, h) in handles.iter().enumerate() {
             if let Some(h) = h {
@@ -541,7 +504,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Err(MultiError::Bucket { index, error }) => {
                 let kind = ScopeKind::ALL[kinds[index]];
                 Err(ScopeError::Acquire {
-                    scope: decision::scope_of(request, kind).unwrap_or(Scope::Global),
+                    scope: Scope::of(request, kind).unwrap_or(Scope::Global),
                     error,
                 })
             }
@@ -552,7 +515,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     fn decision(
         &self,
         request: &Request,
-        paid: [Option<Paid>; 6],
+        paid: PerKind<Option<Paid>>,
         refused: Option<(ScopeKind, Refusal)>,
         retry_after: Duration,
     ) -> ScopeDecision<'_> {
@@ -579,15 +542,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     }
 
     /// The map of a keyed kind, type-erased over its key.
-    fn map(&self, kind: ScopeKind) -> Option<&dyn MapStats> {
-        match kind {
-            ScopeKind::Global => None,
-            ScopeKind::Tenant => self.tenant.as_ref().map(|m| m as &dyn MapStats),
-            ScopeKind::User => self.user.as_ref().map(|m| m as &dyn MapStats),
-            ScopeKind::ApiKey => self.api_key.as_ref().map(|m| m as &dyn MapStats),
-            ScopeKind::Route => self.route.as_ref().map(|m| m as &dyn MapStats),
-            ScopeKind::TenantRoute => self.tenant_route.as_ref().map(|m| m as &dyn MapStats),
-        }
+    fn map(&self, kind: ScopeKind) -> Option<&dyn KindMapOps> {
+        self.maps.get(kind)
     }
 
     /// `scope`'s counters: `None` when its kind has no rule or no counters, or the key is
@@ -601,11 +557,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 .counters
                 .as_ref()
                 .map(|c| c.snapshot()),
-            Scope::Tenant(id) => self.tenant.as_ref()?.counters(id),
-            Scope::User(id) => self.user.as_ref()?.counters(id),
-            Scope::ApiKey(id) => self.api_key.as_ref()?.counters(id),
-            Scope::Route(id) => self.route.as_ref()?.counters(id),
-            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.counters(&(*t, *r)),
+            _ => self.map(scope.kind())?.counters(scope),
         }
     }
 
@@ -615,20 +567,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if let Some(c) = self.global.as_ref().and_then(|g| g.counters.as_ref()) {
             f(Scope::Global, c.snapshot());
         }
-        if let Some(m) = &self.tenant {
-            m.for_each_counters(|k, c| f(Scope::Tenant(*k), c));
-        }
-        if let Some(m) = &self.user {
-            m.for_each_counters(|k, c| f(Scope::User(*k), c));
-        }
-        if let Some(m) = &self.api_key {
-            m.for_each_counters(|k, c| f(Scope::ApiKey(*k), c));
-        }
-        if let Some(m) = &self.route {
-            m.for_each_counters(|k, c| f(Scope::Route(*k), c));
-        }
-        if let Some(m) = &self.tenant_route {
-            m.for_each_counters(|k, c| f(Scope::TenantRoute(k.0, k.1), c));
+        for kind in ScopeKind::ALL {
+            if let Some(m) = self.map(kind) {
+                m.for_each_counters(&mut f);
+            }
         }
     }
 
@@ -667,15 +609,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     GlobalBucket::Leased(b) => b.available(),
                 }
             }
-            Scope::Tenant(id) => self.tenant.as_ref()?.available(id),
-            Scope::User(id) => self.user.as_ref()?.available(id),
-            Scope::ApiKey(id) => self.api_key.as_ref()?.available(id),
-            Scope::Route(id) => self.route.as_ref()?.available(id),
-            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.available(&(*t, *r)),
+            _ => self.map(scope.kind())?.available(scope)?,
         })
     }
 
-    /// Sweeps every keyed map ([`KeyedLimiter::sweep`]) and re-anchors the global bucket
+    /// Sweeps every keyed map ([`KeyedLimiter::sweep`](crate::KeyedLimiter::sweep)) and re-anchors the global bucket
     /// (a leased one also gets its slots' idle tokens back, as
     /// [`LeasedBucket::reclaim`] does). Run it at least every
     /// [`max_sweep_interval`](ScopedLimiter::max_sweep_interval).
@@ -700,7 +638,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         report
     }
 
-    /// The shortest of the maps' [`KeyedLimiter::max_sweep_interval`]s (and the global
+    /// The shortest of the maps' [`KeyedLimiter::max_sweep_interval`](crate::KeyedLimiter::max_sweep_interval)s (and the global
     /// bucket's).
     pub fn max_sweep_interval(&self) -> Duration {
         let global = self.global.as_ref().map(|g| sweep_interval(&g.policy));
@@ -727,73 +665,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 GlobalBucket::Word(raw) => raw.load(),
                 GlobalBucket::Leased(b) => b.stored_word(),
             }),
-            Scope::Tenant(id) => self.tenant.as_ref()?.stored_word(id),
-            Scope::User(id) => self.user.as_ref()?.stored_word(id),
-            Scope::ApiKey(id) => self.api_key.as_ref()?.stored_word(id),
-            Scope::Route(id) => self.route.as_ref()?.stored_word(id),
-            Scope::TenantRoute(t, r) => self.tenant_route.as_ref()?.stored_word(&(*t, *r)),
+            _ => self.map(scope.kind())?.stored_word(scope),
         }
-    }
-}
-
-/// What the scoped limiter needs from a keyed map whatever its key type.
-trait MapStats {
-    fn len(&self) -> usize;
-    fn evicted(&self) -> CounterSnapshot;
-    fn overflowed(&self) -> CounterSnapshot;
-    fn count_key_limit(&self, cost: u64, attempt: Attempt);
-    fn overflow_id(&self) -> Option<usize>;
-    fn sweep(&self) -> SweepReport;
-    fn max_sweep_interval(&self) -> Duration;
-}
-
-impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> MapStats for KeyedLimiter<K, C, S> {
-    fn len(&self) -> usize {
-        KeyedLimiter::len(self)
-    }
-
-    fn evicted(&self) -> CounterSnapshot {
-        self.evicted_counters()
-    }
-
-    fn overflowed(&self) -> CounterSnapshot {
-        self.overflow_counters()
-    }
-
-    fn count_key_limit(&self, cost: u64, attempt: Attempt) {
-        KeyedLimiter::count_key_limit(self, cost, attempt);
-    }
-
-    fn overflow_id(&self) -> Option<usize> {
-        KeyedLimiter::overflow_id(self)
-    }
-
-    fn sweep(&self) -> SweepReport {
-        KeyedLimiter::sweep(self)
-    }
-
-    fn max_sweep_interval(&self) -> Duration {
-        KeyedLimiter::max_sweep_interval(self)
-    }
-}
-
-/// Runs `f` with the slot of `key` in `map` held, or with `None` when the request does
-/// not pay this kind (no rule, no key, or a zero cost).
-#[inline]
-fn with<K, C, S, R>(
-    map: &Option<KeyedLimiter<K, C, S>>,
-    key: Option<&K>,
-    cost: u64,
-    now: u64,
-    f: impl FnOnce(Option<Slot<'_, C>>) -> R,
-) -> R
-where
-    K: Hash + Eq + Clone + Send + Sync,
-    C: Clock,
-    S: BuildHasher,
-{
-    match (map, key) {
-        (Some(m), Some(k)) if cost > 0 => m.with_slot(k, now, |s| f(Some(s))),
-        _ => f(None),
     }
 }

@@ -3,10 +3,10 @@
 use std::fmt;
 
 use crate::attempt::Attempt;
-use crate::keyed::{Eviction, KeyedConfigError, Overflow};
+use crate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedConfigError, KeyedOptions, Overflow};
 use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
-use crate::scope::key::{ApiKeyId, RouteId, ScopeKind, TenantId, UserId};
+use crate::scope::kind::{ApiKeyId, PerKind, RouteId, ScopeKind, TenantId, UserId};
 
 /// How one scope kind is limited: the policy of each of its buckets, and for keyed kinds
 /// the bounds of their map.
@@ -16,67 +16,65 @@ use crate::scope::key::{ApiKeyId, RouteId, ScopeKind, TenantId, UserId};
 /// let rule = Rule::new(Policy::new(100, 20.0)?)
 ///     .max_keys(50_000)
 ///     .overflow(Overflow::Share(Policy::new(100, 20.0)?))
-///     .counters(false);
+///     .counters(true);
 /// assert_eq!(rule.policy().capacity(), 100);
 /// # Ok::<(), tokengate::PolicyError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rule {
     pub(crate) policy: Policy,
-    pub(crate) max_keys: usize,
-    pub(crate) shards: Option<usize>,
-    pub(crate) overflow: Overflow,
-    pub(crate) eviction: Eviction,
-    pub(crate) counters: bool,
+    pub(crate) options: KeyedOptions,
     pub(crate) lease: Option<LeaseConfig>,
 }
 
-/// The default maximum number of keys per scope kind (2^20).
-pub const DEFAULT_MAX_KEYS: usize = 1 << 20;
-
 impl Rule {
-    /// Buckets of `policy`; for keyed kinds at most [`DEFAULT_MAX_KEYS`] keys, rejecting
-    /// new keys when full, lossless eviction, counters on.
+    /// Buckets of `policy`; for keyed kinds a map with [`KeyedOptions`]' defaults and at
+    /// most [`DEFAULT_MAX_KEYS`] keys.
     pub fn new(policy: Policy) -> Rule {
         Rule {
             policy,
-            max_keys: DEFAULT_MAX_KEYS,
-            shards: None,
-            overflow: Overflow::Reject,
-            eviction: Eviction::Lossless,
-            counters: true,
+            options: KeyedOptions::new(DEFAULT_MAX_KEYS),
             lease: None,
         }
     }
 
-    /// The most keys of this kind (ignored for the global scope).
+    /// Replaces the keyed map's options (ignored for the global scope but for
+    /// [`counters`](KeyedOptions::counters)).
+    pub fn options(mut self, options: KeyedOptions) -> Rule {
+        self.options = options;
+        self
+    }
+
+    /// The most keys of this kind (ignored for the global scope): see
+    /// [`KeyedOptions::max_keys`].
     pub fn max_keys(mut self, max_keys: usize) -> Rule {
-        self.max_keys = max_keys;
+        self.options = self.options.max_keys(max_keys);
         self
     }
 
-    /// Shards of this kind's map (see [`KeyedBuilder::shards`](crate::KeyedBuilder::shards)).
+    /// Shards of this kind's map: see [`KeyedOptions::shards`].
     pub fn shards(mut self, shards: usize) -> Rule {
-        self.shards = Some(shards);
+        self.options = self.options.shards(shards);
         self
     }
 
-    /// What a new key of this kind gets when its map is full.
+    /// What a new key of this kind gets when its map is full: see
+    /// [`KeyedOptions::overflow`].
     pub fn overflow(mut self, overflow: Overflow) -> Rule {
-        self.overflow = overflow;
+        self.options = self.options.overflow(overflow);
         self
     }
 
-    /// Which buckets of this kind sweeps may evict.
+    /// Which buckets of this kind sweeps may evict: see [`KeyedOptions::eviction`].
     pub fn eviction(mut self, eviction: Eviction) -> Rule {
-        self.eviction = eviction;
+        self.options = self.options.eviction(eviction);
         self
     }
 
-    /// Whether to keep counters per key of this kind (on by default; 64 bytes per key,
-    /// striped across cache lines for the global scope).
+    /// Whether to keep counters per key of this kind, or for the global scope (striped
+    /// across cache lines): see [`KeyedOptions::counters`]; off by default.
     pub fn counters(mut self, on: bool) -> Rule {
-        self.counters = on;
+        self.options = self.options.counters(on);
         self
     }
 
@@ -129,7 +127,7 @@ impl Rule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkClass {
     name: String,
-    costs: [u64; 6],
+    costs: PerKind<u64>,
 }
 
 impl WorkClass {
@@ -137,7 +135,7 @@ impl WorkClass {
     pub fn new(name: impl Into<String>, cost: u64) -> WorkClass {
         WorkClass {
             name: name.into(),
-            costs: [cost; 6],
+            costs: [cost; ScopeKind::COUNT],
         }
     }
 
@@ -157,7 +155,7 @@ impl WorkClass {
         self.costs[kind.index()]
     }
 
-    pub(crate) fn costs(&self) -> &[u64; 6] {
+    pub(crate) fn costs(&self) -> &PerKind<u64> {
         &self.costs
     }
 }
@@ -166,11 +164,12 @@ impl WorkClass {
 /// ([`ScopedLimiter::class`](crate::ScopedLimiter::class)) and passed on every request.
 ///
 /// It names the limiter that gave it: passed to any other limiter, even one built from
-/// the same rules, it is refused with [`ScopeError::UnknownClass`](crate::ScopeError)
+/// the same rules, it is refused with [`ScopeError::UnknownClass`](crate::scope::ScopeError)
 /// rather than read as whichever class sits at the same position there.
 ///
 /// ```
-/// use tokengate::*;
+/// use tokengate::Policy;
+/// use tokengate::scope::*;
 /// let rules = || RuleSet::new()
 ///     .rule(ScopeKind::Global, Rule::new(Policy::new(10, 1.0).unwrap()))
 ///     .class(WorkClass::new("search", 3));
@@ -271,7 +270,7 @@ impl Request {
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct RuleSet {
-    pub(crate) rules: [Option<Rule>; 6],
+    pub(crate) rules: PerKind<Option<Rule>>,
     pub(crate) classes: Vec<WorkClass>,
 }
 

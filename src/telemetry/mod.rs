@@ -3,11 +3,11 @@
 //! Two things, both off the decision itself:
 //!
 //! - **Counters** ([`CounterSnapshot`]): per scope key, admitted and rejected requests and
-//!   tokens, split into original attempts and retries ([`Attempt`](crate::Attempt)), so a
+//!   tokens, split into original attempts and retries ([`Attempt`]), so a
 //!   wave of retries never looks like organic growth and one tenant draining its bucket is
 //!   visible as that tenant's rejections, not hidden in an aggregate. Keyed limiters keep
 //!   them per key when built with counters on
-//!   ([`KeyedBuilder::counters`]); the global scope keeps
+//!   ([`KeyedBuilder::counters`](crate::keyed::KeyedBuilder::counters)); the global scope keeps
 //!   them striped across cache lines (see below).
 //! - **Records** ([`Record`]): one decision as the flat line a log pipeline expects,
 //!   `limiter=tenant:42 result=rejected bucket_capacity=100 refill_per_second=20

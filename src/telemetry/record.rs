@@ -31,8 +31,8 @@ impl fmt::Display for Outcome {
 /// limiter=tenant:42 result=rejected bucket_capacity=100 refill_per_second=20 token_cost=3 tokens_remaining=1.4 attempt=original
 /// ```
 ///
-/// `limiter` is any label: a [`Scope`](crate::Scope) from a
-/// [`ScopeDecision`](crate::ScopeDecision), or a name of your own for a plain
+/// `limiter` is any label: a [`Scope`](crate::scope::Scope) from a
+/// [`ScopeDecision`](crate::scope::ScopeDecision), or a name of your own for a plain
 /// [`Bucket`](crate::Bucket). `refill_per_second` is the configured rate;
 /// `tokens_remaining` is printed rounded to three decimals (the fixed-point balance is
 /// exact to `2^-F` tokens, which would print as a long tail of digits). `attempt` is

@@ -182,6 +182,13 @@ impl Slots {
         (tick & self.tick_mask) << self.token_bits
     }
 
+    /// A stable identity: the address of the slot array, which does not move while the
+    /// slots live.
+    #[inline]
+    pub(crate) fn id(&self) -> usize {
+        self.slots.as_ptr() as usize
+    }
+
     /// Number of slots.
     #[inline]
     pub(crate) fn len(&self) -> usize {

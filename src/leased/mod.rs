@@ -154,11 +154,17 @@ use crate::bucket::cost_exceeds_capacity;
 use crate::clock::{Clock, ClockError, CoarseClock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
-use crate::lease::{GlobalWord, Grant, Holders, LeaseRequest, LeaseSource};
 use crate::multi::{Member, sealed};
 use crate::policy::Policy;
-use crate::slots::{Slots, thread_index};
-use crate::state::{Layout, Snapshot};
+use crate::state::Layout;
+
+mod exchange;
+mod pool;
+pub(crate) mod slots;
+
+pub use pool::{LeaseOutcome, LeaseRequest, Lessees, LocalPool, Pool, PoolState, Quiesced};
+use slots::Slots;
+pub(crate) use slots::thread_index;
 
 /// The most slots a leased bucket may have.
 pub const MAX_SLOTS: usize = 1 << 16;
@@ -268,8 +274,8 @@ impl std::error::Error for LeaseConfigError {}
 /// assert_eq!(next, 19); // as a plain bucket: 20/s rounded down
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct LeasedBucket<C: Clock = QuantaClock> {
-    global: GlobalWord,
+pub struct LeasedBucket<C: Clock = QuantaClock, P: Pool = LocalPool> {
+    pool: P,
     slots: Slots,
     policy: Policy,
     clock: C,
@@ -283,7 +289,7 @@ pub struct LeasedBucket<C: Clock = QuantaClock> {
     max_held_units: u64,
 }
 
-impl<C: Clock> fmt::Debug for LeasedBucket<C> {
+impl<C: Clock, P: Pool> fmt::Debug for LeasedBucket<C, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeasedBucket")
             .field("policy", &self.policy)
@@ -328,6 +334,15 @@ impl LeasedBucket<QuantaClock> {
     }
 }
 
+/// A pool state's units (balance plus the layout's base), as a word would store them;
+/// zero for a balance below minus the base (a remote pool's report, never the local
+/// word's).
+#[inline]
+fn units_of(layout: &Layout, state: &PoolState) -> u64 {
+    let units = i128::from(state.balance_units) + i128::from(layout.base_units());
+    u64::try_from(units.max(0)).unwrap_or(u64::MAX)
+}
+
 /// The slot count for the default configuration: one per core, rounded up to a power of
 /// two.
 fn default_slots() -> usize {
@@ -351,9 +366,9 @@ fn default_lease(policy: &Policy, slots: usize) -> u64 {
         .min(lease_limit(policy))
 }
 
-/// The holders as one exchange with the source sees them: every slot but the caller's
-/// own marked one.
-struct Holding<'a> {
+/// The lessees as one exchange with the pool sees them: every slot but the caller's own
+/// marked one.
+struct OtherSlots<'a> {
     slots: &'a Slots,
     keep: Option<usize>,
     frac_bits: u32,
@@ -363,7 +378,7 @@ struct Holding<'a> {
     closed: bool,
 }
 
-impl Holding<'_> {
+impl OtherSlots<'_> {
     /// Reopens what this exchange closed.
     fn release(self) {
         if self.closed {
@@ -372,13 +387,16 @@ impl Holding<'_> {
     }
 }
 
-impl Holders for Holding<'_> {
+impl Lessees for OtherSlots<'_> {
     #[inline]
     fn max_outstanding_units(&self) -> u64 {
         self.max_outstanding_units
     }
 
-    fn quiesce(&mut self) -> (u64, u64) {
+    fn quiesce(&mut self) -> Quiesced {
+        if self.closed {
+            return Quiesced::default();
+        }
         self.closed = true;
         let found = self.slots.close(self.keep);
         // A cancelled lessee holds at most one lease; a slot already closed may have one
@@ -387,26 +405,26 @@ impl Holders for Holding<'_> {
             .leasing
             .saturating_add(found.closed.saturating_mul(2))
             .saturating_mul(self.max_lease);
-        (
-            found.taken << self.frac_bits,
-            in_flight.saturating_mul(1 << self.frac_bits),
-        )
+        Quiesced {
+            taken_units: found.taken << self.frac_bits,
+            in_flight_units: in_flight.saturating_mul(1 << self.frac_bits),
+        }
     }
 
     #[inline]
     fn lease_units(&self, spare: u64) -> u64 {
-        let tokens = (spare >> self.frac_bits >> self.lease_shift).min(self.max_lease);
-        tokens << self.frac_bits
+        exchange::lease_units(spare, self.frac_bits, self.lease_shift, self.max_lease)
     }
 }
 
-impl<C: Clock> LeasedBucket<C> {
+impl<C: Clock> LeasedBucket<C, LocalPool> {
     /// A leased bucket on `clock` with the default [`LeaseConfig`], in the policy's start
     /// state at the clock's current time.
     pub fn with_clock(policy: Policy, clock: C) -> LeasedBucket<C> {
         let slots = default_slots();
         let max_lease = default_lease(&policy, slots);
-        LeasedBucket::build(policy, clock, slots, max_lease)
+        let pool = LocalPool::new(&policy, clock.now_nanos());
+        LeasedBucket::build(policy, clock, slots, max_lease, pool)
     }
 
     /// A leased bucket on `clock` with `config`.
@@ -429,6 +447,42 @@ impl<C: Clock> LeasedBucket<C> {
         clock: C,
         config: LeaseConfig,
     ) -> Result<LeasedBucket<C>, LeaseConfigError> {
+        let pool = LocalPool::new(&policy, clock.now_nanos());
+        LeasedBucket::with_pool(policy, clock, config, pool)
+    }
+
+    /// The pool's packed word as stored, before any refill: decode it with the policy's
+    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
+    /// wrote nothing.
+    pub fn stored_word(&self) -> u64 {
+        self.pool.stored_word()
+    }
+}
+
+impl<C: Clock, P: Pool> LeasedBucket<C, P> {
+    /// A leased bucket on `clock` with `config`, leasing from `pool`, which must have
+    /// been built for `policy` (and read `clock`'s time, for a pool that keeps ticks).
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseConfigError`] as for [`with_config`](LeasedBucket::with_config).
+    ///
+    /// ```
+    /// use tokengate::{Clock, LeasedBucket, ManualClock, Policy};
+    /// use tokengate::leased::{LeaseConfig, LocalPool};
+    /// let (policy, clock) = (Policy::new(10, 1.0)?, ManualClock::new());
+    /// let pool = LocalPool::new(&policy, clock.now_nanos());
+    /// let bucket = LeasedBucket::with_pool(policy, clock, LeaseConfig::new().slots(2), pool)?;
+    /// assert!(bucket.try_acquire(10)?.is_admitted());
+    /// assert!(bucket.try_acquire(1)?.is_rejected());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_pool(
+        policy: Policy,
+        clock: C,
+        config: LeaseConfig,
+        pool: P,
+    ) -> Result<LeasedBucket<C, P>, LeaseConfigError> {
         let slots = config.slots.unwrap_or_else(default_slots);
         if !slots.is_power_of_two() || slots > MAX_SLOTS {
             return Err(LeaseConfigError::SlotsOutOfRange { slots });
@@ -444,10 +498,16 @@ impl<C: Clock> LeasedBucket<C> {
             Some(tokens) => tokens,
             None => default_lease(&policy, slots),
         };
-        Ok(LeasedBucket::build(policy, clock, slots, max_lease))
+        Ok(LeasedBucket::build(policy, clock, slots, max_lease, pool))
     }
 
-    fn build(policy: Policy, clock: C, slots: usize, max_lease: u64) -> LeasedBucket<C> {
+    fn build(
+        policy: Policy,
+        clock: C,
+        slots: usize,
+        max_lease: u64,
+        pool: P,
+    ) -> LeasedBucket<C, P> {
         let layout = policy.layout();
         debug_assert!(max_lease <= lease_limit(&policy));
         // Per slot: its OPEN tokens, or one lease in a lessee's hand, or (closed) one in a
@@ -455,7 +515,7 @@ impl<C: Clock> LeasedBucket<C> {
         let held = (max_lease as u128 * slots as u128) << layout.frac_bits();
         let outstanding = 2 * held;
         LeasedBucket {
-            global: GlobalWord::new(layout, clock.now_nanos(), policy.starts_full()),
+            pool,
             slots: Slots::new(slots, layout.tick_bits()),
             lease_shift: slots.trailing_zeros() + 1,
             max_outstanding_units: u64::try_from(outstanding).unwrap_or(u64::MAX),
@@ -466,8 +526,8 @@ impl<C: Clock> LeasedBucket<C> {
         }
     }
 
-    fn holding(&self, keep: Option<usize>) -> Holding<'_> {
-        Holding {
+    fn other_slots(&self, keep: Option<usize>) -> OtherSlots<'_> {
+        OtherSlots {
             slots: &self.slots,
             keep,
             frac_bits: self.policy.layout().frac_bits(),
@@ -560,31 +620,29 @@ impl<C: Clock> LeasedBucket<C> {
         }
         let cost_units = cost << layout.frac_bits();
         let mut now = now;
-        let mut snapshot = self.global.peek(layout, now);
-        if snapshot.behind() > layout.tolerance_ticks() {
+        let mut state = self.pool.peek(layout, now);
+        if state.behind_ticks > layout.tolerance_ticks() {
             // A lost race or a clock stepped back: read again after loading the word. A
             // refusal here comes before the slot is claimed, so it writes nothing.
-            (snapshot, now) = self.global.reread(layout, &self.clock)?;
+            (state, now) = self.pool.reread(layout, &self.clock)?;
         }
-        if let Some(refused) = self.read_only_refusal(&snapshot, now, cost) {
+        if let Some(refused) = self.read_only_refusal(&state, now, cost) {
             return Ok(refused);
         }
         let claim = self.slots.claim(slot);
         let marker = claim.map(|(index, _)| index);
         let returned_units = claim.map_or(0, |(_, tokens)| tokens << layout.frac_bits());
-        let mut holding = self.holding(marker);
+        let mut others = self.other_slots(marker);
         let request = LeaseRequest {
             now,
             cost_units,
             returned_units,
             lease: marker.is_some(),
         };
-        let outcome = self
-            .global
-            .lease(layout, &self.clock, request, &mut holding);
-        holding.release();
+        let outcome = self.pool.lease(layout, &self.clock, request, &mut others);
+        others.release();
         let (leased_units, tick) = match outcome {
-            Ok(Grant::Admitted {
+            Ok(LeaseOutcome::Admitted {
                 leased_units, tick, ..
             }) => (leased_units, tick),
             _ => (0, 0),
@@ -596,40 +654,59 @@ impl<C: Clock> LeasedBucket<C> {
             {
                 // A closer cancelled the lease: it is given back, never spent, and only
                 // then is the slot let go (until then closers count it as in flight).
-                self.global.give_back(layout, leased_units);
+                self.pool.give_back(layout, leased_units);
                 self.slots.abandon(index);
             }
         }
-        Ok(match outcome? {
-            Grant::Admitted {
+        match outcome? {
+            LeaseOutcome::Admitted {
                 leased_units,
-                balance,
+                balance_units,
                 ..
-            } => Decision::with_balance(layout, balance + leased_units as i64, 0, now, cost, true),
-            Grant::Rejected { snapshot, now } => {
-                Decision::new(layout, &snapshot, now, cost, cost_units, false)
+            } => Ok(Decision::with_balance(
+                layout,
+                balance_units.saturating_add(leased_units as i64),
+                0,
+                now,
+                cost,
+                true,
+            )),
+            LeaseOutcome::Rejected {
+                balance_units,
+                behind_ticks,
+                now_nanos,
+            } => Ok(Decision::with_balance(
+                layout,
+                balance_units,
+                behind_ticks,
+                now_nanos,
+                cost,
+                false,
+            )),
+            LeaseOutcome::Unavailable { retry_after } => {
+                Err(AcquireError::PoolUnavailable { retry_after })
             }
-        })
+        }
     }
 
-    /// The read-only rejection (I5): when the global balance (`snapshot`, at `now`) and
+    /// The read-only rejection (I5): when the pool's balance (`state`, at `now`) and
     /// every slot together cannot pay `cost`, the refusal, having written nothing.
     /// `min(B, g + Δ) + O < needed` implies `min(B, g + Δ + O) < needed`: what a plain
     /// bucket holds cannot pay either. First on the global word alone, against the most
     /// the slots can hold, so that a rejection even full slots could not turn loads no
     /// slot's line; then, only if the slots might pay, on what they hold.
     #[inline]
-    fn read_only_refusal(&self, snapshot: &Snapshot, now: u64, cost: u64) -> Option<Decision> {
+    fn read_only_refusal(&self, state: &PoolState, now: u64, cost: u64) -> Option<Decision> {
         let layout = self.policy.layout();
         let needed = layout.base_units() + (cost << layout.frac_bits());
-        let mut units = snapshot.units();
+        let mut units = units_of(layout, state);
         if units.saturating_add(self.max_held_units) >= needed {
             let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
             units = units.saturating_add(held);
         }
         (units < needed).then(|| {
             let balance = units as i64 - layout.base_units() as i64;
-            Decision::with_balance(layout, balance, snapshot.behind(), now, cost, false)
+            Decision::with_balance(layout, balance, state.behind_ticks, now, cost, false)
         })
     }
 
@@ -640,25 +717,27 @@ impl<C: Clock> LeasedBucket<C> {
     #[inline(never)]
     fn refusal_on_global(&self, cost: u64, now: u64) -> Option<Decision> {
         let layout = self.policy.layout();
-        let snapshot = self.global.peek(layout, now);
-        if snapshot.behind() > layout.tolerance_ticks() {
+        let state = self.pool.peek(layout, now);
+        if state.behind_ticks > layout.tolerance_ticks() {
             return None;
         }
-        self.read_only_refusal(&snapshot, now, cost)
+        self.read_only_refusal(&state, now, cost)
     }
 
     /// Balance at `now` in units (global, refilled, plus every slot, capped) and how
     /// many ticks `now` is behind the global word. Read-only.
     fn balance_at(&self, now: u64) -> (i64, u64) {
         let layout = self.policy.layout();
-        let snapshot = self.global.peek(layout, now);
+        let state = self.pool.peek(layout, now);
         let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
         // min(B, min(B, g + Δ) + O) = min(B, g + Δ + O): what a plain bucket holds.
-        let units = snapshot
-            .units()
+        let units = units_of(layout, &state)
             .saturating_add(held)
             .min(layout.max_units());
-        (units as i64 - layout.base_units() as i64, snapshot.behind())
+        (
+            units as i64 - layout.base_units() as i64,
+            state.behind_ticks,
+        )
     }
 
     /// Gives back `cost` tokens of an earlier admission, exactly as if it had never been
@@ -695,10 +774,10 @@ impl<C: Clock> LeasedBucket<C> {
         if units == 0 {
             return;
         }
-        let mut holding = self.holding(None);
-        self.global
-            .credit(self.policy.layout(), now, units, &mut holding);
-        holding.release();
+        let mut others = self.other_slots(None);
+        self.pool
+            .credit(self.policy.layout(), now, units, &mut others);
+        others.release();
     }
 
     /// Puts the bucket back in the policy's start state (full or empty), dropping the
@@ -713,14 +792,14 @@ impl<C: Clock> LeasedBucket<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reset(&self) {
-        let mut holding = self.holding(None);
-        self.global.reset(
+        let mut others = self.other_slots(None);
+        self.pool.reset(
             self.policy.layout(),
             self.clock.now_nanos(),
             self.policy.starts_full(),
-            &mut holding,
+            &mut others,
         );
-        holding.release();
+        others.release();
     }
 
     /// Returns every slot's idle tokens to the global word (for example before a quiet
@@ -739,7 +818,7 @@ impl<C: Clock> LeasedBucket<C> {
     pub fn reclaim(&self) {
         let layout = self.policy.layout();
         let found = self.slots.close(None);
-        self.global
+        self.pool
             .give_back(layout, found.taken << layout.frac_bits());
         self.slots.reopen(None);
     }
@@ -748,14 +827,10 @@ impl<C: Clock> LeasedBucket<C> {
     /// credit near the cap does), so that its stored tick is recent: the re-anchor a
     /// [`ScopedLimiter::sweep`](crate::ScopedLimiter::sweep) does for the tick wrap.
     pub(crate) fn reanchor(&self) {
-        let mut holding = self.holding(None);
-        self.global.credit(
-            self.policy.layout(),
-            self.clock.now_nanos(),
-            0,
-            &mut holding,
-        );
-        holding.release();
+        let mut others = self.other_slots(None);
+        self.pool
+            .credit(self.policy.layout(), self.clock.now_nanos(), 0, &mut others);
+        others.release();
     }
 
     /// Tokens available now: the global balance (refilled) plus every slot's, capped at
@@ -800,16 +875,15 @@ impl<C: Clock> LeasedBucket<C> {
         &self.clock
     }
 
-    /// A stable identity for ordering buckets (its global word's address).
+    /// A stable identity for ordering buckets (the address of its slots, which stay put
+    /// while the bucket lives, even when the bucket itself is moved).
     pub fn id(&self) -> usize {
-        self.global.id()
+        self.slots.id()
     }
 
-    /// The global word as stored, before any refill: decode it with the policy's
-    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
-    /// wrote nothing.
-    pub fn stored_word(&self) -> u64 {
-        self.global.load()
+    /// The pool this bucket leases from.
+    pub fn pool(&self) -> &P {
+        &self.pool
     }
 
     /// Every core-local slot's word as stored, in slot order. The slot words' layout is
@@ -826,9 +900,9 @@ impl<C: Clock> LeasedBucket<C> {
     }
 }
 
-impl<C: Clock> sealed::Sealed for LeasedBucket<C> {}
+impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {}
 
-impl<C: Clock> Member for LeasedBucket<C> {
+impl<C: Clock, P: Pool> Member for LeasedBucket<C, P> {
     #[inline]
     fn member_id(&self) -> usize {
         self.id()
@@ -875,9 +949,9 @@ impl<C: Clock> Member for LeasedBucket<C> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::slots::scans;
     use super::*;
     use crate::clock::ManualClock;
-    use crate::slots::scans;
 
     #[test]
     fn a_rejection_full_slots_could_not_turn_reads_no_slot() {

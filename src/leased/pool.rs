@@ -1,0 +1,583 @@
+//! Where a [`LeasedBucket`](super::LeasedBucket)'s tokens come from: the [`Pool`] trait,
+//! and its first implementation, [`LocalPool`], one packed word in this process.
+//!
+//! A pool is the single source of truth for a leased bucket's balance. The bucket's
+//! core-local slots (the lessees) take batches of tokens from it and give back what they
+//! did not spend; the pool sees them only through [`Lessees`]. The trait is narrow so that
+//! a pool on a remote store (a budget in Redis leased to many instances) can keep the
+//! same contract: lease, give back, credit, reset, peek.
+
+use std::fmt;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use super::exchange::{self, Attempt, Step};
+use crate::bucket::clock_went_backwards;
+use crate::clock::Clock;
+use crate::error::AcquireError;
+use crate::policy::Policy;
+use crate::state::{Layout, Snapshot};
+use crate::sync::{AtomicU64, Ordering};
+
+/// What a leased bucket asks of its [`Pool`] in one [`lease`](Pool::lease) exchange.
+///
+/// Units are the policy layout's fixed-point units (`2^F` per token, see
+/// [`Layout::frac_bits`]); every amount the bucket sends is a whole number of tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The bucket's clock reading, in nanoseconds.
+    pub now: u64,
+    /// Units to pay for the request being decided (at least one token).
+    pub cost_units: u64,
+    /// Units the caller gives back in the same exchange (its slot's leftover, leased
+    /// earlier and not spent).
+    pub returned_units: u64,
+    /// Whether to lease a batch beyond the cost: the caller has a slot to put it in.
+    pub lease: bool,
+}
+
+/// The answer to a [`Pool::lease`] exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// The cost is paid; `leased_units` more were handed out.
+    Admitted {
+        /// Units handed to the caller beyond the cost: a whole number of tokens, at most
+        /// what [`Lessees::lease_units`] asked for.
+        leased_units: u64,
+        /// The tick (of the bucket's layout and clock, modulo `2^T`) the lease is
+        /// spendable in, and only in: the slot refuses it once the clock reads another
+        /// tick. No earlier than the request's reading.
+        tick: u64,
+        /// The pool's balance after the exchange, in units (negative only while
+        /// reservations are owed).
+        balance_units: i64,
+    },
+    /// The pool, with everything handed back and every idle lease taken back, cannot pay
+    /// the cost. Nothing was taken; what was handed in is back in the pool.
+    Rejected {
+        /// The pool's balance the rejection was decided on, in units.
+        balance_units: i64,
+        /// How many ticks `now_nanos` is behind the pool's last update (zero for a pool
+        /// that keeps no ticks): with `now_nanos`, it places the balance on the tick grid
+        /// for the decision's `retry_after`.
+        behind_ticks: u64,
+        /// The clock reading the rejection was decided at (the request's, or a later
+        /// one the pool read).
+        now_nanos: u64,
+    },
+    /// The pool cannot decide now: its store cannot be reached and its failure mode says
+    /// to refuse. Nothing was taken; what was handed in is kept (given back when the
+    /// store is reached again), never dropped. The bucket answers
+    /// [`AcquireError::PoolUnavailable`] with this `retry_after`.
+    Unavailable {
+        /// When to ask again.
+        retry_after: Duration,
+    },
+}
+
+/// A pool's state at a reading, as [`Pool::peek`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolState {
+    /// The balance in units, refilled to the reading (negative only while reservations
+    /// are owed). Tokens out on lease are not in it.
+    pub balance_units: i64,
+    /// How many ticks the reading is behind the pool's last update (zero for a pool that
+    /// keeps no ticks). Above [`Layout::tolerance_ticks`] the balance is the stored one.
+    pub behind_ticks: u64,
+}
+
+/// What [`Lessees::quiesce`] took and left.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quiesced {
+    /// Units taken back from idle lessees, now in the exchange's hand.
+    pub taken_units: u64,
+    /// A bound on the units still in other threads' hands (leases in flight): a credit
+    /// must leave room for them under the capacity.
+    pub in_flight_units: u64,
+}
+
+/// The lessees (a leased bucket's slots) as a pool sees them during one exchange.
+///
+/// A pool calls it from inside an exchange; the bucket reopens what it quiesced once the
+/// exchange is over.
+pub trait Lessees {
+    /// An upper bound on the units outside the pool: held by lessees, or in a hand on
+    /// the way between a lessee and the pool.
+    fn max_outstanding_units(&self) -> u64;
+
+    /// Stops every other lessee from spending or receiving leased tokens until the
+    /// exchange is over, and takes back their idle tokens. Calling it again in the same
+    /// exchange takes nothing more.
+    fn quiesce(&mut self) -> Quiesced;
+
+    /// The batch to lease, in units (whole tokens), when `spare` units remain after
+    /// paying the cost.
+    fn lease_units(&self, spare: u64) -> u64;
+}
+
+/// A source of tokens for a [`LeasedBucket`](super::LeasedBucket): one budget, leased in
+/// batches to the bucket's core-local slots.
+///
+/// # Contract
+///
+/// A pool is built for one policy; the bucket passes that policy's [`Layout`] to every
+/// call, and every amount is in its fixed-point units (`2^F` per token). Units rather
+/// than whole tokens because the balance and the refill are fractional on the layout's
+/// grid: a remote store that keeps coarser units (milli-tokens, say) converts at its
+/// boundary, rounding what it grants and reports down, never up. Every amount the bucket
+/// sends is a whole number of tokens.
+///
+/// - **Linearizable.** Each call is one atomic exchange with the pool's state: there is
+///   an order of all calls on a pool, consistent with real time, in which each takes
+///   effect at once.
+/// - **The cap.** Write `g` for the pool's balance and `O` for every unit outside it
+///   (leased and not yet spent or given back). The pool keeps `g + O <= B` (the
+///   capacity). A pool that tracks `O` itself (a remote store counting its grants) keeps
+///   it directly; a pool that cannot see the lessees calls [`Lessees::quiesce`] before
+///   adding credit (refill, refund) that could meet the capacity, that is whenever
+///   `credit + hand + max_outstanding_units > B`, and caps the credit at `B` minus the
+///   units still in flight. The arithmetic is in `leased/exchange.rs`.
+/// - **Giving back is never new credit.** Units given back (by [`give_back`],
+///   [`LeaseRequest::returned_units`], or taken back by quiescing) never make the pool
+///   hold more than it would have held had they never left.
+/// - **A grant is spendable only in the tick it names.** The bucket's slots spend a lease
+///   only while its clock reads [`LeaseOutcome::Admitted::tick`]; after that the tokens
+///   are given back on the next exchange. This bounds what a lost or slow lessee can
+///   strand, and it is what lets the in-process pool add refill at tick edges exactly.
+/// - **A rejection writes nothing** unless it gives back what was handed in.
+/// - **Never waits on the network.** `lease` answers from what the pool holds;
+///   [`LeaseOutcome::Unavailable`] when it cannot decide. `give_back`, `credit` and `reset`
+///   cannot fail: a remote pool that cannot reach its store keeps them and applies them,
+///   in order, when it can.
+///
+/// [`give_back`]: Pool::give_back
+pub trait Pool: Send + Sync {
+    /// Takes back `request.returned_units`, pays `request.cost_units` and, when
+    /// `request.lease`, leases a batch (at most [`Lessees::lease_units`] of what is left),
+    /// all in one exchange. When the pool cannot pay, it quiesces the lessees, taking
+    /// their idle tokens back, and decides again: it rejects only when its balance and
+    /// everything handed back cannot pay.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::ClockWentBackwards`] when the reading (read again through `clock`
+    /// after loading the pool's state, for a pool that keeps ticks) is well behind the
+    /// pool's last update and the pool is not full. Nothing is taken and everything
+    /// handed in has been given back.
+    fn lease<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+        request: LeaseRequest,
+        lessees: &mut impl Lessees,
+    ) -> Result<LeaseOutcome, AcquireError>;
+
+    /// Gives back `units` leased earlier and not spent (capped at the capacity, never new
+    /// credit).
+    fn give_back(&self, layout: &Layout, units: u64);
+
+    /// Adds `units` of new credit at `now` (a refund), capped at the capacity; quiesces
+    /// the lessees first when the credit could meet the capacity (see the contract).
+    fn credit(&self, layout: &Layout, now: u64, units: u64, lessees: &mut impl Lessees);
+
+    /// Back to the policy's start state (`full` or empty) at `now`; tokens out on lease
+    /// are taken back (the bucket quiesces its slots) and dropped.
+    fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees);
+
+    /// The state at `now`, writing nothing. A remote pool answers from what it last
+    /// heard (a lower bound, like a slot admission's `tokens_remaining`).
+    fn peek(&self, layout: &Layout, now: u64) -> PoolState;
+
+    /// For a reading found well behind the pool ([`PoolState::behind_ticks`] above
+    /// [`Layout::tolerance_ticks`]): reads the clock again after loading the state and
+    /// returns the state an exchange would decide on at the new reading, with that
+    /// reading. Writes nothing. The default reads the clock and peeks (a pool that keeps
+    /// no ticks is never behind).
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::ClockWentBackwards`] when the new reading is still well behind a
+    /// state that is not full: the clock stepped back.
+    fn reread<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+    ) -> Result<(PoolState, u64), AcquireError> {
+        let now = clock.now_nanos();
+        Ok((self.peek(layout, now), now))
+    }
+}
+
+/// The in-process pool: one packed word on its own cache line, the same word a
+/// [`Bucket`](crate::Bucket) is. The default pool of a [`LeasedBucket`](super::LeasedBucket).
+///
+/// Writes are `AcqRel` read-modify-writes and loads `Acquire`, unlike a plain bucket's
+/// `Relaxed`: the exactness argument orders slot operations against this word (see
+/// [`super::slots`]).
+///
+/// # Readings behind the word
+///
+/// A reading more than the race tolerance behind the stored tick is a lost race (the
+/// caller read the clock, then was delayed while others stored later ticks) or a clock
+/// that stepped back. As on a plain bucket (`RawBucket::transition_after_reread`), the
+/// exchange then reads the clock again *after* the acquiring load of the word it compares
+/// the reading with, and again after every CAS it loses (a failed CAS returns the word
+/// with `Acquire` too). Every tick in that word was read by its writer before its
+/// releasing CAS, so such a reading is not earlier than any of them unless the clock
+/// stepped back. A reading still well behind is refused with
+/// [`AcquireError::ClockWentBackwards`], everything handed in given back; unless the word
+/// is full.
+///
+/// A full word is re-anchored instead ([`reanchored`]): it becomes full at the new
+/// reading's tick, and the exchange proceeds. A full bucket holds the same at any time,
+/// so no credit is made, and a full bucket passes clock steps back and tick wraps, as a
+/// plain one does. "Full" is the word's own units; the tokens out on lease need not
+/// enter the decision, because a full word has none that can be spent. Every exchange
+/// keeps `g + O <= B` (`g` the word's balance, `O` every token outside it, in OPEN slots
+/// or in a hand): leasing moves tokens out, spending removes them, giving back is capped
+/// at `B`, and a credit that could meet the capacity while tokens are outside is added
+/// only after quiescing has taken the OPEN slots' tokens into the adder's hand, and is
+/// capped at `B - reserve` for those still in flight (`exchange::settle`). So when `g = B`,
+/// `O = 0`: no slot holds a token (in particular none stamped with the later tick, which
+/// would turn spendable again when the clock comes back to it), and no lessee holds one
+/// it could publish (a lease cancelled by a reset is only given back, capped). The
+/// re-anchor keeps the stored units, so the exchange sees no credit and quiesces nothing;
+/// whatever is credited later, from the new tick on, meets the quiescing and the cap
+/// like any other credit.
+pub struct LocalPool {
+    word: CachePadded<AtomicU64>,
+}
+
+impl fmt::Debug for LocalPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LocalPool")
+            .field(&self.word.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl LocalPool {
+    /// A pool for `policy` in its start state (full or empty) at `now_nanos` (a reading of
+    /// the clock the bucket will use).
+    ///
+    /// ```
+    /// use tokengate::{Clock, LeasedBucket, ManualClock, Policy};
+    /// use tokengate::leased::{LeaseConfig, LocalPool};
+    /// let policy = Policy::new(100, 1.0)?;
+    /// let clock = ManualClock::new();
+    /// let pool = LocalPool::new(&policy, clock.now_nanos());
+    /// let bucket = LeasedBucket::with_pool(policy, clock, LeaseConfig::new(), pool)?;
+    /// assert_eq!(bucket.available(), 100.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(policy: &Policy, now_nanos: u64) -> LocalPool {
+        let layout = policy.layout();
+        LocalPool {
+            word: CachePadded::new(AtomicU64::new(
+                layout.start_word(layout.tick_of(now_nanos), policy.starts_full()),
+            )),
+        }
+    }
+
+    /// The packed word as stored, before any refill: decode it with the policy's
+    /// [`Layout`]. For diagnostics, and to check that an operation wrote nothing.
+    pub fn stored_word(&self) -> u64 {
+        self.word.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn cas(&self, current: u64, next: u64) -> Result<u64, u64> {
+        self.word
+            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+    }
+}
+
+/// A full `snapshot` found well behind the word, re-anchored: full at `now_tick`, not
+/// behind. `None` when it is not full (then a reading well behind is refused). See
+/// "Readings behind the word" on [`LocalPool`].
+#[inline]
+fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Snapshot> {
+    layout
+        .is_full(snapshot)
+        .then(|| layout.refill(layout.start_word(now_tick, true), now_tick))
+}
+
+/// Whether the mutant that refuses a reading behind the word without reading the clock
+/// again is on (never, outside the loom models).
+#[inline(always)]
+fn reread_skipped() -> bool {
+    #[cfg(loom)]
+    {
+        crate::mutants::on(&crate::mutants::LEASE_SKIPS_REREAD)
+    }
+    #[cfg(not(loom))]
+    {
+        false
+    }
+}
+
+/// [`exchange::must_quiesce`], with the loom mutant that adds credit without quiescing.
+#[inline]
+fn credit_bound(layout: &Layout, units: u64, hand: u64, outstanding: u64) -> bool {
+    #[cfg(loom)]
+    if crate::mutants::on(&crate::mutants::CREDIT_IGNORES_LEASES) {
+        return false;
+    }
+    exchange::must_quiesce(layout.max_units(), units, hand, outstanding)
+}
+
+/// Units stored in `word`, before any refill.
+#[inline]
+fn stored_units(layout: &Layout, word: u64) -> u64 {
+    layout.decode(word).map_or(u64::MAX, |(_, units)| units)
+}
+
+/// The state a pool reports for a snapshot.
+#[inline]
+fn state_of(layout: &Layout, snapshot: &Snapshot) -> PoolState {
+    PoolState {
+        balance_units: layout.balance_units(snapshot),
+        behind_ticks: snapshot.behind(),
+    }
+}
+
+/// The clock reading an exchange decides at (see "Readings behind the word").
+struct Reading {
+    now: u64,
+    tick: u64,
+    /// Once a reading was found well behind the word: every later reading is taken after
+    /// the (acquiring) load of the word it is compared with.
+    after_load: bool,
+}
+
+impl Reading {
+    fn new(layout: &Layout, now: u64) -> Reading {
+        Reading {
+            now,
+            tick: layout.tick_of(now),
+            after_load: false,
+        }
+    }
+
+    fn read<C: Clock + ?Sized>(&mut self, layout: &Layout, clock: &C) {
+        self.now = clock.now_nanos();
+        self.tick = layout.tick_of(self.now);
+    }
+
+    /// After a lost CAS: the word returned was loaded with `Acquire`, so a reading taken
+    /// now is later than every reading stored in it.
+    fn after_cas<C: Clock + ?Sized>(&mut self, layout: &Layout, clock: &C) {
+        if self.after_load {
+            self.read(layout, clock);
+        }
+    }
+}
+
+impl LocalPool {
+    /// `cur` refilled to the reading, or what to do about a reading well behind it:
+    /// `Ok(None)` to decide again at a new reading (taken now, after `cur`'s load), an
+    /// error for a clock that stepped back under a word that is not full.
+    #[inline]
+    fn refilled<C: Clock + ?Sized>(
+        layout: &Layout,
+        clock: &C,
+        cur: u64,
+        reading: &mut Reading,
+    ) -> Result<Option<Snapshot>, AcquireError> {
+        let snapshot = layout.refill(cur, reading.tick);
+        if snapshot.behind() <= layout.tolerance_ticks() {
+            return Ok(Some(snapshot));
+        }
+        if !reading.after_load && !reread_skipped() {
+            // `cur` was loaded (or returned by a failed CAS) with `Acquire`.
+            reading.after_load = true;
+            reading.read(layout, clock);
+            return Ok(None);
+        }
+        match reanchored(layout, &snapshot, reading.tick) {
+            Some(full) => Ok(Some(full)),
+            None => Err(clock_went_backwards(layout, &snapshot, reading.now)),
+        }
+    }
+}
+
+impl Pool for LocalPool {
+    fn lease<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+        request: LeaseRequest,
+        lessees: &mut impl Lessees,
+    ) -> Result<LeaseOutcome, AcquireError> {
+        let needed = layout.base_units() + request.cost_units;
+        let mut hand = request.returned_units;
+        let mut quiesced: Option<u64> = None;
+        let mut reading = Reading::new(layout, request.now);
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            let snapshot = match LocalPool::refilled(layout, clock, cur, &mut reading) {
+                Ok(Some(snapshot)) => snapshot,
+                Ok(None) => continue,
+                Err(e) => {
+                    self.give_back(layout, hand);
+                    return Err(e);
+                }
+            };
+            let stored = stored_units(layout, cur);
+            let outstanding = lessees.max_outstanding_units();
+            let attempt = Attempt {
+                max_units: layout.max_units(),
+                stored,
+                refilled: snapshot.units(),
+                hand,
+                credit_bound: credit_bound(layout, snapshot.units(), hand, outstanding),
+                quiesced,
+                needed,
+            };
+            let (next, outcome) = match exchange::step(attempt) {
+                Step::Quiesce => {
+                    let found = lessees.quiesce();
+                    hand = hand.saturating_add(found.taken_units);
+                    quiesced = Some(found.in_flight_units);
+                    continue;
+                }
+                Step::Refuse => {
+                    // Read-only, like a plain bucket's rejection.
+                    return Ok(rejected(layout, &snapshot, reading.now));
+                }
+                Step::GiveBackAndRefuse { units } => {
+                    let next = snapshot.with_units(units);
+                    let after = layout.refill(next, reading.tick);
+                    (next, rejected(layout, &after, reading.now))
+                }
+                Step::Pay { units } => {
+                    let leased = if request.lease {
+                        lessees.lease_units(units - needed)
+                    } else {
+                        0
+                    };
+                    #[allow(unused_mut)]
+                    let mut left = units - request.cost_units - leased;
+                    #[cfg(loom)]
+                    if crate::mutants::on(&crate::mutants::LEASE_KEEPS_GLOBAL) {
+                        left += leased;
+                    }
+                    let admitted = LeaseOutcome::Admitted {
+                        leased_units: leased,
+                        tick: snapshot.tick(layout),
+                        balance_units: left as i64 - layout.base_units() as i64,
+                    };
+                    (snapshot.with_units(left), admitted)
+                }
+            };
+            match self.cas(cur, next) {
+                Ok(_) => return Ok(outcome),
+                Err(actual) => {
+                    cur = actual;
+                    reading.after_cas(layout, clock);
+                }
+            }
+        }
+    }
+
+    fn give_back(&self, layout: &Layout, units: u64) {
+        if units == 0 {
+            return;
+        }
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            // At the stored tick: giving back never advances time, so it never carries
+            // refill credit and needs no quiescing.
+            let tick = layout.decode(cur).map_or(0, |(tick, _)| tick);
+            let snapshot = layout.refill(cur, tick);
+            match self.cas(cur, layout.refund(&snapshot, units)) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn credit(&self, layout: &Layout, now: u64, units: u64, lessees: &mut impl Lessees) {
+        let now_tick = layout.tick_of(now);
+        let mut hand = 0u64;
+        let mut quiesced: Option<u64> = None;
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            let snapshot = layout.refill(cur, now_tick);
+            let credited = snapshot.units().saturating_add(units);
+            let bound = credit_bound(layout, credited, hand, lessees.max_outstanding_units());
+            if bound && quiesced.is_none() {
+                let found = lessees.quiesce();
+                hand = hand.saturating_add(found.taken_units);
+                quiesced = Some(found.in_flight_units);
+            }
+            let reserve = if bound { quiesced.unwrap_or(0) } else { 0 };
+            let stored = stored_units(layout, cur);
+            let next = exchange::settle(layout.max_units(), stored, credited, hand, reserve);
+            match self.cas(cur, snapshot.with_units(next)) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees) {
+        // What the lessees had is dropped with the rest of the old state. Leases in
+        // flight are given back after the reset (capped at full).
+        lessees.quiesce();
+        let now_tick = layout.tick_of(now);
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            let snapshot = layout.refill(cur, now_tick);
+            match self.cas(cur, layout.start_word(snapshot.tick(layout), full)) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    #[inline]
+    fn peek(&self, layout: &Layout, now: u64) -> PoolState {
+        state_of(layout, &self.snapshot_at(layout, now))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reread<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+    ) -> Result<(PoolState, u64), AcquireError> {
+        // Load first (acquiring the writers' readings), then read.
+        let cur = self.word.load(Ordering::Acquire);
+        let now = clock.now_nanos();
+        let now_tick = layout.tick_of(now);
+        let snapshot = layout.refill(cur, now_tick);
+        if snapshot.behind() <= layout.tolerance_ticks() {
+            return Ok((state_of(layout, &snapshot), now));
+        }
+        match reanchored(layout, &snapshot, now_tick) {
+            Some(full) => Ok((state_of(layout, &full), now)),
+            None => Err(clock_went_backwards(layout, &snapshot, now)),
+        }
+    }
+}
+
+impl LocalPool {
+    /// The word refilled to `now`, writing nothing.
+    #[inline]
+    fn snapshot_at(&self, layout: &Layout, now: u64) -> Snapshot {
+        layout.refill(self.word.load(Ordering::Acquire), layout.tick_of(now))
+    }
+}
+
+/// The rejection an exchange reports, decided on `snapshot` at `now`.
+#[inline]
+fn rejected(layout: &Layout, snapshot: &Snapshot, now: u64) -> LeaseOutcome {
+    LeaseOutcome::Rejected {
+        balance_units: layout.balance_units(snapshot),
+        behind_ticks: snapshot.behind(),
+        now_nanos: now,
+    }
+}
