@@ -8,6 +8,7 @@
 mod breaker;
 mod config;
 mod error;
+mod lease_pool;
 pub mod model;
 mod policy;
 mod pool;
@@ -17,6 +18,7 @@ mod worker;
 
 pub use config::{ConfigError, FailMode, PoolConfig};
 pub use error::{PoolError, Refused};
+pub use lease_pool::LeasedError;
 pub use policy::{LUA_EXACT_LIMIT, MIN_RATE, Mode, PolicyError, RemotePolicy, Start, UNITS_PER_TOKEN};
 pub use pool::{Admitted, BucketStats, RedisPool, RemoteBucket};
 pub use reservoir::MAX_LEASE_TOKENS;

@@ -69,6 +69,8 @@ pub(crate) struct BucketShared {
     /// The last outstanding total Redis reported, tokens.
     pub(crate) outstanding: AtomicU64,
     pub(crate) local: RwLock<Option<tokengate::Bucket>>,
+    /// Drop the bucket's keys (and this instance's leases) on the next round.
+    pub(crate) reset: AtomicBool,
     pub(crate) stats: Counters,
 }
 
@@ -190,6 +192,7 @@ impl RedisPool {
             balance_units: AtomicU64::new(0),
             outstanding: AtomicU64::new(0),
             local: RwLock::new(None),
+            reset: AtomicBool::new(false),
             stats: Counters::default(),
         });
         self.shared
@@ -312,6 +315,26 @@ impl RemoteBucket {
             self.pool.config.exchange_timeout
         };
         Err(Refused::Rejected { retry_after })
+    }
+
+    pub(crate) fn shared(&self) -> &BucketShared {
+        &self.bucket
+    }
+
+    pub(crate) fn pool_now_ns(&self) -> u64 {
+        self.pool.now_ns()
+    }
+
+    pub(crate) fn wake(&self) {
+        self.pool.wake();
+    }
+
+    /// Drops the shared bucket's state in Redis on the pool's next round (it comes back
+    /// per its [`Start`](crate::Start)), and this instance's leases with it. Leases other
+    /// instances hold are not recalled: their settlements find nothing.
+    pub fn request_reset(&self) {
+        self.bucket.reset.store(true, Ordering::Relaxed);
+        self.pool.wake();
     }
 
     /// Hands back `tokens` paid earlier and not used (a refund): credited to the shared

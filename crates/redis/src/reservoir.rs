@@ -74,6 +74,29 @@ impl Reservoir {
         Spend::Short
     }
 
+    /// Pays `cost` tokens and takes a batch of `batch(spare)` more (at most the spare)
+    /// from the first word that holds the cost and whose expiry is after `must_outlive`.
+    /// Returns the batch and the tokens left in that word.
+    pub(crate) fn spend_batch(
+        &self,
+        cost: u64,
+        must_outlive: u64,
+        mut batch: impl FnMut(u64) -> u64,
+    ) -> Option<(u64, u64)> {
+        for word in &self.words {
+            let mut cur = word.load(Ordering::Relaxed);
+            while tokens(cur) >= cost && must_outlive < expiry(cur) {
+                let spare = tokens(cur) - cost;
+                let take = batch(spare).min(spare);
+                match word.compare_exchange_weak(cur, cur - cost - take, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return Some((take, spare - take)),
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+        None
+    }
+
     /// The word at `i`.
     pub(crate) fn load(&self, i: usize) -> u64 {
         self.words[i].load(Ordering::Relaxed)

@@ -70,6 +70,8 @@ struct Tracked {
 struct Planned {
     index: usize,
     exchange: Exchange,
+    /// Delete the bucket's keys first.
+    reset: bool,
 }
 
 pub(crate) struct Worker {
@@ -151,6 +153,16 @@ impl Worker {
         let mut plans = Vec::new();
         for (index, t) in self.buckets.iter_mut().enumerate() {
             let b = &*t.shared;
+            let reset = b.reset.swap(false, Ordering::Relaxed);
+            if reset {
+                for (i, slot) in t.held.iter_mut().enumerate() {
+                    b.reservoir.retire(i);
+                    *slot = None;
+                }
+                t.pending.clear();
+                t.pending_since_ns = None;
+                t.in_flight = None;
+            }
             for (i, slot) in t.held.iter_mut().enumerate() {
                 let Some(h) = slot else { continue };
                 let left = tokens(b.reservoir.load(i));
@@ -183,7 +195,7 @@ impl Worker {
             let settle_due = t
                 .pending_since_ns
                 .is_some_and(|since| stopping || now.saturating_sub(since) >= idle_settle);
-            if grant.is_none() && !settle_due && credit == 0 {
+            if grant.is_none() && !settle_due && credit == 0 && !reset {
                 continue;
             }
             let mut exchange = Exchange {
@@ -196,7 +208,7 @@ impl Worker {
                 exchange.need = need;
                 exchange.want = want;
             }
-            plans.push(Planned { index, exchange });
+            plans.push(Planned { index, exchange, reset });
         }
         plans
     }
@@ -291,6 +303,12 @@ impl Worker {
         let sha = self.scripts.exchange_sha().to_owned();
         let instance = self.instance.clone();
         let mut pipe = redis::pipe();
+        let mut dels = 0;
+        for p in plans.iter().filter(|p| p.reset) {
+            let k = &self.buckets[p.index].shared.keys;
+            pipe.cmd("DEL").arg(&k.state).arg(&k.leases).arg(&k.expiry);
+            dels += 1;
+        }
         for a in &argv {
             pipe.cmd("EVALSHA").arg(&sha).arg(a);
         }
@@ -304,6 +322,7 @@ impl Worker {
         pool.round_trips.fetch_add(1, Ordering::Relaxed);
         let mut replies = Vec::with_capacity(plans.len());
         let mut missing = Vec::new();
+        let raw = &raw[dels.min(raw.len())..];
         for (i, item) in raw.iter().take(plans.len()).enumerate() {
             match item {
                 Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
