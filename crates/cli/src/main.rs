@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p tokengate-cli -- bench       # throughput vs threads: tokengate, governor, a mutex bucket
 //! cargo run --release -p tokengate-cli -- simulate    # replay traffic against B and r on a simulated clock
+//! cargo run --release -p tokengate-cli -- fleet       # K processes share one budget on Redis
 //! ```
 
 use std::fs::File;
@@ -16,6 +17,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod engines;
+mod fleet;
 mod mutex_bucket;
 mod simulate;
 
@@ -39,6 +41,9 @@ enum Command {
     /// Replay steady, bursty or Poisson traffic against a policy on a simulated clock:
     /// admitted and rejected per class, the sustained rate, and an SVG chart.
     Simulate(simulate::Args),
+    /// K instance processes share one budget on Redis (tokengate-redis): per-instance and
+    /// total admissions against the bound; can kill one instance mid-run.
+    Fleet(fleet::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +52,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Bench(args) => bench::run(args, &mut out),
         Command::Simulate(args) => simulate::run(args, &mut out),
+        Command::Fleet(args) => fleet::run(args, &mut out),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,194 @@
+//! `tokengate fleet`: K instance processes share one budget on Redis; prints each
+//! instance's admissions and the total against the bound, and can kill one instance
+//! mid-run.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokengate_redis::{FailMode, Mode, PoolConfig, RedisPool, RemotePolicy};
+
+use crate::Out;
+
+/// Options of `tokengate fleet`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The Redis server holding the shared budget.
+    #[arg(long, env = "TOKENGATE_REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    redis: String,
+
+    /// Instance processes K (1 to 64).
+    #[arg(long, short = 'k', default_value = "4", value_parser = clap::value_parser!(u64).range(1..=64))]
+    instances: u64,
+
+    /// Threads per instance (1 to 64).
+    #[arg(long, default_value = "2", value_parser = clap::value_parser!(u64).range(1..=64))]
+    threads: u64,
+
+    /// Bucket capacity B, whole tokens.
+    #[arg(long, short = 'b', default_value = "200")]
+    capacity: u64,
+
+    /// Refill rate r, tokens per second.
+    #[arg(long, short = 'r', default_value = "100")]
+    refill: f64,
+
+    /// Largest lease L, tokens.
+    #[arg(long, short = 'l', default_value = "10")]
+    lease: u64,
+
+    /// Lease time-to-live, milliseconds.
+    #[arg(long, default_value = "1000")]
+    ttl_ms: u64,
+
+    /// Run length, seconds (1 to 600).
+    #[arg(long, short = 'd', default_value = "5", value_parser = clap::value_parser!(u64).range(1..=600))]
+    seconds: u64,
+
+    /// Each instance offers this many times its share (r/K) of the rate.
+    #[arg(long, default_value = "10")]
+    offer: f64,
+
+    /// Exact (refill capped at B - outstanding) or loose mode.
+    #[arg(long, value_enum, default_value_t = ModeArg::Exact)]
+    mode: ModeArg,
+
+    /// SIGKILL instance 0 this many milliseconds into the run.
+    #[arg(long)]
+    kill_after_ms: Option<u64>,
+
+    /// Internal: run as one instance (started by the fleet).
+    #[arg(long, hide = true)]
+    instance: Option<String>,
+}
+
+/// The pool's mode.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ModeArg {
+    Exact,
+    Loose,
+}
+
+pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
+    let mode = match args.mode {
+        ModeArg::Exact => Mode::Exact,
+        ModeArg::Loose => Mode::Loose,
+    };
+    let policy = RemotePolicy::new(args.capacity, args.refill)
+        .map_err(|e| e.to_string())?
+        .with_mode(mode);
+    if let Some(ns) = &args.instance {
+        return instance(&args, ns, policy);
+    }
+    let ns = format!("fleet-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos());
+    // Fail early, with the typed message, when Redis is not there.
+    drop(RedisPool::connect(PoolConfig::new(args.redis.clone(), ns.clone())).map_err(|e| e.to_string())?);
+    out.print(&format!(
+        "fleet: K = {} instances x {} threads, B = {}, r = {}/s, L = {}, ttl = {} ms, {:?} mode, {} s, each offering {}x its share\n",
+        args.instances, args.threads, args.capacity, args.refill, args.lease, args.ttl_ms, args.mode, args.seconds, args.offer
+    ))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut children: Vec<Child> = (0..args.instances)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["fleet", "--instance", &ns, "--redis", &args.redis])
+                .args(["-k", &args.instances.to_string(), "--threads", &args.threads.to_string()])
+                .args(["-b", &args.capacity.to_string(), "-r", &args.refill.to_string()])
+                .args(["-l", &args.lease.to_string(), "--ttl-ms", &args.ttl_ms.to_string()])
+                .args(["-d", &args.seconds.to_string(), "--offer", &args.offer.to_string()])
+                .args(["--mode", if mode == Mode::Exact { "exact" } else { "loose" }])
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start an instance: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let start = Instant::now();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|c| {
+            let stdout = c.stdout.take().expect("piped");
+            std::thread::spawn(move || {
+                let mut last = (0u64, 0u64);
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    let v: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
+                    if let [adm, rt] = v[..] {
+                        last = (adm, rt);
+                    }
+                }
+                last
+            })
+        })
+        .collect();
+    let mut killed = None;
+    if let Some(ms) = args.kill_after_ms {
+        std::thread::sleep(Duration::from_millis(ms));
+        children[0].kill().map_err(|e| e.to_string())?;
+        killed = Some(start.elapsed());
+    }
+    for c in &mut children {
+        let _ = c.wait();
+    }
+    let results: Vec<(u64, u64)> = readers.into_iter().map(|r| r.join().unwrap_or((0, 0))).collect();
+    let total: u64 = results.iter().map(|r| r.0).sum();
+    let rts: u64 = results.iter().map(|r| r.1).sum();
+    for (i, (adm, rt)) in results.iter().enumerate() {
+        let note = if i == 0 && killed.is_some() { " (killed; last report)" } else { "" };
+        out.print(&format!("instance {i}: {adm} admitted, {rt} Redis round trips{note}\n"))?;
+    }
+    if let Some(at) = killed {
+        out.print(&format!("instance 0 killed at {:.2} s: its leases stay stranded until reclaimed (ttl + grace after their grant)\n", at.as_secs_f64()))?;
+    }
+    let t = args.seconds as f64;
+    let exact = args.capacity as f64 + args.refill * t;
+    let bound = match mode {
+        Mode::Exact => exact,
+        Mode::Loose => exact + 2.0 * args.instances as f64 * args.lease as f64,
+    };
+    out.print(&format!(
+        "total: {total} admitted in {t} s; bound {bound:.0} ({}); {rts} round trips ({:.1} per 1,000 decisions)\n",
+        if mode == Mode::Exact { "B + r*T" } else { "B + r*T + 2*K*L" },
+        rts as f64 * 1000.0 / total.max(1) as f64
+    ))?;
+    if total as f64 > bound + 1.0 {
+        return Err(format!("the fleet admitted {total}, above the bound {bound:.0}"));
+    }
+    Ok(())
+}
+
+/// One instance: drives the shared bucket from its threads at `offer` times its share,
+/// printing "admitted round-trips" every 100 ms.
+fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
+    let pool = RedisPool::connect(
+        PoolConfig::new(args.redis.clone(), ns)
+            .max_lease(args.lease)
+            .lease_ttl(Duration::from_millis(args.ttl_ms))
+            .fail_mode(FailMode::FailClosed),
+    )
+    .map_err(|e| e.to_string())?;
+    let bucket = pool.bucket("global", policy).map_err(|e| e.to_string())?;
+    let per_thread = (args.offer * args.refill / args.instances as f64 / args.threads as f64).max(0.001);
+    let gap = Duration::from_secs_f64(1.0 / per_thread);
+    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let admitted = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..args.threads {
+            s.spawn(|| {
+                let mut next = Instant::now();
+                while next < end {
+                    if bucket.try_acquire(1).is_ok() {
+                        admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    next += gap;
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                }
+            });
+        }
+        let mut stdout = std::io::stdout();
+        while Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = writeln!(stdout, "{} {}", admitted.load(std::sync::atomic::Ordering::Relaxed), pool.round_trips());
+        }
+    });
+    let _ = writeln!(std::io::stdout(), "{} {}", admitted.load(std::sync::atomic::Ordering::Relaxed), pool.round_trips());
+    Ok(())
+}
