@@ -14,7 +14,11 @@ use crate::Out;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The Redis server holding the shared budget.
-    #[arg(long, env = "TOKENGATE_REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    #[arg(
+        long,
+        env = "TOKENGATE_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/"
+    )]
     redis: String,
 
     /// Instance processes K (1 to 64).
@@ -80,9 +84,16 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     if let Some(ns) = &args.instance {
         return instance(&args, ns, policy);
     }
-    let ns = format!("fleet-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos());
+    let ns = format!(
+        "fleet-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    );
     // Fail early, with the typed message, when Redis is not there.
-    drop(RedisPool::connect(PoolConfig::new(args.redis.clone(), ns.clone())).map_err(|e| e.to_string())?);
+    drop(
+        RedisPool::connect(PoolConfig::new(args.redis.clone(), ns.clone()))
+            .map_err(|e| e.to_string())?,
+    );
     out.print(&format!(
         "fleet: K = {} instances x {} threads, B = {}, r = {}/s, L = {}, ttl = {} ms, {:?} mode, {} s, each offering {}x its share\n",
         args.instances, args.threads, args.capacity, args.refill, args.lease, args.ttl_ms, args.mode, args.seconds, args.offer
@@ -92,11 +103,38 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
         .map(|_| {
             Command::new(&exe)
                 .args(["fleet", "--instance", &ns, "--redis", &args.redis])
-                .args(["-k", &args.instances.to_string(), "--threads", &args.threads.to_string()])
-                .args(["-b", &args.capacity.to_string(), "-r", &args.refill.to_string()])
-                .args(["-l", &args.lease.to_string(), "--ttl-ms", &args.ttl_ms.to_string()])
-                .args(["-d", &args.seconds.to_string(), "--offer", &args.offer.to_string()])
-                .args(["--mode", if mode == Mode::Exact { "exact" } else { "loose" }])
+                .args([
+                    "-k",
+                    &args.instances.to_string(),
+                    "--threads",
+                    &args.threads.to_string(),
+                ])
+                .args([
+                    "-b",
+                    &args.capacity.to_string(),
+                    "-r",
+                    &args.refill.to_string(),
+                ])
+                .args([
+                    "-l",
+                    &args.lease.to_string(),
+                    "--ttl-ms",
+                    &args.ttl_ms.to_string(),
+                ])
+                .args([
+                    "-d",
+                    &args.seconds.to_string(),
+                    "--offer",
+                    &args.offer.to_string(),
+                ])
+                .args([
+                    "--mode",
+                    if mode == Mode::Exact {
+                        "exact"
+                    } else {
+                        "loose"
+                    },
+                ])
                 .stdout(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot start an instance: {e}"))
@@ -128,12 +166,21 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     for c in &mut children {
         let _ = c.wait();
     }
-    let results: Vec<(u64, u64)> = readers.into_iter().map(|r| r.join().unwrap_or((0, 0))).collect();
+    let results: Vec<(u64, u64)> = readers
+        .into_iter()
+        .map(|r| r.join().unwrap_or((0, 0)))
+        .collect();
     let total: u64 = results.iter().map(|r| r.0).sum();
     let rts: u64 = results.iter().map(|r| r.1).sum();
     for (i, (adm, rt)) in results.iter().enumerate() {
-        let note = if i == 0 && killed.is_some() { " (killed; last report)" } else { "" };
-        out.print(&format!("instance {i}: {adm} admitted, {rt} Redis round trips{note}\n"))?;
+        let note = if i == 0 && killed.is_some() {
+            " (killed; last report)"
+        } else {
+            ""
+        };
+        out.print(&format!(
+            "instance {i}: {adm} admitted, {rt} Redis round trips{note}\n"
+        ))?;
     }
     if let Some(at) = killed {
         out.print(&format!("instance 0 killed at {:.2} s: its leases stay stranded until reclaimed (ttl + grace after their grant)\n", at.as_secs_f64()))?;
@@ -150,7 +197,9 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
         rts as f64 * 1000.0 / total.max(1) as f64
     ))?;
     if total as f64 > bound + 1.0 {
-        return Err(format!("the fleet admitted {total}, above the bound {bound:.0}"));
+        return Err(format!(
+            "the fleet admitted {total}, above the bound {bound:.0}"
+        ));
     }
     Ok(())
 }
@@ -166,7 +215,8 @@ fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let bucket = pool.bucket("global", policy).map_err(|e| e.to_string())?;
-    let per_thread = (args.offer * args.refill / args.instances as f64 / args.threads as f64).max(0.001);
+    let per_thread =
+        (args.offer * args.refill / args.instances as f64 / args.threads as f64).max(0.001);
     let gap = Duration::from_secs_f64(1.0 / per_thread);
     let end = Instant::now() + Duration::from_secs(args.seconds);
     let admitted = std::sync::atomic::AtomicU64::new(0);
@@ -186,9 +236,19 @@ fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
         let mut stdout = std::io::stdout();
         while Instant::now() < end {
             std::thread::sleep(Duration::from_millis(100));
-            let _ = writeln!(stdout, "{} {}", admitted.load(std::sync::atomic::Ordering::Relaxed), pool.round_trips());
+            let _ = writeln!(
+                stdout,
+                "{} {}",
+                admitted.load(std::sync::atomic::Ordering::Relaxed),
+                pool.round_trips()
+            );
         }
     });
-    let _ = writeln!(std::io::stdout(), "{} {}", admitted.load(std::sync::atomic::Ordering::Relaxed), pool.round_trips());
+    let _ = writeln!(
+        std::io::stdout(),
+        "{} {}",
+        admitted.load(std::sync::atomic::Ordering::Relaxed),
+        pool.round_trips()
+    );
     Ok(())
 }

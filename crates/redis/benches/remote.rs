@@ -46,7 +46,11 @@ impl Row {
     fn print(&self, baseline: f64) {
         let mut lat = self.lat.clone();
         lat.sort_unstable();
-        let q = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied().unwrap_or(0);
+        let q = |p: f64| {
+            lat.get(((lat.len() as f64 - 1.0) * p) as usize)
+                .copied()
+                .unwrap_or(0)
+        };
         let per_s = self.decisions as f64 / self.secs;
         println!(
             "| {} | {:.0} | {:.1} | {:.1} | {} | {} |",
@@ -82,14 +86,30 @@ fn time_loop(mut decide: impl FnMut() -> bool) -> (u64, f64, Vec<u64>) {
 }
 
 fn per_request() -> Row {
-    let mut con = redis::Client::open(url()).unwrap().get_connection().unwrap();
+    let mut con = redis::Client::open(url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
     let script = redis::Script::new(PER_REQUEST);
     let key = format!("tg-bench-per-request-{}", std::process::id());
     let (n, secs, lat) = time_loop(|| {
-        script.key(&key).arg(9_000_000).arg(1_000_000).arg(1).invoke::<i64>(&mut con).unwrap() == 1
+        script
+            .key(&key)
+            .arg(9_000_000)
+            .arg(1_000_000)
+            .arg(1)
+            .invoke::<i64>(&mut con)
+            .unwrap()
+            == 1
     });
     let _: () = redis::cmd("DEL").arg(&key).query(&mut con).unwrap();
-    Row { name: "per-request Lua bucket".into(), decisions: n, secs, round_trips: n, lat }
+    Row {
+        name: "per-request Lua bucket".into(),
+        decisions: n,
+        secs,
+        round_trips: n,
+        lat,
+    }
 }
 
 fn leased(lease: u64) -> Row {
@@ -97,7 +117,12 @@ fn leased(lease: u64) -> Row {
         PoolConfig::new(url(), format!("bench-{}", std::process::id())).max_lease(lease),
     )
     .unwrap();
-    let bucket = pool.bucket(&format!("l{lease}"), RemotePolicy::new(9_000_000, 1_000_000.0).unwrap()).unwrap();
+    let bucket = pool
+        .bucket(
+            &format!("l{lease}"),
+            RemotePolicy::new(9_000_000, 1_000_000.0).unwrap(),
+        )
+        .unwrap();
     let before = pool.round_trips();
     let (n, secs, lat) = time_loop(|| bucket.try_acquire(1).is_ok());
     Row {
@@ -114,7 +139,12 @@ fn engine_over_redis(lease: u64) -> Row {
         PoolConfig::new(url(), format!("bench-{}", std::process::id())).max_lease(lease),
     )
     .unwrap();
-    let remote = pool.bucket(&format!("e{lease}"), RemotePolicy::new(9_000_000, 1_000_000.0).unwrap()).unwrap();
+    let remote = pool
+        .bucket(
+            &format!("e{lease}"),
+            RemotePolicy::new(9_000_000, 1_000_000.0).unwrap(),
+        )
+        .unwrap();
     let bucket = remote.leased(LeaseConfig::new()).unwrap();
     let before = pool.round_trips();
     let (n, secs, lat) = time_loop(|| bucket.try_acquire(1).is_ok_and(|d| d.is_admitted()));
@@ -130,7 +160,13 @@ fn engine_over_redis(lease: u64) -> Row {
 fn local() -> Row {
     let bucket = LeasedBucket::new(Policy::new(9_000_000, 1_000_000.0).unwrap());
     let (n, secs, lat) = time_loop(|| bucket.try_acquire(1).is_ok_and(|d| d.is_admitted()));
-    Row { name: "local LeasedBucket (no Redis)".into(), decisions: n, secs, round_trips: 0, lat }
+    Row {
+        name: "local LeasedBucket (no Redis)".into(),
+        decisions: n,
+        secs,
+        round_trips: 0,
+        lat,
+    }
 }
 
 fn main() {
@@ -139,7 +175,9 @@ fn main() {
     }
     let base = per_request();
     let base_rate = base.decisions as f64 / base.secs;
-    println!("| case | decisions/s | x per-request | round trips / 1,000 decisions | p50 ns | p99 ns |");
+    println!(
+        "| case | decisions/s | x per-request | round trips / 1,000 decisions | p50 ns | p99 ns |"
+    );
     println!("|---|---|---|---|---|---|");
     base.print(base_rate);
     for lease in [1, 10, 100] {

@@ -146,14 +146,27 @@ impl PoolConfig {
     /// Checks every setting.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let ms = |d: Duration| d.as_millis() as u64;
-        if self.lease_ttl < Duration::from_millis(10) || self.lease_ttl > Duration::from_secs(3600) {
-            return Err(ConfigError::new("lease_ttl", ms(self.lease_ttl), "10 ..= 3,600,000 ms"));
+        if self.lease_ttl < Duration::from_millis(10) || self.lease_ttl > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::new(
+                "lease_ttl",
+                ms(self.lease_ttl),
+                "10 ..= 3,600,000 ms",
+            ));
         }
         if self.grace < Duration::from_millis(1) || self.grace > Duration::from_secs(3600) {
-            return Err(ConfigError::new("grace", ms(self.grace), "1 ..= 3,600,000 ms"));
+            return Err(ConfigError::new(
+                "grace",
+                ms(self.grace),
+                "1 ..= 3,600,000 ms",
+            ));
         }
         if self.max_lease == 0 || self.max_lease > MAX_LEASE_TOKENS {
-            return Err(ConfigError::new("max_lease", self.max_lease, "1 ..= 16,777,215 tokens"));
+            return Err(ConfigError::new(
+                "max_lease",
+                self.max_lease,
+                "1 ..= 16,777,215 tokens",
+            ));
         }
         for (name, d) in [
             ("exchange_timeout", self.exchange_timeout),
@@ -165,10 +178,18 @@ impl PoolConfig {
             }
         }
         if self.instances == 0 || self.instances > 1_000_000 {
-            return Err(ConfigError::new("instances", self.instances, "1 ..= 1,000,000"));
+            return Err(ConfigError::new(
+                "instances",
+                self.instances,
+                "1 ..= 1,000,000",
+            ));
         }
         if self.namespace.is_empty() || self.namespace.contains(['{', '}']) {
-            return Err(ConfigError::new("namespace", self.namespace.len() as u64, "a non-empty name without '{' or '}'"));
+            return Err(ConfigError::new(
+                "namespace",
+                self.namespace.len() as u64,
+                "a non-empty name without '{' or '}'",
+            ));
         }
         Ok(())
     }
@@ -187,13 +208,21 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(setting: &'static str, value: u64, valid: &'static str) -> Self {
-        Self { setting, value, valid }
+        Self {
+            setting,
+            value,
+            valid,
+        }
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} must be {}, got {}", self.setting, self.valid, self.value)
+        write!(
+            f,
+            "{} must be {}, got {}",
+            self.setting, self.valid, self.value
+        )
     }
 }
 

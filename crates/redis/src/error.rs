@@ -48,8 +48,15 @@ impl fmt::Display for PoolError {
             Self::Policy(e) => write!(f, "invalid remote policy: {e}"),
             Self::Scope(e) => write!(f, "invalid bucket scope: {e}"),
             Self::Url { url, detail } => write!(f, "invalid Redis URL {url:?}: {detail}"),
-            Self::Unreachable { url, timeout, detail } => {
-                write!(f, "Redis at {url} did not answer within {timeout:?}: {detail}")
+            Self::Unreachable {
+                url,
+                timeout,
+                detail,
+            } => {
+                write!(
+                    f,
+                    "Redis at {url} did not answer within {timeout:?}: {detail}"
+                )
             }
             Self::Misconfigured { url, detail } => {
                 write!(f, "Redis at {url} refused the pool's setup: {detail}")
@@ -98,9 +105,14 @@ pub enum Refused {
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Rejected { retry_after } => write!(f, "rate limited; retry after {retry_after:?}"),
+            Self::Rejected { retry_after } => {
+                write!(f, "rate limited; retry after {retry_after:?}")
+            }
             Self::Unavailable { retry_after } => {
-                write!(f, "the shared budget is unreachable; retry after {retry_after:?}")
+                write!(
+                    f,
+                    "the shared budget is unreachable; retry after {retry_after:?}"
+                )
             }
             Self::Cost { cost, max } => write!(f, "cost must be 1 ..= {max} tokens, got {cost}"),
         }

@@ -31,7 +31,9 @@
 use std::sync::atomic::Ordering;
 
 use tokengate::clock::Clock;
-use tokengate::leased::{LeaseConfig, LeaseConfigError, LeaseOutcome, LeaseRequest, Lessees, Pool, PoolState};
+use tokengate::leased::{
+    LeaseConfig, LeaseConfigError, LeaseOutcome, LeaseRequest, Lessees, Pool, PoolState,
+};
 use tokengate::state::Layout;
 use tokengate::{AcquireError, LeasedBucket, Policy, QuantaClock};
 
@@ -46,10 +48,15 @@ impl RemoteBucket {
     ///
     /// [`LeasedError::Policy`] when the engine cannot represent the remote policy,
     /// [`LeasedError::Config`] for a lease configuration out of range.
-    pub fn leased(&self, config: LeaseConfig) -> Result<LeasedBucket<QuantaClock, RemoteBucket>, LeasedError> {
+    pub fn leased(
+        &self,
+        config: LeaseConfig,
+    ) -> Result<LeasedBucket<QuantaClock, RemoteBucket>, LeasedError> {
         let p = self.policy();
-        let policy = Policy::new(p.capacity(), p.tokens_per_second()).map_err(LeasedError::Policy)?;
-        LeasedBucket::with_pool(policy, QuantaClock::new(), config, self.clone()).map_err(LeasedError::Config)
+        let policy =
+            Policy::new(p.capacity(), p.tokens_per_second()).map_err(LeasedError::Policy)?;
+        LeasedBucket::with_pool(policy, QuantaClock::new(), config, self.clone())
+            .map_err(LeasedError::Config)
     }
 
     fn return_units(&self, layout: &Layout, units: u64) {
@@ -98,7 +105,11 @@ impl Pool for RemoteBucket {
         let must_outlive = (now_ns + tick_ns) >> TIME_SHIFT;
         let lease = request.lease;
         let paid = b.reservoir.spend_batch(cost, must_outlive, |spare| {
-            if lease { lessees.lease_units(spare << f) >> f } else { 0 }
+            if lease {
+                lessees.lease_units(spare << f) >> f
+            } else {
+                0
+            }
         });
         let tick = layout.tick_of(request.now);
         if let Some((batch, left)) = paid {
@@ -114,8 +125,14 @@ impl Pool for RemoteBucket {
             });
         }
         match self.try_acquire(cost) {
-            Ok(_) => Ok(LeaseOutcome::Admitted { leased_units: 0, tick, balance_units: 0 }),
-            Err(crate::Refused::Unavailable { retry_after }) => Ok(LeaseOutcome::Unavailable { retry_after }),
+            Ok(_) => Ok(LeaseOutcome::Admitted {
+                leased_units: 0,
+                tick,
+                balance_units: 0,
+            }),
+            Err(crate::Refused::Unavailable { retry_after }) => {
+                Ok(LeaseOutcome::Unavailable { retry_after })
+            }
             Err(_) => Ok(LeaseOutcome::Rejected {
                 balance_units: 0,
                 behind_ticks: 0,
@@ -144,4 +161,3 @@ impl Pool for RemoteBucket {
         }
     }
 }
-

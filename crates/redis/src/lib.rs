@@ -2,7 +2,12 @@
 //!
 //! See the crate's README for the design, the bounds and how they are tested.
 
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations, rust_2018_idioms)]
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
 #![doc(test(attr(deny(warnings))))]
 
 mod breaker;
@@ -16,9 +21,16 @@ mod reservoir;
 pub mod script;
 mod worker;
 
+/// The README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use config::{ConfigError, FailMode, PoolConfig};
 pub use error::{PoolError, Refused};
 pub use lease_pool::LeasedError;
-pub use policy::{LUA_EXACT_LIMIT, MIN_RATE, Mode, PolicyError, RemotePolicy, Start, UNITS_PER_TOKEN};
+pub use policy::{
+    LUA_EXACT_LIMIT, MIN_RATE, Mode, PolicyError, RemotePolicy, Start, UNITS_PER_TOKEN,
+};
 pub use pool::{Admitted, BucketStats, RedisPool, RemoteBucket};
 pub use reservoir::MAX_LEASE_TOKENS;

@@ -43,7 +43,13 @@ impl ModelBucket {
 
     /// Runs one exchange at `now` (µs), as the script does with `lease_us` of lease
     /// lifetime on Redis.
-    pub fn exchange(&mut self, policy: &RemotePolicy, lease_us: u64, ex: &Exchange, now: u64) -> Reply {
+    pub fn exchange(
+        &mut self,
+        policy: &RemotePolicy,
+        lease_us: u64,
+        ex: &Exchange,
+        now: u64,
+    ) -> Reply {
         let cap = policy.capacity_units();
         let rate = policy.rate_milli();
         let loose = policy.mode() == Mode::Loose;
@@ -57,7 +63,11 @@ impl ModelBucket {
             None => {
                 write = true;
                 ModelState {
-                    u: if policy.start() == Start::Full { cap } else { 0 },
+                    u: if policy.start() == Start::Full {
+                        cap
+                    } else {
+                        0
+                    },
                     ts: now,
                     rem: 0,
                     out: 0,
@@ -66,7 +76,12 @@ impl ModelBucket {
             }
         };
         let mut gone: BTreeSet<String> = BTreeSet::new();
-        for (_, id) in self.expiry.iter().take_while(|(at, _)| *at <= now).take(RECLAIM_LIMIT) {
+        for (_, id) in self
+            .expiry
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(RECLAIM_LIMIT)
+        {
             s.out -= self.leases.get(id).copied().unwrap_or(0);
             gone.insert(id.clone());
         }
@@ -82,7 +97,11 @@ impl ModelBucket {
                 write = true;
             }
         }
-        let limit = if loose { cap } else { cap - s.out * UNITS_PER_TOKEN };
+        let limit = if loose {
+            cap
+        } else {
+            cap - s.out * UNITS_PER_TOKEN
+        };
         s.u = s.u.min(limit);
         if now > s.ts {
             if s.u >= limit {
@@ -116,18 +135,35 @@ impl ModelBucket {
         let mut outcome = Outcome::NoGrant;
         let mut new_lease = None;
         if let Some(req) = &ex.request_id {
-            let prev = if gone.contains(req) { None } else { self.leases.get(req).copied() };
+            let prev = if gone.contains(req) {
+                None
+            } else {
+                self.leases.get(req).copied()
+            };
             if gone.contains(req) {
-                outcome = Outcome::Replayed { tokens: 0, reclaim_at_us: 0 };
+                outcome = Outcome::Replayed {
+                    tokens: 0,
+                    reclaim_at_us: 0,
+                };
             } else if let Some(g) = prev {
-                let at = self.expiry.iter().find(|(_, id)| id == req).map_or(0, |(at, _)| *at);
-                outcome = Outcome::Replayed { tokens: g, reclaim_at_us: at };
+                let at = self
+                    .expiry
+                    .iter()
+                    .find(|(_, id)| id == req)
+                    .map_or(0, |(at, _)| *at);
+                outcome = Outcome::Replayed {
+                    tokens: g,
+                    reclaim_at_us: at,
+                };
             } else if s.u >= need * UNITS_PER_TOKEN {
                 let g = (s.u / UNITS_PER_TOKEN).min(ex.want).max(need);
                 s.u -= g * UNITS_PER_TOKEN;
                 s.out += g;
                 let at = now + lease_us;
-                outcome = Outcome::Granted { tokens: g, reclaim_at_us: at };
+                outcome = Outcome::Granted {
+                    tokens: g,
+                    reclaim_at_us: at,
+                };
                 new_lease = Some((req.clone(), g, at));
                 write = true;
             } else {

@@ -147,7 +147,9 @@ impl RemotePolicy {
 
     /// The largest capacity, in tokens, that a policy of `tokens_per_second` admits.
     pub fn max_capacity(tokens_per_second: f64) -> u64 {
-        let rate_milli = (tokens_per_second.max(0.0) * 1000.0).floor().min(u64::MAX as f64) as u64;
+        let rate_milli = (tokens_per_second.max(0.0) * 1000.0)
+            .floor()
+            .min(u64::MAX as f64) as u64;
         LUA_EXACT_LIMIT.saturating_sub(rate_milli + 1) / (UNITS_PER_TOKEN * 1000)
     }
 }

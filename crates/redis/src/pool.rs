@@ -177,8 +177,14 @@ impl RedisPool {
     ///
     /// [`PoolError::Scope`] when `scope` is empty or holds `{` or `}`.
     pub fn bucket(&self, scope: &str, policy: RemotePolicy) -> Result<RemoteBucket, PoolError> {
-        let keys = BucketKeys::new(&self.shared.config.namespace, scope).map_err(PoolError::Scope)?;
-        let max_cost = self.shared.config.max_lease.min(policy.capacity()).min(MAX_LEASE_TOKENS);
+        let keys =
+            BucketKeys::new(&self.shared.config.namespace, scope).map_err(PoolError::Scope)?;
+        let max_cost = self
+            .shared
+            .config
+            .max_lease
+            .min(policy.capacity())
+            .min(MAX_LEASE_TOKENS);
         let shared = Arc::new(BucketShared {
             keys,
             policy,
@@ -261,7 +267,10 @@ impl RemoteBucket {
     pub fn try_acquire(&self, cost: u64) -> Result<Admitted, Refused> {
         let b = &*self.bucket;
         if cost == 0 || cost > b.max_cost {
-            return Err(Refused::Cost { cost, max: b.max_cost });
+            return Err(Refused::Cost {
+                cost,
+                max: b.max_cost,
+            });
         }
         let now_ns = self.pool.now_ns();
         match b.reservoir.spend(cost, now_ns >> TIME_SHIFT) {
@@ -294,7 +303,10 @@ impl RemoteBucket {
                     Ok(Admitted::FailOpen)
                 }
                 FailMode::Local => {
-                    let local = b.local.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let local = b
+                        .local
+                        .read()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     match local.as_ref().map(|l| l.try_acquire(cost)) {
                         Some(Ok(d)) if d.is_admitted() => {
                             b.stats.local.fetch_add(1, Ordering::Relaxed);
@@ -367,7 +379,8 @@ impl RemoteBucket {
             local_admitted: s.local.load(Ordering::Relaxed),
             grants: s.grants.load(Ordering::Relaxed),
             granted_tokens: s.granted_tokens.load(Ordering::Relaxed),
-            redis_balance: self.bucket.balance_units.load(Ordering::Relaxed) / crate::UNITS_PER_TOKEN,
+            redis_balance: self.bucket.balance_units.load(Ordering::Relaxed)
+                / crate::UNITS_PER_TOKEN,
             redis_outstanding: self.bucket.outstanding.load(Ordering::Relaxed),
         }
     }

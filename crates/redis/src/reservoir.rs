@@ -65,8 +65,17 @@ impl Reservoir {
         for word in &self.words {
             let mut cur = word.load(Ordering::Relaxed);
             while tokens(cur) >= cost && now < expiry(cur) {
-                match word.compare_exchange_weak(cur, cur - cost, Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => return Spend::Paid { left: tokens(cur) - cost },
+                match word.compare_exchange_weak(
+                    cur,
+                    cur - cost,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        return Spend::Paid {
+                            left: tokens(cur) - cost,
+                        };
+                    }
                     Err(actual) => cur = actual,
                 }
             }
@@ -88,7 +97,12 @@ impl Reservoir {
             while tokens(cur) >= cost && must_outlive < expiry(cur) {
                 let spare = tokens(cur) - cost;
                 let take = batch(spare).min(spare);
-                match word.compare_exchange_weak(cur, cur - cost - take, Ordering::Relaxed, Ordering::Relaxed) {
+                match word.compare_exchange_weak(
+                    cur,
+                    cur - cost - take,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
                     Ok(_) => return Some((take, spare - take)),
                     Err(actual) => cur = actual,
                 }
@@ -164,7 +178,11 @@ mod tests {
         let paid: u64 = (0..4)
             .map(|_| {
                 let r = r.clone();
-                std::thread::spawn(move || (0..5_000).filter(|_| matches!(r.spend(1, 0), Spend::Paid { .. })).count() as u64)
+                std::thread::spawn(move || {
+                    (0..5_000)
+                        .filter(|_| matches!(r.spend(1, 0), Spend::Paid { .. }))
+                        .count() as u64
+                })
             })
             .collect::<Vec<_>>()
             .into_iter()

@@ -65,6 +65,20 @@ impl BucketKeys {
     }
 }
 
+/// Which bucket an exchange is for, under which policy and lease lifetimes.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    /// The bucket's keys.
+    pub keys: &'a BucketKeys,
+    /// Its policy.
+    pub policy: &'a RemotePolicy,
+    /// A grant's lifetime on Redis (ttl + grace), µs: its reclaim time is the grant time
+    /// plus this.
+    pub lease_us: u64,
+    /// How long past its time-to-full an idle state key is kept, ms.
+    pub keep_ms: u64,
+}
+
 /// What one exchange asks.
 #[derive(Clone, Debug, Default)]
 pub struct Exchange {
@@ -193,15 +207,13 @@ impl Scripts {
 
     /// The `EVALSHA` arguments of one exchange after the SHA: key count, keys, argv.
     /// `now_us` is appended for [`TimeSource::Argument`] scripts and ignored otherwise.
-    pub fn exchange_args(
-        &self,
-        keys: &BucketKeys,
-        policy: &RemotePolicy,
-        lease_us: u64,
-        keep_ms: u64,
-        ex: &Exchange,
-        now_us: u64,
-    ) -> Vec<String> {
+    pub fn exchange_args(&self, target: &Target<'_>, ex: &Exchange, now_us: u64) -> Vec<String> {
+        let Target {
+            keys,
+            policy,
+            lease_us,
+            keep_ms,
+        } = *target;
         let mut a = vec![
             "3".to_owned(),
             keys.state.clone(),
@@ -238,14 +250,11 @@ impl Scripts {
     pub fn exchange(
         &self,
         con: &mut dyn ConnectionLike,
-        keys: &BucketKeys,
-        policy: &RemotePolicy,
-        lease_us: u64,
-        keep_ms: u64,
+        target: &Target<'_>,
         ex: &Exchange,
         now_us: u64,
     ) -> RedisResult<Reply> {
-        let args = self.exchange_args(keys, policy, lease_us, keep_ms, ex, now_us);
+        let args = self.exchange_args(target, ex, now_us);
         let run = |con: &mut dyn ConnectionLike| -> RedisResult<Vec<i64>> {
             redis::cmd("EVALSHA")
                 .arg(self.exchange_sha())

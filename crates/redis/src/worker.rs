@@ -10,10 +10,10 @@ use redis::{Connection, RedisResult, Value};
 use crate::breaker::Breaker;
 use crate::config::{FailMode, PoolConfig};
 use crate::error::PoolError;
-use crate::pool::{BucketShared, HEALTHY, PoolShared, UNAVAILABLE};
 use crate::policy::UNITS_PER_TOKEN;
+use crate::pool::{BucketShared, HEALTHY, PoolShared, UNAVAILABLE};
 use crate::reservoir::{TIME_SHIFT, tokens};
-use crate::script::{Exchange, Outcome, Reply, Scripts, bad_reply};
+use crate::script::{Exchange, Outcome, Reply, Scripts, Target, bad_reply};
 
 /// Opens a connection with the configured timeouts and loads the scripts.
 pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection, PoolError> {
@@ -87,7 +87,9 @@ pub(crate) struct Worker {
 
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker").field("instance", &self.instance).finish_non_exhaustive()
+        f.debug_struct("Worker")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
     }
 }
 
@@ -97,7 +99,11 @@ impl Worker {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let instance = format!("{:x}-{:x}", std::process::id(), nanos);
-        let breaker = Breaker::new(pool.config.probe_min, pool.config.probe_max, nanos ^ 0x9e37_79b9_7f4a_7c15);
+        let breaker = Breaker::new(
+            pool.config.probe_min,
+            pool.config.probe_max,
+            nanos ^ 0x9e37_79b9_7f4a_7c15,
+        );
         Self {
             pool,
             scripts,
@@ -115,7 +121,8 @@ impl Worker {
     }
 
     pub(crate) fn run(mut self) {
-        let poll = (self.pool.config.lease_ttl / 16).clamp(Duration::from_micros(500), Duration::from_millis(5));
+        let poll = (self.pool.config.lease_ttl / 16)
+            .clamp(Duration::from_micros(500), Duration::from_millis(5));
         loop {
             let stopping = self.pool.stop.load(Ordering::Relaxed);
             self.adopt_new_buckets();
@@ -132,7 +139,11 @@ impl Worker {
     }
 
     fn adopt_new_buckets(&mut self) {
-        let mut new = self.pool.new_buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut new = self
+            .pool
+            .new_buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for shared in new.drain(..) {
             self.buckets.push(Tracked {
                 shared,
@@ -208,7 +219,11 @@ impl Worker {
                 exchange.need = need;
                 exchange.want = want;
             }
-            plans.push(Planned { index, exchange, reset });
+            plans.push(Planned {
+                index,
+                exchange,
+                reset,
+            });
         }
         plans
     }
@@ -226,7 +241,10 @@ impl Worker {
                 self.breaker.success();
                 if self.pool.health.swap(HEALTHY, Ordering::Relaxed) != HEALTHY {
                     for t in &self.buckets {
-                        *t.shared.local.write().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                        *t.shared
+                            .local
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
                     }
                 }
                 for (plan, reply) in plans.iter().zip(replies) {
@@ -247,7 +265,9 @@ impl Worker {
                 }
                 let now = self.pool.now_ns();
                 if self.breaker.failure(now) {
-                    self.pool.probe_at_ns.store(self.breaker.probe_at().unwrap_or(now), Ordering::Relaxed);
+                    self.pool
+                        .probe_at_ns
+                        .store(self.breaker.probe_at().unwrap_or(now), Ordering::Relaxed);
                     if self.pool.health.swap(UNAVAILABLE, Ordering::Relaxed) == HEALTHY
                         && self.pool.config.fail_mode == FailMode::Local
                     {
@@ -260,13 +280,23 @@ impl Worker {
 
     /// Local buckets of B/K and r/K for the fleet last seen.
     fn start_local_buckets(&self) {
-        let k = self.pool.instances_seen.load(Ordering::Relaxed).max(self.pool.config.instances).max(1);
+        let k = self
+            .pool
+            .instances_seen
+            .load(Ordering::Relaxed)
+            .max(self.pool.config.instances)
+            .max(1);
         for t in &self.buckets {
             let p = &t.shared.policy;
             let cap = (p.capacity() / k).max(1);
             let rate = (p.tokens_per_second() / k as f64).max(1e-6);
-            let local = tokengate::Policy::new(cap, rate).ok().map(tokengate::Bucket::new);
-            *t.shared.local.write().unwrap_or_else(std::sync::PoisonError::into_inner) = local;
+            let local = tokengate::Policy::new(cap, rate)
+                .ok()
+                .map(tokengate::Bucket::new);
+            *t.shared
+                .local
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = local;
         }
     }
 
@@ -296,8 +326,16 @@ impl Worker {
             .iter()
             .map(|p| {
                 let t = &self.buckets[p.index];
-                self.scripts
-                    .exchange_args(&t.shared.keys, &t.shared.policy, lease_us, keep_ms, &p.exchange, 0)
+                self.scripts.exchange_args(
+                    &Target {
+                        keys: &t.shared.keys,
+                        policy: &t.shared.policy,
+                        lease_us,
+                        keep_ms,
+                    },
+                    &p.exchange,
+                    0,
+                )
             })
             .collect();
         let sha = self.scripts.exchange_sha().to_owned();
@@ -314,7 +352,10 @@ impl Worker {
         }
         if now_us > 0 {
             pipe.cmd("ZADD").arg(&fleet).arg(now_us).arg(&instance);
-            pipe.cmd("ZREMRANGEBYSCORE").arg(&fleet).arg("-inf").arg(now_us.saturating_sub(window_us));
+            pipe.cmd("ZREMRANGEBYSCORE")
+                .arg(&fleet)
+                .arg("-inf")
+                .arg(now_us.saturating_sub(window_us));
             pipe.cmd("ZCARD").arg(&fleet);
             pipe.cmd("PEXPIRE").arg(&fleet).arg(window_us / 1000 + 1);
         }
@@ -325,7 +366,9 @@ impl Worker {
         let raw = &raw[dels.min(raw.len())..];
         for (i, item) in raw.iter().take(plans.len()).enumerate() {
             match item {
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
                     missing.push(i);
                     replies.push(None);
                 }
@@ -351,7 +394,8 @@ impl Worker {
                 replies[i] = Some(parse(v)?);
             }
         }
-        pool.exchanges.fetch_add(plans.len() as u64, Ordering::Relaxed);
+        pool.exchanges
+            .fetch_add(plans.len() as u64, Ordering::Relaxed);
         let replies: Vec<Reply> = replies.into_iter().flatten().collect();
         if let Some(r) = replies.last() {
             self.last_redis_us = r.now_us;
@@ -363,7 +407,8 @@ impl Worker {
         let ttl = self.ttl_ns();
         let t = &mut self.buckets[plan.index];
         let b = &*t.shared;
-        b.balance_units.store(reply.balance_units, Ordering::Relaxed);
+        b.balance_units
+            .store(reply.balance_units, Ordering::Relaxed);
         b.outstanding.store(reply.outstanding, Ordering::Relaxed);
         if !plan.exchange.settle.is_empty() {
             let sent = plan.exchange.settle.len();
@@ -386,7 +431,10 @@ impl Worker {
                         // its grant time + ttl + grace.
                         let expiry = (sent_ns + ttl) >> TIME_SHIFT;
                         b.reservoir.install(i, expiry, g);
-                        t.held[i] = Some(Held { id, installed_ns: sent_ns });
+                        t.held[i] = Some(Held {
+                            id,
+                            installed_ns: sent_ns,
+                        });
                         b.stats.grants.fetch_add(1, Ordering::Relaxed);
                         b.stats.granted_tokens.fetch_add(g, Ordering::Relaxed);
                         b.rejected_until_ns.store(0, Ordering::Relaxed);
@@ -399,7 +447,8 @@ impl Worker {
             Outcome::Rejected { retry_after_us } => {
                 t.in_flight = None;
                 let wait = retry_after_us.map_or(ttl, |us| us.saturating_mul(1000));
-                b.rejected_until_ns.store(sent_ns.saturating_add(wait), Ordering::Relaxed);
+                b.rejected_until_ns
+                    .store(sent_ns.saturating_add(wait), Ordering::Relaxed);
                 b.demand.store(true, Ordering::Relaxed);
             }
             Outcome::NoGrant => {}

@@ -16,7 +16,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokengate_redis::{FailMode, Mode, PoolConfig, RedisPool, RemotePolicy};
 
 fn wall_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 fn env(name: &str) -> String {
@@ -32,7 +35,11 @@ fn env_u64(name: &str) -> u64 {
 #[test]
 #[ignore = "a fleet child, started by the fleet tests"]
 fn fleet_child() {
-    let mode = if env("TG_MODE") == "loose" { Mode::Loose } else { Mode::Exact };
+    let mode = if env("TG_MODE") == "loose" {
+        Mode::Loose
+    } else {
+        Mode::Exact
+    };
     let policy = RemotePolicy::new(env_u64("TG_CAP"), env_u64("TG_RATE") as f64)
         .unwrap()
         .with_mode(mode);
@@ -128,7 +135,13 @@ impl Fleet {
     fn spawn(&self, i: usize, start: u64, dir: &std::path::Path) -> (Child, PathBuf) {
         let out = dir.join(format!("child-{i}.txt"));
         let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "fleet_child", "--test-threads=1", "--quiet"])
+            .args([
+                "--ignored",
+                "--exact",
+                "fleet_child",
+                "--test-threads=1",
+                "--quiet",
+            ])
             .env("TG_URL", &self.url)
             .env("TG_NS", &self.ns)
             .env("TG_MODE", self.mode)
@@ -175,7 +188,12 @@ impl Fleet {
         }
         let _ = std::fs::remove_dir_all(&dir);
         admissions.sort_unstable();
-        Outcome { admissions, per_child, round_trips, start }
+        Outcome {
+            admissions,
+            per_child,
+            round_trips,
+            start,
+        }
     }
 }
 
@@ -183,7 +201,11 @@ impl Fleet {
 fn max_in_window(adm: &[(u64, u64)], w: u64) -> usize {
     let mut best = 0;
     for (i, &(t1, _)) in adm.iter().enumerate() {
-        let n = adm[i..].iter().take_while(|(b, _)| *b < t1 + w).filter(|(_, a)| *a <= t1 + w).count();
+        let n = adm[i..]
+            .iter()
+            .take_while(|(b, _)| *b < t1 + w)
+            .filter(|(_, a)| *a <= t1 + w)
+            .count();
         best = best.max(n);
     }
     best
@@ -221,7 +243,10 @@ fn exact_mode_fleet_stays_within_b_plus_rt_in_every_window_and_is_not_starved() 
     // exchange, after the start) can pay B + r * (last admission - start).
     let span = o.admissions.last().unwrap().1.saturating_sub(o.start);
     let bound = cap + rate * span / 1_000_000_000 + 1;
-    eprintln!("exact: total {total} (bound {bound}), per child {:?}, round trips {}", o.per_child, o.round_trips);
+    eprintln!(
+        "exact: total {total} (bound {bound}), per child {:?}, round trips {}",
+        o.per_child, o.round_trips
+    );
     assert!(total <= bound, "{total} > {bound}");
     check_windows(&o, cap, rate, 1);
     // Not starved: the bucket is full when the drive starts (B - outstanding in Redis,
@@ -251,7 +276,11 @@ fn loose_mode_fleet_stays_within_its_bound() {
     };
     let o = fleet.run();
     let slack = 2 * k as u64 * lease;
-    eprintln!("loose: total {}, per child {:?}", o.admissions.len(), o.per_child);
+    eprintln!(
+        "loose: total {}, per child {:?}",
+        o.admissions.len(),
+        o.per_child
+    );
     check_windows(&o, cap, rate, slack + 1);
     let span = o.admissions.last().unwrap().1 - o.start;
     assert!(o.admissions.len() as u64 <= cap + rate * span / 1_000_000_000 + slack + 1);

@@ -13,11 +13,18 @@ fn leased_buckets_of_two_instances_spend_one_budget_exactly() {
     let ns = common::namespace("leased");
     let policy = RemotePolicy::new(60, 10.0).unwrap();
     let pools: Vec<_> = (0..2)
-        .map(|_| RedisPool::connect(PoolConfig::new(common::url(), ns.clone()).max_lease(8)).unwrap())
+        .map(|_| {
+            RedisPool::connect(PoolConfig::new(common::url(), ns.clone()).max_lease(8)).unwrap()
+        })
         .collect();
     let buckets: Vec<_> = pools
         .iter()
-        .map(|p| p.bucket("g", policy).unwrap().leased(LeaseConfig::new().slots(2)).unwrap())
+        .map(|p| {
+            p.bucket("g", policy)
+                .unwrap()
+                .leased(LeaseConfig::new().slots(2))
+                .unwrap()
+        })
         .collect();
     let start = Instant::now();
     let admitted: u64 = std::thread::scope(|s| {
@@ -47,7 +54,10 @@ fn leased_buckets_of_two_instances_spend_one_budget_exactly() {
     let held: u64 = buckets.iter().map(|b| b.leased_tokens()).sum();
     eprintln!("admitted {admitted} in {span:.3} s, held {held}");
     assert!(admitted as f64 <= 60.0 + 10.0 * span, "{admitted}");
-    assert!(admitted + held >= 60 + 9 - 2 * 2 * 8, "admitted {admitted}, held {held}");
+    assert!(
+        admitted + held >= 60 + 9 - 2 * 2 * 8,
+        "admitted {admitted}, held {held}"
+    );
 }
 
 #[test]
@@ -60,7 +70,9 @@ fn a_leased_decision_never_touches_the_network() {
             .exchange_timeout(Duration::from_millis(30)),
     )
     .unwrap();
-    let remote = pool.bucket("g", RemotePolicy::new(100_000, 1.0).unwrap()).unwrap();
+    let remote = pool
+        .bucket("g", RemotePolicy::new(100_000, 1.0).unwrap())
+        .unwrap();
     let bucket = remote.leased(LeaseConfig::new().slots(1)).unwrap();
     let start = Instant::now();
     while remote.leased_tokens() < 1000 {
@@ -68,11 +80,19 @@ fn a_leased_decision_never_touches_the_network() {
         let _ = bucket.try_acquire(1);
     }
     let mut con = server.connect();
-    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(1000).arg("ALL").query(&mut con).unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("ALL")
+        .query(&mut con)
+        .unwrap();
     let rounds = pool.round_trips();
     for _ in 0..500 {
         assert!(bucket.try_acquire(1).unwrap().is_admitted());
     }
     assert_eq!(pool.round_trips(), rounds);
-    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut con).unwrap_or(());
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut con)
+        .unwrap_or(());
 }

@@ -5,7 +5,9 @@ mod common;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use tokengate_redis::{Admitted, FailMode, PoolConfig, PoolError, RedisPool, Refused, RemotePolicy};
+use tokengate_redis::{
+    Admitted, FailMode, PoolConfig, PoolError, RedisPool, Refused, RemotePolicy,
+};
 
 fn config(test: &str) -> PoolConfig {
     PoolConfig::new(common::url(), common::namespace(test))
@@ -28,12 +30,17 @@ fn drive(bucket: &tokengate_redis::RemoteBucket, d: Duration) -> u64 {
 #[test]
 fn one_instance_spends_the_whole_budget_and_no_more() {
     let pool = RedisPool::connect(config("whole").max_lease(10)).unwrap();
-    let bucket = pool.bucket("global", RemotePolicy::new(50, 0.001).unwrap()).unwrap();
+    let bucket = pool
+        .bucket("global", RemotePolicy::new(50, 0.001).unwrap())
+        .unwrap();
     let admitted = drive(&bucket, Duration::from_millis(400));
     // B + r*T with r*T < 1 token: exactly the capacity.
     assert_eq!(admitted, 50);
     assert!(pool.round_trips() >= 5, "{}", pool.round_trips());
-    assert!(matches!(bucket.try_acquire(1), Err(Refused::Rejected { .. })));
+    assert!(matches!(
+        bucket.try_acquire(1),
+        Err(Refused::Rejected { .. })
+    ));
 }
 
 #[test]
@@ -42,7 +49,10 @@ fn two_pools_share_one_budget() {
     let policy = RemotePolicy::new(60, 0.001).unwrap();
     let a = RedisPool::connect(PoolConfig::new(common::url(), ns.clone()).max_lease(7)).unwrap();
     let b = RedisPool::connect(PoolConfig::new(common::url(), ns).max_lease(7)).unwrap();
-    let (ba, bb) = (a.bucket("g", policy).unwrap(), b.bucket("g", policy).unwrap());
+    let (ba, bb) = (
+        a.bucket("g", policy).unwrap(),
+        b.bucket("g", policy).unwrap(),
+    );
     let (na, nb) = std::thread::scope(|s| {
         let ha = s.spawn(|| drive(&ba, Duration::from_millis(500)));
         let hb = s.spawn(|| drive(&bb, Duration::from_millis(500)));
@@ -55,15 +65,25 @@ fn two_pools_share_one_budget() {
 #[test]
 fn a_cost_above_the_largest_lease_is_refused_with_the_range() {
     let pool = RedisPool::connect(config("cost").max_lease(10)).unwrap();
-    let bucket = pool.bucket("g", RemotePolicy::new(50, 1.0).unwrap()).unwrap();
-    assert_eq!(bucket.try_acquire(11), Err(Refused::Cost { cost: 11, max: 10 }));
-    assert_eq!(bucket.try_acquire(0), Err(Refused::Cost { cost: 0, max: 10 }));
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(50, 1.0).unwrap())
+        .unwrap();
+    assert_eq!(
+        bucket.try_acquire(11),
+        Err(Refused::Cost { cost: 11, max: 10 })
+    );
+    assert_eq!(
+        bucket.try_acquire(0),
+        Err(Refused::Cost { cost: 0, max: 10 })
+    );
 }
 
 #[test]
 fn a_refund_returns_to_the_shared_budget() {
     let pool = RedisPool::connect(config("refund").max_lease(5)).unwrap();
-    let bucket = pool.bucket("g", RemotePolicy::new(20, 0.001).unwrap()).unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(20, 0.001).unwrap())
+        .unwrap();
     assert_eq!(drive(&bucket, Duration::from_millis(300)), 20);
     bucket.refund(3);
     assert_eq!(drive(&bucket, Duration::from_millis(300)), 3);
@@ -71,8 +91,13 @@ fn a_refund_returns_to_the_shared_budget() {
 
 #[test]
 fn a_closed_port_is_a_typed_error_within_the_connect_timeout() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let err = RedisPool::connect(PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "x")).unwrap_err();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err =
+        RedisPool::connect(PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "x")).unwrap_err();
     assert!(matches!(err, PoolError::Unreachable { .. }), "{err}");
 }
 
@@ -90,7 +115,10 @@ fn a_listener_that_never_answers_is_a_typed_error_not_a_hang() {
         );
         let _ = tx.send(r.map(drop));
     });
-    let err = rx.recv_timeout(Duration::from_secs(60)).expect("connect hung").unwrap_err();
+    let err = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("connect hung")
+        .unwrap_err();
     assert!(matches!(err, PoolError::Unreachable { .. }), "{err}");
     drop(listener);
 }
@@ -98,11 +126,17 @@ fn a_listener_that_never_answers_is_a_typed_error_not_a_hang() {
 #[test]
 fn settings_out_of_range_are_refused_with_the_range() {
     let err = RedisPool::connect(config("cfg").max_lease(0)).unwrap_err();
-    assert_eq!(err.to_string(), "invalid pool setting: max_lease must be 1 ..= 16,777,215 tokens, got 0");
+    assert_eq!(
+        err.to_string(),
+        "invalid pool setting: max_lease must be 1 ..= 16,777,215 tokens, got 0"
+    );
     let err = RedisPool::connect(PoolConfig::new("nota url", "x")).unwrap_err();
     assert!(matches!(err, PoolError::Url { .. }), "{err}");
     let pool = RedisPool::connect(config("scope")).unwrap();
-    assert!(matches!(pool.bucket("a{b", RemotePolicy::new(1, 1.0).unwrap()), Err(PoolError::Scope(_))));
+    assert!(matches!(
+        pool.bucket("a{b", RemotePolicy::new(1, 1.0).unwrap()),
+        Err(PoolError::Scope(_))
+    ));
 }
 
 #[test]
@@ -125,12 +159,17 @@ fn fail_modes_answer_once_the_breaker_opens() {
                 .instances(2),
         )
         .unwrap();
-        let bucket = pool.bucket("g", RemotePolicy::new(1000, 1000.0).unwrap()).unwrap();
+        let bucket = pool
+            .bucket("g", RemotePolicy::new(1000, 1000.0).unwrap())
+            .unwrap();
         assert!(drive(&bucket, Duration::from_millis(100)) > 0);
         server.stop();
         let start = Instant::now();
         while !pool.is_unavailable() {
-            assert!(start.elapsed() < Duration::from_secs(5), "breaker never opened");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "breaker never opened"
+            );
             let _ = bucket.try_acquire(1);
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -5,7 +5,7 @@ mod common;
 
 use proptest::prelude::*;
 use tokengate_redis::model::ModelBucket;
-use tokengate_redis::script::{BucketKeys, Exchange, Outcome, Scripts, TimeSource};
+use tokengate_redis::script::{BucketKeys, Exchange, Outcome, Scripts, Target, TimeSource};
 use tokengate_redis::{Mode, RemotePolicy, Start, UNITS_PER_TOKEN};
 
 const KEEP_MS: u64 = 600_000;
@@ -37,7 +37,17 @@ impl Rig {
     fn run(&mut self, ex: &Exchange, now: u64) -> tokengate_redis::script::Reply {
         let got = self
             .scripts
-            .exchange(&mut self.con, &self.keys, &self.policy, self.lease_us, KEEP_MS, ex, now)
+            .exchange(
+                &mut self.con,
+                &Target {
+                    keys: &self.keys,
+                    policy: &self.policy,
+                    lease_us: self.lease_us,
+                    keep_ms: KEEP_MS,
+                },
+                ex,
+                now,
+            )
             .expect("exchange");
         let want = self.model.exchange(&self.policy, self.lease_us, ex, now);
         assert_eq!(got, want, "reply of {ex:?} at {now}");
@@ -64,10 +74,25 @@ fn grant(id: &str, need: u64, want: u64) -> Exchange {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Grant { id: u8, need: u64, want: u64 },
-    Settle { id: u8, unspent: u64 },
-    GrantSettling { id: u8, need: u64, want: u64, old: u8, unspent: u64 },
-    Credit { units: u64 },
+    Grant {
+        id: u8,
+        need: u64,
+        want: u64,
+    },
+    Settle {
+        id: u8,
+        unspent: u64,
+    },
+    GrantSettling {
+        id: u8,
+        need: u64,
+        want: u64,
+        old: u8,
+        unspent: u64,
+    },
+    Credit {
+        units: u64,
+    },
     Peek,
 }
 
@@ -90,7 +115,13 @@ fn to_exchange(op: &Op) -> Exchange {
             settle: vec![(id(i), *unspent)],
             ..Exchange::default()
         },
-        Op::GrantSettling { id: i, need, want, old, unspent } => Exchange {
+        Op::GrantSettling {
+            id: i,
+            need,
+            want,
+            old,
+            unspent,
+        } => Exchange {
             settle: vec![(id(old), *unspent)],
             ..grant(&id(i), *need, *want)
         },
@@ -103,12 +134,14 @@ fn to_exchange(op: &Op) -> Exchange {
 }
 
 fn policy() -> impl Strategy<Value = RemotePolicy> {
-    (1u64..300, 1u64..2_000_000, any::<bool>(), any::<bool>()).prop_map(|(cap, rate_milli, loose, full)| {
-        RemotePolicy::new(cap, rate_milli as f64 / 1000.0)
-            .unwrap()
-            .with_mode(if loose { Mode::Loose } else { Mode::Exact })
-            .with_start(if full { Start::Full } else { Start::Empty })
-    })
+    (1u64..300, 1u64..2_000_000, any::<bool>(), any::<bool>()).prop_map(
+        |(cap, rate_milli, loose, full)| {
+            RemotePolicy::new(cap, rate_milli as f64 / 1000.0)
+                .unwrap()
+                .with_mode(if loose { Mode::Loose } else { Mode::Exact })
+                .with_start(if full { Start::Full } else { Start::Empty })
+        },
+    )
 }
 
 proptest! {
@@ -141,10 +174,15 @@ proptest! {
 
 #[test]
 fn thousand_small_refills_equal_one_large() {
-    let policy = RemotePolicy::new(1000, 333.333).unwrap().with_start(Start::Empty);
+    let policy = RemotePolicy::new(1000, 333.333)
+        .unwrap()
+        .with_start(Start::Empty);
     let mut small = Rig::new("small", policy, 1_000_000);
     let mut large = Rig::new("large", policy, 1_000_000);
-    let credit = |units| Exchange { credit_units: units, ..Exchange::default() };
+    let credit = |units| Exchange {
+        credit_units: units,
+        ..Exchange::default()
+    };
     small.run(&credit(1), T0);
     large.run(&credit(1), T0);
     let mut now = T0;
@@ -168,8 +206,20 @@ fn same_request_id_twice_is_one_grant() {
     let mut rig = Rig::new("idem", policy, 5_000_000);
     let first = rig.run(&grant("a", 1, 30), T0);
     let again = rig.run(&grant("a", 1, 30), T0 + 10);
-    assert_eq!(first.outcome, Outcome::Granted { tokens: 30, reclaim_at_us: T0 + 5_000_000 });
-    assert_eq!(again.outcome, Outcome::Replayed { tokens: 30, reclaim_at_us: T0 + 5_000_000 });
+    assert_eq!(
+        first.outcome,
+        Outcome::Granted {
+            tokens: 30,
+            reclaim_at_us: T0 + 5_000_000
+        }
+    );
+    assert_eq!(
+        again.outcome,
+        Outcome::Replayed {
+            tokens: 30,
+            reclaim_at_us: T0 + 5_000_000
+        }
+    );
     assert_eq!(again.outstanding, 30);
     // Full at B - outstanding: no refill while the lease is out.
     assert_eq!(again.balance_units, 70 * UNITS_PER_TOKEN);
@@ -180,7 +230,10 @@ fn settling_twice_credits_once() {
     let policy = RemotePolicy::new(100, 0.001).unwrap();
     let mut rig = Rig::new("settle2", policy, 5_000_000);
     rig.run(&grant("a", 1, 40), T0);
-    let settle = Exchange { settle: vec![("a".into(), 25)], ..Exchange::default() };
+    let settle = Exchange {
+        settle: vec![("a".into(), 25)],
+        ..Exchange::default()
+    };
     let once = rig.run(&settle, T0);
     let twice = rig.run(&settle, T0);
     assert_eq!(once.balance_units, 85 * UNITS_PER_TOKEN);
@@ -194,7 +247,10 @@ fn reclaim_credits_nothing() {
     let mut rig = Rig::new("reclaim", policy, 1_000);
     rig.run(&grant("a", 1, 40), T0);
     // A settlement after the reclaim time is too late: the lease is gone, and its tokens too.
-    let late = Exchange { settle: vec![("a".into(), 40)], ..Exchange::default() };
+    let late = Exchange {
+        settle: vec![("a".into(), 40)],
+        ..Exchange::default()
+    };
     let after = rig.run(&late, T0 + 1_000);
     assert_eq!(after.outstanding, 0);
     assert_eq!(after.balance_units, 60 * UNITS_PER_TOKEN + 1);
@@ -208,15 +264,28 @@ fn rejection_writes_nothing() {
     let before = common::read_bucket(&mut rig.con, &rig.keys);
     // Later, with lease "a" past its reclaim time: the reclaim is seen but not written.
     let no = rig.run(&grant("b", 3, 3), T0 + 2_000_000);
-    assert!(matches!(no.outcome, Outcome::Rejected { retry_after_us: Some(1_000_000) }), "{no:?}");
+    assert!(
+        matches!(
+            no.outcome,
+            Outcome::Rejected {
+                retry_after_us: Some(1_000_000)
+            }
+        ),
+        "{no:?}"
+    );
     assert_eq!(common::read_bucket(&mut rig.con, &rig.keys), before);
 }
 
 #[test]
 fn clock_behind_the_state_adds_nothing() {
-    let policy = RemotePolicy::new(100, 10.0).unwrap().with_start(Start::Empty);
+    let policy = RemotePolicy::new(100, 10.0)
+        .unwrap()
+        .with_start(Start::Empty);
     let mut rig = Rig::new("behind", policy, 60_000_000);
-    let credit = Exchange { credit_units: 1, ..Exchange::default() };
+    let credit = Exchange {
+        credit_units: 1,
+        ..Exchange::default()
+    };
     rig.run(&credit, T0);
     let back = rig.run(&credit, T0 - 5_000_000);
     assert_eq!(back.balance_units, 2);
@@ -230,13 +299,18 @@ fn clock_behind_the_state_adds_nothing() {
 #[test]
 fn largest_policy_refills_exactly_after_years() {
     let cap = RemotePolicy::max_capacity(1000.0);
-    let policy = RemotePolicy::new(cap, 1000.0).unwrap().with_start(Start::Empty);
+    let policy = RemotePolicy::new(cap, 1000.0)
+        .unwrap()
+        .with_start(Start::Empty);
     assert!(RemotePolicy::new(cap + 1, 1000.0).is_err());
     let mut rig = Rig::new("largest", policy, 1_000_000);
     rig.run(&Exchange::default(), T0);
     rig.run(&grant("a", 1, 5), T0 + 9_999_999);
     let year = rig.run(&grant("b", 1, 1), T0 + 3_600_000_000 * 24 * 365 * 20);
-    assert_eq!(year.balance_units + year.outstanding * UNITS_PER_TOKEN, policy.capacity_units());
+    assert_eq!(
+        year.balance_units + year.outstanding * UNITS_PER_TOKEN,
+        policy.capacity_units()
+    );
 }
 
 #[test]
@@ -244,7 +318,10 @@ fn script_flush_is_recovered_by_reloading() {
     let policy = RemotePolicy::new(10, 1.0).unwrap();
     let mut rig = Rig::new("flush", policy, 1_000_000);
     rig.run(&grant("a", 1, 1), T0);
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut rig.con).unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut rig.con)
+        .unwrap();
     let r = rig.run(&grant("b", 1, 1), T0);
     assert_eq!(r.outstanding, 2);
 }

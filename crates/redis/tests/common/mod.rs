@@ -27,16 +27,21 @@ pub fn namespace(test: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    format!("t-{test}-{}-{nanos}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "t-{test}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The bucket's keys as they are in Redis, in the model's shape.
 pub fn read_bucket(con: &mut redis::Connection, keys: &BucketKeys) -> ModelBucket {
-    let (state, leases, expiry): (
+    type Stored = (
         BTreeMap<String, u64>,
         BTreeMap<String, u64>,
         Vec<(String, u64)>,
-    ) = redis::pipe()
+    );
+    let (state, leases, expiry): Stored = redis::pipe()
         .hgetall(&keys.state)
         .hgetall(&keys.leases)
         .zrange_withscores(&keys.expiry, 0, -1)
@@ -52,7 +57,10 @@ pub fn read_bucket(con: &mut redis::Connection, keys: &BucketKeys) -> ModelBucke
     ModelBucket {
         state,
         leases,
-        expiry: expiry.into_iter().map(|(id, at)| (at, id)).collect::<BTreeSet<_>>(),
+        expiry: expiry
+            .into_iter()
+            .map(|(id, at)| (at, id))
+            .collect::<BTreeSet<_>>(),
     }
 }
 
@@ -74,7 +82,11 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let mut s = Self { port, child: None };
         s.ensure_running();
         s
@@ -94,14 +106,25 @@ impl Server {
             return;
         }
         let child = std::process::Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server must be installed (see .ci/run)");
         self.child = Some(child);
         let client = redis::Client::open(self.url()).unwrap();
         for _ in 0..200 {
-            if let Ok(mut c) = client.get_connection_with_timeout(std::time::Duration::from_millis(50)) {
+            if let Ok(mut c) =
+                client.get_connection_with_timeout(std::time::Duration::from_millis(50))
+            {
                 if redis::cmd("PING").query::<String>(&mut c).is_ok() {
                     return;
                 }
