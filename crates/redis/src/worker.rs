@@ -83,6 +83,7 @@ pub(crate) struct Worker {
     instance: String,
     seq: u64,
     last_redis_us: u64,
+    rng: u64,
 }
 
 impl std::fmt::Debug for Worker {
@@ -113,6 +114,7 @@ impl Worker {
             instance,
             seq: 0,
             last_redis_us: 0,
+            rng: nanos | 1,
         }
     }
 
@@ -446,7 +448,23 @@ impl Worker {
             }
             Outcome::Rejected { retry_after_us } => {
                 t.in_flight = None;
-                let wait = retry_after_us.map_or(ttl, |us| us.saturating_mul(1000));
+                // Ask again when a whole lease could be paid, not one token: a fleet far
+                // over its budget then polls about K*r/L times a second, not once per
+                // token per instance. Jittered up to half again, so instances refused
+                // together do not ask together; never past the lease lifetime.
+                let lease_ns = plan
+                    .exchange
+                    .want
+                    .saturating_sub(plan.exchange.need)
+                    .saturating_mul(1_000_000_000_000)
+                    / b.policy.rate_milli().max(1);
+                let wait = retry_after_us.map_or(ttl, |us| {
+                    let base = us.saturating_mul(1000).saturating_add(lease_ns);
+                    self.rng ^= self.rng << 13;
+                    self.rng ^= self.rng >> 7;
+                    self.rng ^= self.rng << 17;
+                    base.saturating_add(self.rng % (base / 2 + 1)).min(ttl)
+                });
                 b.rejected_until_ns
                     .store(sent_ns.saturating_add(wait), Ordering::Relaxed);
                 b.demand.store(true, Ordering::Relaxed);
