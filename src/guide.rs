@@ -65,3 +65,5 @@
 //!   set that cannot be paid, buckets are taken in one global order, and a take refused
 //!   after all (a race) rolls back the ones already taken, in reverse order.
 //! - **I8** a cost above `B` is an immediate, distinct error.
+
+pub mod leasing;

@@ -79,9 +79,10 @@ pub enum LeaseOutcome {
 /// A pool's state at a reading, as [`Pool::peek`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolState {
-    /// The balance in units, refilled to the reading (negative only while reservations
-    /// are owed). Tokens out on lease are not in it.
-    pub balance_units: i64,
+    /// The balance refilled to the reading, in units offset by the layout's base
+    /// (`layout.base_units() + balance`, as a packed word stores them: never negative).
+    /// Tokens out on lease are not in it.
+    pub units: u64,
     /// How many ticks the reading is behind the pool's last update (zero for a pool that
     /// keeps no ticks). Above [`Layout::tolerance_ticks`] the balance is the stored one.
     pub behind_ticks: u64,
@@ -335,9 +336,9 @@ fn stored_units(layout: &Layout, word: u64) -> u64 {
 
 /// The state a pool reports for a snapshot.
 #[inline]
-fn state_of(layout: &Layout, snapshot: &Snapshot) -> PoolState {
+fn state_of(snapshot: &Snapshot) -> PoolState {
     PoolState {
-        balance_units: layout.balance_units(snapshot),
+        units: snapshot.units(),
         behind_ticks: snapshot.behind(),
     }
 }
@@ -539,7 +540,7 @@ impl Pool for LocalPool {
 
     #[inline]
     fn peek(&self, layout: &Layout, now: u64) -> PoolState {
-        state_of(layout, &self.snapshot_at(layout, now))
+        state_of(&self.snapshot_at(layout, now))
     }
 
     #[cold]
@@ -555,10 +556,10 @@ impl Pool for LocalPool {
         let now_tick = layout.tick_of(now);
         let snapshot = layout.refill(cur, now_tick);
         if snapshot.behind() <= layout.tolerance_ticks() {
-            return Ok((state_of(layout, &snapshot), now));
+            return Ok((state_of(&snapshot), now));
         }
         match reanchored(layout, &snapshot, now_tick) {
-            Some(full) => Ok((state_of(layout, &full), now)),
+            Some(full) => Ok((state_of(&full), now)),
             None => Err(clock_went_backwards(layout, &snapshot, now)),
         }
     }

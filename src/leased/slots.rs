@@ -37,7 +37,7 @@
 //! every write to the global word is. Each word's modification order is then part of
 //! happens-before (each RMW reads its predecessor and synchronizes with it), so the
 //! execution has a sequential witness: any linear extension of happens-before. The
-//! exactness argument in [`crate::leased`] is made on that witness. On x86 these
+//! exactness argument in [`crate::guide::leasing`] is made on that witness. On x86 these
 //! orderings cost nothing over `Relaxed`.
 
 use std::fmt;
@@ -241,6 +241,7 @@ impl Slots {
     /// Marks an OPEN slot LEASING, taking the tokens left in it (of any tick). Returns
     /// the slot's index and those tokens; `None` (writing nothing) when the slot is being
     /// leased by another thread or is closed.
+    #[inline]
     pub(crate) fn claim(&self, index: usize) -> Option<(usize, u64)> {
         let index = index & self.mask;
         let word = &self.slots[index].word;
@@ -259,6 +260,7 @@ impl Slots {
     /// Turns the caller's LEASING slot back into an OPEN slot holding `tokens` leased at
     /// `tick`. `false` (writing nothing) when a closer cancelled the lease: the caller
     /// must give its tokens back and then [`abandon`](Slots::abandon) the slot.
+    #[inline]
     pub(crate) fn publish(&self, index: usize, tick: u64, tokens: u64) -> bool {
         debug_assert!(tokens <= self.token_mask);
         self.slot(index)
@@ -350,6 +352,7 @@ impl Slots {
 
     /// Tokens held in OPEN slots now (a racy sum; exact when nothing runs concurrently).
     /// Loads every slot's line.
+    #[inline]
     pub(crate) fn held(&self) -> u64 {
         #[cfg(all(test, not(loom)))]
         SCANS.with(|n| n.set(n.get() + 1));
