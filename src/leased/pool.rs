@@ -47,7 +47,9 @@ pub enum LeaseOutcome {
         leased_units: u64,
         /// The tick (of the bucket's layout and clock, modulo `2^T`) the lease is
         /// spendable in, and only in: the slot refuses it once the clock reads another
-        /// tick. No earlier than the request's reading.
+        /// tick. [`LocalPool`] names its word's tick (the request's, or a later one stored
+        /// by a thread that read the clock after it); a pool that keeps no ticks names
+        /// `layout.tick_of(request.now)`.
         tick: u64,
         /// The pool's balance after the exchange, in units (negative only while
         /// reservations are owed).
@@ -108,8 +110,10 @@ pub trait Lessees {
     fn max_outstanding_units(&self) -> u64;
 
     /// Stops every other lessee from spending or receiving leased tokens until the
-    /// exchange is over, and takes back their idle tokens. Calling it again in the same
-    /// exchange takes nothing more.
+    /// exchange is over, and takes back their idle tokens into the exchange's hand: the
+    /// pool must store them (given back) whether the exchange admits or rejects. Calling
+    /// it again in the same exchange takes nothing more and reports zeros: the first
+    /// call's [`Quiesced::in_flight_units`] stands for the whole exchange.
     fn quiesce(&mut self) -> Quiesced;
 
     /// The batch to lease, in units (whole tokens), when `spare` units remain after

@@ -241,7 +241,6 @@ impl Slots {
     /// Marks an OPEN slot LEASING, taking the tokens left in it (of any tick). Returns
     /// the slot's index and those tokens; `None` (writing nothing) when the slot is being
     /// leased by another thread or is closed.
-    #[inline]
     pub(crate) fn claim(&self, index: usize) -> Option<(usize, u64)> {
         let index = index & self.mask;
         let word = &self.slots[index].word;
@@ -260,7 +259,6 @@ impl Slots {
     /// Turns the caller's LEASING slot back into an OPEN slot holding `tokens` leased at
     /// `tick`. `false` (writing nothing) when a closer cancelled the lease: the caller
     /// must give its tokens back and then [`abandon`](Slots::abandon) the slot.
-    #[inline]
     pub(crate) fn publish(&self, index: usize, tick: u64, tokens: u64) -> bool {
         debug_assert!(tokens <= self.token_mask);
         self.slot(index)
@@ -352,7 +350,6 @@ impl Slots {
 
     /// Tokens held in OPEN slots now (a racy sum; exact when nothing runs concurrently).
     /// Loads every slot's line.
-    #[inline]
     pub(crate) fn held(&self) -> u64 {
         #[cfg(all(test, not(loom)))]
         SCANS.with(|n| n.set(n.get() + 1));
