@@ -357,7 +357,7 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
     }
 
     /// The pool's packed word as stored, before any refill: decode it with the policy's
-    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
+    /// [`Layout`]. For diagnostics, and to check that an operation
     /// wrote nothing.
     pub fn stored_word(&self) -> u64 {
         self.pool.stored_word()

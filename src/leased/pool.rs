@@ -219,7 +219,7 @@ pub trait Pool: Send + Sync {
 ///
 /// Writes are `AcqRel` read-modify-writes and loads `Acquire`, unlike a plain bucket's
 /// `Relaxed`: the exactness argument orders slot operations against this word (see
-/// [`super::slots`]).
+/// `leased/slots.rs` and [the leasing guide](crate::guide::leasing)).
 ///
 /// # Readings behind the word
 ///
@@ -234,7 +234,7 @@ pub trait Pool: Send + Sync {
 /// [`AcquireError::ClockWentBackwards`], everything handed in given back; unless the word
 /// is full.
 ///
-/// A full word is re-anchored instead ([`reanchored`]): it becomes full at the new
+/// A full word is re-anchored instead: it becomes full at the new
 /// reading's tick, and the exchange proceeds. A full bucket holds the same at any time,
 /// so no credit is made, and a full bucket passes clock steps back and tick wraps, as a
 /// plain one does. "Full" is the word's own units; the tokens out on lease need not
