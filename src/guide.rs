@@ -1,6 +1,7 @@
 //! How tokengate works: the packed word, its precision, and the invariants it keeps.
 //!
 //! This module holds documentation only.
+//! Why a [`LeasedBucket`](crate::LeasedBucket) is exact is in [`leasing`].
 //!
 //! # The packed word
 //!
