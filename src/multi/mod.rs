@@ -215,11 +215,7 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
     for (slot, i) in order.iter_mut().zip(0..) {
         *slot = i;
     }
-    #[cfg(loom)]
-    let global_order = !crate::mutants::on(&crate::mutants::TAKE_IN_LISTED_ORDER);
-    #[cfg(not(loom))]
-    let global_order = true;
-    if global_order {
+    if !mutant!(TAKE_IN_LISTED_ORDER) {
         sort_by_id(order, requests)?;
     }
 
@@ -248,8 +244,7 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
             }
         }
         // Roll back what was taken, newest first.
-        #[cfg(loom)]
-        let taken = if crate::mutants::on(&crate::mutants::ROLLBACK_SKIPS_REFUND) {
+        let taken = if mutant!(ROLLBACK_SKIPS_REFUND) {
             0
         } else {
             taken
