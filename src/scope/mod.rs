@@ -335,7 +335,7 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
 
 /// The slot of each keyed kind while its lock is held: `None` when the request does not
 /// pay that kind.
-type Slots<'a, C> = PerKind<Option<Slot<'a, C>>>;
+type Held<'a, C> = PerKind<Option<Slot<'a, C>>>;
 
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire) of
@@ -395,7 +395,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// reads the clock again), counts, and builds the decision.
     fn decide(
         &self,
-        slots: Slots<'_, C>,
+        slots: Held<'_, C>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
