@@ -803,36 +803,31 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     }
 }
 
-impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {}
-
 impl<C: Clock, P: Pool> Member for LeasedBucket<C, P> {
     #[inline]
     fn member_id(&self) -> usize {
         self.id()
     }
-
     fn capacity(&self) -> u64 {
         self.policy.capacity()
     }
+}
 
+impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
     #[inline]
     fn now_nanos(&self) -> u64 {
         self.clock.now_nanos()
     }
-
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         self.acquire_at(thread_index(), cost, now)
     }
-
     fn refund_at(&self, cost: u64, now: u64) {
         let layout = self.policy.layout();
         self.refund_units(layout.units_of(cost).unwrap_or(layout.max_units()), now);
     }
-
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         self.wait(self.policy.layout(), cost, now)
     }
-
     /// The read-only rejection of [`try_acquire`](LeasedBucket::try_acquire): the global
     /// balance plus every slot cannot pay. When this thread's slot can pay, only its own
     /// line is read (the common case: the pool's line stays off the path).

@@ -308,25 +308,10 @@ fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Sna
         .then(|| layout.refill(layout.start_word(now_tick, true), now_tick))
 }
 
-/// Whether the mutant that refuses a reading behind the word without reading the clock
-/// again is on (never, outside the loom models).
-#[inline(always)]
-fn reread_skipped() -> bool {
-    #[cfg(loom)]
-    {
-        crate::mutants::on(&crate::mutants::LEASE_SKIPS_REREAD)
-    }
-    #[cfg(not(loom))]
-    {
-        false
-    }
-}
-
 /// [`exchange::must_quiesce`], with the loom mutant that adds credit without quiescing.
 #[inline]
 fn credit_bound(layout: &Layout, units: u64, hand: u64, outstanding: u64) -> bool {
-    #[cfg(loom)]
-    if crate::mutants::on(&crate::mutants::CREDIT_IGNORES_LEASES) {
+    if mutant!(CREDIT_IGNORES_LEASES) {
         return false;
     }
     exchange::must_quiesce(layout.max_units(), units, hand, outstanding)
@@ -394,7 +379,7 @@ impl LocalPool {
         if snapshot.behind() <= layout.tolerance_ticks() {
             return Ok(Some(snapshot));
         }
-        if !reading.after_load && !reread_skipped() {
+        if !reading.after_load && !mutant!(LEASE_SKIPS_REREAD) {
             // `cur` was loaded (or returned by a failed CAS) with `Acquire`.
             reading.after_load = true;
             reading.read(layout, clock);
@@ -462,10 +447,8 @@ impl Pool for LocalPool {
                     } else {
                         0
                     };
-                    #[allow(unused_mut)]
                     let mut left = units - request.cost_units - leased;
-                    #[cfg(loom)]
-                    if crate::mutants::on(&crate::mutants::LEASE_KEEPS_GLOBAL) {
+                    if mutant!(LEASE_KEEPS_GLOBAL) {
                         left += leased;
                     }
                     let admitted = LeaseOutcome::Admitted {

@@ -209,10 +209,7 @@ impl Slots {
         let stamp = now_tick & self.tick_mask;
         let mut cur = word.load(Ordering::Acquire);
         loop {
-            #[cfg(loom)]
-            let stamp = if crate::mutants::on(&crate::mutants::LEASE_NEVER_EXPIRES)
-                && cur & STATE_MASK == OPEN
-            {
+            let stamp = if mutant!(LEASE_NEVER_EXPIRES) && cur & STATE_MASK == OPEN {
                 cur >> self.token_bits
             } else {
                 stamp
