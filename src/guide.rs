@@ -1,6 +1,7 @@
 //! How tokengate works: the packed word, its precision, and the invariants it keeps.
 //!
 //! This module holds documentation only.
+//! Why a [`LeasedBucket`](crate::LeasedBucket) is exact is in [`leasing`].
 //!
 //! # The packed word
 //!
@@ -65,3 +66,5 @@
 //!   set that cannot be paid, buckets are taken in one global order, and a take refused
 //!   after all (a race) rolls back the ones already taken, in reverse order.
 //! - **I8** a cost above `B` is an immediate, distinct error.
+
+pub mod leasing;

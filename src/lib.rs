@@ -64,6 +64,18 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+/// Whether the loom models' deliberate bug `$flag` (a [`mutants`] flag) is switched on:
+/// a plain `false` outside `cfg(loom)`, so each hook is one line and costs nothing.
+macro_rules! mutant {
+    ($flag:ident) => {{
+        #[cfg(loom)]
+        let on = crate::mutants::on(&crate::mutants::$flag);
+        #[cfg(not(loom))]
+        let on = false;
+        on
+    }};
+}
+
 mod attempt;
 mod bucket;
 pub mod clock;

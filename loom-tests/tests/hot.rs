@@ -339,7 +339,7 @@ struct AdvanceSeen {
 /// thread advances the clock by two tokens of refill, twice the race tolerance: the
 /// leased analogue of `clock_advance.rs`'s model. A trip whose reading predates the
 /// other's CAS finds the word well ahead of it; it loads the word and only then reads the
-/// clock again (see "Readings behind the word" on `GlobalWord`), so the writer's reading
+/// clock again (see "Readings behind the word" on `LocalPool`), so the writer's reading
 /// happens-before its new one and it never refuses the lost race as a clock that stepped
 /// back. Every execution conserves tokens: what was admitted plus what is left is the
 /// refill up to the final time.

@@ -10,7 +10,7 @@
 //! the stored state. A must not add the refill of `t..t+d` again, and must not write `t`
 //! back as the stored tick (the next reader would then be credited `t..t+d` twice).
 //!
-//! Both threads read the clock themselves and take at that reading (`Member::take_at`,
+//! Both threads read the clock themselves and take at that reading (`MemberOps::take_at`,
 //! what `try_acquire` does and what `acquire_all` does for a whole set after one
 //! reading), so the model knows each reading and can check the stored tick against them.
 #![cfg(loom)]
@@ -21,7 +21,7 @@ use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{Model, Tally, balance_now, ticks_per_token};
 use tokengate::state::Layout;
-use tokengate::{Bucket, Clock, ManualClock, Policy, multi::Member};
+use tokengate::{Bucket, Clock, ManualClock, Policy, multi::MemberOps};
 
 struct Setup {
     policy: Policy,

@@ -1,14 +1,13 @@
-//! A borrowed bucket of a keyed map (or a global scope) as a member of an all-or-nothing
-//! acquisition.
+//! A borrowed bucket of a keyed map (or a global scope) with where its counts go: a
+//! word-backed member of an all-or-nothing acquisition.
 
 use std::fmt;
-use std::time::Duration;
 
 use crate::bucket::RawBucket;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::AcquireError;
-use crate::multi::{Member, sealed};
+use crate::multi::{BucketRef, WordBacked};
 use crate::state::Layout;
 use crate::telemetry::CounterRef;
 
@@ -45,43 +44,15 @@ impl<C: Clock> Handle<'_, C> {
     }
 }
 
-impl<C: Clock> sealed::Sealed for Handle<'_, C> {}
-
-impl<C: Clock> Member for Handle<'_, C> {
-    #[inline]
-    fn member_id(&self) -> usize {
-        self.raw.id()
-    }
-
-    fn capacity(&self) -> u64 {
-        self.layout.capacity()
-    }
+impl<C: Clock> WordBacked for Handle<'_, C> {
+    type Clock = C;
 
     #[inline]
-    fn now_nanos(&self) -> u64 {
-        self.clock.now_nanos()
-    }
-
-    #[inline]
-    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        self.take(cost, now)
-    }
-
-    #[inline]
-    fn refund_at(&self, cost: u64, now: u64) {
-        let units = self
-            .layout
-            .units_of(cost)
-            .expect("acquire_all checks every cost against its capacity first");
-        self.raw.refund_units(self.layout, self.clock, now, units);
-    }
-
-    fn wait_at(&self, cost: u64, now: u64) -> Duration {
-        self.raw.wait(self.layout, now, cost)
-    }
-
-    #[inline]
-    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
-        self.raw.refusal(self.layout, now, cost)
+    fn bucket_ref(&self) -> BucketRef<'_, C> {
+        BucketRef {
+            raw: self.raw,
+            layout: self.layout,
+            clock: self.clock,
+        }
     }
 }

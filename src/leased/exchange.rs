@@ -252,7 +252,7 @@ mod tests {
         fn step_keeps_the_exchange_rules(
             stored in 0u64..=B,
             refill in 0u64..=B,
-            hand in 0u64..=B,
+            hand in prop_oneof![Just(0u64), 0u64..=B],
             outstanding in 0u64..=2 * B,
             in_flight in proptest::option::of(0u64..=2 * B),
             needed in 1u64..=B,

@@ -1,118 +1,31 @@
-//! A bucket that scales with cores: tokens leased in batches from one global word to
-//! core-local slots, with the same exact bound as a plain [`Bucket`](crate::Bucket).
+//! A bucket that scales with cores: tokens leased in batches from a pool to core-local
+//! slots, with the same exact bound as a plain [`Bucket`](crate::Bucket).
 //!
-//! # Shape
+//! A [`LeasedBucket`] is a [`Pool`] (the single source of truth for the balance; by
+//! default a [`LocalPool`], one packed word exactly like a plain bucket's) plus a
+//! power-of-two array of cache-padded slots. Most admissions are paid from the calling
+//! thread's slot (a clock read and one CAS on a line no other core writes); the rest make
+//! one exchange with the pool that gives back the slot's leftover, pays the cost and
+//! leases a new batch. The argument for exactness is in the guide:
+//! [`crate::guide::leasing`].
 //!
-//! A [`LeasedBucket`] is a global packed word (the single source of truth, exactly a
-//! plain bucket's word) plus a power-of-two array of cache-padded slots. A thread maps to
-//! a slot (round-robin on its first use). An admission:
-//!
-//! 1. **Local** (the common case): one clock read, then one load and one CAS on the
-//!    slot's own cache line when the slot holds enough tokens leased in the current tick.
-//!    The global word is not touched.
-//! 2. **Lease**: the slot holds too few, or its lease is from an earlier tick. The thread
-//!    marks its slot LEASING (taking its leftover), and in one CAS on the global word
-//!    gives the leftover back, pays the cost and takes a batch (the lease); then
-//!    publishes the batch into its slot, stamped with the global word's tick.
-//! 3. **Reject, read-only**: the global balance (refilled) plus every slot's tokens cannot
-//!    pay. Nothing is written, as on a plain bucket (I5). When the global balance plus
-//!    the most the slots can hold (`slots * max_lease`) cannot pay, the slots are not
-//!    even read: such a rejection loads the global word alone.
-//! 4. **Reclaim**: the global word cannot pay, but the slots together could. The thread
-//!    closes every other slot,
-//!    taking the tokens idle in them (and cancelling leases in flight, which their
-//!    lessees give back), gives them back in the same CAS, and only if the global
-//!    balance plus everything reclaimed cannot pay does it reject (this rejection writes:
-//!    it gave the reclaimed tokens back).
-//!
-//! The lease size adapts: `min(max_lease, spare / (2 * slots))` whole tokens, where
-//! `spare` is the balance left after paying the cost. A full bucket leases big batches;
-//! a nearly empty one leases little or nothing.
-//!
-//! # Exactness
-//!
-//! Write `g` for the global balance, `O` for the tokens out on lease, and `P` for the
-//! balance of a plain bucket given the same requests at the same times. Leasing moves
-//! tokens from `g` to `O`; spending from a slot removes them from `O` as the plain bucket
-//! removes them from `P`; giving back moves them from `O` to `g`. None of these creates
-//! credit. Giving back at once is exact (`min(B, min(B, a) + b) = min(B, a + b)`, the I6
-//! argument).
-//!
-//! Credit is capped, and that is where leasing can go wrong. The plain bucket holds
-//! `min(B, P + Δ)` after `Δ` of refill; the global word holds `min(B, g + Δ)` while `O`
-//! is out. If the leased tokens are spent after the cap bound, the structure admits up to
-//! `O` more than the plain bucket: `min(B, x + c + Δ) - c` for the plain bucket against
-//! `min(B, x + Δ)` with `c` still spendable. This happens whether the global word was
-//! refilled by another thread or not at all (it is refilled lazily, from its stored tick,
-//! as if the tokens had been spent before the refill). Two rules close it:
-//!
-//! * **Leases expire at the tick edge.** A slot's tokens are spendable only within the
-//!   tick they were leased in (refill arrives only at tick edges, so within a tick no
-//!   credit can enter behind a lease's back). The local path therefore reads the clock:
-//!   one `Clock::now_nanos` per admission. An expired lease is not lost: the next trip to
-//!   the global word gives it back (exact), then takes a fresh one.
-//! * **Credit quiesces the slots first.** A CAS that adds credit (a refill across a tick
-//!   edge, or a refund) first closes every other slot, unless the cap cannot bind even
-//!   with every token outside the global word (`g + Δ + hand + 2 * slots * max_lease <=
-//!   B`). Closing takes the tokens of OPEN slots into the adder's hand and cancels leases
-//!   in flight; the adder's CAS adds the credit and everything in its hand, and then it
-//!   reopens the slots. A closed slot can neither be spent from nor published into. Its
-//!   own lease is taken in that same CAS, after the credit, so it is published at once.
-//!   This also covers a thread that read tick `k`, was delayed, and spends `k`-stamped
-//!   tokens after another thread refilled the global word at `k + 1`: its CAS on the
-//!   slot either comes before the close (and so before the refill) or fails.
-//! * **Tokens in flight are reserved for.** Giving tokens back is exact only when no
-//!   capped credit falls between taking them out and giving them back (otherwise the
-//!   credit was capped without them, and they are added on top). Tokens leave the global
-//!   word only into a slot's view: a lessee's claimed leftover and its new lease are in
-//!   its hand while its slot is LEASING; a cancelled lease stays in the lessee's hand
-//!   while the slot stays closed on its behalf until it has given the tokens back; a
-//!   closer's hand while the slots it closed stay closed. So an adder that closes the
-//!   slots knows how many may still have tokens in a hand (at most one lease each), and
-//!   caps its credit at `B - reserve` instead of `B`. When requests do not overlap
-//!   nothing is ever in flight, the reserve is zero and the result is exact; under
-//!   overlap the reserve can only withhold credit (see the bounds below), never create
-//!   it.
-//!
-//! The argument is made on a sequential witness: every write to the global word and to
-//! the slots is an `AcqRel` read-modify-write, so each word's modification order is part
-//! of happens-before, and any linear extension of happens-before is a sequential history
-//! in which every slot spend comes either before the adder's close of that slot, hence
-//! before its CAS, or after its reopen, hence spends tokens leased after the credit.
-//!
-//! The loom models in `loom-tests/tests/hot.rs` check this, and catch the planted bugs
-//! `LEASE_NEVER_EXPIRES` (no expiry: the capped-refill over-credit), `CREDIT_IGNORES_LEASES`
-//! (credit added without quiescing) and `LEASE_KEEPS_GLOBAL` (a lease not taken from the
-//! global word). The sequential property test `tests/leased_model.rs` also fails at once
-//! without the expiry or without the quiescing.
-//!
-//! # The clock read on the local path
-//!
-//! An admission paid from a slot costs one clock read, one load and one CAS on a line no
-//! other core writes. Exactness against a plain bucket on the same clock rules out
-//! skipping the read: without the time, a slot cannot know that a tick edge passed and
-//! the plain bucket capped its refill. What the read costs depends on the clock:
-//!
-//! * [`QuantaClock`] (the default, as for [`Bucket`](crate::Bucket)): a TSC read and a
-//!   multiply. On the virtual machines measured this read is most of an admission (about
-//!   20 ns of 27 to 35 ns), as it is of governor's `check()`, so a leased bucket on the
-//!   TSC clock costs about what `check()` costs on one thread; it wins under contention.
-//! * [`CoarseClock`]: one load of a line the upkeep thread writes
-//!   once a millisecond, so the local path is two loads and a CAS (11 to 13 ns measured,
-//!   0.38 to 0.43 times governor's `check()`). Refill then arrives in millisecond steps,
-//!   never early: the right clock for a hot global bucket. [`LeasedBucket::coarse`]
-//!   builds one.
+//! - `mod.rs`: [`LeasedBucket`], [`LeaseConfig`].
+//! - `slots.rs`: the core-local slots (OPEN, LEASING, CLOSED words).
+//! - `exchange.rs`: the pure arithmetic of one exchange.
+//! - `pool.rs`: the [`Pool`] trait and [`LocalPool`].
 //!
 //! # Bounds
+//!
+//! With the [`LocalPool`] (a pool on a remote store states its own):
 //!
 //! * **Never more than a plain bucket.** Over any interval, admissions are at most what
 //!   a plain [`Bucket`](crate::Bucket) with the same policy and the same requests admits.
 //! * **Stranded tokens**: at most `slots * max_lease` tokens sit in slots. They are not
-//!   lost: a request the global word cannot pay reclaims them, a credit that could meet
+//!   lost: a request the pool cannot pay reclaims them, a credit that could meet
 //!   the cap takes them back, and [`LeasedBucket::reclaim`] returns them on demand.
 //! * **Early rejections**: when requests are decided one at a time (no overlap), a leased
 //!   bucket rejects exactly when the plain bucket does, with the same balance and
-//!   `retry_after` (but for a rejection decided on the global word alone, see below),
+//!   `retry_after` (but for a rejection decided on the pool alone, see below),
 //!   and `available()` is equal after every step. Under overlap a
 //!   rejection can come early only by tokens in flight: a request that finds other
 //!   threads mid-exchange cannot count their hands (at most one lease per slot), and a
@@ -124,24 +37,24 @@
 //! # What is approximate
 //!
 //! * An admission paid from a slot reports as [`Decision::tokens_remaining`] the tokens
-//!   left in that slot: a lower bound of the balance (the global word and other slots are
-//!   not read). Admissions through the global word report the global balance plus the new
+//!   left in that slot: a lower bound of the balance (the pool and other slots are
+//!   not read). Admissions through the pool report the pool's balance plus the new
 //!   lease. A rejection reports exactly what a plain bucket reports, except one decided
-//!   on the global word alone (the global balance plus `slots * max_lease` cannot pay
-//!   the cost): it reports the global balance, below the plain bucket's by the tokens
+//!   on the pool alone (the pool's balance plus `slots * max_lease` cannot pay
+//!   the cost): it reports the pool's balance, below the plain bucket's by the tokens
 //!   idle in slots, and so a [`Decision::retry_after`] no shorter, longer by at most the
 //!   time those tokens take to refill. Reading every slot to make it exact would cost a
 //!   cache line per slot on every such rejection.
 //! * Spending from a slot only checks that the clock is in the lease's tick; a clock
 //!   that stepped back is reported ([`AcquireError::ClockWentBackwards`]) on the next trip
-//!   to the global word, as a plain bucket reports it: only when a reading taken after
-//!   loading the word is still well behind it, and only when the global word is not
-//!   full. A full global word is re-anchored to the new reading instead (a full bucket
-//!   holds the same at any time, and a full global word means no token is out on lease;
-//!   see `GlobalWord` in `src/lease.rs` for the argument).
-//! * A slot stamp is a tick modulo `2^T`, as the global word's is: a slot left untouched
+//!   to the pool, as a plain bucket reports it: only when a reading taken after
+//!   loading the word is still well behind it, and only when the pool is not
+//!   full. A full pool is re-anchored to the new reading instead (a full bucket
+//!   holds the same at any time, and a full pool means no token is out on lease;
+//!   see [`LocalPool`] for the argument).
+//! * A slot stamp is a tick modulo `2^T`, as the pool's is: a slot left untouched
 //!   for an exact multiple of the wrap period ([`Policy::wrap_period`], years for
-//!   ordinary policies) would read as current. Any trip to the global word that adds
+//!   ordinary policies) would read as current. Any trip to the pool that adds
 //!   credit near the cap, and [`LeasedBucket::reclaim`], empty idle slots.
 //! * A [`reset`](LeasedBucket::reset) concurrent with admissions: a lease taken before it
 //!   and published after it is given back after the reset (at most `max_lease` per slot;
@@ -206,7 +119,7 @@ impl LeaseConfig {
 
     /// Largest lease, in tokens: from 1 to the capacity, and at most `2^(62 - T) - 1`
     /// (what a slot word holds beside its `T`-bit stamp). Larger leases mean fewer trips
-    /// to the global word and more tokens stranded in idle slots (at most
+    /// to the pool and more tokens stranded in idle slots (at most
     /// `slots * max_lease`).
     pub fn max_lease(mut self, tokens: u64) -> LeaseConfig {
         self.max_lease = Some(tokens);
@@ -254,7 +167,8 @@ impl std::error::Error for LeaseConfigError {}
 /// exact bound as a [`Bucket`](crate::Bucket), with most admissions paid from a
 /// core-local lease (a clock read and one CAS on a cache line no other core writes).
 ///
-/// See the [module docs](crate::leased) for the algorithm, the exactness argument and the
+/// See the [module docs](crate::leased) and [the leasing guide](crate::guide::leasing) for the
+/// algorithm, the exactness argument and the
 /// bounds on stranded tokens and early rejections.
 ///
 /// ```
@@ -302,7 +216,7 @@ impl<C: Clock, P: Pool> fmt::Debug for LeasedBucket<C, P> {
 
 impl LeasedBucket<CoarseClock> {
     /// A leased bucket on the coarse clock with the default [`LeaseConfig`]: the cheapest
-    /// local path (see [the clock read on the local path](crate::leased#the-clock-read-on-the-local-path)).
+    /// local path (see [the clock read on the local path](crate::guide::leasing#the-clock-read-on-the-local-path)).
     ///
     /// # Errors
     ///
@@ -332,15 +246,6 @@ impl LeasedBucket<QuantaClock> {
     pub fn new(policy: Policy) -> LeasedBucket<QuantaClock> {
         LeasedBucket::with_clock(policy, QuantaClock::new())
     }
-}
-
-/// A pool state's units (balance plus the layout's base), as a word would store them;
-/// zero for a balance below minus the base (a remote pool's report, never the local
-/// word's).
-#[inline]
-fn units_of(layout: &Layout, state: &PoolState) -> u64 {
-    let units = i128::from(state.balance_units) + i128::from(layout.base_units());
-    u64::try_from(units.max(0)).unwrap_or(u64::MAX)
 }
 
 /// The slot count for the default configuration: one per core, rounded up to a power of
@@ -452,7 +357,7 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
     }
 
     /// The pool's packed word as stored, before any refill: decode it with the policy's
-    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
+    /// [`Layout`]. For diagnostics, and to check that an operation
     /// wrote nothing.
     pub fn stored_word(&self) -> u64 {
         self.pool.stored_word()
@@ -538,22 +443,22 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         }
     }
 
-    /// Takes `cost` tokens if the bucket (its global balance plus every slot) covers
+    /// Takes `cost` tokens if the bucket (its pool's balance plus every slot) covers
     /// them, from this thread's slot when it can.
     ///
     /// Returns a [`Decision`] as [`Bucket::try_acquire`](crate::Bucket::try_acquire) does;
     /// for an admission paid from the slot, [`Decision::tokens_remaining`] is the tokens
     /// left in the slot (a lower bound of the balance), and for a rejection the global
-    /// balance plus `slots * max_lease` could not pay, it is the global balance (also a
+    /// balance plus `slots * max_lease` could not pay, it is the pool's balance (also a
     /// lower bound; see [what is approximate](crate::leased#what-is-approximate)). A cost
     /// of zero is always admitted and writes nothing.
     ///
     /// # Errors
     ///
     /// - [`AcquireError::CostExceedsCapacity`] at once for a cost above the capacity.
-    /// - [`AcquireError::ClockWentBackwards`] when a trip to the global word finds the
+    /// - [`AcquireError::ClockWentBackwards`] when a trip to the pool finds the
     ///   clock well behind its last update, even when read again after loading it, and
-    ///   the global word is not full (a full one is re-anchored to the new reading and
+    ///   the pool is not full (a full one is re-anchored to the new reading and
     ///   the request proceeds). Nothing is written.
     ///
     /// ```
@@ -609,7 +514,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         self.acquire_slow(slot, cost, now)
     }
 
-    /// The trip to the global word: lease, reclaim, or reject.
+    /// The trip to the pool: lease, reclaim, or reject.
     #[cold]
     #[inline(never)]
     fn acquire_slow(&self, slot: usize, cost: u64, now: u64) -> Result<Decision, AcquireError> {
@@ -692,14 +597,14 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// The read-only rejection (I5): when the pool's balance (`state`, at `now`) and
     /// every slot together cannot pay `cost`, the refusal, having written nothing.
     /// `min(B, g + Δ) + O < needed` implies `min(B, g + Δ + O) < needed`: what a plain
-    /// bucket holds cannot pay either. First on the global word alone, against the most
+    /// bucket holds cannot pay either. First on the pool alone, against the most
     /// the slots can hold, so that a rejection even full slots could not turn loads no
     /// slot's line; then, only if the slots might pay, on what they hold.
     #[inline]
     fn read_only_refusal(&self, state: &PoolState, now: u64, cost: u64) -> Option<Decision> {
         let layout = self.policy.layout();
         let needed = layout.base_units() + (cost << layout.frac_bits());
-        let mut units = units_of(layout, state);
+        let mut units = state.units;
         if units.saturating_add(self.max_held_units) >= needed {
             let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
             units = units.saturating_add(held);
@@ -710,9 +615,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         })
     }
 
-    /// [`read_only_refusal`](Self::read_only_refusal) on the global word as it is now,
+    /// [`read_only_refusal`](Self::read_only_refusal) on the pool as it is now,
     /// for `acquire_all`'s first pass once this thread's slot could not pay. A reading
-    /// well behind the global word is left to the take, which reads the clock again.
+    /// well behind the pool is left to the take, which reads the clock again.
     #[cold]
     #[inline(never)]
     fn refusal_on_global(&self, cost: u64, now: u64) -> Option<Decision> {
@@ -725,15 +630,13 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     }
 
     /// Balance at `now` in units (global, refilled, plus every slot, capped) and how
-    /// many ticks `now` is behind the global word. Read-only.
+    /// many ticks `now` is behind the pool. Read-only.
     fn balance_at(&self, now: u64) -> (i64, u64) {
         let layout = self.policy.layout();
         let state = self.pool.peek(layout, now);
         let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
         // min(B, min(B, g + Δ) + O) = min(B, g + Δ + O): what a plain bucket holds.
-        let units = units_of(layout, &state)
-            .saturating_add(held)
-            .min(layout.max_units());
+        let units = state.units.saturating_add(held).min(layout.max_units());
         (
             units as i64 - layout.base_units() as i64,
             state.behind_ticks,
@@ -802,9 +705,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         others.release();
     }
 
-    /// Returns every slot's idle tokens to the global word (for example before a quiet
+    /// Returns every slot's idle tokens to the pool (for example before a quiet
     /// period, so that [`leased_tokens`](LeasedBucket::leased_tokens) reads zero). Never
-    /// needed for correctness: requests the global word cannot pay reclaim on their own.
+    /// needed for correctness: requests the pool cannot pay reclaim on their own.
     ///
     /// ```
     /// use tokengate::{LeasedBucket, ManualClock, Policy};
@@ -823,7 +726,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         self.slots.reopen(None);
     }
 
-    /// Stores the global word refilled to now (a credit of nothing, quiescing as any
+    /// Stores the pool refilled to now (a credit of nothing, quiescing as any
     /// credit near the cap does), so that its stored tick is recent: the re-anchor a
     /// [`ScopedLimiter::sweep`](crate::ScopedLimiter::sweep) does for the tick wrap.
     pub(crate) fn reanchor(&self) {
@@ -833,7 +736,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         others.release();
     }
 
-    /// Tokens available now: the global balance (refilled) plus every slot's, capped at
+    /// Tokens available now: the pool's balance (refilled) plus every slot's, capped at
     /// the capacity, as a plain bucket would hold. A read-only peek; racy under
     /// concurrent admissions, exact otherwise.
     ///
@@ -900,39 +803,34 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     }
 }
 
-impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {}
-
 impl<C: Clock, P: Pool> Member for LeasedBucket<C, P> {
     #[inline]
     fn member_id(&self) -> usize {
         self.id()
     }
-
     fn capacity(&self) -> u64 {
         self.policy.capacity()
     }
+}
 
+impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
     #[inline]
     fn now_nanos(&self) -> u64 {
         self.clock.now_nanos()
     }
-
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         self.acquire_at(thread_index(), cost, now)
     }
-
     fn refund_at(&self, cost: u64, now: u64) {
         let layout = self.policy.layout();
         self.refund_units(layout.units_of(cost).unwrap_or(layout.max_units()), now);
     }
-
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         self.wait(self.policy.layout(), cost, now)
     }
-
     /// The read-only rejection of [`try_acquire`](LeasedBucket::try_acquire): the global
     /// balance plus every slot cannot pay. When this thread's slot can pay, only its own
-    /// line is read (the common case: the global word's line stays off the path).
+    /// line is read (the common case: the pool's line stays off the path).
     #[inline]
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
         let layout = self.policy.layout();
@@ -966,7 +864,7 @@ mod tests {
         let d = bucket.try_acquire_on(2, 25).unwrap();
         assert!(d.is_rejected());
         assert_eq!(scans(), before, "the rejection read the slots");
-        assert_eq!(d.tokens_remaining(), 4.0, "the global balance");
+        assert_eq!(d.tokens_remaining(), 4.0, "the pool's balance");
         // A cost of 24 might be paid with full slots: the slots are read, and the 6 tokens
         // in all cannot pay it either.
         let d = bucket.try_acquire_on(2, 24).unwrap();

@@ -47,7 +47,9 @@ pub enum LeaseOutcome {
         leased_units: u64,
         /// The tick (of the bucket's layout and clock, modulo `2^T`) the lease is
         /// spendable in, and only in: the slot refuses it once the clock reads another
-        /// tick. No earlier than the request's reading.
+        /// tick. [`LocalPool`] names its word's tick (the request's, or a later one stored
+        /// by a thread that read the clock after it); a pool that keeps no ticks names
+        /// `layout.tick_of(request.now)`.
         tick: u64,
         /// The pool's balance after the exchange, in units (negative only while
         /// reservations are owed).
@@ -79,9 +81,10 @@ pub enum LeaseOutcome {
 /// A pool's state at a reading, as [`Pool::peek`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolState {
-    /// The balance in units, refilled to the reading (negative only while reservations
-    /// are owed). Tokens out on lease are not in it.
-    pub balance_units: i64,
+    /// The balance refilled to the reading, in units offset by the layout's base
+    /// (`layout.base_units() + balance`, as a packed word stores them: never negative).
+    /// Tokens out on lease are not in it.
+    pub units: u64,
     /// How many ticks the reading is behind the pool's last update (zero for a pool that
     /// keeps no ticks). Above [`Layout::tolerance_ticks`] the balance is the stored one.
     pub behind_ticks: u64,
@@ -107,8 +110,10 @@ pub trait Lessees {
     fn max_outstanding_units(&self) -> u64;
 
     /// Stops every other lessee from spending or receiving leased tokens until the
-    /// exchange is over, and takes back their idle tokens. Calling it again in the same
-    /// exchange takes nothing more.
+    /// exchange is over, and takes back their idle tokens into the exchange's hand: the
+    /// pool must store them (given back) whether the exchange admits or rejects. Calling
+    /// it again in the same exchange takes nothing more and reports zeros: the first
+    /// call's [`Quiesced::in_flight_units`] stands for the whole exchange.
     fn quiesce(&mut self) -> Quiesced;
 
     /// The batch to lease, in units (whole tokens), when `spare` units remain after
@@ -214,7 +219,7 @@ pub trait Pool: Send + Sync {
 ///
 /// Writes are `AcqRel` read-modify-writes and loads `Acquire`, unlike a plain bucket's
 /// `Relaxed`: the exactness argument orders slot operations against this word (see
-/// [`super::slots`]).
+/// `leased/slots.rs` and [the leasing guide](crate::guide::leasing)).
 ///
 /// # Readings behind the word
 ///
@@ -229,7 +234,7 @@ pub trait Pool: Send + Sync {
 /// [`AcquireError::ClockWentBackwards`], everything handed in given back; unless the word
 /// is full.
 ///
-/// A full word is re-anchored instead ([`reanchored`]): it becomes full at the new
+/// A full word is re-anchored instead: it becomes full at the new
 /// reading's tick, and the exchange proceeds. A full bucket holds the same at any time,
 /// so no credit is made, and a full bucket passes clock steps back and tick wraps, as a
 /// plain one does. "Full" is the word's own units; the tokens out on lease need not
@@ -303,25 +308,10 @@ fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Sna
         .then(|| layout.refill(layout.start_word(now_tick, true), now_tick))
 }
 
-/// Whether the mutant that refuses a reading behind the word without reading the clock
-/// again is on (never, outside the loom models).
-#[inline(always)]
-fn reread_skipped() -> bool {
-    #[cfg(loom)]
-    {
-        crate::mutants::on(&crate::mutants::LEASE_SKIPS_REREAD)
-    }
-    #[cfg(not(loom))]
-    {
-        false
-    }
-}
-
 /// [`exchange::must_quiesce`], with the loom mutant that adds credit without quiescing.
 #[inline]
 fn credit_bound(layout: &Layout, units: u64, hand: u64, outstanding: u64) -> bool {
-    #[cfg(loom)]
-    if crate::mutants::on(&crate::mutants::CREDIT_IGNORES_LEASES) {
+    if mutant!(CREDIT_IGNORES_LEASES) {
         return false;
     }
     exchange::must_quiesce(layout.max_units(), units, hand, outstanding)
@@ -335,9 +325,9 @@ fn stored_units(layout: &Layout, word: u64) -> u64 {
 
 /// The state a pool reports for a snapshot.
 #[inline]
-fn state_of(layout: &Layout, snapshot: &Snapshot) -> PoolState {
+fn state_of(snapshot: &Snapshot) -> PoolState {
     PoolState {
-        balance_units: layout.balance_units(snapshot),
+        units: snapshot.units(),
         behind_ticks: snapshot.behind(),
     }
 }
@@ -389,7 +379,7 @@ impl LocalPool {
         if snapshot.behind() <= layout.tolerance_ticks() {
             return Ok(Some(snapshot));
         }
-        if !reading.after_load && !reread_skipped() {
+        if !reading.after_load && !mutant!(LEASE_SKIPS_REREAD) {
             // `cur` was loaded (or returned by a failed CAS) with `Acquire`.
             reading.after_load = true;
             reading.read(layout, clock);
@@ -457,10 +447,8 @@ impl Pool for LocalPool {
                     } else {
                         0
                     };
-                    #[allow(unused_mut)]
                     let mut left = units - request.cost_units - leased;
-                    #[cfg(loom)]
-                    if crate::mutants::on(&crate::mutants::LEASE_KEEPS_GLOBAL) {
+                    if mutant!(LEASE_KEEPS_GLOBAL) {
                         left += leased;
                     }
                     let admitted = LeaseOutcome::Admitted {
@@ -539,7 +527,7 @@ impl Pool for LocalPool {
 
     #[inline]
     fn peek(&self, layout: &Layout, now: u64) -> PoolState {
-        state_of(layout, &self.snapshot_at(layout, now))
+        state_of(&self.snapshot_at(layout, now))
     }
 
     #[cold]
@@ -555,10 +543,10 @@ impl Pool for LocalPool {
         let now_tick = layout.tick_of(now);
         let snapshot = layout.refill(cur, now_tick);
         if snapshot.behind() <= layout.tolerance_ticks() {
-            return Ok((state_of(layout, &snapshot), now));
+            return Ok((state_of(&snapshot), now));
         }
         match reanchored(layout, &snapshot, now_tick) {
-            Some(full) => Ok((state_of(layout, &full), now)),
+            Some(full) => Ok((state_of(&full), now)),
             None => Err(clock_went_backwards(layout, &snapshot, now)),
         }
     }

@@ -37,7 +37,7 @@
 //! every write to the global word is. Each word's modification order is then part of
 //! happens-before (each RMW reads its predecessor and synchronizes with it), so the
 //! execution has a sequential witness: any linear extension of happens-before. The
-//! exactness argument in [`crate::leased`] is made on that witness. On x86 these
+//! exactness argument in [`crate::guide::leasing`] is made on that witness. On x86 these
 //! orderings cost nothing over `Relaxed`.
 
 use std::fmt;
@@ -209,10 +209,7 @@ impl Slots {
         let stamp = now_tick & self.tick_mask;
         let mut cur = word.load(Ordering::Acquire);
         loop {
-            #[cfg(loom)]
-            let stamp = if crate::mutants::on(&crate::mutants::LEASE_NEVER_EXPIRES)
-                && cur & STATE_MASK == OPEN
-            {
+            let stamp = if mutant!(LEASE_NEVER_EXPIRES) && cur & STATE_MASK == OPEN {
                 cur >> self.token_bits
             } else {
                 stamp

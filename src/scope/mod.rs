@@ -75,8 +75,6 @@ impl<'a, C: Clock> Payer<'a, C> {
     }
 }
 
-impl<C: Clock> sealed::Sealed for Payer<'_, C> {}
-
 impl<C: Clock> Member for Payer<'_, C> {
     #[inline]
     fn member_id(&self) -> usize {
@@ -85,22 +83,22 @@ impl<C: Clock> Member for Payer<'_, C> {
             Payer::Leased(b, _) => b.member_id(),
         }
     }
-
     fn capacity(&self) -> u64 {
         match self {
             Payer::Word(h) => Member::capacity(h),
             Payer::Leased(b, _) => Member::capacity(*b),
         }
     }
+}
 
+impl<C: Clock> sealed::Sealed for Payer<'_, C> {
     #[inline]
     fn now_nanos(&self) -> u64 {
         match self {
             Payer::Word(h) => h.now_nanos(),
-            Payer::Leased(b, _) => Member::now_nanos(*b),
+            Payer::Leased(b, _) => sealed::Sealed::now_nanos(*b),
         }
     }
-
     #[inline]
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         match self {
@@ -108,7 +106,6 @@ impl<C: Clock> Member for Payer<'_, C> {
             Payer::Leased(b, _) => b.take_at(cost, now),
         }
     }
-
     #[inline]
     fn refund_at(&self, cost: u64, now: u64) {
         match self {
@@ -116,14 +113,12 @@ impl<C: Clock> Member for Payer<'_, C> {
             Payer::Leased(b, _) => b.refund_at(cost, now),
         }
     }
-
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         match self {
             Payer::Word(h) => h.wait_at(cost, now),
             Payer::Leased(b, _) => b.wait_at(cost, now),
         }
     }
-
     #[inline]
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
         match self {
@@ -340,7 +335,7 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
 
 /// The slot of each keyed kind while its lock is held: `None` when the request does not
 /// pay that kind.
-type Slots<'a, C> = PerKind<Option<Slot<'a, C>>>;
+type Held<'a, C> = PerKind<Option<Slot<'a, C>>>;
 
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire) of
@@ -400,7 +395,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// reads the clock again), counts, and builds the decision.
     fn decide(
         &self,
-        slots: Slots<'_, C>,
+        slots: Held<'_, C>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,

@@ -21,98 +21,21 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::bucket::Bucket;
-use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::AcquireError;
 
 /// Sets up to this size are ordered on the stack, without allocating.
 pub const INLINE_MEMBERS: usize = 8;
 
-pub(crate) mod sealed {
-    pub trait Sealed {}
-}
+mod member;
 
-/// A bucket that can take part in [`acquire_all`]: a [`Bucket`], and the buckets of the
-/// crate's other limiters.
-///
-/// Sealed: all-or-nothing depends on every member's take and refund being exact, so only
-/// the crate's own buckets implement it.
-pub trait Member: sealed::Sealed + Sync {
-    /// A stable identity while the member is borrowed (its atomic word's address): the
-    /// global order buckets are taken in.
-    fn member_id(&self) -> usize;
-
-    /// Capacity in tokens.
-    fn capacity(&self) -> u64;
-
-    /// Reads the member's clock (once per [`acquire_all`] call, on the first member).
-    #[doc(hidden)]
-    fn now_nanos(&self) -> u64;
-
-    /// `try_acquire(cost)` at a given time.
-    #[doc(hidden)]
-    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError>;
-
-    /// Refunds `cost` (at most the capacity) at a given time.
-    #[doc(hidden)]
-    fn refund_at(&self, cost: u64, now: u64);
-
-    /// Time from `now` until `cost` tokens are there.
-    #[doc(hidden)]
-    fn wait_at(&self, cost: u64, now: u64) -> Duration;
-
-    /// The read-only first pass: the refusal `take_at(cost, now)` would give if the
-    /// balance seen now cannot pay, or `None` (it could pay, or only the take can tell).
-    /// Writes nothing.
-    #[doc(hidden)]
-    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
-        let _ = (cost, now);
-        None
-    }
-}
-
-impl<C: Clock> sealed::Sealed for Bucket<C> {}
-
-impl<C: Clock> Member for Bucket<C> {
-    #[inline]
-    fn member_id(&self) -> usize {
-        self.id()
-    }
-
-    fn capacity(&self) -> u64 {
-        self.policy().capacity()
-    }
-
-    #[inline]
-    fn now_nanos(&self) -> u64 {
-        self.clock().now_nanos()
-    }
-
-    #[inline]
-    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        self.raw()
-            .try_acquire(self.policy().layout(), self.clock(), now, cost)
-    }
-
-    #[inline]
-    fn refund_at(&self, cost: u64, now: u64) {
-        let layout = self.policy().layout();
-        let units = layout
-            .units_of(cost)
-            .expect("acquire_all checks every cost against its capacity first");
-        self.raw().refund_units(layout, self.clock(), now, units);
-    }
-
-    fn wait_at(&self, cost: u64, now: u64) -> Duration {
-        self.raw().wait(self.policy().layout(), now, cost)
-    }
-
-    #[inline]
-    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
-        self.raw().refusal(self.policy().layout(), now, cost)
-    }
-}
+pub use member::Member;
+/// The members' operations at a given clock reading, for the loom models only (which
+/// take at a reading made before another thread's, as a descheduled thread would).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use member::sealed::Sealed as MemberOps;
+pub(crate) use member::{BucketRef, WordBacked, sealed};
 
 /// Why [`acquire_all`] refused to decide. Nothing was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,11 +215,7 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
     for (slot, i) in order.iter_mut().zip(0..) {
         *slot = i;
     }
-    #[cfg(loom)]
-    let global_order = !crate::mutants::on(&crate::mutants::TAKE_IN_LISTED_ORDER);
-    #[cfg(not(loom))]
-    let global_order = true;
-    if global_order {
+    if !mutant!(TAKE_IN_LISTED_ORDER) {
         sort_by_id(order, requests)?;
     }
 
@@ -325,8 +244,7 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
             }
         }
         // Roll back what was taken, newest first.
-        #[cfg(loom)]
-        let taken = if crate::mutants::on(&crate::mutants::ROLLBACK_SKIPS_REFUND) {
+        let taken = if mutant!(ROLLBACK_SKIPS_REFUND) {
             0
         } else {
             taken

@@ -1,0 +1,158 @@
+//! What can take part in an all-or-nothing acquisition: the sealed [`Member`] trait, and
+//! the one borrowed bucket type every word-backed member goes through.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::bucket::{Bucket, RawBucket};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::AcquireError;
+use crate::state::Layout;
+
+pub(crate) mod sealed {
+    use std::time::Duration;
+
+    use crate::decision::Decision;
+    use crate::error::AcquireError;
+
+    /// A member's operations at a given clock reading, private to the crate: the
+    /// all-or-nothing guarantee rests on every member's take and refund being exact.
+    pub trait Sealed {
+        /// Reads the member's clock (once per acquisition, on the first member).
+        fn now_nanos(&self) -> u64;
+
+        /// `try_acquire(cost)` at `now`.
+        fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError>;
+
+        /// Refunds `cost` (at most the capacity) at `now`.
+        fn refund_at(&self, cost: u64, now: u64);
+
+        /// Time from `now` until `cost` tokens are there.
+        fn wait_at(&self, cost: u64, now: u64) -> Duration;
+
+        /// The read-only first pass: the refusal `take_at(cost, now)` would give if the
+        /// balance seen now cannot pay, or `None` (it could pay, or only the take can
+        /// tell). Writes nothing.
+        fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+            let _ = (cost, now);
+            None
+        }
+    }
+}
+
+/// A bucket that can take part in [`acquire_all`](crate::acquire_all): a
+/// [`Bucket`], a [`LeasedBucket`](crate::LeasedBucket), and the buckets of the crate's
+/// other limiters.
+///
+/// Sealed: all-or-nothing depends on every member's take and refund being exact, so only
+/// the crate's own buckets implement it, and its operations are private.
+pub trait Member: sealed::Sealed + Sync {
+    /// A stable identity while the member is borrowed (its atomic word's address): the
+    /// global order buckets are taken in.
+    fn member_id(&self) -> usize;
+
+    /// Capacity in tokens.
+    fn capacity(&self) -> u64;
+}
+
+/// One bucket word borrowed with its layout and its clock: the only word-backed member.
+/// A [`Bucket`], a keyed map's entry and a scope's plain global bucket are all taken,
+/// refunded and waited on through it.
+pub(crate) struct BucketRef<'a, C> {
+    pub(crate) raw: &'a RawBucket,
+    pub(crate) layout: &'a Layout,
+    pub(crate) clock: &'a C,
+}
+
+impl<C> Clone for BucketRef<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for BucketRef<'_, C> {}
+
+impl<C> fmt::Debug for BucketRef<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BucketRef")
+            .field("raw", self.raw)
+            .field("layout", self.layout)
+            .finish()
+    }
+}
+
+/// A member backed by one bucket word: it lends a [`BucketRef`], and the member's
+/// operations are that reference's.
+pub(crate) trait WordBacked: Sync {
+    type Clock: Clock;
+
+    fn bucket_ref(&self) -> BucketRef<'_, Self::Clock>;
+}
+
+impl<C: Clock + Sync> WordBacked for BucketRef<'_, C> {
+    type Clock = C;
+
+    #[inline]
+    fn bucket_ref(&self) -> BucketRef<'_, C> {
+        *self
+    }
+}
+
+impl<C: Clock> WordBacked for Bucket<C> {
+    type Clock = C;
+
+    #[inline]
+    fn bucket_ref(&self) -> BucketRef<'_, C> {
+        BucketRef {
+            raw: self.raw(),
+            layout: self.policy().layout(),
+            clock: self.clock(),
+        }
+    }
+}
+
+impl<T: WordBacked> sealed::Sealed for T {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.bucket_ref().clock.now_nanos()
+    }
+
+    #[inline]
+    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let b = self.bucket_ref();
+        b.raw.try_acquire(b.layout, b.clock, now, cost)
+    }
+
+    #[inline]
+    fn refund_at(&self, cost: u64, now: u64) {
+        let b = self.bucket_ref();
+        // `acquire_all` checks every cost against its capacity before taking any, so a
+        // cost refunded here has units; a larger one could not have been taken.
+        if let Some(units) = b.layout.units_of(cost) {
+            b.raw.refund_units(b.layout, b.clock, now, units);
+        }
+    }
+
+    fn wait_at(&self, cost: u64, now: u64) -> Duration {
+        let b = self.bucket_ref();
+        b.raw.wait(b.layout, now, cost)
+    }
+
+    #[inline]
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        let b = self.bucket_ref();
+        b.raw.refusal(b.layout, now, cost)
+    }
+}
+
+impl<T: WordBacked> Member for T {
+    #[inline]
+    fn member_id(&self) -> usize {
+        self.bucket_ref().raw.id()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.bucket_ref().layout.capacity()
+    }
+}
