@@ -155,8 +155,12 @@ impl Pool for RemoteBucket {
 
     fn peek(&self, layout: &Layout, _now: u64) -> PoolState {
         let tokens = self.leased_tokens() + self.stats().redis_balance;
+        let units = tokens
+            .checked_shl(layout.frac_bits())
+            .unwrap_or(u64::MAX)
+            .min(layout.max_units() - layout.base_units());
         PoolState {
-            balance_units: i64::try_from(tokens << layout.frac_bits()).unwrap_or(i64::MAX),
+            units: layout.base_units() + units,
             behind_ticks: 0,
         }
     }
