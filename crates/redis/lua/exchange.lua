@@ -7,7 +7,9 @@
 -- ARGV: 1 capacity (units, 10^6 per token), 2 rate (milli-tokens/s), 3 loose (0|1),
 --       4 start full (0|1), 5 lease lifetime on Redis (µs), 6 key keep (ms),
 --       7 request id ('' = no grant), 8 need (tokens), 9 want (tokens), 10 credit (units),
---       11 settle count n, then n pairs: lease id, unspent tokens.
+--       11 settle count n, then n pairs: lease id, unspent tokens; then a register count m
+--       and m pairs: lease id, tokens (leases a holder re-registers after the state was
+--       lost: they enter `out` and leave the balance, down to zero).
 -- Reply: {status, granted, exp_or_retry, u, out, ep, now}; status 1 granted, 2 replayed,
 --        0 rejected (writes nothing unless the key was created or a lease settled),
 --        3 no grant asked.
@@ -64,7 +66,23 @@ for i = 0, nsettle - 1 do
     end
   end
 end
+-- Register: leases this bucket's state lost (a restart) that a holder still spends.
+local base = 13 + 2 * nsettle
+local nreg = tonumber(ARGV[base - 1])
+for i = 0, nreg - 1 do
+  local id = ARGV[base + 2 * i]
+  local g = tonumber(ARGV[base + 1 + 2 * i])
+  if g > 0 and not gone[id] and not redis.call('HGET', KEYS[2], id) then
+    redis.call('HSET', KEYS[2], id, g)
+    redis.call('ZADD', KEYS[3], now + lease_us, id)
+    out = out + g
+    u = u - g * UNIT
+    if u < 0 then u = 0; rem = 0 end
+    write = true
+  end
+end
 if not loose then limit = cap - out * UNIT end
+if limit < 0 then limit = 0 end
 if u > limit then u = limit end
 
 -- Refill from ts to now, exactly: rem carries the milli-unit remainder. A clock behind ts

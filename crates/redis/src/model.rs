@@ -97,10 +97,26 @@ impl ModelBucket {
                 write = true;
             }
         }
+        for (id, g) in &ex.register {
+            if *g > 0 && !gone.contains(id) && !self.leases.contains_key(id) {
+                self.leases.insert(id.clone(), *g);
+                self.expiry.retain(|(_, i)| i != id);
+                self.expiry.insert((now + lease_us, id.clone()));
+                s.out += g;
+                match s.u.checked_sub(g * UNITS_PER_TOKEN) {
+                    Some(u) => s.u = u,
+                    None => {
+                        s.u = 0;
+                        s.rem = 0;
+                    }
+                }
+                write = true;
+            }
+        }
         let limit = if loose {
             cap
         } else {
-            cap - s.out * UNITS_PER_TOKEN
+            cap.saturating_sub(s.out * UNITS_PER_TOKEN)
         };
         s.u = s.u.min(limit);
         if now > s.ts {

@@ -93,6 +93,9 @@ pub struct Exchange {
     pub credit_units: u64,
     /// Leases given back: (lease id, unspent tokens).
     pub settle: Vec<(String, u64)>,
+    /// Leases re-registered after the bucket's state was lost: (lease id, tokens the
+    /// holder can still spend). Ids the state knows are skipped.
+    pub register: Vec<(String, u64)>,
 }
 
 /// How an exchange's grant went.
@@ -234,6 +237,11 @@ impl Scripts {
         for (id, back) in &ex.settle {
             a.push(id.clone());
             a.push(back.to_string());
+        }
+        a.push(ex.register.len().to_string());
+        for (id, g) in &ex.register {
+            a.push(id.clone());
+            a.push(g.to_string());
         }
         if self.time == TimeSource::Argument {
             a.push(now_us.to_string());

@@ -63,6 +63,9 @@ struct Tracked {
     /// A grant asked and not answered: retried with the same id.
     in_flight: Option<(String, u64, u64)>,
     epoch: u64,
+    /// Redis answered with a new epoch: the state was lost (a restart without
+    /// persistence); the live leases are registered again on the next round.
+    reregister: bool,
 }
 
 /// What one round sends for one bucket.
@@ -72,6 +75,8 @@ struct Planned {
     exchange: Exchange,
     /// Delete the bucket's keys first.
     reset: bool,
+    /// The exchange re-registers the live leases.
+    reregistering: bool,
 }
 
 pub(crate) struct Worker {
@@ -154,6 +159,7 @@ impl Worker {
                 pending_since_ns: None,
                 in_flight: None,
                 epoch: 0,
+                reregister: false,
             });
         }
     }
@@ -208,7 +214,8 @@ impl Worker {
             let settle_due = t
                 .pending_since_ns
                 .is_some_and(|since| stopping || now.saturating_sub(since) >= idle_settle);
-            if grant.is_none() && !settle_due && credit == 0 && !reset {
+            let reregistering = t.reregister && !reset;
+            if grant.is_none() && !settle_due && credit == 0 && !reset && !reregistering {
                 continue;
             }
             let mut exchange = Exchange {
@@ -221,10 +228,22 @@ impl Worker {
                 exchange.need = need;
                 exchange.want = want;
             }
+            if reregistering {
+                exchange.register = t
+                    .held
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, h)| {
+                        Some((h.as_ref()?.id.clone(), tokens(b.reservoir.load(i))))
+                    })
+                    .filter(|(_, g)| *g > 0)
+                    .collect();
+            }
             plans.push(Planned {
                 index,
                 exchange,
                 reset,
+                reregistering,
             });
         }
         plans
@@ -418,6 +437,12 @@ impl Worker {
             if t.pending.is_empty() {
                 t.pending_since_ns = None;
             }
+        }
+        if plan.reregistering {
+            t.reregister = false;
+        }
+        if t.epoch != 0 && reply.epoch != t.epoch && !plan.reset {
+            t.reregister = true;
         }
         t.epoch = reply.epoch;
         if reply.balance_units >= UNITS_PER_TOKEN {

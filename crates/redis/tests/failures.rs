@@ -312,3 +312,63 @@ fn a_lost_grant_reply_retried_with_the_same_id_is_granted_once() {
     assert_eq!(bucket.stats().grants, 1);
     assert_eq!(bucket.leased_tokens(), 10);
 }
+
+#[test]
+fn live_leases_are_registered_again_after_redis_lost_its_state() {
+    let mut server = common::Server::start();
+    let pool = RedisPool::connect(
+        PoolConfig::new(server.url(), "reregister")
+            .max_lease(1000)
+            .lease_ttl(Duration::from_secs(20))
+            .exchange_timeout(Duration::from_millis(50))
+            .connect_timeout(Duration::from_millis(50))
+            .probe_backoff(Duration::from_millis(20), Duration::from_millis(50)),
+    )
+    .unwrap();
+    let policy = RemotePolicy::new(3000, 0.001).unwrap();
+    let bucket = pool.bucket("g", policy).unwrap();
+    let start = Instant::now();
+    while bucket.leased_tokens() < 1000 {
+        assert!(start.elapsed() < Duration::from_secs(10), "no lease");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for _ in 0..10 {
+        assert_eq!(bucket.try_acquire(1), Ok(Admitted::Leased));
+    }
+    server.stop();
+    server.ensure_running();
+    // A refund makes the pool exchange: Redis answers from a new bucket (a new epoch),
+    // and the next round registers the live leases again.
+    bucket.refund(1);
+    let keys = BucketKeys::new("reregister", "g").unwrap();
+    let mut con = server.connect();
+    let live = bucket.leased_tokens();
+    let start = Instant::now();
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "leases never registered"
+        );
+        let out: Option<u64> = redis::cmd("HGET")
+            .arg(&keys.state)
+            .arg("out")
+            .query(&mut con)
+            .unwrap();
+        if out.is_some_and(|o| o > 0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (u, out): (u64, u64) = redis::cmd("HMGET")
+        .arg(&keys.state)
+        .arg("u")
+        .arg("out")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(out, live, "registered what the instance can still spend");
+    assert_eq!(
+        u + out * 1_000_000,
+        3000 * 1_000_000,
+        "balance + outstanding = B"
+    );
+}
