@@ -218,3 +218,81 @@ impl ModelBucket {
         }
     }
 }
+
+/// The strict take script on the model: takes `cost` tokens from every bucket at `now`,
+/// all or nothing, as `lua/take.lua` does.
+pub fn take_all(
+    buckets: &mut [(&mut ModelBucket, &RemotePolicy, u64)],
+    now: u64,
+) -> crate::script::Take {
+    let mut next = Vec::with_capacity(buckets.len());
+    for (i, (bucket, policy, cost)) in buckets.iter().enumerate() {
+        let cap = policy.capacity_units();
+        let rate = policy.rate_milli();
+        let cost = cost * UNITS_PER_TOKEN;
+        let created = bucket.state.is_none();
+        let mut s = bucket.state.unwrap_or(ModelState {
+            u: if policy.start() == Start::Full {
+                cap
+            } else {
+                0
+            },
+            ts: now,
+            rem: 0,
+            out: 0,
+            ep: now,
+        });
+        let start = s;
+        let limit = cap.saturating_sub(s.out * UNITS_PER_TOKEN);
+        s.u = s.u.min(limit);
+        if now > s.ts {
+            if s.u >= limit {
+                s.rem = 0;
+            } else {
+                let short = (limit - s.u) * 1000 - s.rem;
+                let elapsed = now - s.ts;
+                if elapsed > short / rate {
+                    s.u = limit;
+                    s.rem = 0;
+                } else {
+                    let total = elapsed * rate + s.rem;
+                    s.u += total / 1000;
+                    s.rem = total % 1000;
+                    if s.u >= limit {
+                        s.u = limit;
+                        s.rem = 0;
+                    }
+                }
+            }
+            s.ts = now;
+        }
+        if s.u < cost {
+            for (j, (b, _, _)) in buckets.iter_mut().enumerate().take(i + 1) {
+                if j < next.len() {
+                    if let Some((true, first)) = next
+                        .get(j)
+                        .map(|(c, _, f): &(bool, ModelState, ModelState)| (*c, *f))
+                    {
+                        b.state = Some(first);
+                    }
+                } else if created {
+                    b.state = Some(start);
+                }
+            }
+            let retry_after_us =
+                (cost <= limit).then(|| ((cost - s.u) * 1000 - s.rem).div_ceil(rate));
+            return crate::script::Take::Refused {
+                index: i,
+                retry_after_us,
+            };
+        }
+        s.u -= cost;
+        next.push((created, s, start));
+    }
+    let mut balances = Vec::with_capacity(next.len());
+    for ((bucket, _, _), (_, s, _)) in buckets.iter_mut().zip(next) {
+        bucket.state = Some(s);
+        balances.push(s.u);
+    }
+    crate::script::Take::Taken(balances)
+}

@@ -9,6 +9,7 @@ use redis::{ConnectionLike, RedisResult, Script};
 use crate::policy::{Mode, RemotePolicy, Start};
 
 const EXCHANGE_BODY: &str = include_str!("../lua/exchange.lua");
+const TAKE_BODY: &str = include_str!("../lua/take.lua");
 const TIME_PROLOGUE: &str =
     "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n";
 const ARG_PROLOGUE: &str = "local now = tonumber(ARGV[#ARGV])\n";
@@ -27,6 +28,7 @@ pub enum TimeSource {
 #[derive(Debug, Clone)]
 pub struct Scripts {
     exchange: Script,
+    take: Script,
     time: TimeSource,
 }
 
@@ -185,6 +187,7 @@ impl Scripts {
         };
         Self {
             exchange: Script::new(&format!("{prologue}{EXCHANGE_BODY}")),
+            take: Script::new(&format!("{prologue}{TAKE_BODY}")),
             time,
         }
     }
@@ -200,7 +203,8 @@ impl Scripts {
     ///
     /// The connection's error.
     pub fn load(&self, con: &mut dyn ConnectionLike) -> RedisResult<()> {
-        self.exchange.prepare_invoke().load(con).map(drop)
+        self.exchange.prepare_invoke().load(con)?;
+        self.take.prepare_invoke().load(con).map(drop)
     }
 
     /// The SHA1 of the exchange script.
@@ -277,6 +281,78 @@ impl Scripts {
             r => r?,
         };
         Reply::parse(&raw).ok_or_else(|| bad_reply(&raw))
+    }
+}
+
+/// The answer of a strict, all-or-nothing [`Scripts::take`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// Every bucket paid; their balances after, units, in the order asked.
+    Taken(Vec<u64>),
+    /// The bucket at `index` (0-based, the first in order) cannot pay; nothing was taken
+    /// and nothing written but missing keys' creation.
+    Refused {
+        /// Which bucket.
+        index: usize,
+        /// µs until it could pay, or `None` when its capacity is below the cost.
+        retry_after_us: Option<u64>,
+    },
+}
+
+impl Scripts {
+    /// Strict per-request mode: takes `cost` whole tokens from each bucket, all or nothing,
+    /// in one script (no lease; one round trip per decision). For low-rate keyed scopes
+    /// whose keys share a hash tag: a cluster refuses keys of different slots.
+    ///
+    /// # Errors
+    ///
+    /// The connection's or server's error; a reply of the wrong shape is a
+    /// [`redis::ErrorKind::Parse`] error.
+    pub fn take(
+        &self,
+        con: &mut dyn ConnectionLike,
+        items: &[(&BucketKeys, &RemotePolicy, u64)],
+        keep_ms: u64,
+        now_us: u64,
+    ) -> RedisResult<Take> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.take.get_hash()).arg(items.len());
+        for (keys, _, _) in items {
+            cmd.arg(&keys.state);
+        }
+        for (_, policy, cost) in items {
+            cmd.arg(policy.capacity_units())
+                .arg(policy.rate_milli())
+                .arg(u8::from(policy.start() == Start::Full))
+                .arg(*cost);
+        }
+        cmd.arg(keep_ms);
+        if self.time == TimeSource::Argument {
+            cmd.arg(now_us);
+        }
+        let raw: Vec<i64> = match cmd.query(con) {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load(con)?;
+                cmd.query(con)?
+            }
+            r => r?,
+        };
+        let parsed = match raw.as_slice() {
+            [1, balances @ ..] if balances.len() == items.len() => balances
+                .iter()
+                .map(|&b| u64::try_from(b).ok())
+                .collect::<Option<Vec<_>>>()
+                .map(Take::Taken),
+            &[0, index, retry] => usize::try_from(index)
+                .ok()
+                .filter(|&i| (1..=items.len()).contains(&i))
+                .map(|i| Take::Refused {
+                    index: i - 1,
+                    retry_after_us: u64::try_from(retry).ok(),
+                }),
+            _ => None,
+        };
+        parsed.ok_or_else(|| bad_reply(&raw))
     }
 }
 

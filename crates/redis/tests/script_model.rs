@@ -5,7 +5,7 @@ mod common;
 
 use proptest::prelude::*;
 use tokengate_redis::model::ModelBucket;
-use tokengate_redis::script::{BucketKeys, Exchange, Outcome, Scripts, Target, TimeSource};
+use tokengate_redis::script::{BucketKeys, Exchange, Outcome, Scripts, Take, Target, TimeSource};
 use tokengate_redis::{Mode, RemotePolicy, Start, UNITS_PER_TOKEN};
 
 const KEEP_MS: u64 = 600_000;
@@ -336,4 +336,102 @@ fn script_flush_is_recovered_by_reloading() {
         .unwrap();
     let r = rig.run(&grant("b", 1, 1), T0);
     assert_eq!(r.outstanding, 2);
+}
+
+fn strict_policy() -> impl Strategy<Value = RemotePolicy> {
+    (1u64..40, 1u64..200_000, any::<bool>()).prop_map(|(cap, rate_milli, full)| {
+        RemotePolicy::new(cap, rate_milli as f64 / 1000.0)
+            .unwrap()
+            .with_start(if full { Start::Full } else { Start::Empty })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The strict all-or-nothing take on three buckets equals its model: every reply and
+    /// every stored state; a refusal names the first bucket that cannot pay and writes
+    /// nothing but the creation of missing keys.
+    #[test]
+    fn strict_take_matches_model_on_random_sequences(
+        policies in [strict_policy(), strict_policy(), strict_policy()],
+        steps in prop::collection::vec(
+            (prop::sample::subsequence(vec![0usize, 1, 2], 1..=3), 1u64..8, 0u64..600_000),
+            1..30,
+        ),
+    ) {
+        let ns = common::namespace("take");
+        let keys: Vec<BucketKeys> = ["a", "b", "c"].iter().map(|s| BucketKeys::new(&ns, s).unwrap()).collect();
+        let mut models = [ModelBucket::new(), ModelBucket::new(), ModelBucket::new()];
+        let mut con = common::connect();
+        let scripts = Scripts::new(TimeSource::Argument);
+        let mut now = T0;
+        for (which, cost, dt) in &steps {
+            now += dt;
+            let items: Vec<_> = which.iter().map(|&i| (&keys[i], &policies[i], *cost)).collect();
+            let got = scripts.take(&mut con, &items, KEEP_MS, now).unwrap();
+            let [m0, m1, m2] = &mut models;
+            let mut all: Vec<Option<&mut ModelBucket>> = vec![Some(m0), Some(m1), Some(m2)];
+            let mut picked: Vec<_> = which
+                .iter()
+                .map(|&i| (all[i].take().unwrap(), &policies[i], *cost))
+                .collect();
+            let want = tokengate_redis::model::take_all(&mut picked, now);
+            prop_assert_eq!(&got, &want);
+            for i in 0..3 {
+                let stored = common::read_bucket(&mut con, &keys[i]).state;
+                prop_assert_eq!(stored, models[i].state, "bucket {}", i);
+            }
+        }
+        for k in &keys {
+            common::delete(&mut con, k);
+        }
+    }
+}
+
+#[test]
+fn strict_take_refuses_with_the_first_bucket_that_cannot_pay_and_takes_nothing() {
+    let ns = common::namespace("take1");
+    let (a, b) = (
+        BucketKeys::new(&ns, "a").unwrap(),
+        BucketKeys::new(&ns, "b").unwrap(),
+    );
+    let (pa, pb) = (
+        RemotePolicy::new(10, 1.0).unwrap(),
+        RemotePolicy::new(3, 1.0).unwrap(),
+    );
+    let mut con = common::connect();
+    let scripts = Scripts::new(TimeSource::Argument);
+    let ok = scripts
+        .take(&mut con, &[(&a, &pa, 2), (&b, &pb, 2)], KEEP_MS, T0)
+        .unwrap();
+    assert_eq!(ok, Take::Taken(vec![8 * UNITS_PER_TOKEN, UNITS_PER_TOKEN]));
+    let before = (
+        common::read_bucket(&mut con, &a),
+        common::read_bucket(&mut con, &b),
+    );
+    let no = scripts
+        .take(
+            &mut con,
+            &[(&a, &pa, 2), (&b, &pb, 2)],
+            KEEP_MS,
+            T0 + 500_000,
+        )
+        .unwrap();
+    assert_eq!(
+        no,
+        Take::Refused {
+            index: 1,
+            retry_after_us: Some(500_000)
+        }
+    );
+    assert_eq!(
+        (
+            common::read_bucket(&mut con, &a),
+            common::read_bucket(&mut con, &b)
+        ),
+        before
+    );
+    common::delete(&mut con, &a);
+    common::delete(&mut con, &b);
 }
