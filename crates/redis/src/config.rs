@@ -15,7 +15,8 @@ pub enum FailMode {
     /// Admit, counted ([`crate::BucketStats::fail_open_admitted`]).
     FailOpen,
     /// Decide on a local bucket of `B/K` tokens refilled at `r/K`, for the `K` instances
-    /// last seen by Redis (at least the configured hint). The default.
+    /// last seen by Redis (at least the configured hint). The default. Built when the
+    /// breaker opens; decisions reach it through a read lock, only during an outage.
     #[default]
     Local,
 }

@@ -60,7 +60,7 @@ impl RemoteBucket {
     }
 
     fn return_units(&self, layout: &Layout, units: u64) {
-        let tokens = units >> layout.frac_bits();
+        let tokens = (units >> layout.frac_bits()).min(self.policy().capacity());
         if tokens > 0 {
             self.shared().returned.fetch_add(tokens, Ordering::Relaxed);
         }

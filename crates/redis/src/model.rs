@@ -82,7 +82,9 @@ impl ModelBucket {
             .take_while(|(at, _)| *at <= now)
             .take(RECLAIM_LIMIT)
         {
-            s.out -= self.leases.get(id).copied().unwrap_or(0);
+            s.out = s
+                .out
+                .saturating_sub(self.leases.get(id).copied().unwrap_or(0));
             gone.insert(id.clone());
         }
         for (id, back) in &ex.settle {
@@ -91,8 +93,8 @@ impl ModelBucket {
             }
             if let Some(&g) = self.leases.get(id) {
                 let back = (*back).min(g);
-                s.out -= g;
-                s.u += back * UNITS_PER_TOKEN;
+                s.out = s.out.saturating_sub(g);
+                s.u = s.u.saturating_add(back.saturating_mul(UNITS_PER_TOKEN));
                 gone.insert(id.clone());
                 write = true;
             }
@@ -102,8 +104,8 @@ impl ModelBucket {
                 self.leases.insert(id.clone(), *g);
                 self.expiry.retain(|(_, i)| i != id);
                 self.expiry.insert((now + lease_us, id.clone()));
-                s.out += g;
-                match s.u.checked_sub(g * UNITS_PER_TOKEN) {
+                s.out = s.out.saturating_add(*g);
+                match s.u.checked_sub(g.saturating_mul(UNITS_PER_TOKEN)) {
                     Some(u) => s.u = u,
                     None => {
                         s.u = 0;
@@ -116,7 +118,7 @@ impl ModelBucket {
         let limit = if loose {
             cap
         } else {
-            cap.saturating_sub(s.out * UNITS_PER_TOKEN)
+            cap.saturating_sub(s.out.saturating_mul(UNITS_PER_TOKEN))
         };
         s.u = s.u.min(limit);
         if now > s.ts {
@@ -141,7 +143,7 @@ impl ModelBucket {
             s.ts = now;
         }
         if ex.credit_units > 0 {
-            s.u += ex.credit_units;
+            s.u = s.u.saturating_add(ex.credit_units);
             if s.u >= limit {
                 s.u = limit;
                 s.rem = 0;
@@ -171,7 +173,7 @@ impl ModelBucket {
                     tokens: g,
                     reclaim_at_us: at,
                 };
-            } else if s.u >= need * UNITS_PER_TOKEN {
+            } else if s.u >= need.saturating_mul(UNITS_PER_TOKEN) {
                 let g = (s.u / UNITS_PER_TOKEN).min(ex.want).max(need);
                 s.u -= g * UNITS_PER_TOKEN;
                 s.out += g;
@@ -183,15 +185,15 @@ impl ModelBucket {
                 new_lease = Some((req.clone(), g, at));
                 write = true;
             } else {
-                let retry_after_us = if need * UNITS_PER_TOKEN > limit {
+                let retry_after_us = if need.saturating_mul(UNITS_PER_TOKEN) > limit {
                     match self.expiry.iter().next() {
-                        Some((at, _)) if need * UNITS_PER_TOKEN <= cap => {
+                        Some((at, _)) if need.saturating_mul(UNITS_PER_TOKEN) <= cap => {
                             Some(at.saturating_sub(now).max(1))
                         }
                         _ => None,
                     }
                 } else {
-                    let short = (need * UNITS_PER_TOKEN - s.u) * 1000 - s.rem;
+                    let short = (need.saturating_mul(UNITS_PER_TOKEN) - s.u) * 1000 - s.rem;
                     Some(short.div_ceil(rate))
                 };
                 outcome = Outcome::Rejected { retry_after_us };
@@ -229,7 +231,7 @@ pub fn take_all(
     for (i, (bucket, policy, cost)) in buckets.iter().enumerate() {
         let cap = policy.capacity_units();
         let rate = policy.rate_milli();
-        let cost = cost * UNITS_PER_TOKEN;
+        let cost = cost.saturating_mul(UNITS_PER_TOKEN);
         let created = bucket.state.is_none();
         let mut s = bucket.state.unwrap_or(ModelState {
             u: if policy.start() == Start::Full {
@@ -243,7 +245,7 @@ pub fn take_all(
             ep: now,
         });
         let start = s;
-        let limit = cap.saturating_sub(s.out * UNITS_PER_TOKEN);
+        let limit = cap.saturating_sub(s.out.saturating_mul(UNITS_PER_TOKEN));
         s.u = s.u.min(limit);
         if now > s.ts {
             if s.u >= limit {

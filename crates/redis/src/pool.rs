@@ -352,6 +352,7 @@ impl RemoteBucket {
     /// Hands back `tokens` paid earlier and not used (a refund): credited to the shared
     /// budget on the pool's next exchange, capped so the budget never exceeds `B`.
     pub fn refund(&self, tokens: u64) {
+        let tokens = tokens.min(self.bucket.policy.capacity());
         self.bucket.returned.fetch_add(tokens, Ordering::Relaxed);
     }
 

@@ -193,7 +193,11 @@ impl Worker {
                     *slot = None;
                 }
             }
-            let credit = b.returned.swap(0, Ordering::Relaxed);
+            // Credit is capped at B - outstanding by the script: more than B is never needed.
+            let credit = b
+                .returned
+                .swap(0, Ordering::Relaxed)
+                .min(b.policy.capacity());
             let free = t.held.iter().any(Option::is_none);
             // A credit may pay what Redis refused: ask again with it.
             let spent = credit == 0 && now < b.rejected_until_ns.load(Ordering::Relaxed);

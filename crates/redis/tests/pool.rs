@@ -192,3 +192,17 @@ fn fail_modes_answer_once_the_breaker_opens() {
         }
     }
 }
+
+#[test]
+fn a_huge_refund_is_capped_at_the_capacity() {
+    let pool = RedisPool::connect(config("bigrefund").max_lease(5)).unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(20, 0.001).unwrap())
+        .unwrap();
+    assert_eq!(drive(&bucket, Duration::from_millis(300)), 20);
+    bucket.refund(u64::MAX);
+    bucket.refund(u64::MAX);
+    // Never above B: the credit stops at B - outstanding.
+    assert_eq!(drive(&bucket, Duration::from_millis(400)), 20);
+    assert!(!pool.is_unavailable());
+}
