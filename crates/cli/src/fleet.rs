@@ -61,6 +61,13 @@ pub struct Args {
     #[arg(long)]
     kill_after_ms: Option<u64>,
 
+    /// Instead of one run, one run per lease size 1, 5, 10, 50 and 100 (each --seconds
+    /// long), and an SVG chart at this path of the tokens one instance holds (what its
+    /// death would strand, until ttl + grace) and of Redis round trips per second, against
+    /// the lease size.
+    #[arg(long, value_name = "SVG")]
+    sweep_chart: Option<std::path::PathBuf>,
+
     /// Internal: run as one instance (started by the fleet).
     #[arg(long, hide = true)]
     instance: Option<String>,
@@ -84,11 +91,43 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     if let Some(ns) = &args.instance {
         return instance(&args, ns, policy);
     }
-    let ns = format!(
-        "fleet-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    );
+    let Some(path) = args.sweep_chart.clone() else {
+        return once(&args, args.lease, mode, out).map(drop);
+    };
+    let mut file = crate::open_output(&path)?;
+    let mut points = Vec::new();
+    for lease in [1, 5, 10, 50, 100] {
+        let r = once(&args, lease, mode, out)?;
+        points.push((lease, r));
+    }
+    out.print("| lease L | tokens held per instance (stranded if it dies) | Redis round trips/s | admitted |\n|---|---|---|---|\n")?;
+    for (lease, r) in &points {
+        out.print(&format!(
+            "| {lease} | {:.1} | {:.0} | {} |\n",
+            r.held, r.round_trips_per_s, r.admitted
+        ))?;
+    }
+    let svg = draw(&args, &points)?;
+    file.write_all(svg.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    out.print(&format!("chart: {}\n", path.display()))
+}
+
+/// What one fleet run measured.
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    admitted: u64,
+    round_trips_per_s: f64,
+    /// Mean tokens one instance held in its leases, sampled every 100 ms.
+    held: f64,
+}
+
+/// One fleet run with leases of at most `lease` tokens.
+fn once(args: &Args, lease: u64, mode: Mode, out: &mut Out<impl Write>) -> Result<Summary, String> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let ns = format!("fleet-{}-{nanos}", std::process::id());
     // Fail early, with the typed message, when Redis is not there.
     drop(
         RedisPool::connect(PoolConfig::new(args.redis.clone(), ns.clone()))
@@ -96,7 +135,7 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     );
     out.print(&format!(
         "fleet: K = {} instances x {} threads, B = {}, r = {}/s, L = {}, ttl = {} ms, {:?} mode, {} s, each offering {}x its share\n",
-        args.instances, args.threads, args.capacity, args.refill, args.lease, args.ttl_ms, args.mode, args.seconds, args.offer
+        args.instances, args.threads, args.capacity, args.refill, lease, args.ttl_ms, args.mode, args.seconds, args.offer
     ))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children: Vec<Child> = (0..args.instances)
@@ -117,7 +156,7 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
                 ])
                 .args([
                     "-l",
-                    &args.lease.to_string(),
+                    &lease.to_string(),
                     "--ttl-ms",
                     &args.ttl_ms.to_string(),
                 ])
@@ -147,13 +186,16 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
             let stdout = c.stdout.take().expect("piped");
             std::thread::spawn(move || {
                 let mut last = (0u64, 0u64);
+                let (mut held, mut samples) = (0u64, 0u64);
                 for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                     let v: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
-                    if let [adm, rt] = v[..] {
+                    if let [adm, rt, h] = v[..] {
                         last = (adm, rt);
+                        held += h;
+                        samples += 1;
                     }
                 }
-                last
+                (last, held as f64 / samples.max(1) as f64)
             })
         })
         .collect();
@@ -166,10 +208,12 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     for c in &mut children {
         let _ = c.wait();
     }
-    let results: Vec<(u64, u64)> = readers
+    let joined: Vec<((u64, u64), f64)> = readers
         .into_iter()
-        .map(|r| r.join().unwrap_or((0, 0)))
+        .map(|r| r.join().unwrap_or(((0, 0), 0.0)))
         .collect();
+    let results: Vec<(u64, u64)> = joined.iter().map(|j| j.0).collect();
+    let held = joined.iter().map(|j| j.1).sum::<f64>() / joined.len().max(1) as f64;
     let total: u64 = results.iter().map(|r| r.0).sum();
     let rts: u64 = results.iter().map(|r| r.1).sum();
     for (i, (adm, rt)) in results.iter().enumerate() {
@@ -189,7 +233,7 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     let exact = args.capacity as f64 + args.refill * t;
     let bound = match mode {
         Mode::Exact => exact,
-        Mode::Loose => exact + 2.0 * args.instances as f64 * args.lease as f64,
+        Mode::Loose => exact + 2.0 * args.instances as f64 * lease as f64,
     };
     out.print(&format!(
         "total: {total} admitted in {t} s; bound {bound:.0} ({}); {rts} round trips ({:.1} per 1,000 decisions)\n",
@@ -201,7 +245,11 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
             "the fleet admitted {total}, above the bound {bound:.0}"
         ));
     }
-    Ok(())
+    Ok(Summary {
+        admitted: total,
+        round_trips_per_s: rts as f64 / t,
+        held,
+    })
 }
 
 /// One instance: drives the shared bucket from its threads at `offer` times its share,
@@ -238,17 +286,83 @@ fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(100));
             let _ = writeln!(
                 stdout,
-                "{} {}",
+                "{} {} {}",
                 admitted.load(std::sync::atomic::Ordering::Relaxed),
-                pool.round_trips()
+                pool.round_trips(),
+                bucket.leased_tokens()
             );
         }
     });
     let _ = writeln!(
         std::io::stdout(),
-        "{} {}",
+        "{} {} {}",
         admitted.load(std::sync::atomic::Ordering::Relaxed),
-        pool.round_trips()
+        pool.round_trips(),
+        bucket.leased_tokens()
     );
     Ok(())
+}
+
+/// The sweep's chart: tokens held per instance and round trips per second against L.
+fn draw(args: &Args, points: &[(u64, Summary)]) -> Result<String, String> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| format!("cannot draw the chart: {e}");
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 620)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let root = root
+            .titled(
+                &format!(
+                    "K = {} instances, B = {}, r = {}/s, ttl = {} ms: by lease size L",
+                    args.instances, args.capacity, args.refill, args.ttl_ms
+                ),
+                ("sans-serif", 18),
+            )
+            .map_err(|e| err(&e))?;
+        let (upper, lower) = root.split_vertically(300);
+        let max_l = points.iter().map(|p| p.0).max().unwrap_or(1) as f64 * 1.05;
+        let panels = [
+            (upper, "tokens held per instance (stranded if it dies)", 0),
+            (lower, "Redis round trips per second (all instances)", 1),
+        ];
+        for (area, label, which) in panels {
+            let value = |s: &Summary| {
+                if which == 0 {
+                    s.held
+                } else {
+                    s.round_trips_per_s
+                }
+            };
+            let top = points.iter().map(|p| value(&p.1)).fold(1.0, f64::max) * 1.15;
+            let mut chart = ChartBuilder::on(&area)
+                .margin(10)
+                .x_label_area_size(36)
+                .y_label_area_size(60)
+                .build_cartesian_2d(0.0..max_l, 0.0..top)
+                .map_err(|e| err(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("largest lease L (tokens)")
+                .y_desc(label)
+                .light_line_style(WHITE)
+                .draw()
+                .map_err(|e| err(&e))?;
+            let color = if which == 0 {
+                RGBColor(0xd6, 0x27, 0x28)
+            } else {
+                RGBColor(0x1f, 0x77, 0xb4)
+            };
+            let series: Vec<(f64, f64)> =
+                points.iter().map(|(l, s)| (*l as f64, value(s))).collect();
+            chart
+                .draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?;
+            chart
+                .draw_series(series.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(|e| err(&e))?;
+        }
+        root.present().map_err(|e| err(&e))?;
+    }
+    Ok(svg)
 }
