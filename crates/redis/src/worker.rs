@@ -207,7 +207,12 @@ impl Worker {
                 Some((id.clone(), *need, *want))
             } else if free && !spent && b.demand.swap(false, Ordering::Relaxed) {
                 let need = b.need.swap(0, Ordering::Relaxed).max(1);
-                let want = b.max_cost.max(need);
+                // At most B / (2K) for the K instances last seen, so the fleet's leases
+                // (two per instance) never hold the whole budget: exact mode's early
+                // rejection stays at most about B.
+                let k = self.pool.instances_seen.load(Ordering::Relaxed).max(1);
+                let share = (b.policy.capacity() / (2 * k)).max(1);
+                let want = b.max_cost.min(share).max(need);
                 self.seq += 1;
                 let id = format!("{}:{}", self.instance, self.seq);
                 t.in_flight = Some((id.clone(), need, want));
