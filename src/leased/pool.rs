@@ -416,47 +416,49 @@ impl Pool for LocalPool {
             };
             let stored = stored_units(layout, cur);
             let outstanding = lessees.max_outstanding_units();
-            let attempt = Attempt {
-                max_units: layout.max_units(),
-                stored,
-                refilled: snapshot.units(),
-                hand,
-                credit_bound: credit_bound(layout, snapshot.units(), hand, outstanding),
-                quiesced,
-                needed,
-            };
-            let (next, outcome) = match exchange::step(attempt) {
-                Step::Quiesce => {
-                    let found = lessees.quiesce();
-                    hand = hand.saturating_add(found.taken_units);
-                    quiesced = Some(found.in_flight_units);
-                    continue;
-                }
-                Step::Refuse => {
-                    // Read-only, like a plain bucket's rejection.
-                    return Ok(rejected(layout, &snapshot, reading.now));
-                }
-                Step::GiveBackAndRefuse { units } => {
-                    let next = snapshot.with_units(units);
-                    let after = layout.refill(next, reading.tick);
-                    (next, rejected(layout, &after, reading.now))
-                }
-                Step::Pay { units } => {
-                    let leased = if request.lease {
-                        lessees.lease_units(units - needed)
-                    } else {
-                        0
-                    };
-                    let mut left = units - request.cost_units - leased;
-                    if mutant!(LEASE_KEEPS_GLOBAL) {
-                        left += leased;
+            // Decided on this snapshot; quiescing (once per exchange) only grows the hand.
+            let (next, outcome) = loop {
+                let attempt = Attempt {
+                    max_units: layout.max_units(),
+                    stored,
+                    refilled: snapshot.units(),
+                    hand,
+                    credit_bound: credit_bound(layout, snapshot.units(), hand, outstanding),
+                    quiesced,
+                    needed,
+                };
+                match exchange::step(attempt) {
+                    Step::Quiesce => {
+                        let found = lessees.quiesce();
+                        hand = hand.saturating_add(found.taken_units);
+                        quiesced = Some(found.in_flight_units);
                     }
-                    let admitted = LeaseOutcome::Admitted {
-                        leased_units: leased,
-                        tick: snapshot.tick(layout),
-                        balance_units: left as i64 - layout.base_units() as i64,
-                    };
-                    (snapshot.with_units(left), admitted)
+                    Step::Refuse => {
+                        // Read-only, like a plain bucket's rejection.
+                        return Ok(rejected(layout, &snapshot, reading.now));
+                    }
+                    Step::GiveBackAndRefuse { units } => {
+                        let next = snapshot.with_units(units);
+                        let after = layout.refill(next, reading.tick);
+                        break (next, rejected(layout, &after, reading.now));
+                    }
+                    Step::Pay { units } => {
+                        let leased = if request.lease {
+                            lessees.lease_units(units - needed)
+                        } else {
+                            0
+                        };
+                        let mut left = units - request.cost_units - leased;
+                        if mutant!(LEASE_KEEPS_GLOBAL) {
+                            left += leased;
+                        }
+                        let admitted = LeaseOutcome::Admitted {
+                            leased_units: leased,
+                            tick: snapshot.tick(layout),
+                            balance_units: left as i64 - layout.base_units() as i64,
+                        };
+                        break (snapshot.with_units(left), admitted);
+                    }
                 }
             };
             match self.cas(cur, next) {
