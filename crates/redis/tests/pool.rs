@@ -206,3 +206,31 @@ fn a_huge_refund_is_capped_at_the_capacity() {
     assert_eq!(drive(&bucket, Duration::from_millis(400)), 20);
     assert!(!pool.is_unavailable());
 }
+
+#[test]
+fn several_buckets_exchange_in_one_round_trip() {
+    let pool = RedisPool::connect(config("batch").max_lease(5)).unwrap();
+    let policy = RemotePolicy::new(10, 0.001).unwrap();
+    let buckets: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|s| pool.bucket(s, policy).unwrap())
+        .collect();
+    for b in &buckets {
+        assert_eq!(drive(b, Duration::from_millis(200)), 10);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let (rt, ex) = (pool.round_trips(), pool.exchanges());
+    // Three refunds between two of the thread's rounds: credited in one pipeline.
+    for b in &buckets {
+        b.refund(2);
+    }
+    for b in &buckets {
+        assert_eq!(drive(b, Duration::from_millis(200)), 2);
+    }
+    let (rounds, exchanges) = (pool.round_trips() - rt, pool.exchanges() - ex);
+    assert!(exchanges >= 3, "{exchanges}");
+    assert!(
+        rounds < exchanges,
+        "{rounds} round trips for {exchanges} exchanges"
+    );
+}
