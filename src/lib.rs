@@ -87,6 +87,7 @@ pub mod keyed;
 mod lease;
 pub mod leased;
 pub mod multi;
+pub mod owned;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutants;
