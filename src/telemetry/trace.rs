@@ -22,10 +22,7 @@ impl ScopeDecision<'_> {
             return;
         }
         for r in self.records() {
-            let attempt = match r.attempt {
-                Attempt::Original => 0,
-                Attempt::Retry(n) => u64::from(n),
-            };
+            let attempt = AttemptField(r.attempt);
             macro_rules! event {
                 ($level:expr) => {
                     tracing::event!(
@@ -37,7 +34,7 @@ impl ScopeDecision<'_> {
                         refill_per_second = r.refill_per_second,
                         token_cost = r.token_cost,
                         tokens_remaining = r.tokens_remaining,
-                        attempt,
+                        attempt = %attempt,
                     )
                 };
             }
@@ -45,6 +42,18 @@ impl ScopeDecision<'_> {
                 Outcome::Rejected => event!(tracing::Level::INFO),
                 Outcome::Admitted => event!(tracing::Level::DEBUG),
             }
+        }
+    }
+}
+
+/// `original` or `retry:n`, as in the record's text form.
+struct AttemptField(Attempt);
+
+impl std::fmt::Display for AttemptField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Attempt::Original => f.write_str("original"),
+            Attempt::Retry(n) => write!(f, "retry:{n}"),
         }
     }
 }
