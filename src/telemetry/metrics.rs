@@ -1,6 +1,8 @@
 //! The scoped limiter's counters through the [`metrics`] facade (feature `metrics`).
 //!
-//! Nothing is recorded on the decision path: the counters the limiter keeps anyway (per
+//! Counters are kept per scope kind only when its rule turns them on
+//! ([`Rule::counters`](crate::scope::Rule::counters), off by default); kinds without
+//! them export zeros. Nothing is recorded on the decision path: the counters the limiter keeps anyway (per
 //! key, original vs retry) are summed by scope kind when
 //! [`export_metrics`](crate::ScopedLimiter::export_metrics) runs, typically right before a
 //! Prometheus scrape is rendered. Labels are bounded: the limiter's name, the scope kind

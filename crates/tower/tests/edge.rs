@@ -8,9 +8,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use http::{HeaderMap, StatusCode};
-use tokengate::{
-    ManualClock, Policy, Rule, RuleSet, Scope, ScopeKind, ScopedLimiter, TenantId, WorkClass,
-};
+use tokengate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, WorkClass};
+use tokengate::{ManualClock, Policy, ScopedLimiter};
 use tokengate_tower::{Key, RateLimitLayer, Route};
 
 use support::{client, eventually, get as fetch, list, serve};
@@ -41,10 +40,10 @@ fn limiter(rules: RuleSet) -> Arc<ScopedLimiter<ManualClock>> {
 fn tenant_limiter(capacity: u64) -> Arc<ScopedLimiter<ManualClock>> {
     limiter(
         RuleSet::new()
-            .rule(ScopeKind::Global, Rule::new(Policy::new(1000, 100.0).unwrap()))
+            .rule(ScopeKind::Global, counted(Policy::new(1000, 100.0).unwrap()))
             .rule(
                 ScopeKind::Tenant,
-                Rule::new(Policy::new(capacity, 1.0).unwrap()),
+                counted(Policy::new(capacity, 1.0).unwrap()),
             ),
     )
 }
@@ -57,7 +56,7 @@ fn params(p: &[(String, i64)]) -> Vec<(&str, i64)> {
 async fn a_refusal_is_429_with_retry_after_and_the_ietf_fields_of_the_refusing_scope() {
     // 2 tokens, 0.4 per second: one token takes 2.5 s, so Retry-After is 3.
     let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::Global, Rule::new(Policy::new(2, 0.4).unwrap())),
+        RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(2, 0.4).unwrap())),
     );
     let layer = RateLimitLayer::builder(limiter)
         .default_class("metadata")
@@ -152,8 +151,8 @@ async fn two_tenants_are_isolated() {
 async fn a_routes_class_sets_its_cost_and_its_route_scope() {
     let limiter = limiter(
         RuleSet::new()
-            .rule(ScopeKind::Tenant, Rule::new(Policy::new(30, 1.0).unwrap()))
-            .rule(ScopeKind::Route, Rule::new(Policy::new(100, 1.0).unwrap()))
+            .rule(ScopeKind::Tenant, counted(Policy::new(30, 1.0).unwrap()))
+            .rule(ScopeKind::Route, counted(Policy::new(100, 1.0).unwrap()))
             .class(WorkClass::new("search", 3))
             .class(WorkClass::new("export", 20)),
     );
@@ -175,7 +174,7 @@ async fn a_routes_class_sets_its_cost_and_its_route_scope() {
     assert_eq!(fetch(&c, addr, "/export", &t).await.status, 200);
     assert_eq!(fetch(&c, addr, "/search", &t).await.status, 200);
     assert_eq!(limiter.available(&Scope::Tenant(TenantId(3))), Some(6.0));
-    let route = |id| limiter.available(&Scope::Route(tokengate::RouteId(id)));
+    let route = |id| limiter.available(&Scope::Route(tokengate::scope::RouteId(id)));
     assert_eq!(route(7), Some(80.0));
     assert_eq!(route(8), Some(97.0));
 }
@@ -184,7 +183,7 @@ fn per_client(
     trusted: &[&str],
 ) -> (RateLimitLayer<ManualClock>, Arc<ScopedLimiter<ManualClock>>) {
     let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::User, Rule::new(Policy::new(1, 1.0).unwrap())),
+        RuleSet::new().rule(ScopeKind::User, counted(Policy::new(1, 1.0).unwrap())),
     );
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .key(ScopeKind::User, Key::client_ip().ipv6_prefix(64))
@@ -258,7 +257,7 @@ async fn a_request_without_a_required_key_gets_the_configured_answer() {
 #[tokio::test]
 async fn shadow_mode_admits_counts_and_debits_nothing_for_a_refusal() {
     let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::Global, Rule::new(Policy::new(1, 1.0).unwrap())),
+        RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(1, 1.0).unwrap())),
     );
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .default_class("metadata")
@@ -282,8 +281,8 @@ async fn shadow_mode_admits_counts_and_debits_nothing_for_a_refusal() {
 async fn a_shadowed_scope_refuses_without_blocking_the_enforced_ones() {
     let limiter = limiter(
         RuleSet::new()
-            .rule(ScopeKind::Global, Rule::new(Policy::new(2, 1.0).unwrap()))
-            .rule(ScopeKind::Tenant, Rule::new(Policy::new(1, 1.0).unwrap())),
+            .rule(ScopeKind::Global, counted(Policy::new(2, 1.0).unwrap()))
+            .rule(ScopeKind::Tenant, counted(Policy::new(1, 1.0).unwrap())),
     );
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .key(ScopeKind::Tenant, Key::header("x-tenant"))
@@ -310,7 +309,7 @@ async fn a_shadowed_scope_refuses_without_blocking_the_enforced_ones() {
 #[tokio::test]
 async fn tokens_come_back_when_the_inner_service_answers_a_refunded_status() {
     let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::Global, Rule::new(Policy::new(1, 1.0).unwrap())),
+        RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(1, 1.0).unwrap())),
     );
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .route(Route::get("/fail").refund_on(|s| s.is_server_error()))
@@ -354,7 +353,7 @@ async fn delay_mode_waits_and_then_serves_in_order() {
         .build()
         .unwrap();
     let limiter = Arc::new(
-        classes(RuleSet::new().rule(ScopeKind::Global, Rule::new(policy)))
+        classes(RuleSet::new().rule(ScopeKind::Global, counted(policy)))
             .build()
             .unwrap(),
     );
@@ -398,7 +397,7 @@ async fn a_client_that_disconnects_while_waiting_leaves_the_bucket_as_if_it_neve
         .max_reservation(Duration::from_secs(60))
         .build()
         .unwrap();
-    let limiter = limiter(RuleSet::new().rule(ScopeKind::Global, Rule::new(policy)));
+    let limiter = limiter(RuleSet::new().rule(ScopeKind::Global, counted(policy)));
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .route(Route::get("/").max_wait(Duration::from_secs(60)))
         .default_class("metadata")
@@ -408,7 +407,7 @@ async fn a_client_that_disconnects_while_waiting_leaves_the_bucket_as_if_it_neve
     let addr = serve(app(layer)).await;
     let c = client();
     assert_eq!(fetch(&c, addr, "/", &[]).await.status, 200);
-    let word = limiter.__word(&Scope::Global).unwrap();
+    let word = limiter.stored_word(&Scope::Global).unwrap();
     assert_eq!(limiter.available(&Scope::Global), Some(0.0));
 
     let mut waiters = Vec::new();
@@ -427,6 +426,11 @@ async fn a_client_that_disconnects_while_waiting_leaves_the_bucket_as_if_it_neve
     }
     eventually(|| stats.stats().delay_cancelled == 3).await;
     assert_eq!(limiter.available(&Scope::Global), Some(0.0));
-    assert_eq!(limiter.__word(&Scope::Global), Some(word));
+    assert_eq!(limiter.stored_word(&Scope::Global), Some(word));
     assert_eq!(stats.stats().delayed, 0);
+}
+
+/// A rule with per-scope counters (off by default).
+fn counted(policy: Policy) -> Rule {
+    Rule::new(policy).counters(true)
 }

@@ -9,7 +9,8 @@ use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tokengate::{ManualClock, Policy, Rule, RuleSet, ScopeKind, WorkClass};
+use tokengate::scope::{Rule, RuleSet, ScopeKind, WorkClass};
+use tokengate::{ManualClock, Policy};
 use tokengate_tower::{Key, RateLimitLayer};
 
 use support::{client, get as fetch, serve};
@@ -19,8 +20,8 @@ async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {
     let handle = PrometheusBuilder::new().install_recorder().unwrap();
     let limiter = Arc::new(
         RuleSet::new()
-            .rule(ScopeKind::Global, Rule::new(Policy::new(100, 1.0).unwrap()))
-            .rule(ScopeKind::Tenant, Rule::new(Policy::new(2, 1.0).unwrap()))
+            .rule(ScopeKind::Global, counted(Policy::new(100, 1.0).unwrap()))
+            .rule(ScopeKind::Tenant, counted(Policy::new(2, 1.0).unwrap()))
             .class(WorkClass::new("metadata", 1))
             .build_with_clock(ManualClock::new())
             .unwrap(),
@@ -102,4 +103,9 @@ async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {
         .filter(|l| l.starts_with("tokengate_requests_total") && l.contains("\"tenant\""))
         .count();
     assert_eq!(tenant_series, 4); // 2 results x 2 attempts, however many tenants
+}
+
+/// A rule with per-scope counters (off by default).
+fn counted(policy: Policy) -> Rule {
+    Rule::new(policy).counters(true)
 }

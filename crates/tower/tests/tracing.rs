@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::routing::get;
-use tokengate::{ManualClock, Policy, Rule, RuleSet, ScopeKind, WorkClass};
+use tokengate::scope::{Rule, RuleSet, ScopeKind, WorkClass};
+use tokengate::{ManualClock, Policy};
 use tokengate_tower::{Key, RateLimitLayer};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
