@@ -405,7 +405,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 shadow_kinds: self.shadow_kinds,
                 refusal_body: self.refusal_body,
                 missing: self.missing,
-                quotas: Quotas { by_kind },
+                quotas: Quotas::new(by_kind),
                 hasher: RandomState::new(),
                 counts: Counts::default(),
             }),

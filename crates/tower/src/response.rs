@@ -2,6 +2,7 @@
 //! fields, the legacy `x-ratelimit-*` fields, and the refusal and missing-key bodies.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -92,76 +93,155 @@ pub fn problem_missing(m: &MissingKey) -> (StatusCode, Body) {
     (StatusCode::BAD_REQUEST, (PROBLEM_JSON, Bytes::from(body)))
 }
 
-/// The quotas of each scope kind, built once per layer.
+/// The quotas of each scope kind, built once per layer, and the `RateLimit-Policy`
+/// values of each set of kinds, built on first use: a policy field costs no formatting
+/// and no allocation per response.
 pub(crate) struct Quotas {
     pub(crate) by_kind: [Option<Quota>; 6],
+    policy_fields: [OnceLock<Option<HeaderValue>>; 64],
+}
+
+impl Quotas {
+    pub(crate) fn new(by_kind: [Option<Quota>; 6]) -> Quotas {
+        Quotas {
+            by_kind,
+            policy_fields: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    /// The `RateLimit-Policy` value listing the kinds in `mask` (bit = kind index).
+    fn policy_field(&self, mask: u8) -> Option<HeaderValue> {
+        self.policy_fields[usize::from(mask & 63)]
+            .get_or_init(|| {
+                let mut v = String::new();
+                for kind in ScopeKind::ALL {
+                    let Some(q) = &self.by_kind[kind as usize] else {
+                        continue;
+                    };
+                    if mask & (1 << kind as u8) != 0 {
+                        if !v.is_empty() {
+                            v.push_str(", ");
+                        }
+                        let _ = write!(v, "{}", q.policy_item());
+                    }
+                }
+                HeaderValue::try_from(v).ok()
+            })
+            .clone()
+    }
 }
 
 /// One scope's figures for the rate-limit fields.
-pub(crate) struct Item<'a> {
-    pub(crate) name: &'static str,
-    pub(crate) quota: &'a Quota,
+#[derive(Clone, Copy)]
+pub(crate) struct Item {
+    pub(crate) kind: ScopeKind,
+    pub(crate) quota: u64,
     pub(crate) remaining: u64,
     pub(crate) reset: u64,
 }
 
-impl<'a> Item<'a> {
+impl Item {
     /// From a scope's decision; `reset` overrides the decision's `t` (a refusal reports
     /// the request's `Retry-After`, the wait for every scope).
-    pub(crate) fn new(
-        kind: ScopeKind,
-        quota: &'a Quota,
-        d: &Decision,
-        reset: Option<u64>,
-    ) -> Item<'a> {
+    pub(crate) fn new(kind: ScopeKind, quota: &Quota, d: &Decision, reset: Option<u64>) -> Item {
         let limit = quota.service_limit(d);
         Item {
-            name: kind.name(),
-            quota,
+            kind,
+            quota: quota.quota(),
             remaining: limit.remaining(),
             reset: reset.unwrap_or(limit.reset_seconds()),
         }
     }
 }
 
-/// Writes `RateLimit-Policy` and `RateLimit` for `items`, and the legacy fields for the
-/// item with the fewest tokens left.
-pub(crate) fn write_fields(
-    headers: &mut HeaderMap,
-    items: &[Item<'_>],
-    ietf: bool,
-    legacy: bool,
-) {
-    if items.is_empty() {
-        return;
-    }
-    if ietf {
-        let mut policy = String::new();
-        let mut limit = String::new();
-        for (i, it) in items.iter().enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-                limit.push_str(", ");
+/// The rate-limit fields of one response, built before the inner service answers.
+#[derive(Default)]
+pub(crate) struct Fields {
+    policy: Option<HeaderValue>,
+    limit: Option<HeaderValue>,
+    legacy: Option<[HeaderValue; 3]>,
+}
+
+impl Fields {
+    /// `RateLimit-Policy` and `RateLimit` for `items` (at most one per kind), and the
+    /// legacy fields for the item with the fewest tokens left.
+    pub(crate) fn new(quotas: &Quotas, items: &[Item], ietf: bool, legacy: bool) -> Fields {
+        let mut fields = Fields::default();
+        let Some(tightest) = items.iter().min_by_key(|it| it.remaining) else {
+            return fields;
+        };
+        if ietf {
+            let mask = items.iter().fold(0u8, |m, it| m | 1 << it.kind as u8);
+            fields.policy = quotas.policy_field(mask);
+            // At most 6 items of `"tenant_route";r=<15 digits>;t=<15 digits>`: fits.
+            let mut buf = StackBuf::<384>::new();
+            for (i, it) in items.iter().enumerate() {
+                let sep = if i > 0 { ", " } else { "" };
+                let _ = write!(
+                    buf,
+                    "{sep}\"{}\";r={};t={}",
+                    it.kind.name(),
+                    it.remaining,
+                    it.reset
+                );
             }
-            let _ = write!(policy, "{}", it.quota.policy_item());
-            // The quota is named after the scope kind (plain ASCII, no escaping).
-            let _ = write!(limit, "\"{}\";r={};t={}", it.name, it.remaining, it.reset);
+            fields.limit = HeaderValue::from_bytes(buf.as_bytes()).ok();
         }
-        if let Ok(v) = HeaderValue::try_from(policy) {
+        if legacy {
+            fields.legacy = Some([
+                HeaderValue::from(tightest.quota),
+                HeaderValue::from(tightest.remaining),
+                HeaderValue::from(tightest.reset),
+            ]);
+        }
+        fields
+    }
+
+    /// Puts the fields in `headers`.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        if let Some(v) = self.policy {
             headers.insert(RATELIMIT_POLICY, v);
         }
-        if let Ok(v) = HeaderValue::try_from(limit) {
+        if let Some(v) = self.limit {
             headers.insert(RATELIMIT, v);
         }
+        if let Some([limit, remaining, reset]) = self.legacy {
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, remaining);
+            headers.insert(X_RATELIMIT_RESET, reset);
+        }
     }
-    if legacy {
-        let tightest = items
-            .iter()
-            .min_by_key(|it| it.remaining)
-            .expect("items is not empty");
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(tightest.quota.quota()));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(tightest.remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(tightest.reset));
+}
+
+/// A fixed buffer for formatting a field value without allocating; text past its end is
+/// an error (the caller's values are bounded).
+struct StackBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackBuf<N> {
+    fn new() -> Self {
+        StackBuf {
+            buf: [0; N],
+            len: 0,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl<const N: usize> std::fmt::Write for StackBuf<N> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        if end > N {
+            return Err(std::fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokengate::owned::OwnedReservation;
 use tokengate::scope::{ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeKind, TenantId, UserId};
@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use crate::key::{Head, KeyError};
 use crate::layer::{Options, Shared};
-use crate::response::{Item, MissingKey, Refused, retry_after_seconds, write_fields};
+use crate::response::{Fields, Item, MissingKey, Refused, retry_after_seconds};
 use crate::route::StatusPredicate;
 
 /// The service a [`RateLimitLayer`](crate::RateLimitLayer) wraps around `S`.
@@ -71,20 +71,19 @@ impl<F, B, E, C: Clock> fmt::Debug for ResponseFuture<F, B, E, C> {
 
 /// What an admitted request does to its response: rate-limit fields, refund on status.
 struct After<C: Clock> {
-    fields: HeaderMap,
-    refund: Option<(Charge, StatusPredicate)>,
-    shared: Arc<Shared<C>>,
+    fields: Fields,
+    refund: Option<(Charge, StatusPredicate, Arc<Shared<C>>)>,
 }
 
 impl<C: Clock> After<C> {
     fn apply<B>(self, response: &mut Response<B>) {
-        if let Some((charge, refund)) = &self.refund {
+        if let Some((charge, refund, shared)) = &self.refund {
             if refund(response.status()) {
-                self.shared.limiter.refund(charge);
-                self.shared.counts.refunded();
+                shared.limiter.refund(charge);
+                shared.counts.refunded();
             }
         }
-        response.headers_mut().extend(self.fields);
+        self.fields.write(response.headers_mut());
     }
 }
 
@@ -131,8 +130,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let shared = Arc::clone(&self.shared);
-        let s = &*shared;
+        let s = &*self.shared;
         let (route, options) = match s
             .routes
             .iter()
@@ -192,7 +190,7 @@ where
         if decision.is_rejected() {
             if options.shadow {
                 shadow_refusal(s, &decision);
-                return self.admit(req, None);
+                return call_inner(&mut self.inner, req, None);
             }
             let within = decision
                 .retry_after()
@@ -201,69 +199,69 @@ where
                 if let Ok(reservation) =
                     limiter.reserve_owned(&request, options.class, options.max_wait)
                 {
-                    return self.wait(req, reservation, options.refund.clone());
+                    let shared = Arc::clone(&self.shared);
+                    let refund = options.refund.clone();
+                    return wait(&mut self.inner, shared, req, reservation, refund);
                 }
             }
             return ready(refusal(s, &decision, route));
         }
-        let after = admitted(s, &decision, options, Arc::clone(&shared));
-        self.admit(req, Some(after))
+        let after = admitted(&self.shared, &decision, options);
+        call_inner(&mut self.inner, req, Some(after))
     }
 }
 
-impl<S, C: Clock> RateLimit<S, C> {
-    fn admit<ReqBody, ResBody>(
-        &mut self,
-        req: Request<ReqBody>,
-        after: Option<After<C>>,
-    ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    {
-        ResponseFuture {
-            state: State::Inner {
-                fut: self.inner.call(req),
-            },
-            after,
-        }
+fn call_inner<S, C: Clock, ReqBody, ResBody>(
+    inner: &mut S,
+    req: Request<ReqBody>,
+    after: Option<After<C>>,
+) -> ResponseFuture<S::Future, ResBody, S::Error, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    ResponseFuture {
+        state: State::Inner {
+            fut: inner.call(req),
+        },
+        after,
     }
+}
 
-    /// Delay mode: sleeps on the runtime's timer for the reservation, then calls the
-    /// inner service. Dropping the future before then (the client hung up) drops the
-    /// reservation, which gives every scope its tokens back.
-    fn wait<ReqBody, ResBody>(
-        &mut self,
-        req: Request<ReqBody>,
-        reservation: OwnedReservation<ScopedLimiter<C>>,
-        refund: Option<StatusPredicate>,
-    ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        ReqBody: Send + 'static,
-        C: Clock + Send + Sync + 'static,
-    {
-        // The clone is not ready; the ready one (`poll_ready` was called on it) goes.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        let fut = async move {
-            let watch = CancelWatch(Some(Arc::clone(&shared)));
-            let charge = reservation.ready(tokio::time::sleep).await;
-            watch.disarm();
-            shared.counts.delayed();
-            let response = inner.call(req).await?;
-            if refund.is_some_and(|r| r(response.status())) {
-                shared.limiter.refund(&charge);
-                shared.counts.refunded();
-            }
-            Ok(response)
-        };
-        ResponseFuture {
-            state: State::Waiting { fut: Box::pin(fut) },
-            after: None,
+/// Delay mode: sleeps on the runtime's timer for the reservation, then calls the
+/// inner service. Dropping the future before then (the client hung up) drops the
+/// reservation, which gives every scope its tokens back.
+fn wait<S, C: Clock, ReqBody, ResBody>(
+    inner: &mut S,
+    shared: Arc<Shared<C>>,
+    req: Request<ReqBody>,
+    reservation: OwnedReservation<ScopedLimiter<C>>,
+    refund: Option<StatusPredicate>,
+) -> ResponseFuture<S::Future, ResBody, S::Error, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    C: Clock + Send + Sync + 'static,
+{
+    // The clone is not ready; the ready one (`poll_ready` was called on it) goes.
+    let clone = inner.clone();
+    let mut inner = std::mem::replace(inner, clone);
+    let fut = async move {
+        let watch = CancelWatch(Some(Arc::clone(&shared)));
+        let charge = reservation.ready(tokio::time::sleep).await;
+        watch.disarm();
+        shared.counts.delayed();
+        let response = inner.call(req).await?;
+        if refund.is_some_and(|r| r(response.status())) {
+            shared.limiter.refund(&charge);
+            shared.counts.refunded();
         }
+        Ok(response)
+    };
+    ResponseFuture {
+        state: State::Waiting { fut: Box::pin(fut) },
+        after: None,
     }
 }
 
@@ -351,40 +349,43 @@ fn refusal<B: From<Bytes>, C: Clock>(
         h.insert(RETRY_AFTER, secs.into());
     }
     if let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], d.decision(scope)) {
-        write_fields(h, &[Item::new(kind, q, dec, retry_after)], s.ietf, s.legacy);
+        let item = Item::new(kind, q, dec, retry_after);
+        Fields::new(&s.quotas, &[item], s.ietf, s.legacy).write(h);
     }
     r
 }
 
+/// Fills unused item slots (never read).
+const FILLER: Item = Item {
+    kind: ScopeKind::Global,
+    quota: 0,
+    remaining: 0,
+    reset: 0,
+};
+
 /// The fields and refund of an admission; counts admissions near the limit.
-fn admitted<C: Clock>(
-    s: &Shared<C>,
-    d: &ScopeDecision<'_>,
-    options: &Options,
-    shared: Arc<Shared<C>>,
-) -> After<C> {
-    let mut fields = HeaderMap::new();
-    let mut items = Vec::new();
+fn admitted<C: Clock>(shared: &Arc<Shared<C>>, d: &ScopeDecision<'_>, options: &Options) -> After<C> {
+    let s = &**shared;
+    let mut items = [FILLER; 6];
+    let mut n = 0;
     for scope in d.scopes() {
         let kind = scope.kind();
         let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], d.decision(scope)) else {
             continue;
         };
-        let item = Item::new(kind, q, dec, None);
-        if item.remaining.saturating_mul(10) < q.quota() {
+        if dec.tokens_remaining() * 10.0 < q.quota() as f64 {
             s.counts.near_limit(kind);
         }
         if s.admitted_fields {
-            items.push(item);
+            items[n] = Item::new(kind, q, dec, None);
+            n += 1;
         }
     }
-    write_fields(&mut fields, &items, s.ietf, s.legacy);
     After {
-        fields,
-        refund: options
-            .refund
-            .as_ref()
-            .and_then(|r| d.charge().map(|c| (c, Arc::clone(r)))),
-        shared,
+        fields: Fields::new(&s.quotas, &items[..n], s.ietf, s.legacy),
+        refund: options.refund.as_ref().and_then(|r| {
+            d.charge()
+                .map(|c| (c, Arc::clone(r), Arc::clone(shared)))
+        }),
     }
 }
