@@ -87,10 +87,10 @@ pub mod keyed;
 mod lease;
 pub mod leased;
 pub mod multi;
-pub mod owned;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutants;
+pub mod owned;
 pub mod policy;
 pub mod reservation;
 pub mod retry;

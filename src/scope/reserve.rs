@@ -170,7 +170,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         for kind in ScopeKind::ALL {
             let cost = c[kind.index()];
-            if let (Some(m), Some(scope), true) = (self.maps.get(kind), Scope::of(r, kind), cost > 0)
+            if let (Some(m), Some(scope), true) =
+                (self.maps.get(kind), Scope::of(r, kind), cost > 0)
             {
                 m.refund(&scope, cost);
             }

@@ -57,7 +57,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             for (attempt, tally) in [("original", total.original), ("retry", total.retry)] {
                 export_tally(limiter, k, attempt, &tally);
             }
-            let labels = [("limiter", limiter.to_owned()), ("scope_kind", k.to_owned())];
+            let labels = [
+                ("limiter", limiter.to_owned()),
+                ("scope_kind", k.to_owned()),
+            ];
             metrics::gauge!(LIVE_KEYS, &labels).set(self.len(kind) as f64);
             metrics::gauge!(EVICTED_REQUESTS, &labels).set(evicted.total().requests() as f64);
             let overflow = self.overflow_counters(kind).total().requests();

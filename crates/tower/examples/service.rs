@@ -77,7 +77,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }),
         ));
-    let port: u16 = std::env::var("PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(3000);
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(

@@ -125,7 +125,9 @@ pub(crate) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V4(a) => {
             let bits = u32::from(a);
-            let m = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+            let m = u32::MAX
+                .checked_shl(32 - u32::from(prefix.min(32)))
+                .unwrap_or(0);
             IpAddr::V4(Ipv4Addr::from(bits & m))
         }
         IpAddr::V6(a) => {
@@ -173,7 +175,11 @@ pub(crate) fn client_ip(
                 entries.push(found.ok_or(KeyError::Malformed("forwarded"))?);
             }
         }
-        return walk(peer, entries.iter().map(|e| parse_forwarded_for(e)), trusted);
+        return walk(
+            peer,
+            entries.iter().map(|e| parse_forwarded_for(e)),
+            trusted,
+        );
     }
     let xff = headers.get_all("x-forwarded-for");
     if xff.iter().next().is_none() {
@@ -278,10 +284,7 @@ mod tests {
 
     #[test]
     fn prefixes_mask_the_host_bits() {
-        assert_eq!(
-            mask(ip("2001:db8:1:2:aaaa::1"), 64),
-            ip("2001:db8:1:2::")
-        );
+        assert_eq!(mask(ip("2001:db8:1:2:aaaa::1"), 64), ip("2001:db8:1:2::"));
         assert_eq!(mask(ip("192.168.7.9"), 24), ip("192.168.7.0"));
         assert_eq!(mask(ip("192.168.7.9"), 0), ip("0.0.0.0"));
         assert_eq!(canonical(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));

@@ -187,10 +187,7 @@ impl Key {
                     IpAddr::V6(_) => hasher.hash_one((6u8, mask(ip, *v6_prefix))),
                 }))
             }
-            Source::Header(name) => Ok(head
-                .headers
-                .get(name)
-                .map(|v| id_of(v.as_bytes(), hasher))),
+            Source::Header(name) => Ok(head.headers.get(name).map(|v| id_of(v.as_bytes(), hasher))),
             Source::PathSegment(i) => Ok(head
                 .uri
                 .path()

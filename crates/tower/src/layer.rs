@@ -139,7 +139,10 @@ impl<C: Clock + fmt::Debug> fmt::Debug for RateLimitLayer<C> {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &s.limiter)
             .field("keys", &s.keys)
-            .field("routes", &s.routes.iter().map(|r| &r.route).collect::<Vec<_>>())
+            .field(
+                "routes",
+                &s.routes.iter().map(|r| &r.route).collect::<Vec<_>>(),
+            )
             .field("proxies", &s.proxies)
             .field("shadow_kinds", &s.shadow_kinds)
             .finish_non_exhaustive()
@@ -246,7 +249,10 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
 
     /// Gives the tokens back when the inner service answers with a status for which
     /// `refund` is true, for routes that do not set their own ([`Route::refund_on`]).
-    pub fn refund_on(mut self, refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+    pub fn refund_on(
+        mut self,
+        refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
         self.default_refund = Some(Arc::new(refund));
         self
     }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use tokengate::http::{MAX_INTEGER, Quota};
 use tokengate::Decision;
+use tokengate::http::{MAX_INTEGER, Quota};
 use tokengate::scope::{RouteId, Scope, ScopeKind};
 
 use crate::key::KeyError;

@@ -135,7 +135,10 @@ impl Route {
 
     /// Gives the tokens back when the inner service answers with a status for which
     /// `refund` is true (exact refund of every scope paid).
-    pub fn refund_on(mut self, refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Route {
+    pub fn refund_on(
+        mut self,
+        refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Route {
         self.options.refund = Some(Arc::new(refund));
         self
     }

@@ -11,7 +11,9 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokengate::owned::OwnedReservation;
-use tokengate::scope::{ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeKind, TenantId, UserId};
+use tokengate::scope::{
+    ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeKind, TenantId, UserId,
+};
 use tokengate::{Clock, QuantaClock, ScopedLimiter};
 use tower_service::Service;
 
@@ -179,7 +181,9 @@ where
             #[cfg(feature = "tracing")]
             d.trace();
             match d.refused_scope().map(|sc| sc.kind()) {
-                Some(kind) if s.shadow_kinds.contains(&kind) && !skip[..skipped].contains(&kind) => {
+                Some(kind)
+                    if s.shadow_kinds.contains(&kind) && !skip[..skipped].contains(&kind) =>
+                {
                     shadow_refusal(s, &d);
                     skip[skipped] = kind;
                     skipped += 1;
@@ -230,7 +234,7 @@ where
 /// Delay mode: sleeps on the runtime's timer for the reservation, then calls the
 /// inner service. Dropping the future before then (the client hung up) drops the
 /// reservation, which gives every scope its tokens back.
-fn wait<S, C: Clock, ReqBody, ResBody>(
+fn wait<S, C, ReqBody, ResBody>(
     inner: &mut S,
     shared: Arc<Shared<C>>,
     req: Request<ReqBody>,
@@ -364,7 +368,11 @@ const FILLER: Item = Item {
 };
 
 /// The fields and refund of an admission; counts admissions near the limit.
-fn admitted<C: Clock>(shared: &Arc<Shared<C>>, d: &ScopeDecision<'_>, options: &Options) -> After<C> {
+fn admitted<C: Clock>(
+    shared: &Arc<Shared<C>>,
+    d: &ScopeDecision<'_>,
+    options: &Options,
+) -> After<C> {
     let s = &**shared;
     let mut items = [FILLER; 6];
     let mut n = 0;
@@ -383,9 +391,9 @@ fn admitted<C: Clock>(shared: &Arc<Shared<C>>, d: &ScopeDecision<'_>, options: &
     }
     After {
         fields: Fields::new(&s.quotas, &items[..n], s.ietf, s.legacy),
-        refund: options.refund.as_ref().and_then(|r| {
-            d.charge()
-                .map(|c| (c, Arc::clone(r), Arc::clone(shared)))
-        }),
+        refund: options
+            .refund
+            .as_ref()
+            .and_then(|r| d.charge().map(|c| (c, Arc::clone(r), Arc::clone(shared)))),
     }
 }

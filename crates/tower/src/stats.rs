@@ -71,7 +71,8 @@ impl Counts {
     }
 
     pub(crate) fn snapshot(&self) -> EdgeStats {
-        let read = |a: &[CachePadded<AtomicU64>; 6]| std::array::from_fn(|i| a[i].load(Ordering::Relaxed));
+        let read =
+            |a: &[CachePadded<AtomicU64>; 6]| std::array::from_fn(|i| a[i].load(Ordering::Relaxed));
         EdgeStats {
             shadow_rejected: read(&self.shadow_rejected),
             near_limit: read(&self.near_limit),

@@ -40,7 +40,10 @@ fn limiter(rules: RuleSet) -> Arc<ScopedLimiter<ManualClock>> {
 fn tenant_limiter(capacity: u64) -> Arc<ScopedLimiter<ManualClock>> {
     limiter(
         RuleSet::new()
-            .rule(ScopeKind::Global, counted(Policy::new(1000, 100.0).unwrap()))
+            .rule(
+                ScopeKind::Global,
+                counted(Policy::new(1000, 100.0).unwrap()),
+            )
             .rule(
                 ScopeKind::Tenant,
                 counted(Policy::new(capacity, 1.0).unwrap()),
@@ -55,9 +58,8 @@ fn params(p: &[(String, i64)]) -> Vec<(&str, i64)> {
 #[tokio::test]
 async fn a_refusal_is_429_with_retry_after_and_the_ietf_fields_of_the_refusing_scope() {
     // 2 tokens, 0.4 per second: one token takes 2.5 s, so Retry-After is 3.
-    let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(2, 0.4).unwrap())),
-    );
+    let limiter =
+        limiter(RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(2, 0.4).unwrap())));
     let layer = RateLimitLayer::builder(limiter)
         .default_class("metadata")
         .build()
@@ -90,7 +92,11 @@ async fn a_refusal_is_429_with_retry_after_and_the_ietf_fields_of_the_refusing_s
         Some("application/problem+json")
     );
     assert!(refused.body.contains(r#""status":429"#), "{}", refused.body);
-    assert!(refused.body.contains(r#""scope":"global""#), "{}", refused.body);
+    assert!(
+        refused.body.contains(r#""scope":"global""#),
+        "{}",
+        refused.body
+    );
     assert!(refused.header("x-ratelimit-limit").is_none());
 }
 
@@ -117,7 +123,10 @@ async fn legacy_fields_and_a_custom_body_when_asked_for() {
     let refused = fetch(&c, addr, "/", &[("x-tenant", "5")]).await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
-    assert_eq!(refused.header("x-ratelimit-reset"), refused.header("retry-after"));
+    assert_eq!(
+        refused.header("x-ratelimit-reset"),
+        refused.header("retry-after")
+    );
     assert_eq!(refused.body, "slow down, tenant:5");
 }
 
@@ -166,7 +175,10 @@ async fn a_routes_class_sets_its_cost_and_its_route_scope() {
     let addr = serve(app(layer)).await;
     let c = client();
     let t = [("x-tenant", "3")];
-    assert_eq!(support::send(&c, addr, "POST", "/export", &t).await.status, 200);
+    assert_eq!(
+        support::send(&c, addr, "POST", "/export", &t).await.status,
+        200
+    );
     assert_eq!(limiter.available(&Scope::Tenant(TenantId(3))), Some(10.0));
     let second = support::send(&c, addr, "POST", "/export", &t).await;
     assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
@@ -179,12 +191,9 @@ async fn a_routes_class_sets_its_cost_and_its_route_scope() {
     assert_eq!(route(8), Some(97.0));
 }
 
-fn per_client(
-    trusted: &[&str],
-) -> (RateLimitLayer<ManualClock>, Arc<ScopedLimiter<ManualClock>>) {
-    let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::User, counted(Policy::new(1, 1.0).unwrap())),
-    );
+fn per_client(trusted: &[&str]) -> (RateLimitLayer<ManualClock>, Arc<ScopedLimiter<ManualClock>>) {
+    let limiter =
+        limiter(RuleSet::new().rule(ScopeKind::User, counted(Policy::new(1, 1.0).unwrap())));
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .key(ScopeKind::User, Key::client_ip().ipv6_prefix(64))
         .trusted_proxies(trusted.iter().map(|n| n.parse().unwrap()))
@@ -251,14 +260,16 @@ async fn a_request_without_a_required_key_gets_the_configured_answer() {
     assert_eq!(stats.stats().missing_key[ScopeKind::Tenant as usize], 1);
     // Nothing was taken from any scope.
     assert_eq!(limiter.available(&Scope::Global), Some(1000.0));
-    assert_eq!(fetch(&c, addr, "/", &[("x-tenant", "acme")]).await.status, 200);
+    assert_eq!(
+        fetch(&c, addr, "/", &[("x-tenant", "acme")]).await.status,
+        200
+    );
 }
 
 #[tokio::test]
 async fn shadow_mode_admits_counts_and_debits_nothing_for_a_refusal() {
-    let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(1, 1.0).unwrap())),
-    );
+    let limiter =
+        limiter(RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(1, 1.0).unwrap())));
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .default_class("metadata")
         .shadow(true)
@@ -308,9 +319,8 @@ async fn a_shadowed_scope_refuses_without_blocking_the_enforced_ones() {
 
 #[tokio::test]
 async fn tokens_come_back_when_the_inner_service_answers_a_refunded_status() {
-    let limiter = limiter(
-        RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(1, 1.0).unwrap())),
-    );
+    let limiter =
+        limiter(RuleSet::new().rule(ScopeKind::Global, counted(Policy::new(1, 1.0).unwrap())));
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .route(Route::get("/fail").refund_on(|s| s.is_server_error()))
         .default_class("metadata")
@@ -413,9 +423,7 @@ async fn a_client_that_disconnects_while_waiting_leaves_the_bucket_as_if_it_neve
     let mut waiters = Vec::new();
     for _ in 0..3 {
         let c = client(); // a connection of its own, closed when the task is aborted
-        waiters.push(tokio::spawn(
-            async move { fetch(&c, addr, "/", &[]).await },
-        ));
+        waiters.push(tokio::spawn(async move { fetch(&c, addr, "/", &[]).await }));
     }
     eventually(|| limiter.available(&Scope::Global) == Some(-3.0)).await;
     for w in &waiters {

@@ -63,22 +63,31 @@ async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {
     let text = scrape.body;
     let has = |line: &str| text.lines().any(|l| l == line);
     assert!(
-        has(r#"tokengate_requests_total{limiter="edge",scope_kind="global",result="admitted",attempt="original"} 52"#),
+        has(
+            r#"tokengate_requests_total{limiter="edge",scope_kind="global",result="admitted",attempt="original"} 52"#
+        ),
         "{text}"
     );
     assert!(
-        has(r#"tokengate_requests_total{limiter="edge",scope_kind="tenant",result="admitted",attempt="original"} 51"#),
+        has(
+            r#"tokengate_requests_total{limiter="edge",scope_kind="tenant",result="admitted",attempt="original"} 51"#
+        ),
         "{text}"
     );
     assert!(
-        has(r#"tokengate_requests_total{limiter="edge",scope_kind="tenant",result="rejected",attempt="original"} 1"#),
+        has(
+            r#"tokengate_requests_total{limiter="edge",scope_kind="tenant",result="rejected",attempt="original"} 1"#
+        ),
         "{text}"
     );
     assert!(
         has(r#"tokengate_shadow_rejected_total{limiter="edge",scope_kind="tenant"} 1"#),
         "{text}"
     );
-    assert!(has(r#"tokengate_live_keys{limiter="edge",scope_kind="tenant"} 50"#), "{text}");
+    assert!(
+        has(r#"tokengate_live_keys{limiter="edge",scope_kind="tenant"} 50"#),
+        "{text}"
+    );
     // Bounded labels: every tokengate series is labelled from a fixed set of names, and
     // no value is a tenant's.
     let allowed = ["limiter", "scope_kind", "result", "attempt"];
@@ -88,14 +97,19 @@ async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {
         .collect();
     assert!(series.len() >= 10, "{text}");
     for line in &series {
-        let Some(labels) = line.split_once('{').map(|(_, rest)| rest.split('}').next().unwrap())
+        let Some(labels) = line
+            .split_once('{')
+            .map(|(_, rest)| rest.split('}').next().unwrap())
         else {
             continue;
         };
         for pair in labels.split(',') {
             let (name, value) = pair.split_once('=').unwrap();
             assert!(allowed.contains(&name), "label {name} in {line}");
-            assert!(!value.trim_matches('"').starts_with(char::is_numeric), "{line}");
+            assert!(
+                !value.trim_matches('"').starts_with(char::is_numeric),
+                "{line}"
+            );
         }
     }
     let tenant_series = series

@@ -18,7 +18,10 @@ use support::{client, get as fetch, serve};
 
 /// Records every event of target `tokengate` as `name=value` pairs.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+struct Capture(Arc<Mutex<Vec<EventFields>>>);
+
+/// One event's fields as `(name, value)`.
+type EventFields = Vec<(String, String)>;
 
 struct Fields(Vec<(String, String)>);
 
@@ -62,10 +65,21 @@ async fn a_refusal_is_a_tracing_event_with_the_seeds_fields() {
         .default_class("search")
         .build()
         .unwrap();
-    let addr = serve(Router::new().route("/", get(|| async { "ok" })).layer(layer)).await;
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
     let c = client();
-    assert_eq!(fetch(&c, addr, "/", &[("x-tenant", "42")]).await.status, 200);
-    assert_eq!(fetch(&c, addr, "/", &[("x-tenant", "42")]).await.status, 429);
+    assert_eq!(
+        fetch(&c, addr, "/", &[("x-tenant", "42")]).await.status,
+        200
+    );
+    assert_eq!(
+        fetch(&c, addr, "/", &[("x-tenant", "42")]).await.status,
+        429
+    );
     let events = capture.0.lock().unwrap().clone();
     let rejected: Vec<_> = events
         .iter()
@@ -91,5 +105,9 @@ async fn a_refusal_is_a_tracing_event_with_the_seeds_fields() {
     assert_eq!(value("token_cost"), "3");
     assert_eq!(value("attempt"), "original");
     // The admission is an event too (at DEBUG).
-    assert!(events.iter().any(|e| e.iter().any(|(k, v)| k == "result" && v == "admitted")));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.iter().any(|(k, v)| k == "result" && v == "admitted"))
+    );
 }

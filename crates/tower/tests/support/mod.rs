@@ -79,7 +79,12 @@ pub async fn send(
     .expect("the request finished within the bound")
 }
 
-pub async fn get(client: &HttpClient, addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+pub async fn get(
+    client: &HttpClient,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
     send(client, addr, "GET", path, headers).await
 }
 
