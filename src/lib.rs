@@ -89,6 +89,7 @@ pub mod multi;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutants;
+pub mod owned;
 pub mod policy;
 pub mod reservation;
 pub mod retry;

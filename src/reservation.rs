@@ -448,9 +448,9 @@ impl<C: Clock> Bucket<C> {
 }
 
 /// The two bounds on a reservation's wait.
-struct Limits {
-    max_wait: Duration,
-    horizon: Duration,
+pub(crate) struct Limits {
+    pub(crate) max_wait: Duration,
+    pub(crate) horizon: Duration,
 }
 
 impl Limits {
@@ -483,7 +483,7 @@ impl Limits {
 /// reservation that must wait is ready at the edge of tick `snapshot tick + wait_ticks`,
 /// where `wait_ticks = ceil(debt / R)` is the first tick at which refill has paid the
 /// debt: the grid is absolute, so that edge is `(now_tick + behind + wait_ticks) << S`.
-fn plan(
+pub(crate) fn plan(
     layout: &Layout,
     snapshot: &Snapshot,
     now: u64,

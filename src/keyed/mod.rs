@@ -3,6 +3,7 @@
 
 mod handle;
 mod options;
+mod reserve;
 mod table;
 
 use std::borrow::Borrow;
@@ -27,6 +28,7 @@ use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounter
 
 pub(crate) use handle::Handle;
 pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
+pub use reserve::{KeyedCharge, KeyedReserveError};
 pub use table::SweepReport;
 pub(crate) use table::reanchor;
 use table::{Extra, MAX_SHARD_BITS, SweepCtx, Table};

@@ -35,6 +35,9 @@ pub(super) trait KindMapOps {
     /// `None` when `scope` is not of this kind or has no bucket.
     fn stored_word(&self, scope: &Scope) -> Option<u64>;
     fn for_each_counters(&self, f: &mut dyn FnMut(Scope, CounterSnapshot));
+    /// Gives `scope`'s bucket `cost` back (nothing when `scope` is not of this kind or
+    /// its key is not in the map).
+    fn refund(&self, scope: &Scope, cost: u64);
 }
 
 impl<K, C, S> KindMapOps for KindMap<K, C, S>
@@ -85,6 +88,13 @@ where
 
     fn for_each_counters(&self, f: &mut dyn FnMut(Scope, CounterSnapshot)) {
         self.map.for_each_counters(|k, c| f((self.scope_of)(k), c));
+    }
+
+    fn refund(&self, scope: &Scope, cost: u64) {
+        if let Some(k) = (self.key_of)(scope) {
+            // A cost within the capacity (it was paid); an evicted key gets nothing.
+            let _ = self.map.refund(&k, cost);
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 mod decision;
 mod kind;
 mod maps;
+mod reserve;
 mod rules;
 
 use std::fmt;
@@ -34,6 +35,7 @@ pub use decision::{Refusal, ScopeDecision, ScopeError};
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
 use maps::{KeyedMaps, KindMapOps};
+pub use reserve::{Charge, ScopeReserveError};
 pub use rules::{ClassId, Request, Rule, RuleError, RuleSet, WorkClass};
 
 struct GlobalScope<C: Clock> {

@@ -17,7 +17,11 @@
 //! The cost of counting is described on [`CounterSnapshot`].
 
 mod counters;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod record;
+#[cfg(feature = "tracing")]
+pub mod trace;
 
 pub use crate::attempt::Attempt;
 pub(crate) use counters::{CounterCells, CounterRef, StripedCounters};

@@ -1,0 +1,454 @@
+//! The layer and its builder: which key each scope kind takes, the routes, the responses.
+
+use std::fmt;
+use std::hash::RandomState;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+use tokengate::http::{Quota, QuotaError};
+use tokengate::scope::{ClassId, RouteId, ScopeKind};
+use tokengate::{Clock, QuantaClock, ScopedLimiter};
+use tower_layer::Layer;
+
+use crate::ip::IpNet;
+use crate::key::Key;
+use crate::response::{Body, MissingKey, Quotas, Refused, problem_missing, problem_refused};
+use crate::route::{Route, StatusPredicate};
+use crate::service::RateLimit;
+use crate::stats::{Counts, EdgeStats};
+
+type RefusalBody = Arc<dyn Fn(&Refused) -> Body + Send + Sync>;
+type MissingAnswer = Arc<dyn Fn(&MissingKey) -> (StatusCode, Body) + Send + Sync>;
+
+/// Why [`RateLimitLayerBuilder::build`] refused the configuration.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LayerError {
+    /// No default work class was given ([`RateLimitLayerBuilder::default_class`]).
+    NoDefaultClass,
+    /// A class name that is not one of the limiter's.
+    UnknownClass(String),
+    /// A key for a scope kind the limiter has no rule for (it would never be paid), or
+    /// for the global or route scopes (which take no request key: the route comes from
+    /// the route list).
+    KeyWithoutScope(ScopeKind),
+    /// A scope's policy cannot be written as a `RateLimit-Policy` quota.
+    Quota(ScopeKind, QuotaError),
+}
+
+impl fmt::Display for LayerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayerError::NoDefaultClass => f.write_str(
+                "no default work class: call default_class with one of the limiter's classes",
+            ),
+            LayerError::UnknownClass(n) => {
+                write!(f, "work class {n:?} is not one of the limiter's classes")
+            }
+            LayerError::KeyWithoutScope(k) => write!(
+                f,
+                "a key is configured for scope kind {k}, which has no rule in the limiter or \
+                 takes no request key (global, route)"
+            ),
+            LayerError::Quota(k, e) => write!(f, "scope kind {k}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LayerError {}
+
+/// What every clone of the layer and its services share.
+pub(crate) struct Shared<C: Clock> {
+    pub(crate) limiter: Arc<ScopedLimiter<C>>,
+    pub(crate) keys: [Option<Key>; 6],
+    pub(crate) routes: Vec<CompiledRoute>,
+    pub(crate) default: Options,
+    pub(crate) proxies: Vec<IpNet>,
+    pub(crate) ietf: bool,
+    pub(crate) admitted_fields: bool,
+    pub(crate) legacy: bool,
+    pub(crate) shadow_kinds: Vec<ScopeKind>,
+    pub(crate) refusal_body: RefusalBody,
+    pub(crate) missing: MissingAnswer,
+    pub(crate) quotas: Quotas,
+    pub(crate) hasher: RandomState,
+    pub(crate) counts: Counts,
+}
+
+/// A route's resolved options.
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub(crate) class: ClassId,
+    pub(crate) max_wait: Duration,
+    pub(crate) refund: Option<StatusPredicate>,
+    pub(crate) shadow: bool,
+}
+
+pub(crate) struct CompiledRoute {
+    pub(crate) route: Route,
+    pub(crate) id: RouteId,
+    pub(crate) options: Options,
+}
+
+/// A tower [`Layer`] that rate-limits requests with a shared [`ScopedLimiter`].
+///
+/// Cheap to clone: every clone and every service it makes share the one limiter (behind
+/// an `Arc`), so axum's per-connection clones all draw from the same buckets.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tokengate::Policy;
+/// use tokengate::scope::{Rule, RuleSet, ScopeKind, WorkClass};
+/// use tokengate_tower::{Key, RateLimitLayer, Route};
+///
+/// let limiter = Arc::new(
+///     RuleSet::new()
+///         .rule(ScopeKind::Global, Rule::new(Policy::new(1000, 500.0)?))
+///         .rule(ScopeKind::User, Rule::new(Policy::new(20, 5.0)?)) // per client IP
+///         .rule(ScopeKind::Route, Rule::new(Policy::new(100, 50.0)?))
+///         .class(WorkClass::new("metadata", 1))
+///         .class(WorkClass::new("search", 3))
+///         .build()?,
+/// );
+/// let layer = RateLimitLayer::builder(limiter)
+///     .key(ScopeKind::User, Key::client_ip().ipv6_prefix(64))
+///     .route(Route::get("/search").id(1).class("search"))
+///     .default_class("metadata")
+///     .build()?;
+/// // axum: Router::new().route(...).layer(layer)
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RateLimitLayer<C: Clock = QuantaClock> {
+    pub(crate) shared: Arc<Shared<C>>,
+}
+
+impl<C: Clock> Clone for RateLimitLayer<C> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C: Clock + fmt::Debug> fmt::Debug for RateLimitLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shared;
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &s.limiter)
+            .field("keys", &s.keys)
+            .field(
+                "routes",
+                &s.routes.iter().map(|r| &r.route).collect::<Vec<_>>(),
+            )
+            .field("proxies", &s.proxies)
+            .field("shadow_kinds", &s.shadow_kinds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C: Clock> Layer<S> for RateLimitLayer<C> {
+    type Service = RateLimit<S, C>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, C> {
+        RateLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C: Clock> RateLimitLayer<C> {
+    /// A builder for a layer over `limiter`.
+    pub fn builder(limiter: Arc<ScopedLimiter<C>>) -> RateLimitLayerBuilder<C> {
+        RateLimitLayerBuilder {
+            limiter,
+            keys: Default::default(),
+            routes: Vec::new(),
+            default_class: None,
+            default_max_wait: Duration::ZERO,
+            default_refund: None,
+            shadow: false,
+            shadow_kinds: Vec::new(),
+            proxies: Vec::new(),
+            ietf: true,
+            admitted_fields: true,
+            legacy: false,
+            refusal_body: Arc::new(problem_refused),
+            missing: Arc::new(problem_missing),
+        }
+    }
+
+    /// The limiter every service of this layer pays.
+    pub fn limiter(&self) -> &Arc<ScopedLimiter<C>> {
+        &self.shared.limiter
+    }
+
+    /// The layer's own counts (shadow refusals, missing keys, delays, refunds).
+    pub fn stats(&self) -> EdgeStats {
+        self.shared.counts.snapshot()
+    }
+}
+
+/// Configures a [`RateLimitLayer`].
+pub struct RateLimitLayerBuilder<C: Clock = QuantaClock> {
+    limiter: Arc<ScopedLimiter<C>>,
+    keys: [Option<Key>; 6],
+    routes: Vec<Route>,
+    default_class: Option<String>,
+    default_max_wait: Duration,
+    default_refund: Option<StatusPredicate>,
+    shadow: bool,
+    shadow_kinds: Vec<ScopeKind>,
+    proxies: Vec<IpNet>,
+    ietf: bool,
+    admitted_fields: bool,
+    legacy: bool,
+    refusal_body: RefusalBody,
+    missing: MissingAnswer,
+}
+
+impl<C: Clock> fmt::Debug for RateLimitLayerBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("keys", &self.keys)
+            .field("routes", &self.routes)
+            .field("default_class", &self.default_class)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock> RateLimitLayerBuilder<C> {
+    /// Where the key of `kind` comes from (tenant, user, API key; a tenant-route scope
+    /// is paid when both a tenant and a route are known).
+    pub fn key(mut self, kind: ScopeKind, key: Key) -> Self {
+        self.keys[kind as usize] = Some(key);
+        self
+    }
+
+    /// Adds a route; routes are tried in the order added.
+    pub fn route(mut self, route: Route) -> Self {
+        self.routes.push(route);
+        self
+    }
+
+    /// The work class of requests that match no route (required).
+    pub fn default_class(mut self, name: &str) -> Self {
+        self.default_class = Some(name.to_owned());
+        self
+    }
+
+    /// Delay instead of refusing, up to `max_wait`, for requests whose route does not set
+    /// its own ([`Route::max_wait`]). Zero (the default) refuses at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.default_max_wait = max_wait;
+        self
+    }
+
+    /// Gives the tokens back when the inner service answers with a status for which
+    /// `refund` is true, for routes that do not set their own ([`Route::refund_on`]).
+    pub fn refund_on(
+        mut self,
+        refund: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.default_refund = Some(Arc::new(refund));
+        self
+    }
+
+    /// Shadow mode for every request (routes may override with [`Route::shadow`]):
+    /// decide, count in [`EdgeStats::shadow_rejected`], log, and admit.
+    ///
+    /// A shadow refusal debits nothing: the decision is all-or-nothing, so a refused
+    /// request took no token from any scope.
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// Shadow mode for one scope kind: when it refuses, the refusal is counted and the
+    /// request is decided again by the other scopes alone (which then enforce, and are
+    /// debited if they admit). The shadowed scope is debited only when the whole request
+    /// is admitted with it.
+    pub fn shadow_scope(mut self, kind: ScopeKind) -> Self {
+        if !self.shadow_kinds.contains(&kind) {
+            self.shadow_kinds.push(kind);
+        }
+        self
+    }
+
+    /// Proxies whose `Forwarded` / `X-Forwarded-For` is believed: only a request whose
+    /// peer is in one of these networks has its client taken from those fields.
+    pub fn trusted_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
+        self.proxies.extend(nets);
+        self
+    }
+
+    /// Whether to write the IETF `RateLimit-Policy` / `RateLimit` fields (on by default).
+    pub fn ietf_headers(mut self, on: bool) -> Self {
+        self.ietf = on;
+        self
+    }
+
+    /// Whether admitted responses carry the rate-limit fields too (on by default;
+    /// refusals always do).
+    pub fn admitted_headers(mut self, on: bool) -> Self {
+        self.admitted_fields = on;
+        self
+    }
+
+    /// Also write the legacy `x-ratelimit-limit`, `x-ratelimit-remaining` and
+    /// `x-ratelimit-reset` fields, for the scope with the fewest tokens left (off by
+    /// default).
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.legacy = on;
+        self
+    }
+
+    /// Builds the body of a 429: a content type and the bytes (RFC 9457 problem details
+    /// by default, see [`problem_refused`](crate::problem_refused)).
+    pub fn refusal_body(mut self, f: impl Fn(&Refused) -> Body + Send + Sync + 'static) -> Self {
+        self.refusal_body = Arc::new(f);
+        self
+    }
+
+    /// The answer to a request missing a required key (or with a malformed forwarding
+    /// chain): a status and a body (400 with problem details by default).
+    pub fn missing_key(
+        mut self,
+        f: impl Fn(&MissingKey) -> (StatusCode, Body) + Send + Sync + 'static,
+    ) -> Self {
+        self.missing = Arc::new(f);
+        self
+    }
+
+    /// The answer to a request missing a required key: `status` with a problem-details
+    /// body.
+    pub fn missing_key_status(self, status: StatusCode) -> Self {
+        self.missing_key(move |m| {
+            let body = format!(
+                r#"{{"type":"about:blank","status":{},"detail":"no {} key: {}"}}"#,
+                status.as_u16(),
+                m.kind,
+                m.error
+            );
+            (
+                status,
+                (
+                    HeaderValue::from_static("application/problem+json"),
+                    Bytes::from(body),
+                ),
+            )
+        })
+    }
+
+    /// Checks the configuration against the limiter and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// [`LayerError`]: no default class, an unknown class name, a key for a kind without
+    /// a rule, a policy that does not fit the `RateLimit` fields.
+    pub fn build(self) -> Result<RateLimitLayer<C>, LayerError> {
+        let limiter = self.limiter;
+        let class = |name: &str| {
+            limiter
+                .class(name)
+                .ok_or_else(|| LayerError::UnknownClass(name.to_owned()))
+        };
+        let default_name = self.default_class.ok_or(LayerError::NoDefaultClass)?;
+        let default = Options {
+            class: class(&default_name)?,
+            max_wait: self.default_max_wait,
+            refund: self.default_refund,
+            shadow: self.shadow,
+        };
+        for kind in ScopeKind::ALL {
+            let keyed = self.keys[kind as usize].is_some();
+            let takes_key = !matches!(
+                kind,
+                ScopeKind::Global | ScopeKind::Route | ScopeKind::TenantRoute
+            );
+            if keyed && (!takes_key || limiter.policy(kind).is_none()) {
+                return Err(LayerError::KeyWithoutScope(kind));
+            }
+        }
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for (i, route) in self.routes.into_iter().enumerate() {
+            let o = &route.options;
+            let options = Options {
+                class: match &o.class {
+                    Some(n) => class(n)?,
+                    None => default.class,
+                },
+                max_wait: o.max_wait.unwrap_or(default.max_wait),
+                refund: o.refund.clone().or_else(|| default.refund.clone()),
+                shadow: o.shadow.unwrap_or(default.shadow),
+            };
+            routes.push(CompiledRoute {
+                id: RouteId(route.id.unwrap_or(i as u64 + 1)),
+                route,
+                options,
+            });
+        }
+        let mut by_kind: [Option<Quota>; 6] = Default::default();
+        for kind in ScopeKind::ALL {
+            if let Some(p) = limiter.policy(kind) {
+                by_kind[kind as usize] =
+                    Some(Quota::new(kind.name(), p).map_err(|e| LayerError::Quota(kind, e))?);
+            }
+        }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter,
+                keys: self.keys,
+                routes,
+                default,
+                proxies: self.proxies,
+                ietf: self.ietf,
+                admitted_fields: self.admitted_fields,
+                legacy: self.legacy,
+                shadow_kinds: self.shadow_kinds,
+                refusal_body: self.refusal_body,
+                missing: self.missing,
+                quotas: Quotas::new(by_kind),
+                hasher: RandomState::new(),
+                counts: Counts::default(),
+            }),
+        })
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl<C: Clock> RateLimitLayer<C> {
+    /// Writes the limiter's counters
+    /// ([`ScopedLimiter::export_metrics`](tokengate::ScopedLimiter::export_metrics)) and
+    /// the layer's own to the installed `metrics` recorder, labelled by `limiter` and
+    /// scope kind only. Call it when metrics are scraped.
+    ///
+    /// The layer's own: `tokengate_shadow_rejected_total`, `tokengate_near_limit_total`,
+    /// `tokengate_missing_key_total` (by scope kind), `tokengate_delayed_total`,
+    /// `tokengate_delay_cancelled_total`, `tokengate_refunded_total`.
+    pub fn export_metrics(&self, limiter: &str) {
+        self.shared.limiter.export_metrics(limiter);
+        let s = self.stats();
+        for kind in ScopeKind::ALL {
+            if self.shared.limiter.policy(kind).is_none() {
+                continue;
+            }
+            let labels = [
+                ("limiter", limiter.to_owned()),
+                ("scope_kind", kind.name().to_owned()),
+            ];
+            let i = kind as usize;
+            metrics::counter!("tokengate_shadow_rejected_total", &labels)
+                .absolute(s.shadow_rejected[i]);
+            metrics::counter!("tokengate_near_limit_total", &labels).absolute(s.near_limit[i]);
+            metrics::counter!("tokengate_missing_key_total", &labels).absolute(s.missing_key[i]);
+        }
+        let labels = [("limiter", limiter.to_owned())];
+        metrics::counter!("tokengate_delayed_total", &labels).absolute(s.delayed);
+        metrics::counter!("tokengate_delay_cancelled_total", &labels).absolute(s.delay_cancelled);
+        metrics::counter!("tokengate_refunded_total", &labels).absolute(s.refunded);
+    }
+}

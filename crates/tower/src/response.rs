@@ -1,0 +1,274 @@
+//! What the layer writes: `Retry-After`, the IETF `RateLimit-Policy` / `RateLimit`
+//! fields, the legacy `x-ratelimit-*` fields, and the refusal and missing-key bodies.
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tokengate::Decision;
+use tokengate::http::{MAX_INTEGER, Quota};
+use tokengate::scope::{RouteId, Scope, ScopeKind};
+
+use crate::key::KeyError;
+
+/// `x-ratelimit-limit`: the quota of the reported scope.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `x-ratelimit-remaining`: whole tokens left in it.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `x-ratelimit-reset`: seconds until it is full again (or, refused, until the retry).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// A wait as `Retry-After` seconds: rounded up, at least 1, at most the largest
+/// structured-field integer (so `Duration::MAX` saturates instead of overflowing).
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate_tower::retry_after_seconds;
+/// assert_eq!(retry_after_seconds(Duration::ZERO), 1);
+/// assert_eq!(retry_after_seconds(Duration::from_millis(2001)), 3);
+/// assert_eq!(retry_after_seconds(Duration::MAX), 999_999_999_999_999);
+/// ```
+pub fn retry_after_seconds(wait: Duration) -> u64 {
+    let up = wait
+        .as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0));
+    up.clamp(1, MAX_INTEGER)
+}
+
+/// A refused request, as the [refusal body hook](crate::RateLimitLayerBuilder::refusal_body)
+/// sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Refused {
+    /// The scope that refused.
+    pub scope: Scope,
+    /// `Retry-After` in seconds; `None` when the scope's map was full of keys (no
+    /// estimate, no `Retry-After`).
+    pub retry_after: Option<u64>,
+    /// The cost the request asked of the refusing scope, in tokens.
+    pub cost: u64,
+    /// The matched route, if any.
+    pub route: Option<RouteId>,
+}
+
+/// A request without a key its layer requires, as the
+/// [missing-key hook](crate::RateLimitLayerBuilder::missing_key) sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct MissingKey {
+    /// The scope kind whose key is missing.
+    pub kind: ScopeKind,
+    /// Absent or malformed.
+    pub error: KeyError,
+}
+
+/// A response body and its content type.
+pub type Body = (HeaderValue, Bytes);
+
+pub(crate) const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// The default refusal body: RFC 9457 problem details.
+pub fn problem_refused(r: &Refused) -> Body {
+    let mut s = String::with_capacity(192);
+    let _ = write!(
+        s,
+        r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limited by scope {}","scope":"{}""#,
+        r.scope, r.scope
+    );
+    if let Some(ra) = r.retry_after {
+        let _ = write!(s, r#","retry_after":{ra}"#);
+    }
+    s.push('}');
+    (PROBLEM_JSON, Bytes::from(s))
+}
+
+/// The default missing-key answer: 400 with RFC 9457 problem details.
+pub fn problem_missing(m: &MissingKey) -> (StatusCode, Body) {
+    let body = format!(
+        r#"{{"type":"about:blank","title":"Bad Request","status":400,"detail":"no {} key: {}"}}"#,
+        m.kind, m.error
+    );
+    (StatusCode::BAD_REQUEST, (PROBLEM_JSON, Bytes::from(body)))
+}
+
+/// The quotas of each scope kind, built once per layer, and the `RateLimit-Policy`
+/// values of each set of kinds, built on first use: a policy field costs no formatting
+/// and no allocation per response.
+pub(crate) struct Quotas {
+    pub(crate) by_kind: [Option<Quota>; 6],
+    policy_fields: [OnceLock<Option<HeaderValue>>; 64],
+}
+
+impl Quotas {
+    pub(crate) fn new(by_kind: [Option<Quota>; 6]) -> Quotas {
+        Quotas {
+            by_kind,
+            policy_fields: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    /// The `RateLimit-Policy` value listing the kinds in `mask` (bit = kind index).
+    fn policy_field(&self, mask: u8) -> Option<HeaderValue> {
+        self.policy_fields[usize::from(mask & 63)]
+            .get_or_init(|| {
+                let mut v = String::new();
+                for kind in ScopeKind::ALL {
+                    let Some(q) = &self.by_kind[kind as usize] else {
+                        continue;
+                    };
+                    if mask & (1 << kind as u8) != 0 {
+                        if !v.is_empty() {
+                            v.push_str(", ");
+                        }
+                        let _ = write!(v, "{}", q.policy_item());
+                    }
+                }
+                HeaderValue::try_from(v).ok()
+            })
+            .clone()
+    }
+}
+
+/// One scope's figures for the rate-limit fields.
+#[derive(Clone, Copy)]
+pub(crate) struct Item {
+    pub(crate) kind: ScopeKind,
+    pub(crate) quota: u64,
+    pub(crate) remaining: u64,
+    pub(crate) reset: u64,
+}
+
+impl Item {
+    /// From a scope's decision; `reset` overrides the decision's `t` (a refusal reports
+    /// the request's `Retry-After`, the wait for every scope).
+    pub(crate) fn new(kind: ScopeKind, quota: &Quota, d: &Decision, reset: Option<u64>) -> Item {
+        let limit = quota.service_limit(d);
+        Item {
+            kind,
+            quota: quota.quota(),
+            remaining: limit.remaining(),
+            reset: reset.unwrap_or(limit.reset_seconds()),
+        }
+    }
+}
+
+/// The rate-limit fields of one response, built before the inner service answers.
+#[derive(Default)]
+pub(crate) struct Fields {
+    policy: Option<HeaderValue>,
+    limit: Option<HeaderValue>,
+    legacy: Option<[HeaderValue; 3]>,
+}
+
+impl Fields {
+    /// `RateLimit-Policy` and `RateLimit` for `items` (at most one per kind), and the
+    /// legacy fields for the item with the fewest tokens left.
+    pub(crate) fn new(quotas: &Quotas, items: &[Item], ietf: bool, legacy: bool) -> Fields {
+        let mut fields = Fields::default();
+        let Some(tightest) = items.iter().min_by_key(|it| it.remaining) else {
+            return fields;
+        };
+        if ietf {
+            let mask = items.iter().fold(0u8, |m, it| m | 1 << it.kind as u8);
+            fields.policy = quotas.policy_field(mask);
+            // At most 6 items of `"tenant_route";r=<15 digits>;t=<15 digits>`: fits.
+            let mut buf = StackBuf::<384>::new();
+            for (i, it) in items.iter().enumerate() {
+                let sep = if i > 0 { ", " } else { "" };
+                let _ = write!(
+                    buf,
+                    "{sep}\"{}\";r={};t={}",
+                    it.kind.name(),
+                    it.remaining,
+                    it.reset
+                );
+            }
+            fields.limit = HeaderValue::from_bytes(buf.as_bytes()).ok();
+        }
+        if legacy {
+            fields.legacy = Some([
+                HeaderValue::from(tightest.quota),
+                HeaderValue::from(tightest.remaining),
+                HeaderValue::from(tightest.reset),
+            ]);
+        }
+        fields
+    }
+
+    /// Puts the fields in `headers`.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        if let Some(v) = self.policy {
+            headers.insert(RATELIMIT_POLICY, v);
+        }
+        if let Some(v) = self.limit {
+            headers.insert(RATELIMIT, v);
+        }
+        if let Some([limit, remaining, reset]) = self.legacy {
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, remaining);
+            headers.insert(X_RATELIMIT_RESET, reset);
+        }
+    }
+}
+
+/// A fixed buffer for formatting a field value without allocating; text past its end is
+/// an error (the caller's values are bounded).
+struct StackBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackBuf<N> {
+    fn new() -> Self {
+        StackBuf {
+            buf: [0; N],
+            len: 0,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl<const N: usize> std::fmt::Write for StackBuf<N> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        if end > N {
+            return Err(std::fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_saturates() {
+        assert_eq!(retry_after_seconds(Duration::from_nanos(1)), 1);
+        assert_eq!(retry_after_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(retry_after_seconds(Duration::new(2, 1)), 3);
+        assert_eq!(retry_after_seconds(Duration::new(u64::MAX, 1)), MAX_INTEGER);
+    }
+
+    #[test]
+    fn the_default_refusal_body_is_problem_json_naming_the_scope() {
+        let (ct, body) = problem_refused(&Refused {
+            scope: Scope::Tenant(tokengate::scope::TenantId(4)),
+            retry_after: Some(2),
+            cost: 3,
+            route: None,
+        });
+        assert_eq!(ct, "application/problem+json");
+        assert_eq!(
+            body,
+            r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limited by scope tenant:4","scope":"tenant:4","retry_after":2}"#
+        );
+    }
+}

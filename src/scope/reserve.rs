@@ -1,0 +1,373 @@
+//! A scoped request's charge (to refund it on outcome), owned reservations across scopes,
+//! and acquisition with some scopes left out (shadow mode).
+
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::keyed::{Handle, Slot};
+use crate::owned::{OwnedReservation, Reservable, reserve_on, sealed};
+use crate::policy::Policy;
+use crate::reservation::{Limits, ReserveError};
+use crate::scope::kind::PerKind;
+use crate::scope::{
+    ClassId, GlobalBucket, Request, Scope, ScopeDecision, ScopeError, ScopeKind, ScopedLimiter,
+};
+use crate::telemetry::CounterRef;
+
+/// What an admitted scoped request took from each scope: the request and the cost per
+/// scope kind. Given back with [`ScopedLimiter::refund`] when the work turned out not to
+/// count (a failed upstream call, a cached answer).
+///
+/// ```
+/// use tokengate::scope::*;
+/// use tokengate::{ManualClock, Policy};
+/// let limiter = RuleSet::new()
+///     .rule(ScopeKind::Global, Rule::new(Policy::new(10, 1.0)?))
+///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(5, 1.0)?))
+///     .class(WorkClass::new("search", 3))
+///     .build_with_clock(ManualClock::new())?;
+/// let search = limiter.class("search").unwrap();
+/// let request = Request::new().tenant(TenantId(1));
+/// let charge = limiter.try_acquire(&request, search)?.charge().unwrap();
+/// assert_eq!(charge.cost(ScopeKind::Tenant), 3);
+/// limiter.refund(&charge);
+/// assert_eq!(limiter.available(&Scope::Tenant(TenantId(1))), Some(5.0));
+/// assert_eq!(limiter.available(&Scope::Global), Some(10.0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Charge {
+    request: Request,
+    costs: PerKind<u64>,
+}
+
+impl Charge {
+    /// The request that paid.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// The cost taken from the scope of `kind`, in tokens (0 when it paid nothing there,
+    /// or paid a shared overflow bucket, which a refund does not reach).
+    pub fn cost(&self, kind: ScopeKind) -> u64 {
+        self.costs[kind.index()]
+    }
+}
+
+impl ScopeDecision<'_> {
+    /// What the admission took, to [`refund`](ScopedLimiter::refund) later; `None` for a
+    /// rejection (nothing was taken).
+    pub fn charge(&self) -> Option<Charge> {
+        if self.is_rejected() {
+            return None;
+        }
+        let mut costs = [0; ScopeKind::COUNT];
+        for (k, p) in self.paid.iter().enumerate() {
+            if let Some(p) = p {
+                if !p.overflow {
+                    costs[k] = p.cost;
+                }
+            }
+        }
+        Some(Charge {
+            request: self.request,
+            costs,
+        })
+    }
+}
+
+/// Why [`ScopedLimiter::reserve_owned`] refused. Nothing was taken from any scope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ScopeReserveError {
+    /// The class was not given by this limiter.
+    UnknownClass(ClassId),
+    /// A scope's bucket refused the reservation.
+    Reserve {
+        /// The scope.
+        scope: Scope,
+        /// Its bucket's refusal.
+        error: ReserveError,
+    },
+    /// A scope's key is new and its map is full, under
+    /// [`Overflow::Reject`](crate::keyed::Overflow::Reject).
+    KeyLimit {
+        /// The scope.
+        scope: Scope,
+        /// The map's maximum number of keys.
+        max_keys: usize,
+    },
+    /// The global scope is leased ([`Rule::leased`](crate::scope::Rule::leased)): its slots
+    /// cannot hold debt, so it does not reserve ahead.
+    LeasedGlobal,
+}
+
+impl fmt::Display for ScopeReserveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScopeReserveError::UnknownClass(c) => ScopeError::UnknownClass(*c).fmt(f),
+            ScopeReserveError::Reserve { scope, error } => write!(f, "scope {scope}: {error}"),
+            ScopeReserveError::KeyLimit { scope, max_keys } => write!(
+                f,
+                "scope {scope}: the key is new and its map holds its maximum of {max_keys} \
+                 keys; nothing was taken"
+            ),
+            ScopeReserveError::LeasedGlobal => f.write_str(
+                "the global scope is leased to per-core slots, which do not reserve ahead; \
+                 nothing was taken",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ScopeReserveError {}
+
+impl<C: Clock, S> sealed::Sealed for ScopedLimiter<C, S> {}
+
+impl<C: Clock, S: BuildHasher + Send + Sync> Reservable for ScopedLimiter<C, S> {
+    type Charge = Charge;
+
+    fn now_nanos(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    fn give_back(&self, charge: &Charge) {
+        self.refund(charge);
+    }
+}
+
+impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
+    /// The policy of `kind`'s buckets, if it has a rule.
+    pub fn policy(&self, kind: ScopeKind) -> Option<&Policy> {
+        self.policies[kind.index()].as_ref().map(|p| &p.policy)
+    }
+
+    /// Gives every scope of `charge` its cost back, with the exact refund of
+    /// [`Bucket::refund`](crate::Bucket::refund) (capped at capacity). A key evicted
+    /// meanwhile had refilled to full: its refund would be capped away and is dropped.
+    /// Counters are not changed (the request was admitted).
+    pub fn refund(&self, charge: &Charge) {
+        let r = &charge.request;
+        let c = &charge.costs;
+        if c[ScopeKind::Global.index()] > 0 {
+            if let Some(g) = &self.global {
+                let layout = g.policy.layout();
+                match &g.bucket {
+                    GlobalBucket::Word(raw) => {
+                        if let Some(units) = layout.units_of(c[ScopeKind::Global.index()]) {
+                            let now = self.clock.now_nanos();
+                            raw.refund_units(layout, &self.clock, now, units);
+                        }
+                    }
+                    GlobalBucket::Leased(b) => {
+                        let _ = b.refund(c[ScopeKind::Global.index()]);
+                    }
+                }
+            }
+        }
+        for kind in ScopeKind::ALL {
+            let cost = c[kind.index()];
+            if let (Some(m), Some(scope), true) =
+                (self.maps.get(kind), Scope::of(r, kind), cost > 0)
+            {
+                m.refund(&scope, cost);
+            }
+        }
+    }
+
+    /// [`try_acquire`](ScopedLimiter::try_acquire) paying only the scopes whose kind is
+    /// not in `skip`: the skipped kinds are not consulted, not charged and not counted.
+    ///
+    /// The layer's shadow mode uses it: when a shadowed scope refuses, the request is
+    /// decided again by the enforced scopes alone.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](ScopedLimiter::try_acquire).
+    pub fn try_acquire_without(
+        &self,
+        request: &Request,
+        class: ClassId,
+        skip: &[ScopeKind],
+    ) -> Result<ScopeDecision<'_>, ScopeError> {
+        let Some(class) = self.work_class(class) else {
+            return Err(ScopeError::UnknownClass(class));
+        };
+        let mut costs = *class.costs();
+        for k in skip {
+            costs[k.index()] = 0;
+        }
+        let now = self.clock.now_nanos();
+        self.maps.with_slots(request, &costs, now, |slots| {
+            self.decide(slots, &costs, request, now)
+        })
+    }
+}
+
+impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
+    /// Reserves `class`'s cost in every scope `request` pays, all or none, each into its
+    /// policy's reservation allowance
+    /// ([`PolicyBuilder::max_reservation`](crate::PolicyBuilder::max_reservation)) if
+    /// needed: the caller may proceed when every scope has refilled its debt, at
+    /// [`ready_at`](OwnedReservation::ready_at), the latest of the scopes' times.
+    ///
+    /// Reservations are served in the order they are made, scope by scope. Cancelling
+    /// (or dropping) before `ready_at` gives every scope its cost back exactly
+    /// ([`refund`](ScopedLimiter::refund)); [`consume`](OwnedReservation::consume)
+    /// returns the [`Charge`]. Reservations count as admissions in the scopes' counters.
+    ///
+    /// # Errors
+    ///
+    /// [`ScopeReserveError`]: a scope whose wait exceeds `max_wait` or its policy's
+    /// horizon, a full map, a cost above a capacity, a leased global scope. The scopes
+    /// reserved before the refusing one are given back; nothing is taken.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tokengate::scope::*;
+    /// use tokengate::{ManualClock, Policy};
+    ///
+    /// let policy = Policy::builder(10, 10.0).max_reservation(Duration::from_secs(2)).build()?;
+    /// let limiter = Arc::new(
+    ///     RuleSet::new()
+    ///         .rule(ScopeKind::Global, Rule::new(Policy::new(100, 100.0)?))
+    ///         .rule(ScopeKind::Tenant, Rule::new(policy))
+    ///         .class(WorkClass::new("export", 10))
+    ///         .build_with_clock(ManualClock::new())?,
+    /// );
+    /// let export = limiter.class("export").unwrap();
+    /// let request = Request::new().tenant(TenantId(9));
+    /// let first = limiter.reserve_owned(&request, export, Duration::ZERO)?;
+    /// assert!(first.is_ready()); // there at once
+    /// let second = limiter.reserve_owned(&request, export, Duration::from_secs(2))?;
+    /// assert!(second.wait() >= Duration::from_secs(1)); // queued behind the first
+    /// drop(second); // gives both scopes their tokens back
+    /// assert_eq!(limiter.available(&Scope::Tenant(TenantId(9))), Some(0.0));
+    /// assert_eq!(limiter.available(&Scope::Global), Some(90.0));
+    /// # first.consume();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_owned(
+        self: &Arc<Self>,
+        request: &Request,
+        class: ClassId,
+        max_wait: Duration,
+    ) -> Result<OwnedReservation<Self>, ScopeReserveError> {
+        let Some(work) = self.work_class(class) else {
+            return Err(ScopeReserveError::UnknownClass(class));
+        };
+        let costs = *work.costs();
+        let now = self.clock.now_nanos();
+        let ready_at = self.maps.with_slots(request, &costs, now, |slots| {
+            self.reserve_slots(slots, &costs, request, now, max_wait)
+        })?;
+        let charge = Charge {
+            request: *request,
+            costs: self.paid_costs(&costs, request),
+        };
+        Ok(OwnedReservation::new(
+            Arc::clone(self),
+            charge,
+            now,
+            ready_at,
+        ))
+    }
+
+    /// The costs a request pays, by kind: zero where the kind has no rule or the request
+    /// no key of it.
+    fn paid_costs(&self, costs: &PerKind<u64>, request: &Request) -> PerKind<u64> {
+        let mut paid = [0; ScopeKind::COUNT];
+        for k in ScopeKind::ALL {
+            let has_rule = self.policies[k.index()].is_some();
+            if has_rule && Scope::of(request, k).is_some() {
+                paid[k.index()] = costs[k.index()];
+            }
+        }
+        paid
+    }
+
+    /// Reserves on the held slots and the global word at `now`, rolling back on a
+    /// refusal; the latest ready time.
+    fn reserve_slots(
+        &self,
+        slots: PerKind<Option<Slot<'_, C>>>,
+        costs: &PerKind<u64>,
+        request: &Request,
+        now: u64,
+        max_wait: Duration,
+    ) -> Result<u64, ScopeReserveError> {
+        let mut handles: PerKind<Option<Handle<'_, C>>> = [None; ScopeKind::COUNT];
+        if let (Some(g), true) = (&self.global, costs[ScopeKind::Global.index()] > 0) {
+            match &g.bucket {
+                GlobalBucket::Word(raw) => {
+                    handles[0] = Some(Handle {
+                        raw,
+                        layout: g.policy.layout(),
+                        clock: &self.clock,
+                        counters: g
+                            .counters
+                            .as_ref()
+                            .map_or(CounterRef::Off, CounterRef::Striped),
+                    })
+                }
+                GlobalBucket::Leased(_) => return Err(ScopeReserveError::LeasedGlobal),
+            }
+        }
+        for (k, slot) in slots.into_iter().enumerate() {
+            match slot {
+                None => {}
+                Some(Slot::Bucket(h)) => handles[k] = Some(h),
+                Some(Slot::Full { max_keys }) => {
+                    let kind = ScopeKind::ALL[k];
+                    return Err(ScopeReserveError::KeyLimit {
+                        scope: Scope::of(request, kind).unwrap_or(Scope::Global),
+                        max_keys,
+                    });
+                }
+            }
+        }
+        let mut ready_at = now;
+        for k in 0..ScopeKind::COUNT {
+            let Some(h) = handles[k] else { continue };
+            let kind = ScopeKind::ALL[k];
+            let refused = |error| {
+                // Give back what this request reserved so far, at the same reading.
+                for (j, done) in handles[..k].iter().enumerate() {
+                    if let (Some(d), Some(units)) =
+                        (done, handles[j].and_then(|h| h.layout.units_of(costs[j])))
+                    {
+                        d.raw.refund_units(d.layout, d.clock, now, units);
+                    }
+                }
+                ScopeReserveError::Reserve {
+                    scope: Scope::of(request, kind).unwrap_or(Scope::Global),
+                    error,
+                }
+            };
+            let Some(units) = h.layout.units_of(costs[k]) else {
+                return Err(refused(ReserveError::CostExceedsCapacity {
+                    cost: costs[k],
+                    capacity: h.layout.capacity(),
+                }));
+            };
+            let horizon = self.policies[k]
+                .as_ref()
+                .map_or(Duration::ZERO, |p| p.policy.max_reservation());
+            let limits = Limits { max_wait, horizon };
+            match reserve_on(h.raw, h.layout, h.clock, now, units, &limits) {
+                Ok((_, ready)) => ready_at = ready_at.max(ready),
+                Err(e) => return Err(refused(e)),
+            }
+        }
+        for (k, h) in handles.iter().enumerate() {
+            if let Some(h) = h {
+                h.counters.record(true, costs[k], request.attempt);
+            }
+        }
+        Ok(ready_at)
+    }
+}
