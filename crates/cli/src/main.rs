@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p tokengate-cli -- bench       # throughput vs threads: tokengate, governor, a mutex bucket
 //! cargo run --release -p tokengate-cli -- simulate    # replay traffic against B and r on a simulated clock
+//! cargo run --release -p tokengate-cli -- tune LOG    # replay access logs against a grid of B and r
 //! ```
 
 use std::fs::File;
@@ -18,6 +19,7 @@ mod bench;
 mod engines;
 mod mutex_bucket;
 mod simulate;
+mod tune;
 
 /// tokengate: a lock-free token-bucket admission engine.
 ///
@@ -39,6 +41,9 @@ enum Command {
     /// Replay steady, bursty or Poisson traffic against a policy on a simulated clock:
     /// admitted and rejected per class, the sustained rate, and an SVG chart.
     Simulate(simulate::Args),
+    /// Replay access logs (CLF, JSON lines, CSV) against a grid of capacities and rates
+    /// in parallel, and recommend a policy: a CSV of every cell, an SVG heatmap.
+    Tune(tune::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +52,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Bench(args) => bench::run(args, &mut out),
         Command::Simulate(args) => simulate::run(args, &mut out),
+        Command::Tune(args) => tune::run(args, &mut out),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
