@@ -347,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_map_rejects_new_keys_until_a_sweep_evicts() {
+    fn a_full_map_rejects_a_new_key_until_a_refilled_bucket_can_go() {
         let s = Setup {
             max_keys: 1,
             ..setup()
@@ -356,7 +356,7 @@ mod tests {
         cell.replay(&[
             Event { at: 0, key: 0, cost: 1 },
             Event { at: 1, key: 1, cost: 1 },
-            // Key 0 has refilled by 10 s; the sweep at 10 s evicts it.
+            // Key 0 has refilled by 10 s: evictable, it makes room for key 1.
             Event { at: 10 * NANOS, key: 1, cost: 1 },
         ]);
         assert_eq!(cell.stats.key_limit, 1);
