@@ -2,8 +2,7 @@
 //! bucket in a keyed limiter on its own manual clock, as production would decide it.
 
 use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use tokengate::keyed::{KeyedError, KeyedLimiter};
@@ -14,7 +13,33 @@ use super::stream::Event;
 
 /// A fixed hasher: the map's layout, and so which keys an eviction finds, is the same on
 /// every run. The keys are dense indices `tune` assigned, not attacker-chosen text.
-type Fixed = BuildHasherDefault<DefaultHasher>;
+type Fixed = BuildHasherDefault<IdHasher>;
+
+/// Fibonacci hashing of a key index: one multiplication. The high bits (the map's tag
+/// and shard) are well mixed, and the low bits (the slot) are a bijection of the index's
+/// low bits, so dense indices do not collide.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 /// The shard count of every cell's map: fixed, so the replay does not depend on the
 /// machine's number of hardware threads (the engine's default).

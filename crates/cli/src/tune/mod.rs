@@ -305,33 +305,41 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
 
     let threads = rayon::current_num_threads();
     let total_cells = cells.len();
-    let mut reading = Reading {
-        parser: &parser,
-        classes: Classes::new(args.classes.clone(), args.default_cost),
-        keys: Keys::default(),
-        orderer: Orderer::new(args.reorder_window, args.spread, args.seed),
-        scan: Scan::default(),
-        chunk: args.chunk as usize,
-    };
+    let mut reading = Reading::new(
+        &parser,
+        Classes::new(args.classes.clone(), args.default_cost),
+        Orderer::new(args.reorder_window, args.spread, args.seed),
+        args.chunk as usize,
+        args.logs.clone(),
+    );
     let started = Instant::now();
-    let mut replay_time = Duration::ZERO;
-    let quiet = args.quiet;
-    reading.read(&args.logs, |events, scan| {
+    let mut read_time = Duration::ZERO;
+    let timed = |reading: &mut Reading<'_>, read_time: &mut Duration| {
         let t = Instant::now();
-        cells.par_iter_mut().for_each(|c| c.replay(events));
-        replay_time += t.elapsed();
-        if !quiet && !events.is_empty() {
+        let chunk = reading.next_chunk();
+        *read_time += t.elapsed();
+        chunk
+    };
+    // Reading the next chunk overlaps the replay of this one: the reading task takes one
+    // of rayon's threads, the cells the others, and it joins the cells when done.
+    let mut chunk = timed(&mut reading, &mut read_time)?;
+    while !chunk.is_empty() {
+        let (next, ()) = rayon::join(
+            || timed(&mut reading, &mut read_time),
+            || cells.par_iter_mut().for_each(|c| c.replay(&chunk)),
+        );
+        if !args.quiet {
             eprintln!(
                 "tune: {} lines read, {} requests; {} cells replayed through {} of log time",
-                scan.lines,
-                scan.requests,
+                reading.scan.lines,
+                reading.scan.requests,
                 total_cells,
-                show_duration(Duration::from_nanos(events[events.len() - 1].at)),
+                show_duration(Duration::from_nanos(chunk[chunk.len() - 1].at)),
             );
         }
-    })?;
+        chunk = next?;
+    }
     let elapsed = started.elapsed();
-    let read_time = elapsed.saturating_sub(replay_time);
     let Reading {
         classes,
         keys,
@@ -406,14 +414,14 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         outcomes.len() - total_cells,
     ));
     text.push_str(&format!(
-        "time: read and parsed {} lines in {} ({} lines/s); replayed {} cells in {} ({} cells/s) on {} threads\n\n",
+        "time: {} lines and {} cells in {} on {} threads ({} cells/s); reading and parsing took {} of it ({} lines/s)\n\n",
         scan.lines,
+        total_cells,
+        show_duration(elapsed),
+        threads,
+        show_number(total_cells as f64 / elapsed.as_secs_f64().max(1e-9)),
         show_duration(read_time),
         show_number((scan.lines as f64 / read_time.as_secs_f64().max(1e-9)).round()),
-        total_cells,
-        show_duration(replay_time),
-        show_number(total_cells as f64 / replay_time.as_secs_f64().max(1e-9)),
-        threads,
     ));
     let rule = format!(
         "{} <= {}",

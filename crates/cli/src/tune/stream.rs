@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use flate2::read::MultiGzDecoder;
@@ -224,8 +224,8 @@ impl Scan {
     }
 }
 
-/// How the lines become requests.
-#[derive(Debug)]
+/// How the lines become requests: the logs, read one after the other, and what was
+/// learned from them so far.
 pub(crate) struct Reading<'p> {
     pub(crate) parser: &'p LineParser,
     pub(crate) classes: Classes,
@@ -234,78 +234,117 @@ pub(crate) struct Reading<'p> {
     pub(crate) scan: Scan,
     /// Events per chunk handed to the replay.
     pub(crate) chunk: usize,
+    paths: Vec<PathBuf>,
+    /// The log being read and its last line number.
+    reader: Option<Box<dyn BufRead + Send>>,
+    name: String,
+    number: u64,
+    next_path: usize,
+    finished: bool,
+    buf: Vec<u8>,
 }
 
-impl Reading<'_> {
-    /// Reads every log in order, handing `replay` chunks of time-ordered events.
+impl std::fmt::Debug for Reading<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reading")
+            .field("paths", &self.paths)
+            .field("scan", &self.scan)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'p> Reading<'p> {
+    pub(crate) fn new(
+        parser: &'p LineParser,
+        classes: Classes,
+        orderer: Orderer,
+        chunk: usize,
+        paths: Vec<PathBuf>,
+    ) -> Reading<'p> {
+        Reading {
+            parser,
+            classes,
+            keys: Keys::default(),
+            orderer,
+            scan: Scan::default(),
+            chunk,
+            paths,
+            reader: None,
+            name: String::new(),
+            number: 0,
+            next_path: 0,
+            finished: false,
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// The next chunk of time-ordered events: at least `chunk` of them (plus the rest of
+    /// a second) unless the logs end first; empty once they have.
     ///
     /// # Errors
     ///
     /// A file that cannot be opened or read, or more than `u32::MAX` keys; and, to save
     /// a long run on the wrong `--format`, a log whose first 1000 lines are all bad.
-    pub(crate) fn read(
-        &mut self,
-        paths: &[impl AsRef<Path>],
-        mut replay: impl FnMut(&[Event], &Scan),
-    ) -> Result<(), String> {
-        let mut buf = Vec::with_capacity(4096);
-        for path in paths {
-            let path = path.as_ref();
-            let name = path.display().to_string();
-            let mut reader = open(path)?;
-            let mut number = 0;
-            loop {
-                let long = match read_line(&mut reader, &mut buf, MAX_LINE) {
-                    Ok(None) => break,
-                    Ok(Some(long)) => long,
-                    Err(e) => return Err(format!("cannot read {name}: {e}")),
+    pub(crate) fn next_chunk(&mut self) -> Result<Vec<Event>, String> {
+        while !self.finished && self.orderer.out.len() < self.chunk {
+            let Some(reader) = self.reader.as_mut() else {
+                let Some(path) = self.paths.get(self.next_path) else {
+                    self.orderer.finish();
+                    self.finished = true;
+                    break;
                 };
-                number += 1;
-                self.scan.lines += 1;
-                if long {
-                    self.scan
-                        .bad_line(&name, number, &format!("longer than {MAX_LINE} bytes"));
-                } else {
-                    self.line(&name, number, &buf)?;
+                self.reader = Some(open(path)?);
+                self.name = path.display().to_string();
+                self.number = 0;
+                self.next_path += 1;
+                continue;
+            };
+            let long = match read_line(reader.as_mut(), &mut self.buf, MAX_LINE) {
+                Ok(None) => {
+                    self.reader = None;
+                    continue;
                 }
-                if self.scan.lines == 1000 && self.scan.requests == 0 && self.scan.bad > 0 {
-                    return Err(format!(
-                        "none of the first 1000 lines of {name} is a request in the {:?} \
-                         format; first: {}",
-                        self.parser.format(),
-                        self.scan.bad_shown.join("; ")
-                    ));
-                }
-                if self.orderer.out.len() >= self.chunk {
-                    replay(&self.orderer.out, &self.scan);
-                    self.orderer.out.clear();
-                }
+                Ok(Some(long)) => long,
+                Err(e) => return Err(format!("cannot read {}: {e}", self.name)),
+            };
+            self.number += 1;
+            self.scan.lines += 1;
+            let bad = if long {
+                Some(format!("longer than {MAX_LINE} bytes"))
+            } else {
+                let buf = std::mem::take(&mut self.buf);
+                let bad = self.line(&buf);
+                self.buf = buf;
+                bad?
+            };
+            if let Some(why) = bad {
+                self.scan.bad_line(&self.name, self.number, &why);
+            }
+            if self.scan.lines == 1000 && self.scan.requests == 0 && self.scan.bad > 0 {
+                return Err(format!(
+                    "none of the first 1000 lines is a request in the {:?} format; first: {}",
+                    self.parser.format(),
+                    self.scan.bad_shown.join("; ")
+                ));
             }
         }
-        self.orderer.finish();
-        replay(&self.orderer.out, &self.scan);
-        self.orderer.out.clear();
-        Ok(())
+        Ok(std::mem::take(&mut self.orderer.out))
     }
 
-    fn line(&mut self, file: &str, number: u64, bytes: &[u8]) -> Result<(), String> {
+    /// Takes one line: `Ok(Some(why))` when it is a bad line.
+    fn line(&mut self, bytes: &[u8]) -> Result<Option<String>, String> {
         let Ok(line) = std::str::from_utf8(bytes) else {
-            self.scan.bad_line(file, number, "not UTF-8");
-            return Ok(());
+            return Ok(Some("not UTF-8".into()));
         };
         if line.trim().is_empty() || (self.scan.requests == 0 && self.parser.is_header(line)) {
-            return Ok(());
+            return Ok(None);
         }
         let record = match self.parser.parse(line) {
             Ok(r) => r,
-            Err(why) => {
-                self.scan.bad_line(file, number, &why);
-                return Ok(());
-            }
+            Err(why) => return Ok(Some(why)),
         };
         if let Some(why) = self.orderer.refuse(record.stamp) {
-            self.scan.bad_line(file, number, &why);
-            return Ok(());
+            return Ok(Some(why));
         }
         let cost = match record.cost {
             Some(c) => c,
@@ -322,13 +361,13 @@ impl Reading<'_> {
         // Costs are at most MAX_COST = u32::MAX (the parsers and classes check).
         self.orderer
             .push(record.stamp, key, u32::try_from(cost).unwrap_or(u32::MAX));
-        Ok(())
+        Ok(None)
     }
 }
 
 /// Opens a log: `-` is standard input; gzip is recognized by its magic bytes.
-fn open(path: &Path) -> Result<Box<dyn BufRead>, String> {
-    let raw: Box<dyn Read> = if path.as_os_str() == "-" {
+fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, String> {
+    let raw: Box<dyn Read + Send> = if path.as_os_str() == "-" {
         Box::new(io::stdin())
     } else {
         Box::new(File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?)
