@@ -451,6 +451,11 @@ fn empty_logs_invalid_grids_and_unmatched_classes_are_clear_errors() {
     assert!(err.contains("the log has no requests: 1 lines, 1 bad"), "{err}");
     assert!(err.contains("a.log:1: not a JSON object"), "{err}");
 
+    // The wrong format: the run stops after 1000 lines rather than read the whole log.
+    let wrong = write(&d, "wrong.log", &"10.0.0.1 - - [x] \"GET / HTTP/1.1\" 200 1\n".repeat(1500));
+    let err = failed(&tune(&d, 1, &[wrong.to_str().unwrap(), "--format=csv"]));
+    assert!(err.contains("none of the first 1000 lines is a request in the csv format"), "{err}");
+
     let missing = d.join("missing.log");
     let err = failed(&tune(&d, 1, &[missing.to_str().unwrap()]));
     assert!(err.contains("cannot open"), "{err}");

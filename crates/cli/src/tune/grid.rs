@@ -116,7 +116,8 @@ pub(crate) struct Stats {
 enum Engine {
     Keyed {
         limiter: KeyedLimiter<u32, ManualClock, Fixed>,
-        next_sweep: u64,
+        /// When the last sweep ran, if one has.
+        last_sweep: Option<u64>,
     },
     Reserve {
         buckets: HashMap<u32, Bucket<ManualClock>>,
@@ -165,7 +166,7 @@ impl Cell {
                     .map_err(|e| e.to_string())?;
                 Engine::Keyed {
                     limiter,
-                    next_sweep: 0,
+                    last_sweep: None,
                 }
             }
             Some(max_wait) => Engine::Reserve {
@@ -207,12 +208,9 @@ impl Cell {
             let admitted = match &mut self.engine {
                 Engine::Keyed {
                     limiter,
-                    next_sweep,
+                    last_sweep,
                 } => {
-                    if e.at >= *next_sweep {
-                        limiter.sweep();
-                        *next_sweep = e.at.saturating_add(self.sweep_every);
-                    }
+                    sweep_until(limiter, last_sweep, self.sweep_every, e.at);
                     match limiter.try_acquire(&e.key, cost) {
                         Ok(d) => d.is_admitted(),
                         Err(KeyedError::KeyLimit { .. }) => {
@@ -262,6 +260,39 @@ impl Cell {
             }
         }
     }
+}
+
+/// Runs the sweeps a sweeper every `every` nanoseconds of log time would have run up to
+/// `now`. Between two requests nothing but refill happens, so one sweep at the last
+/// scheduled time leaves the map as all of them would (a bucket full at an earlier sweep
+/// is still full); across a long gap, sweeps at most half the map's
+/// [`max_sweep_interval`](KeyedLimiter::max_sweep_interval) apart re-anchor idle buckets
+/// before they leave their tick field's window. Leaves the clock at `now`.
+fn sweep_until(
+    limiter: &KeyedLimiter<u32, ManualClock, Fixed>,
+    last_sweep: &mut Option<u64>,
+    every: u64,
+    now: u64,
+) {
+    let every = every.max(1);
+    let due = last_sweep.map_or(0, |t| t.saturating_add(every));
+    if now < due {
+        return;
+    }
+    let last = due + (now - due) / every * every;
+    let step = u64::try_from(limiter.max_sweep_interval().as_nanos() / 2)
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut t = last_sweep.unwrap_or(0);
+    while last - t > step {
+        t += step;
+        limiter.clock().set(Duration::from_nanos(t));
+        limiter.sweep();
+    }
+    limiter.clock().set(Duration::from_nanos(last));
+    limiter.sweep();
+    limiter.clock().set(Duration::from_nanos(now));
+    *last_sweep = Some(last);
 }
 
 fn record_delay(s: &mut Stats, wait: Duration, max_wait: Duration) {
@@ -386,6 +417,38 @@ mod tests {
         ]);
         assert_eq!(cell.stats.key_limit, 1);
         assert_eq!(cell.stats.rejected_by_key, [0, 1]);
+    }
+
+    #[test]
+    fn idle_buckets_across_gaps_longer_than_the_tick_wrap_decide_as_the_model() {
+        // B / r is about 34,000 years: a drained bucket is still far from full after a
+        // gap of 1.5 wrap periods (2.3 years each), and would read only 0.5 of it
+        // without sweeps to re-anchor it within the gap.
+        let policy = Policy::new(1 << 30, 1e-3).unwrap();
+        let wrap = u64::try_from(policy.wrap_period().as_nanos()).unwrap();
+        let mut cell = Cell::new(policy.capacity(), 1e-3, &setup()).unwrap();
+        let gap = wrap + wrap / 2;
+        let refilled = (gap / 1_000_000_000) / 1000;
+        let events = [
+            Event { at: 0, key: 0, cost: 1 << 30 },
+            Event { at: gap, key: 1, cost: 1 },
+            Event { at: gap, key: 0, cost: (refilled - 10) as u32 },
+            Event { at: gap, key: 0, cost: 20 },
+        ];
+        let mut models: HashMap<u32, Model> = HashMap::new();
+        let mut outcomes = Vec::new();
+        for e in &events {
+            let m = models.entry(e.key).or_insert_with(|| Model::new(&policy, e.at));
+            outcomes.push(matches!(
+                m.try_acquire(u64::from(e.cost), e.at),
+                Outcome::Admitted { .. }
+            ));
+        }
+        assert_eq!(outcomes, [true, true, true, false]);
+        cell.replay(&events);
+        // The last request (20 tokens) is the one refused, not the big one.
+        assert_eq!(cell.stats.rejected_by_key, [1], "{:?}", cell.stats);
+        assert_eq!(cell.stats.rejected_tokens, 20, "{:?}", cell.stats);
     }
 
     #[test]

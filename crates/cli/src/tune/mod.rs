@@ -141,13 +141,14 @@ pub struct Args {
 
     /// Simulated time between sweeps that evict refilled buckets, as a production
     /// sweeper would.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     sweep_every: Duration,
 
     /// Reserve instead of rejecting: a request waits up to this long for its tokens (and
     /// later requests of its key wait behind it); the report adds delay percentiles.
-    /// Buckets are then plain per-key buckets, never evicted (the keyed map has no
-    /// reservations).
+    /// Buckets are then plain per-key buckets, never evicted nor swept (the keyed map
+    /// has no reservations): a bucket idle longer than the policy's tick wrap period
+    /// (years for ordinary policies) while short of full reads its idle time modulo it.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     max_wait: Option<Duration>,
 

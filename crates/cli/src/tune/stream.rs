@@ -322,8 +322,8 @@ impl<'p> Reading<'p> {
             }
             if self.scan.lines == 1000 && self.scan.requests == 0 && self.scan.bad > 0 {
                 return Err(format!(
-                    "none of the first 1000 lines is a request in the {:?} format; first: {}",
-                    self.parser.format(),
+                    "none of the first 1000 lines is a request in the {} format; first: {}",
+                    format!("{:?}", self.parser.format()).to_lowercase(),
                     self.scan.bad_shown.join("; ")
                 ));
             }
