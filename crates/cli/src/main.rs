@@ -43,7 +43,7 @@ enum Command {
     Simulate(simulate::Args),
     /// Replay access logs (CLF, JSON lines, CSV) against a grid of capacities and rates
     /// in parallel, and recommend a policy: a CSV of every cell, an SVG heatmap.
-    Tune(tune::Args),
+    Tune(Box<tune::Args>),
 }
 
 fn main() -> ExitCode {
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Bench(args) => bench::run(args, &mut out),
         Command::Simulate(args) => simulate::run(args, &mut out),
-        Command::Tune(args) => tune::run(args, &mut out),
+        Command::Tune(args) => tune::run(*args, &mut out),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

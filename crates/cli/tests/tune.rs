@@ -11,7 +11,9 @@ const T0: u64 = 1_700_000_000;
 
 /// A fresh directory for one test's files.
 fn dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tune").join(name);
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("tune")
+        .join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -124,7 +126,9 @@ fn clients_at_n_per_second_pass_at_rate_n_and_lose_the_excess_below() {
             // Each client gets its burst of B, then r tokens a second until its last
             // request at secs - 1/n: B + r (secs - 1/n) admitted, within one request
             // (refill lands on tick edges).
-            let r = Policy::new(capacity, rate).unwrap().effective_refill_per_second();
+            let r = Policy::new(capacity, rate)
+                .unwrap()
+                .effective_refill_per_second();
             let admitted = capacity as f64 + r * (secs as f64 - 1.0 / n as f64);
             let expected = clients as f64 * (n * secs) as f64 - clients as f64 * admitted.floor();
             assert!(
@@ -151,7 +155,11 @@ fn whole_second_logs_spread_evenly_pass_at_rate_n() {
     let n = 10;
     let mut log = String::new();
     for s in 0..30u64 {
-        let t = format!("14/Nov/2023:22:{:02}:{:02} +0000", 13 + (20 + s) / 60, (20 + s) % 60);
+        let t = format!(
+            "14/Nov/2023:22:{:02}:{:02} +0000",
+            13 + (20 + s) / 60,
+            (20 + s) % 60
+        );
         for _ in 0..n {
             for c in 0..3 {
                 log.push_str(&format!("10.0.0.{c} - - [{t}] \"GET /a HTTP/1.1\" 200 5\n"));
@@ -229,7 +237,11 @@ fn busy_clf(lines: usize) -> String {
         // Client c with probability ~ 1/(c+1): a few heavy, many light.
         let c = (x % 200) * (x >> 32) % 200 / ((x >> 40) % 7 + 1);
         let sec = i / 50;
-        let path = if x % 11 == 0 { "/export/all" } else { "/api/items" };
+        let path = if x.is_multiple_of(11) {
+            "/export/all"
+        } else {
+            "/api/items"
+        };
         s.push_str(&format!(
             "192.0.2.{c} - - [14/Nov/2023:{:02}:{:02}:{:02} +0000] \"GET {path} HTTP/1.1\" 200 1\n",
             sec / 3600 % 24,
@@ -267,7 +279,11 @@ fn one_thread_and_four_threads_give_the_same_answer() {
     assert_eq!(one, four);
     assert_eq!(csv_one, csv_four);
     // The map bound matters here: some new keys were refused.
-    assert!(cells(&d).iter().any(|r| num(r, "key_limit_rejections") > 0.0));
+    assert!(
+        cells(&d)
+            .iter()
+            .any(|r| num(r, "key_limit_rejections") > 0.0)
+    );
 }
 
 #[test]
@@ -283,7 +299,11 @@ fn gzip_logs_read_as_the_plain_log() {
     enc.write_all(text.as_bytes()).unwrap();
     enc.finish().unwrap();
     let args = ["--capacity-steps=4", "--rate-steps=4"];
-    ok(&tune(&d, 2, &[&[plain.to_str().unwrap()][..], &args].concat()));
+    ok(&tune(
+        &d,
+        2,
+        &[&[plain.to_str().unwrap()][..], &args].concat(),
+    ));
     let a = std::fs::read_to_string(d.join("cells.csv")).unwrap();
     ok(&tune(&d, 2, &[&[gz.to_str().unwrap()][..], &args].concat()));
     let b = std::fs::read_to_string(d.join("cells.csv")).unwrap();
@@ -383,7 +403,9 @@ fn out_of_order_lines_pass_within_the_window_and_are_bad_beyond_it() {
     assert!(out.contains("4 requests (4 tokens) from 1 keys"), "{out}");
     assert!(out.contains("5 lines, 1 bad"), "{out}");
     assert!(
-        out.contains("o.csv:5: 5 s earlier than a line before it, beyond the reorder window of 1 s"),
+        out.contains(
+            "o.csv:5: 5 s earlier than a line before it, beyond the reorder window of 1 s"
+        ),
         "{out}"
     );
 }
@@ -410,11 +432,20 @@ fn bad_lines_are_reported_by_number_and_fail_past_the_threshold() {
     let out = ok(&tune(&d, 1, &[&args[..], &["--max-bad=0.3"]].concat()));
     assert!(out.contains("10 lines, 3 bad"), "{out}");
     for n in [2, 5, 8] {
-        assert!(out.contains(&format!("b.csv:{n}: expected 3 comma-separated")), "{out}");
+        assert!(
+            out.contains(&format!("b.csv:{n}: expected 3 comma-separated")),
+            "{out}"
+        );
     }
     let err = failed(&tune(&d, 1, &[&args[..], &["--max-bad=0.2"]].concat()));
-    assert!(err.contains("3 of 10 lines are bad (30%), more than --max-bad 20%"), "{err}");
-    assert!(err.contains("b.csv:2:") && err.contains("b.csv:8:"), "{err}");
+    assert!(
+        err.contains("3 of 10 lines are bad (30%), more than --max-bad 20%"),
+        "{err}"
+    );
+    assert!(
+        err.contains("b.csv:2:") && err.contains("b.csv:8:"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -444,17 +475,34 @@ fn empty_logs_invalid_grids_and_unmatched_classes_are_clear_errors() {
         "a.log",
         "10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a HTTP/1.1\" 200 1\n",
     );
-    let err = failed(&tune(&d, 1, &[clf.to_str().unwrap(), "--class=POST /exprot/*=5"]));
-    assert!(err.contains("no request matched any work class (POST /exprot/*=5)"), "{err}");
+    let err = failed(&tune(
+        &d,
+        1,
+        &[clf.to_str().unwrap(), "--class=POST /exprot/*=5"],
+    ));
+    assert!(
+        err.contains("no request matched any work class (POST /exprot/*=5)"),
+        "{err}"
+    );
 
     let err = failed(&tune(&d, 1, &[clf.to_str().unwrap(), "--format=json"]));
-    assert!(err.contains("the log has no requests: 1 lines, 1 bad"), "{err}");
+    assert!(
+        err.contains("the log has no requests: 1 lines, 1 bad"),
+        "{err}"
+    );
     assert!(err.contains("a.log:1: not a JSON object"), "{err}");
 
     // The wrong format: the run stops after 1000 lines rather than read the whole log.
-    let wrong = write(&d, "wrong.log", &"10.0.0.1 - - [x] \"GET / HTTP/1.1\" 200 1\n".repeat(1500));
+    let wrong = write(
+        &d,
+        "wrong.log",
+        &"10.0.0.1 - - [x] \"GET / HTTP/1.1\" 200 1\n".repeat(1500),
+    );
     let err = failed(&tune(&d, 1, &[wrong.to_str().unwrap(), "--format=csv"]));
-    assert!(err.contains("none of the first 1000 lines is a request in the csv format"), "{err}");
+    assert!(
+        err.contains("none of the first 1000 lines is a request in the csv format"),
+        "{err}"
+    );
 
     let missing = d.join("missing.log");
     let err = failed(&tune(&d, 1, &[missing.to_str().unwrap()]));
@@ -464,9 +512,21 @@ fn empty_logs_invalid_grids_and_unmatched_classes_are_clear_errors() {
     let err = failed(&tune(
         &d,
         1,
-        &[clf.to_str().unwrap(), "--objective=requests", "--max-rejected=0", "--capacities=1..1", "--capacity-steps=1", "--rates=1..1", "--rate-steps=1", "--default-cost=2"],
+        &[
+            clf.to_str().unwrap(),
+            "--objective=requests",
+            "--max-rejected=0",
+            "--capacities=1..1",
+            "--capacity-steps=1",
+            "--rates=1..1",
+            "--rate-steps=1",
+            "--default-cost=2",
+        ],
     ));
-    assert!(err.contains("no cell of the grid has requests rejected <= 0%"), "{err}");
+    assert!(
+        err.contains("no cell of the grid has requests rejected <= 0%"),
+        "{err}"
+    );
     assert_eq!(cells(&d).len(), 1);
 }
 
@@ -507,7 +567,15 @@ fn a_maximum_wait_reports_delay_percentiles() {
 fn the_heatmap_marks_the_recommended_cell() {
     let d = dir("svg");
     let log = write(&d, "busy.log", &busy_clf(2000));
-    ok(&tune(&d, 2, &[log.to_str().unwrap(), "--capacity-steps=5", "--rate-steps=5"]));
+    ok(&tune(
+        &d,
+        2,
+        &[
+            log.to_str().unwrap(),
+            "--capacity-steps=5",
+            "--rate-steps=5",
+        ],
+    ));
     let svg = std::fs::read_to_string(d.join("heat.svg")).unwrap();
     assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
     assert!(svg.contains("recommended"));

@@ -19,7 +19,9 @@ impl Class {
     /// `PATTERN=COST` (any method).
     pub(crate) fn parse(text: &str) -> Result<Class, String> {
         let bad = |why: &str| {
-            format!("a work class is METHOD PATTERN=COST (e.g. `POST /export/*=20`): {why}, got `{text}`")
+            format!(
+                "a work class is METHOD PATTERN=COST (e.g. `POST /export/*=20`): {why}, got `{text}`"
+            )
         };
         let (lhs, cost) = text.rsplit_once('=').ok_or_else(|| bad("no `=COST`"))?;
         let cost = match cost.trim().parse::<u64>() {

@@ -97,8 +97,7 @@ pub(crate) const MAX_COST: u64 = u32::MAX as u64;
 impl LineParser {
     /// A parser, or a message when the key choice does not apply to the format.
     pub(crate) fn new(format: Format, key: KeyChoice, json: JsonFields) -> Result<Self, String> {
-        if format == Format::Csv && matches!(key, KeyChoice::Field(_) | KeyChoice::FirstSegment)
-        {
+        if format == Format::Csv && matches!(key, KeyChoice::Field(_) | KeyChoice::FirstSegment) {
             return Err(
                 "CSV logs carry their key in the key column: use --key client (that column) \
                  or --key global"
@@ -115,8 +114,7 @@ impl LineParser {
 
     /// Whether a CSV line is the header row, skipped.
     pub(crate) fn is_header(&self, line: &str) -> bool {
-        self.format == Format::Csv
-            && line.trim().eq_ignore_ascii_case("timestamp,key,cost")
+        self.format == Format::Csv && line.trim().eq_ignore_ascii_case("timestamp,key,cost")
     }
 
     /// Parses one line (without its line break).
@@ -188,7 +186,9 @@ impl LineParser {
                             break;
                         }
                     }
-                    field.map(unescape).ok_or_else(|| format!("no `{name}` field"))?
+                    field
+                        .map(unescape)
+                        .ok_or_else(|| format!("no `{name}` field"))?
                 }
             },
         };
@@ -470,7 +470,10 @@ mod tests {
         assert_eq!(r.key, r#"Mozilla/5.0 (X11; "Linux" x86_64)"#);
         assert_eq!(r.stamp.nanos, T);
         assert_eq!(
-            parser(Format::Clf, "field:referer").parse(line).unwrap().key,
+            parser(Format::Clf, "field:referer")
+                .parse(line)
+                .unwrap()
+                .key,
             "https://example.com/a b"
         );
         assert_eq!(
@@ -505,12 +508,30 @@ mod tests {
             ("", "no client address"),
             ("1.2.3.4 - - 10/Oct/2000", "no [date]"),
             ("1.2.3.4 - - [10/Oct/2000:20:55:36 +0000", "unterminated"),
-            ("1.2.3.4 - - [10/Oct/2000:20:55:36] \"GET / HTTP/1.1\" 200 1", "bad date"),
-            ("1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] GET / 200 1", "no quoted request"),
-            ("1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET /", "no quoted request"),
-            ("1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET / HTTP/1.1\" OK 1", "bad status"),
-            ("1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET / HTTP/1.1\" 200", "no byte count"),
-            ("1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET / HTTP/1.1\" 200 12k", "bad byte count"),
+            (
+                "1.2.3.4 - - [10/Oct/2000:20:55:36] \"GET / HTTP/1.1\" 200 1",
+                "bad date",
+            ),
+            (
+                "1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] GET / 200 1",
+                "no quoted request",
+            ),
+            (
+                "1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET /",
+                "no quoted request",
+            ),
+            (
+                "1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET / HTTP/1.1\" OK 1",
+                "bad status",
+            ),
+            (
+                "1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET / HTTP/1.1\" 200",
+                "no byte count",
+            ),
+            (
+                "1.2.3.4 - - [10/Oct/2000:20:55:36 +0000] \"GET / HTTP/1.1\" 200 12k",
+                "bad byte count",
+            ),
         ] {
             let err = parser(Format::Clf, "client").parse(line).unwrap_err();
             assert!(err.contains(why), "{line:?}: {err}");
@@ -525,14 +546,30 @@ mod tests {
         assert_eq!(r.stamp.nanos, T + 500_000_000);
         assert!(!r.stamp.whole_second);
         assert_eq!(r.path, "/search/q");
-        assert_eq!(parser(Format::Json, "field:user.id").parse(line).unwrap().key, "42");
-        assert_eq!(parser(Format::Json, "path").parse(line).unwrap().key, "search");
+        assert_eq!(
+            parser(Format::Json, "field:user.id")
+                .parse(line)
+                .unwrap()
+                .key,
+            "42"
+        );
+        assert_eq!(
+            parser(Format::Json, "path").parse(line).unwrap().key,
+            "search"
+        );
         let epoch = r#"{"time":971211336,"remote_addr":"a"}"#;
         let r = parser(Format::Json, "client").parse(epoch).unwrap();
         assert_eq!(r.stamp.nanos, T);
         assert!(r.stamp.whole_second);
         let clf_time = r#"{"time":"10/Oct/2000:13:55:36 -0700","remote_addr":"a"}"#;
-        assert_eq!(parser(Format::Json, "client").parse(clf_time).unwrap().stamp.nanos, T);
+        assert_eq!(
+            parser(Format::Json, "client")
+                .parse(clf_time)
+                .unwrap()
+                .stamp
+                .nanos,
+            T
+        );
         let mut f = fields();
         f.cost = Some("weight".into());
         let p = LineParser::new(Format::Json, KeyChoice::Client, f).unwrap();
@@ -562,12 +599,20 @@ mod tests {
         assert!(p.is_header("timestamp,key,cost"));
         assert!(!p.is_header("971211336,a,1"));
         let r = p.parse("971211336.25,tenant-1,3").unwrap();
-        assert_eq!((r.stamp.nanos, &*r.key, r.cost), (T + 250_000_000, "tenant-1", Some(3)));
+        assert_eq!(
+            (r.stamp.nanos, &*r.key, r.cost),
+            (T + 250_000_000, "tenant-1", Some(3))
+        );
         let r = p
             .parse(r#"2000-10-10T22:55:36+02:00,"acme, inc. ""west""",2"#)
             .unwrap();
-        assert_eq!((r.stamp.nanos, &*r.key, r.cost), (T, r#"acme, inc. "west""#, Some(2)));
-        let r = parser(Format::Csv, "global").parse("971211336,x,1").unwrap();
+        assert_eq!(
+            (r.stamp.nanos, &*r.key, r.cost),
+            (T, r#"acme, inc. "west""#, Some(2))
+        );
+        let r = parser(Format::Csv, "global")
+            .parse("971211336,x,1")
+            .unwrap();
         assert_eq!(r.key, "global");
         for (line, why) in [
             ("971211336,a", "expected 3"),

@@ -115,7 +115,7 @@ pub(crate) struct Stats {
 
 enum Engine {
     Keyed {
-        limiter: KeyedLimiter<u32, ManualClock, Fixed>,
+        limiter: Box<KeyedLimiter<u32, ManualClock, Fixed>>,
         /// When the last sweep ran, if one has.
         last_sweep: Option<u64>,
     },
@@ -165,7 +165,7 @@ impl Cell {
                     .build()
                     .map_err(|e| e.to_string())?;
                 Engine::Keyed {
-                    limiter,
+                    limiter: Box::new(limiter),
                     last_sweep: None,
                 }
             }
@@ -387,7 +387,10 @@ mod tests {
             cell.replay(&events[..700]);
             cell.replay(&events[700..]);
             assert_eq!(cell.stats.requests, 2000);
-            assert_eq!(cell.stats.rejected, expected, "seed {seed}: B={capacity} r={rate}");
+            assert_eq!(
+                cell.stats.rejected, expected,
+                "seed {seed}: B={capacity} r={rate}"
+            );
             let mut got = cell.stats.rejected_by_key.clone();
             got.resize(4, 0);
             assert_eq!(got, by_key, "seed {seed}");
@@ -397,7 +400,18 @@ mod tests {
     #[test]
     fn a_cost_above_the_capacity_is_rejected_and_counted() {
         let mut cell = Cell::new(3, 1.0, &setup()).unwrap();
-        cell.replay(&[Event { at: 0, key: 0, cost: 4 }, Event { at: 1, key: 0, cost: 3 }]);
+        cell.replay(&[
+            Event {
+                at: 0,
+                key: 0,
+                cost: 4,
+            },
+            Event {
+                at: 1,
+                key: 0,
+                cost: 3,
+            },
+        ]);
         assert_eq!((cell.stats.rejected, cell.stats.too_costly), (1, 1));
         assert_eq!(cell.stats.rejected_tokens, 4);
     }
@@ -410,10 +424,22 @@ mod tests {
         };
         let mut cell = Cell::new(1, 1.0, &s).unwrap();
         cell.replay(&[
-            Event { at: 0, key: 0, cost: 1 },
-            Event { at: 1, key: 1, cost: 1 },
+            Event {
+                at: 0,
+                key: 0,
+                cost: 1,
+            },
+            Event {
+                at: 1,
+                key: 1,
+                cost: 1,
+            },
             // Key 0 has refilled by 10 s: evictable, it makes room for key 1.
-            Event { at: 10 * NANOS, key: 1, cost: 1 },
+            Event {
+                at: 10 * NANOS,
+                key: 1,
+                cost: 1,
+            },
         ]);
         assert_eq!(cell.stats.key_limit, 1);
         assert_eq!(cell.stats.rejected_by_key, [0, 1]);
@@ -430,15 +456,33 @@ mod tests {
         let gap = wrap + wrap / 2;
         let refilled = (gap / 1_000_000_000) / 1000;
         let events = [
-            Event { at: 0, key: 0, cost: 1 << 30 },
-            Event { at: gap, key: 1, cost: 1 },
-            Event { at: gap, key: 0, cost: (refilled - 10) as u32 },
-            Event { at: gap, key: 0, cost: 20 },
+            Event {
+                at: 0,
+                key: 0,
+                cost: 1 << 30,
+            },
+            Event {
+                at: gap,
+                key: 1,
+                cost: 1,
+            },
+            Event {
+                at: gap,
+                key: 0,
+                cost: (refilled - 10) as u32,
+            },
+            Event {
+                at: gap,
+                key: 0,
+                cost: 20,
+            },
         ];
         let mut models: HashMap<u32, Model> = HashMap::new();
         let mut outcomes = Vec::new();
         for e in &events {
-            let m = models.entry(e.key).or_insert_with(|| Model::new(&policy, e.at));
+            let m = models
+                .entry(e.key)
+                .or_insert_with(|| Model::new(&policy, e.at));
             outcomes.push(matches!(
                 m.try_acquire(u64::from(e.cost), e.at),
                 Outcome::Admitted { .. }
@@ -461,13 +505,22 @@ mod tests {
         // B = 1, r = 2/s, a burst of 4: waits of 0, about 500 ms and about 1 s; the
         // fourth would wait about 1.5 s, beyond the maximum: rejected.
         let mut cell = Cell::new(1, 2.0, &s).unwrap();
-        let burst: Vec<Event> = (0..4).map(|_| Event { at: 0, key: 0, cost: 1 }).collect();
+        let burst: Vec<Event> = (0..4)
+            .map(|_| Event {
+                at: 0,
+                key: 0,
+                cost: 1,
+            })
+            .collect();
         cell.replay(&burst);
         let st = &cell.stats;
         assert_eq!((st.rejected, st.delayed), (1, 2), "{st:?}");
         assert_eq!(st.delays.iter().sum::<u64>(), 3);
         let p50 = delay_quantile(st, 0.5, max_wait).unwrap();
-        assert!(p50 >= Duration::from_millis(500) && p50 <= Duration::from_millis(502), "{p50:?}");
+        assert!(
+            p50 >= Duration::from_millis(500) && p50 <= Duration::from_millis(502),
+            "{p50:?}"
+        );
         assert!(st.max_delay >= Duration::from_secs(1) && st.max_delay <= max_wait);
         assert_eq!(delay_quantile(st, 1.0, max_wait), Some(st.max_delay));
     }

@@ -198,7 +198,9 @@ pub struct Args {
 fn share(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(format!("a share must be a number from 0 to 1 (0.001 is 0.1%), got {text}")),
+        _ => Err(format!(
+            "a share must be a number from 0 to 1 (0.001 is 0.1%), got {text}"
+        )),
     }
 }
 
@@ -228,7 +230,9 @@ fn rate_range(text: &str) -> Result<(f64, f64), String> {
     let lo = positive_number(lo, "the lowest rate", "tokens per second", 1e12)?;
     let hi = positive_number(hi, "the highest rate", "tokens per second", 1e12)?;
     if hi < lo {
-        return Err(format!("the highest rate must be at least the lowest, got `{text}`"));
+        return Err(format!(
+            "the highest rate must be at least the lowest, got `{text}`"
+        ));
     }
     Ok((lo, hi))
 }
@@ -271,14 +275,22 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     if args.format == Format::Csv && !args.classes.is_empty() {
         return Err("CSV logs give each request's cost: --class does not apply".into());
     }
-    let max_keys = usize::try_from(args.max_keys)
-        .map_err(|_| format!("the maximum number of keys {} is too large here", args.max_keys))?;
+    let max_keys = usize::try_from(args.max_keys).map_err(|_| {
+        format!(
+            "the maximum number of keys {} is too large here",
+            args.max_keys
+        )
+    })?;
     let setup = Setup {
         max_keys,
         sweep_every: args.sweep_every,
         max_wait: args.max_wait,
     };
-    let capacities = grid::capacities(args.capacities.0, args.capacities.1, args.capacity_steps as usize);
+    let capacities = grid::capacities(
+        args.capacities.0,
+        args.capacities.1,
+        args.capacity_steps as usize,
+    );
     let rates = grid_rates(args.rates.0, args.rates.1, args.rate_steps as usize);
     let mut cells = Vec::new();
     let mut invalid: Vec<(u64, f64, String)> = Vec::new();
@@ -299,8 +311,14 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
             show_number(*r)
         ));
     }
-    let csv_path = args.csv.clone().unwrap_or_else(|| default_output("tune.csv"));
-    let svg_path = args.svg.clone().unwrap_or_else(|| default_output("tune.svg"));
+    let csv_path = args
+        .csv
+        .clone()
+        .unwrap_or_else(|| default_output("tune.csv"));
+    let svg_path = args
+        .svg
+        .clone()
+        .unwrap_or_else(|| default_output("tune.svg"));
     let csv_file = open_output(&csv_path)?;
     let svg_file = open_output(&svg_path)?;
 
@@ -387,10 +405,18 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         rate,
         result: Err(e),
     }));
-    outcomes.sort_by(|a, b| (a.rate, a.capacity).partial_cmp(&(b.rate, b.capacity)).unwrap_or(std::cmp::Ordering::Equal));
+    outcomes.sort_by(|a, b| {
+        (a.rate, a.capacity)
+            .partial_cmp(&(b.rate, b.capacity))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
     let chosen = report::recommend(&outcomes, args.objective, args.max_rejected);
 
-    write_output(csv_file, &csv_path, &report::csv(&outcomes, &pop, args.max_wait))?;
+    write_output(
+        csv_file,
+        &csv_path,
+        &report::csv(&outcomes, &pop, args.max_wait),
+    )?;
     let svg = report::heatmap(
         &outcomes,
         &capacities,
@@ -402,7 +428,15 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     write_output(svg_file, &svg_path, &svg)?;
 
     let mut text = String::new();
-    summary(&mut text, &args, &scan, &keys, &pop, &classes, orderer.origin_nanos());
+    summary(
+        &mut text,
+        &args,
+        &scan,
+        &keys,
+        &pop,
+        &classes,
+        orderer.origin_nanos(),
+    );
     text.push_str(&format!(
         "grid: {} capacities ({}..{}) x {} rates ({}..{} /s) = {} cells, {} invalid\n",
         capacities.len(),
@@ -432,41 +466,44 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     text.push_str(&format!(
         "per rate, the smallest capacity with {rule} (shares rejected):\n"
     ));
-    text.push_str(&report::table(&outcomes, &pop, args.objective, args.max_rejected, chosen));
+    text.push_str(&report::table(
+        &outcomes,
+        &pop,
+        args.objective,
+        args.max_rejected,
+        chosen,
+    ));
     text.push('\n');
     let recommendation = chosen.and_then(|i| {
         let c = &outcomes[i];
         c.result.as_ref().ok().map(|(s, m)| (c, s, m))
     });
-    match recommendation {
-        Some((c, s, m)) => {
+    if let Some((c, s, m)) = recommendation {
+        text.push_str(&format!(
+            "recommended: B = {} tokens, r = {} tokens/s: the smallest rate, then the smallest capacity, with {rule}\n",
+            c.capacity, c.rate
+        ));
+        text.push_str(&format!(
+            "  evidence: {} of requests rejected ({} of {}), {} of tokens, {} of keys ever rejected, {} of small-key requests\n",
+            pct(m.requests), s.rejected, s.requests, pct(m.tokens), pct(m.keys), pct(m.small_keys)
+        ));
+        for (k, h) in pop.heavy.iter().zip(&m.heavy) {
             text.push_str(&format!(
-                "recommended: B = {} tokens, r = {} tokens/s: the smallest rate, then the smallest capacity, with {rule}\n",
-                c.capacity, c.rate
+                "  heavy key {} ({} requests): {} rejected\n",
+                keys.names[*k as usize],
+                keys.requests[*k as usize],
+                pct(*h)
             ));
-            text.push_str(&format!(
-                "  evidence: {} of requests rejected ({} of {}), {} of tokens, {} of keys ever rejected, {} of small-key requests\n",
-                pct(m.requests), s.rejected, s.requests, pct(m.tokens), pct(m.keys), pct(m.small_keys)
-            ));
-            for (k, h) in pop.heavy.iter().zip(&m.heavy) {
-                text.push_str(&format!(
-                    "  heavy key {} ({} requests): {} rejected\n",
-                    keys.names[*k as usize],
-                    keys.requests[*k as usize],
-                    pct(*h)
-                ));
-            }
-            if let Some(w) = args.max_wait {
-                let q = |q| grid::delay_quantile(s, q, w).map_or("-".into(), show_duration);
-                text.push_str(&format!(
-                    "  delays (max wait {}): {} requests waited; p50 {}, p90 {}, p99 {}, max {} (percentiles rounded up by at most {})\n",
-                    show_duration(w), s.delayed, q(0.5), q(0.9), q(0.99), show_duration(s.max_delay),
-                    show_duration(w / grid::DELAY_BINS as u32)
-                ));
-            }
-            text.push_str(&snippet(c.capacity, c.rate, &args));
         }
-        None => {}
+        if let Some(w) = args.max_wait {
+            let q = |q| grid::delay_quantile(s, q, w).map_or("-".into(), show_duration);
+            text.push_str(&format!(
+                "  delays (max wait {}): {} requests waited; p50 {}, p90 {}, p99 {}, max {} (percentiles rounded up by at most {})\n",
+                show_duration(w), s.delayed, q(0.5), q(0.9), q(0.99), show_duration(s.max_delay),
+                show_duration(w / grid::DELAY_BINS as u32)
+            ));
+        }
+        text.push_str(&snippet(c.capacity, c.rate, &args));
     }
     text.push_str(&format!(
         "\nwrote {} and {}\n",
@@ -547,7 +584,9 @@ fn snippet(capacity: u64, rate: f64, args: &Args) -> String {
     };
     let limiter = match (&args.key, args.max_wait) {
         (KeyChoice::Constant, _) => "let bucket = Bucket::new(policy);".to_string(),
-        (_, Some(_)) => "// one Bucket::new(policy) per key; reserve(cost, max_wait) to wait".to_string(),
+        (_, Some(_)) => {
+            "// one Bucket::new(policy) per key; reserve(cost, max_wait) to wait".to_string()
+        }
         (_, None) => format!(
             "let limiter = KeyedLimiter::<String>::new(policy, {})?;",
             args.max_keys

@@ -264,7 +264,12 @@ pub(crate) fn table(
             .find(|(_, c)| matches!(&c.result, Ok((_, m)) if m.get(objective) <= max_share))
             .or(row.last());
         let Some(&(i, c)) = pick else {
-            let _ = writeln!(out, "{:>10} {:>9}  no valid policy at this rate", show_number(rate), "-");
+            let _ = writeln!(
+                out,
+                "{:>10} {:>9}  no valid policy at this rate",
+                show_number(rate),
+                "-"
+            );
             continue;
         };
         let Ok((_, m)) = &c.result else { continue };
@@ -368,9 +373,10 @@ pub(crate) fn heatmap(
             .map_err(|e| err(&e))?;
         if let Some((x, y)) = recommended.and_then(|i| index(&cells[i])) {
             chart
-                .draw_series([
-                    Rectangle::new([(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)], BLACK.stroke_width(3)),
-                ])
+                .draw_series([Rectangle::new(
+                    [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)],
+                    BLACK.stroke_width(3),
+                )])
                 .map_err(|e| err(&e))?;
             chart
                 .draw_series([Circle::new((x, y), 6, BLACK.filled())])
@@ -478,7 +484,13 @@ mod tests {
         assert_eq!(recommend(&cells, Objective::SmallKeys, 0.001), Some(4));
         assert_eq!(recommend(&cells, Objective::SmallKeys, 0.0001), Some(3));
         assert_eq!(recommend(&cells, Objective::SmallKeys, -1.0), None);
-        let table = table(&cells, &Population::new(&[1], 99.0, 0), Objective::SmallKeys, 0.001, Some(4));
+        let table = table(
+            &cells,
+            &Population::new(&[1], 99.0, 0),
+            Objective::SmallKeys,
+            0.001,
+            Some(4),
+        );
         assert!(table.contains("<- recommended"), "{table}");
         assert!(table.contains("no valid policy"), "{table}");
     }

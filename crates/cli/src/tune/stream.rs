@@ -389,7 +389,11 @@ fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, String> {
 /// Reads one line into `buf` without its line break (`\n` or `\r\n`), keeping at most
 /// `limit` bytes: `Ok(Some(true))` when the line was longer (the rest is skipped),
 /// `Ok(None)` at the end.
-fn read_line(reader: &mut dyn BufRead, buf: &mut Vec<u8>, limit: usize) -> io::Result<Option<bool>> {
+fn read_line(
+    reader: &mut dyn BufRead,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> io::Result<Option<bool>> {
     buf.clear();
     let mut long = false;
     let mut any = false;
@@ -451,7 +455,10 @@ mod tests {
         o.finish();
         assert_eq!(o.origin_nanos(), 10 * NANOS);
         assert_eq!(times(&o), [0, 250_000_000, 500_000_000, 750_000_000]);
-        assert_eq!(o.out.iter().map(|e| e.key).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(
+            o.out.iter().map(|e| e.key).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
     }
 
     #[test]
@@ -479,12 +486,19 @@ mod tests {
         o.push(stamp(102 * NANOS, true), 1, 1);
         assert_eq!(o.refuse(stamp(100 * NANOS, true)), None);
         o.push(stamp(100 * NANOS, true), 2, 1);
-        assert!(o.refuse(stamp(99 * NANOS, true)).unwrap().contains("3 s earlier"));
+        assert!(
+            o.refuse(stamp(99 * NANOS, true))
+                .unwrap()
+                .contains("3 s earlier")
+        );
         o.push(stamp(103 * NANOS, true), 3, 1);
         // Second 100 is complete once 103 arrives (window 2 s): released in order.
         assert_eq!(o.out.iter().map(|e| e.key).collect::<Vec<_>>(), [2, 0]);
         o.finish();
-        assert_eq!(o.out.iter().map(|e| e.key).collect::<Vec<_>>(), [2, 0, 1, 3]);
+        assert_eq!(
+            o.out.iter().map(|e| e.key).collect::<Vec<_>>(),
+            [2, 0, 1, 3]
+        );
         assert_eq!(times(&o), [2 * NANOS, 2 * NANOS + 5, 4 * NANOS, 5 * NANOS]);
     }
 

@@ -13,8 +13,9 @@ pub(crate) struct Stamp {
 
 const NANOS: u64 = 1_000_000_000;
 
-/// The latest timestamp accepted: the year 9999.
-const MAX_SECONDS: i64 = 253_402_300_799;
+/// The latest second accepted: nanoseconds since the epoch must fit in a `u64` (until
+/// 2554-07-21).
+const MAX_SECONDS: i64 = (u64::MAX / NANOS - 1) as i64;
 
 /// Days from 1970-01-01 to the given civil date (proleptic Gregorian), after Howard
 /// Hinnant's `days_from_civil`.
@@ -231,6 +232,8 @@ mod tests {
         assert_eq!(s.nanos, 1_700_000_000 * NANOS + 1);
         assert!(!s.whole_second);
         assert!(parse_epoch("1700000000").unwrap().whole_second);
+        let last = parse_epoch("18446744072.999999999").unwrap();
+        assert_eq!(last.nanos, 18_446_744_072_999_999_999);
     }
 
     #[test]
@@ -250,6 +253,9 @@ mod tests {
             "-5",
             "99999999999999999999",
             "1969-12-31T23:59:59Z",
+            "2600-01-01T00:00:00Z",
+            "01/Jan/9999:00:00:00 +0000",
+            "99999999999",
             "ünïcödé-10-10T20:55:36Z",
         ] {
             assert_eq!(parse_any(bad), None, "{bad:?}");
