@@ -104,6 +104,9 @@ impl LineParser {
                     .into(),
             );
         }
+        if let (Format::Clf, KeyChoice::Field(name)) = (format, &key) {
+            clf_field_index(name)?;
+        }
         Ok(LineParser { format, key, json })
     }
 
@@ -166,19 +169,7 @@ impl LineParser {
                 "user" => Cow::Borrowed(user),
                 "host" | "client" => Cow::Borrowed(host),
                 _ => {
-                    let index = match name.as_str() {
-                        "referer" | "referrer" => 0,
-                        "user-agent" | "user_agent" => 1,
-                        other => match other.strip_prefix("extra").map(str::parse::<usize>) {
-                            Some(Ok(n)) if n >= 1 => n + 1,
-                            _ => {
-                                return Err(format!(
-                                    "CLF has no field `{other}`: use ident, user, referer, \
-                                     user-agent or extraN"
-                                ));
-                            }
-                        },
-                    };
+                    let index = clf_field_index(name)?.unwrap_or(0);
                     let mut field = None;
                     for _ in 0..=index {
                         field = quoted(&mut rest);
@@ -265,6 +256,23 @@ impl LineParser {
             path: Cow::Borrowed(""),
             cost: Some(cost),
         })
+    }
+}
+
+/// Where a named CLF field is: `None` for the fields before the request (`ident`,
+/// `user`, `host`), else the index of the quoted field after the byte count.
+fn clf_field_index(name: &str) -> Result<Option<usize>, String> {
+    match name {
+        "ident" | "user" | "host" | "client" => Ok(None),
+        "referer" | "referrer" => Ok(Some(0)),
+        "user-agent" | "user_agent" => Ok(Some(1)),
+        other => match other.strip_prefix("extra").map(str::parse::<usize>) {
+            Some(Ok(n)) if n >= 1 => Ok(Some(n + 1)),
+            _ => Err(format!(
+                "CLF has no field `{other}`: use ident, user, referer, user-agent or extraN \
+                 (N from 1, the quoted fields after the user agent)"
+            )),
+        },
     }
 }
 
@@ -487,12 +495,12 @@ mod tests {
                 .unwrap_err()
                 .contains("no `extra2` field")
         );
-        assert!(
-            parser(Format::Clf, "field:cookie")
-                .parse(line)
-                .unwrap_err()
-                .contains("use ident, user")
+        let err = LineParser::new(
+            Format::Clf,
+            KeyChoice::parse("field:cookie").unwrap(),
+            fields(),
         );
+        assert!(err.unwrap_err().contains("use ident, user"));
     }
 
     #[test]

@@ -468,7 +468,6 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     ));
     text.push_str(&report::table(
         &outcomes,
-        &pop,
         args.objective,
         args.max_rejected,
         chosen,

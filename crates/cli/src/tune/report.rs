@@ -239,7 +239,6 @@ pub(crate) fn csv(cells: &[Outcome], pop: &Population, max_wait: Option<Duration
 /// largest capacity, marked, when none does).
 pub(crate) fn table(
     cells: &[Outcome],
-    pop: &Population,
     objective: Objective,
     max_share: f64,
     recommended: Option<usize>,
@@ -295,7 +294,6 @@ pub(crate) fn table(
             mark
         );
     }
-    let _ = pop;
     out
 }
 
@@ -484,13 +482,7 @@ mod tests {
         assert_eq!(recommend(&cells, Objective::SmallKeys, 0.001), Some(4));
         assert_eq!(recommend(&cells, Objective::SmallKeys, 0.0001), Some(3));
         assert_eq!(recommend(&cells, Objective::SmallKeys, -1.0), None);
-        let table = table(
-            &cells,
-            &Population::new(&[1], 99.0, 0),
-            Objective::SmallKeys,
-            0.001,
-            Some(4),
-        );
+        let table = table(&cells, Objective::SmallKeys, 0.001, Some(4));
         assert!(table.contains("<- recommended"), "{table}");
         assert!(table.contains("no valid policy"), "{table}");
     }
