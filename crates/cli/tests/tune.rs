@@ -204,6 +204,7 @@ fn a_single_burst_of_k_needs_a_capacity_of_k() {
         &[
             log.to_str().unwrap(),
             "--format=csv",
+            "--key=global",
             "--capacities=10..100",
             "--capacity-steps=30",
             "--rates=1..1",
@@ -222,6 +223,11 @@ fn a_single_burst_of_k_needs_a_capacity_of_k() {
     }
     assert!(
         stdout.contains(&format!("recommended: B = {k} tokens, r = 1 tokens/s")),
+        "{stdout}"
+    );
+    // One key for all: the recommendation is a single bucket.
+    assert!(
+        stdout.contains("let bucket = Bucket::new(policy);"),
         "{stdout}"
     );
 }
@@ -284,6 +290,30 @@ fn one_thread_and_four_threads_give_the_same_answer() {
             .iter()
             .any(|r| num(r, "key_limit_rejections") > 0.0)
     );
+}
+
+#[test]
+fn progress_goes_to_standard_error_and_the_report_to_standard_output() {
+    let d = dir("progress");
+    let log = write(&d, "busy.log", &busy_clf(5000));
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["tune", log.to_str().unwrap(), "--chunk=1000"])
+        .args(["--capacity-steps=2", "--rate-steps=2", "--max-rejected=1"])
+        .arg("--csv")
+        .arg(d.join("cells.csv"))
+        .arg("--svg")
+        .arg(d.join("heat.svg"))
+        .output()
+        .unwrap();
+    let stdout = ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tune: 5000 lines read, 5000 requests; 4 cells replayed"),
+        "{stderr}"
+    );
+    assert!(stderr.lines().count() >= 5, "{stderr}");
+    assert!(!stdout.contains("lines read"), "{stdout}");
+    assert!(stdout.contains("recommended:"), "{stdout}");
 }
 
 #[test]
