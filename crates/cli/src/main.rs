@@ -5,6 +5,8 @@
 //! cargo run --release -p tokengate-cli -- bench       # throughput vs threads: tokengate, governor, a mutex bucket
 //! cargo run --release -p tokengate-cli -- simulate    # replay traffic against B and r on a simulated clock
 //! cargo run --release -p tokengate-cli -- fleet       # K processes share one budget on Redis
+
+//! cargo run --release -p tokengate-cli -- tune LOG    # replay access logs against a grid of B and r
 //! ```
 
 use std::fs::File;
@@ -20,6 +22,7 @@ mod engines;
 mod fleet;
 mod mutex_bucket;
 mod simulate;
+mod tune;
 
 /// tokengate: a lock-free token-bucket admission engine.
 ///
@@ -44,6 +47,9 @@ enum Command {
     /// K instance processes share one budget on Redis (tokengate-redis): per-instance and
     /// total admissions against the bound; can kill one instance mid-run.
     Fleet(fleet::Args),
+    /// Replay access logs (CLF, JSON lines, CSV) against a grid of capacities and rates
+    /// in parallel, and recommend a policy: a CSV of every cell, an SVG heatmap.
+    Tune(Box<tune::Args>),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +59,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args, &mut out),
         Command::Simulate(args) => simulate::run(args, &mut out),
         Command::Fleet(args) => fleet::run(args, &mut out),
+        Command::Tune(args) => tune::run(*args, &mut out),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,620 @@
+//! `tokengate tune`: replays access logs against a grid of policies and recommends one.
+//!
+//! The logs are read once, as a stream: each line is parsed, keyed, costed by the work
+//! classes, put back in time order within `--reorder-window`, and collected into chunks of
+//! at most `--chunk` requests (plus one second's worth). Each chunk is replayed on every
+//! cell of the grid in parallel (rayon, one task per cell); each cell is a keyed limiter of
+//! its policy on its own manual clock, so its decisions are the engine's decisions for
+//! that traffic, bounded keys and eviction included. Memory is the chunk (16 bytes a
+//! request), the key table (each distinct key once, with its volume), and per cell its
+//! limiter and one rejection counter per key: it does not grow with the log's length.
+//!
+//! # The recommendation rule
+//!
+//! Among the cells whose measure (`--objective`, default `small-keys`) is at most
+//! `--max-rejected` (default 0.001, that is 0.1%), the one with the smallest rate, and
+//! among those the smallest capacity. The default measure is the share of requests
+//! rejected among keys whose volume (requests in the log) is below the volume of the key
+//! at the `--volume-percentile` (default 99, nearest rank over keys): the limit should
+//! leave ordinary clients alone and hold back only the heaviest. When no key is below
+//! that volume (one key, or keys all equally busy) every request counts.
+
+mod classes;
+mod format;
+mod grid;
+mod report;
+mod stream;
+mod time;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+
+use crate::{
+    Out, default_output, open_output, parse_duration, positive_number, show_duration, show_number,
+    whole_number, write_output,
+};
+use classes::{Class, Classes};
+use format::{Format, JsonFields, KeyChoice, LineParser};
+use grid::{Cell, Setup};
+use report::{Measures, Objective, Outcome, Population};
+use stream::{Keys, Orderer, Reading, Scan, Spread};
+
+/// The most cells on one axis.
+const MAX_STEPS: u64 = 1000;
+
+/// The longest reorder window.
+const MAX_WINDOW_SECS: u64 = 3600;
+
+/// Options of `tokengate tune`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Access logs, read in order as one stream (`-` for standard input); gzip files are
+    /// recognized by their first bytes.
+    #[arg(required = true, value_name = "LOG")]
+    logs: Vec<PathBuf>,
+
+    /// The format of the lines. clf: Common or Combined Log Format (nginx, Apache).
+    /// json: one object a line, fields named by --json-*. csv: timestamp,key,cost.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Clf)]
+    format: Format,
+
+    /// What a bucket is kept for: client (the client address; CSV's key column), path
+    /// (the path's first segment), global (one bucket for all), or field:NAME (a field of
+    /// the line: in CLF ident, user, referer, user-agent, or extraN for the N-th quoted
+    /// field after the user agent; in JSON any field, `a.b` for nested).
+    #[arg(long, short = 'k', value_name = "KEY", default_value = "client",
+          value_parser = KeyChoice::parse)]
+    key: KeyChoice,
+
+    /// JSON: the field of the time (RFC 3339 or CLF text, or epoch seconds).
+    #[arg(long, value_name = "FIELD", default_value = "time")]
+    json_time: String,
+    /// JSON: the field of the client address.
+    #[arg(long, value_name = "FIELD", default_value = "remote_addr")]
+    json_client: String,
+    /// JSON: the field of the HTTP method.
+    #[arg(long, value_name = "FIELD", default_value = "method")]
+    json_method: String,
+    /// JSON: the field of the path.
+    #[arg(long, value_name = "FIELD", default_value = "path")]
+    json_path: String,
+    /// JSON: a field with the cost in tokens, if the log has one (else --class decides).
+    #[arg(long, value_name = "FIELD")]
+    json_cost: Option<String>,
+
+    /// A work class, `METHOD PATTERN=COST` (repeatable; the first match wins): requests
+    /// with that method (`*` for any) and a path matching PATTERN (`*` matches any run of
+    /// characters) cost COST tokens. Example: --class 'POST /export/*=20'.
+    #[arg(long = "class", value_name = "CLASS", value_parser = Class::parse)]
+    classes: Vec<Class>,
+
+    /// The cost of a request no class matches, in tokens.
+    #[arg(long, value_name = "TOKENS", default_value = "1",
+          value_parser = |s: &str| whole_number(s, "the default cost", "tokens", 1, format::MAX_COST))]
+    default_cost: u64,
+
+    /// The capacities B of the grid, LOW..HIGH in whole tokens.
+    #[arg(long, value_name = "LOW..HIGH", default_value = "1..1000",
+          value_parser = capacity_range)]
+    capacities: (u64, u64),
+
+    /// The refill rates r of the grid, LOW..HIGH in tokens per second.
+    #[arg(long, value_name = "LOW..HIGH", default_value = "0.1..1000",
+          value_parser = rate_range)]
+    rates: (f64, f64),
+
+    /// Capacities in the grid, log-spaced (fewer when rounding to whole tokens makes
+    /// some equal).
+    #[arg(long, value_name = "N", default_value = "20",
+          value_parser = |s: &str| whole_number(s, "the number of capacities", "", 1, MAX_STEPS))]
+    capacity_steps: u64,
+
+    /// Rates in the grid, log-spaced (rounded to 3 significant digits).
+    #[arg(long, value_name = "N", default_value = "20",
+          value_parser = |s: &str| whole_number(s, "the number of rates", "", 1, MAX_STEPS))]
+    rate_steps: u64,
+
+    /// Where inside its second a request logged with a whole-second time is placed:
+    /// even (the second's requests evenly spaced, in log order), random (uniform, seeded
+    /// by --seed), start (all at the start: a burst each second).
+    #[arg(long, value_enum, default_value_t = Spread::Even)]
+    spread: Spread,
+
+    /// Seed of --spread random.
+    #[arg(long, value_name = "SEED", default_value = "0",
+          value_parser = |s: &str| whole_number(s, "the seed", "", 0, u64::MAX))]
+    seed: u64,
+
+    /// How much earlier than the latest line before it a line may be and still be
+    /// replayed in order (rounded up to whole seconds, at most 1h); an earlier line is a
+    /// bad line.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = window)]
+    reorder_window: u64,
+
+    /// The keyed limiter's maximum number of keys; a new key beyond it is rejected
+    /// unless a sweep has evicted refilled buckets.
+    #[arg(long, value_name = "KEYS", default_value = "1048576",
+          value_parser = |s: &str| whole_number(s, "the maximum number of keys", "", 1, 1 << 32))]
+    max_keys: u64,
+
+    /// Simulated time between sweeps that evict refilled buckets, as a production
+    /// sweeper would.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    sweep_every: Duration,
+
+    /// Reserve instead of rejecting: a request waits up to this long for its tokens (and
+    /// later requests of its key wait behind it); the report adds delay percentiles.
+    /// Buckets are then plain per-key buckets, never evicted nor swept (the keyed map
+    /// has no reservations): a bucket idle longer than the policy's tick wrap period
+    /// (years for ordinary policies) while short of full reads its idle time modulo it.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    max_wait: Option<Duration>,
+
+    /// The measure the recommendation bounds: small-keys (requests from keys below the
+    /// --volume-percentile key's volume), requests, tokens, or keys (ever rejected).
+    #[arg(long, value_enum, default_value_t = Objective::SmallKeys)]
+    objective: Objective,
+
+    /// The largest share of the measure the recommended policy may reject (0.001 is
+    /// 0.1%).
+    #[arg(long, value_name = "SHARE", default_value = "0.001", value_parser = share)]
+    max_rejected: f64,
+
+    /// Keys below this percentile's volume are the small keys.
+    #[arg(long, value_name = "PERCENTILE", default_value = "99",
+          value_parser = |s: &str| positive_number(s, "the volume percentile", "", 100.0))]
+    volume_percentile: f64,
+
+    /// How many of the heaviest keys the report follows.
+    #[arg(long, value_name = "N", default_value = "3",
+          value_parser = |s: &str| whole_number(s, "the number of heavy keys", "", 0, 100))]
+    top: u64,
+
+    /// The largest share of lines that may be bad (unparsable, or out of order beyond
+    /// the window) before the run fails.
+    #[arg(long, value_name = "SHARE", default_value = "0.01", value_parser = share)]
+    max_bad: f64,
+
+    /// Requests replayed per chunk: memory is 16 bytes each.
+    #[arg(long, value_name = "N", default_value = "262144",
+          value_parser = |s: &str| whole_number(s, "the chunk size", "requests", 1, 1 << 26))]
+    chunk: u64,
+
+    /// The CSV file of every cell [default: target/tokengate-bench/tune.csv].
+    #[arg(long, value_name = "PATH")]
+    csv: Option<PathBuf>,
+
+    /// The SVG heatmap [default: target/tokengate-bench/tune.svg].
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+
+    /// No progress lines on standard error.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+fn share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "a share must be a number from 0 to 1 (0.001 is 0.1%), got {text}"
+        )),
+    }
+}
+
+fn window(text: &str) -> Result<u64, String> {
+    let d = parse_duration(text)?;
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    if secs > MAX_WINDOW_SECS {
+        return Err(format!("the reorder window must be at most 1h, got {text}"));
+    }
+    Ok(secs)
+}
+
+fn split_range(text: &str) -> Result<(&str, &str), String> {
+    text.split_once("..")
+        .ok_or_else(|| format!("expected a range LOW..HIGH, got `{text}`"))
+}
+
+fn capacity_range(text: &str) -> Result<(u64, u64), String> {
+    let (lo, hi) = split_range(text)?;
+    let lo = whole_number(lo, "the lowest capacity", "tokens", 1, u64::MAX)?;
+    let hi = whole_number(hi, "the highest capacity", "tokens", lo, u64::MAX)?;
+    Ok((lo, hi))
+}
+
+fn rate_range(text: &str) -> Result<(f64, f64), String> {
+    let (lo, hi) = split_range(text)?;
+    let lo = positive_number(lo, "the lowest rate", "tokens per second", 1e12)?;
+    let hi = positive_number(hi, "the highest rate", "tokens per second", 1e12)?;
+    if hi < lo {
+        return Err(format!(
+            "the highest rate must be at least the lowest, got `{text}`"
+        ));
+    }
+    Ok((lo, hi))
+}
+
+/// `v` rounded to three significant digits, so a printed rate is exactly the cell's.
+fn three_digits(v: f64) -> f64 {
+    let s = format!("{v:.2e}");
+    s.parse().unwrap_or(v)
+}
+
+/// The rates of the grid, lowest first.
+fn grid_rates(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    let mut v: Vec<f64> = grid::log_spaced(lo, hi, n)
+        .into_iter()
+        .map(three_digits)
+        .collect();
+    v.dedup();
+    v
+}
+
+/// Runs `tokengate tune`.
+///
+/// # Errors
+///
+/// A message for bad options, unreadable logs, an empty log, too many bad lines, a grid
+/// with no valid policy, classes that match nothing, output that cannot be written, or
+/// no cell meeting the rule (after the files are written).
+pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
+    let parser = LineParser::new(
+        args.format,
+        args.key.clone(),
+        JsonFields {
+            time: args.json_time.clone(),
+            client: args.json_client.clone(),
+            method: args.json_method.clone(),
+            path: args.json_path.clone(),
+            cost: args.json_cost.clone(),
+        },
+    )?;
+    if args.format == Format::Csv && !args.classes.is_empty() {
+        return Err("CSV logs give each request's cost: --class does not apply".into());
+    }
+    let max_keys = usize::try_from(args.max_keys).map_err(|_| {
+        format!(
+            "the maximum number of keys {} is too large here",
+            args.max_keys
+        )
+    })?;
+    let setup = Setup {
+        max_keys,
+        sweep_every: args.sweep_every,
+        max_wait: args.max_wait,
+    };
+    let capacities = grid::capacities(
+        args.capacities.0,
+        args.capacities.1,
+        args.capacity_steps as usize,
+    );
+    let rates = grid_rates(args.rates.0, args.rates.1, args.rate_steps as usize);
+    let mut cells = Vec::new();
+    let mut invalid: Vec<(u64, f64, String)> = Vec::new();
+    for &rate in &rates {
+        for &capacity in &capacities {
+            match Cell::new(capacity, rate, &setup) {
+                Ok(c) => cells.push(c),
+                Err(e) => invalid.push((capacity, rate, e)),
+            }
+        }
+    }
+    if cells.is_empty() {
+        let (b, r, e) = &invalid[0];
+        return Err(format!(
+            "no policy of the grid is valid ({} cells; B = {b}, r = {}: {e}): change \
+             --capacities or --rates",
+            invalid.len(),
+            show_number(*r)
+        ));
+    }
+    let csv_path = args
+        .csv
+        .clone()
+        .unwrap_or_else(|| default_output("tune.csv"));
+    let svg_path = args
+        .svg
+        .clone()
+        .unwrap_or_else(|| default_output("tune.svg"));
+    let csv_file = open_output(&csv_path)?;
+    let svg_file = open_output(&svg_path)?;
+
+    let threads = rayon::current_num_threads();
+    let total_cells = cells.len();
+    let mut reading = Reading::new(
+        &parser,
+        Classes::new(args.classes.clone(), args.default_cost),
+        Orderer::new(args.reorder_window, args.spread, args.seed),
+        args.chunk as usize,
+        args.logs.clone(),
+    );
+    let started = Instant::now();
+    let mut read_time = Duration::ZERO;
+    let timed = |reading: &mut Reading<'_>, read_time: &mut Duration| {
+        let t = Instant::now();
+        let chunk = reading.next_chunk();
+        *read_time += t.elapsed();
+        chunk
+    };
+    // Reading the next chunk overlaps the replay of this one: the reading task takes one
+    // of rayon's threads, the cells the others, and it joins the cells when done.
+    let mut chunk = timed(&mut reading, &mut read_time)?;
+    while !chunk.is_empty() {
+        let (next, ()) = rayon::join(
+            || timed(&mut reading, &mut read_time),
+            || cells.par_iter_mut().for_each(|c| c.replay(&chunk)),
+        );
+        if !args.quiet {
+            eprintln!(
+                "tune: {} lines read, {} requests; {} cells replayed through {} of log time",
+                reading.scan.lines,
+                reading.scan.requests,
+                total_cells,
+                show_duration(Duration::from_nanos(chunk[chunk.len() - 1].at)),
+            );
+        }
+        chunk = next?;
+    }
+    let elapsed = started.elapsed();
+    let Reading {
+        classes,
+        keys,
+        scan,
+        orderer,
+        ..
+    } = reading;
+
+    if scan.requests == 0 {
+        return Err(format!(
+            "the log has no requests: {} lines, {} bad{}",
+            scan.lines,
+            scan.bad,
+            bad_lines_suffix(&scan)
+        ));
+    }
+    let bad_share = scan.bad as f64 / scan.lines as f64;
+    if bad_share > args.max_bad {
+        return Err(format!(
+            "{} of {} lines are bad ({}), more than --max-bad {}{}",
+            scan.bad,
+            scan.lines,
+            pct(bad_share),
+            pct(args.max_bad),
+            bad_lines_suffix(&scan)
+        ));
+    }
+    classes.check_matched()?;
+
+    let pop = Population::new(&keys.requests, args.volume_percentile, args.top as usize);
+    let mut outcomes: Vec<Outcome> = cells
+        .into_iter()
+        .map(|c| {
+            let m = Measures::of(&c.stats, &pop);
+            Outcome {
+                capacity: c.capacity,
+                rate: c.rate,
+                result: Ok((c.stats, m)),
+            }
+        })
+        .collect();
+    outcomes.extend(invalid.into_iter().map(|(capacity, rate, e)| Outcome {
+        capacity,
+        rate,
+        result: Err(e),
+    }));
+    outcomes.sort_by(|a, b| {
+        (a.rate, a.capacity)
+            .partial_cmp(&(b.rate, b.capacity))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let chosen = report::recommend(&outcomes, args.objective, args.max_rejected);
+
+    write_output(
+        csv_file,
+        &csv_path,
+        &report::csv(&outcomes, &pop, args.max_wait),
+    )?;
+    let svg = report::heatmap(
+        &outcomes,
+        &capacities,
+        &rates,
+        args.objective,
+        args.volume_percentile,
+        chosen,
+    )?;
+    write_output(svg_file, &svg_path, &svg)?;
+
+    let mut text = String::new();
+    summary(
+        &mut text,
+        &args,
+        &scan,
+        &keys,
+        &pop,
+        &classes,
+        orderer.origin_nanos(),
+    );
+    text.push_str(&format!(
+        "grid: {} capacities ({}..{}) x {} rates ({}..{} /s) = {} cells, {} invalid\n",
+        capacities.len(),
+        capacities[0],
+        capacities[capacities.len() - 1],
+        rates.len(),
+        show_number(rates[0]),
+        show_number(rates[rates.len() - 1]),
+        outcomes.len(),
+        outcomes.len() - total_cells,
+    ));
+    text.push_str(&format!(
+        "time: {} lines and {} cells in {} on {} threads ({} cells/s); reading and parsing took {} of it ({} lines/s)\n\n",
+        scan.lines,
+        total_cells,
+        show_duration(elapsed),
+        threads,
+        show_number(total_cells as f64 / elapsed.as_secs_f64().max(1e-9)),
+        show_duration(read_time),
+        show_number((scan.lines as f64 / read_time.as_secs_f64().max(1e-9)).round()),
+    ));
+    let rule = format!(
+        "{} <= {}",
+        args.objective.describe(args.volume_percentile),
+        pct(args.max_rejected)
+    );
+    text.push_str(&format!(
+        "per rate, the smallest capacity with {rule} (shares rejected):\n"
+    ));
+    text.push_str(&report::table(
+        &outcomes,
+        args.objective,
+        args.max_rejected,
+        chosen,
+    ));
+    text.push('\n');
+    let recommendation = chosen.and_then(|i| {
+        let c = &outcomes[i];
+        c.result.as_ref().ok().map(|(s, m)| (c, s, m))
+    });
+    if let Some((c, s, m)) = recommendation {
+        text.push_str(&format!(
+            "recommended: B = {} tokens, r = {} tokens/s: the smallest rate, then the smallest capacity, with {rule}\n",
+            c.capacity, c.rate
+        ));
+        text.push_str(&format!(
+            "  evidence: {} of requests rejected ({} of {}), {} of tokens, {} of keys ever rejected, {} of small-key requests\n",
+            pct(m.requests), s.rejected, s.requests, pct(m.tokens), pct(m.keys), pct(m.small_keys)
+        ));
+        for (k, h) in pop.heavy.iter().zip(&m.heavy) {
+            text.push_str(&format!(
+                "  heavy key {} ({} requests): {} rejected\n",
+                keys.names[*k as usize],
+                keys.requests[*k as usize],
+                pct(*h)
+            ));
+        }
+        if let Some(w) = args.max_wait {
+            let q = |q| grid::delay_quantile(s, q, w).map_or("-".into(), show_duration);
+            text.push_str(&format!(
+                "  delays (max wait {}): {} requests waited; p50 {}, p90 {}, p99 {}, max {} (percentiles rounded up by at most {})\n",
+                show_duration(w), s.delayed, q(0.5), q(0.9), q(0.99), show_duration(s.max_delay),
+                show_duration(w / grid::DELAY_BINS as u32)
+            ));
+        }
+        text.push_str(&snippet(c.capacity, c.rate, &args));
+    }
+    text.push_str(&format!(
+        "\nwrote {} and {}\n",
+        csv_path.display(),
+        svg_path.display()
+    ));
+    out.print(&text)?;
+    if recommendation.is_none() {
+        return Err(format!(
+            "no cell of the grid has {rule}: raise the top of --rates or --capacities"
+        ));
+    }
+    Ok(())
+}
+
+fn pct(v: f64) -> String {
+    format!("{}%", show_number(v * 100.0))
+}
+
+fn bad_lines_suffix(scan: &Scan) -> String {
+    if scan.bad_shown.is_empty() {
+        String::new()
+    } else {
+        format!("; first bad lines:\n  {}", scan.bad_shown.join("\n  "))
+    }
+}
+
+fn summary(
+    text: &mut String,
+    args: &Args,
+    scan: &Scan,
+    keys: &Keys,
+    pop: &Population,
+    classes: &Classes,
+    origin: u64,
+) {
+    let (first, last) = scan.span.unwrap_or((origin, origin));
+    text.push_str(&format!(
+        "tokengate tune: {} requests ({} tokens) from {} keys over {} of log time; {} lines, {} bad\n",
+        scan.requests,
+        scan.tokens,
+        keys.len(),
+        show_duration(Duration::from_nanos(last - first).max(Duration::from_micros(1))),
+        scan.lines,
+        scan.bad,
+    ));
+    for shown in &scan.bad_shown {
+        text.push_str(&format!("  bad line {shown}\n"));
+    }
+    for (class, n) in classes.list.iter().zip(&classes.matched) {
+        text.push_str(&format!("  class {}: {n} requests\n", class.spec));
+    }
+    if pop.all_count {
+        text.push_str(&format!(
+            "keys: no key below the p{} key's volume ({} requests): the small-key measure counts every request\n",
+            show_number(args.volume_percentile),
+            pop.threshold
+        ));
+    } else {
+        text.push_str(&format!(
+            "keys: {} small keys (below the p{} key's volume, {} requests) sent {} requests\n",
+            pop.small_keys,
+            show_number(args.volume_percentile),
+            pop.threshold,
+            pop.small_requests
+        ));
+    }
+}
+
+/// The recommended policy as Rust: the configuration-file format is not settled yet.
+fn snippet(capacity: u64, rate: f64, args: &Args) -> String {
+    let policy = match args.max_wait {
+        None => format!("Policy::new({capacity}, {rate:?})?"),
+        Some(w) => format!(
+            "Policy::builder({capacity}, {rate:?})\n        .max_reservation(Duration::from_nanos({}))\n        .build()?",
+            w.as_nanos()
+        ),
+    };
+    let limiter = match (&args.key, args.max_wait) {
+        (KeyChoice::Constant, _) => "let bucket = Bucket::new(policy);".to_string(),
+        (_, Some(_)) => {
+            "// one Bucket::new(policy) per key; reserve(cost, max_wait) to wait".to_string()
+        }
+        (_, None) => format!(
+            "let limiter = KeyedLimiter::<String>::new(policy, {})?;",
+            args.max_keys
+        ),
+    };
+    format!(
+        "  as Rust (a configuration file format is not settled yet):\n    let policy = {policy};\n    {limiter}\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_round_to_three_digits_and_ranges_parse() {
+        assert_eq!(grid_rates(0.1, 1000.0, 5), [0.1, 1.0, 10.0, 100.0, 1000.0]);
+        assert_eq!(three_digits(2.6366508987303583), 2.64);
+        assert_eq!(capacity_range("1..1000"), Ok((1, 1000)));
+        assert!(capacity_range("10..1").unwrap_err().contains("at least 10"));
+        assert!(capacity_range("0..1").unwrap_err().contains("at least 1"));
+        assert!(capacity_range("5").unwrap_err().contains("LOW..HIGH"));
+        assert_eq!(rate_range("0.5..2"), Ok((0.5, 2.0)));
+        assert!(rate_range("2..1").is_err());
+        assert!(rate_range("0..1").is_err());
+        assert_eq!(window("1500ms"), Ok(2));
+        assert!(window("2h").is_err());
+        assert_eq!(share("0.001"), Ok(0.001));
+        assert!(share("2").is_err());
+        assert!(share("nan").is_err());
+    }
+}
