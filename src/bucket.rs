@@ -21,7 +21,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::clock::{Clock, QuantaClock};
 use crate::decision::Decision;
-use crate::error::AcquireError;
+use crate::error::{AcquireError, clock_went_backwards, cost_exceeds_capacity};
 use crate::policy::Policy;
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
@@ -106,13 +106,10 @@ impl RawBucket {
     /// The rest of [`transition`](Self::transition) after its first CAS was lost to
     /// `cur`: retry at once on the value the CAS returned.
     ///
-    /// No backoff between attempts. Measured on 16 cores with every thread admitting on
-    /// one bucket (`tokengate bench`, BENCHMARKS.md "Sixteen cores"): crossbeam's
-    /// exponential `Backoff` (up to 64 `pause`s, about 9,000 cycles on that Xeon) made
-    /// 1.69x governor's throughput at 2 threads and 1.65x at 4 by letting one thread run
-    /// alone, but 1.18x at 8, 0.79x at 12 and 0.52x at 16; caps of 8, 16 or 32 `pause`s
-    /// and a single `pause` fell below governor at 8 threads and up; retrying at once
-    /// stayed at 1.04-1.17x governor at every count measured. Predictable scaling wins; a
+    /// No backoff between attempts: measured on 16 cores with every thread admitting on
+    /// one bucket, exponential or capped backoff helped at 2-4 threads and fell below
+    /// governor from 8 threads up, while retrying at once kept a steady lead at every
+    /// count (figures in BENCHMARKS.md, "Sixteen cores"). Predictable scaling wins; a
     /// bucket that hot wants [`LeasedBucket`](crate::LeasedBucket).
     #[cold]
     #[inline(never)]
@@ -299,24 +296,6 @@ impl RawBucket {
     #[inline]
     pub(crate) fn snapshot(&self, layout: &Layout, now: u64) -> Snapshot {
         layout.refill(self.word.load(Ordering::Relaxed), layout.tick_of(now))
-    }
-}
-
-#[cold]
-pub(crate) fn cost_exceeds_capacity(layout: &Layout, cost: u64) -> AcquireError {
-    AcquireError::CostExceedsCapacity {
-        cost,
-        capacity: layout.capacity(),
-    }
-}
-
-#[cold]
-pub(crate) fn clock_went_backwards(layout: &Layout, snapshot: &Snapshot, now: u64) -> AcquireError {
-    let shift = layout.tick_shift();
-    let into_tick = now & ((1u64 << shift) - 1);
-    let nanos = (u128::from(snapshot.behind()) << shift).saturating_sub(u128::from(into_tick));
-    AcquireError::ClockWentBackwards {
-        by: crate::decision::duration_from_nanos(nanos),
     }
 }
 

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::state::{Layout, Snapshot};
+
 /// Why a bucket refused to decide. A rate-limit rejection is not an error: it is a
 /// [`Decision`](crate::Decision) that says rejected.
 ///
@@ -58,3 +60,24 @@ impl fmt::Display for AcquireError {
 }
 
 impl std::error::Error for AcquireError {}
+
+/// The error for a cost above `layout`'s capacity (invariant I8).
+#[cold]
+pub(crate) fn cost_exceeds_capacity(layout: &Layout, cost: u64) -> AcquireError {
+    AcquireError::CostExceedsCapacity {
+        cost,
+        capacity: layout.capacity(),
+    }
+}
+
+/// The error for a reading `now` found `snapshot.behind()` ticks behind the stored tick,
+/// measured from `now` itself (not from its tick's start).
+#[cold]
+pub(crate) fn clock_went_backwards(layout: &Layout, snapshot: &Snapshot, now: u64) -> AcquireError {
+    let shift = layout.tick_shift();
+    let into_tick = now & ((1u64 << shift) - 1);
+    let nanos = (u128::from(snapshot.behind()) << shift).saturating_sub(u128::from(into_tick));
+    AcquireError::ClockWentBackwards {
+        by: crate::decision::duration_from_nanos(nanos),
+    }
+}

@@ -187,6 +187,8 @@ pub fn retry_after(verdict: &impl Verdict) -> Option<u64> {
 /// assert_eq!(retry_after_seconds(Duration::from_secs(2)), 2);
 /// assert_eq!(retry_after_seconds(Duration::new(2, 1)), 3);
 /// assert_eq!(retry_after_seconds(Duration::ZERO), 1);
+/// // A wait that never ends (`Decision::wait_for`'s saturation value) saturates too.
+/// assert_eq!(retry_after_seconds(Duration::MAX), u64::MAX);
 /// ```
 pub fn retry_after_seconds(wait: Duration) -> u64 {
     ceil_seconds(wait).max(1)
@@ -212,8 +214,9 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
     digits.parse().ok().map(Duration::from_secs)
 }
 
+/// Whole seconds in `d`, rounded up, saturating at `u64::MAX` (for `Duration::MAX`).
 fn ceil_seconds(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// Why a [`Quota`] cannot describe a policy.

@@ -250,3 +250,15 @@ fn field_values_fit_structured_field_integers() {
         ("retry-after", "ratelimit-policy", "ratelimit")
     );
 }
+
+#[test]
+fn retry_after_seconds_of_a_wait_that_never_ends_is_the_longest() {
+    use std::time::Duration;
+    use tokengate::http::retry_after_seconds;
+    assert_eq!(retry_after_seconds(Duration::MAX), u64::MAX);
+    assert_eq!(retry_after_seconds(Duration::new(u64::MAX, 0)), u64::MAX);
+    assert_eq!(
+        retry_after_seconds(Duration::new(u64::MAX - 1, 1)),
+        u64::MAX
+    );
+}

@@ -357,3 +357,34 @@ fn a_refund_for_a_key_charged_to_the_shared_bucket_is_dropped() {
     );
     assert_eq!(l.available(&1), 9.0, "nor did any other key");
 }
+
+/// A refund that fills a bucket makes it evictable at once: the shard's "earliest time
+/// anything can be evicted", noted by the sweep when the bucket was empty, no longer
+/// holds, and a new key at the maximum must not be refused until then (it was, for up to
+/// the fill time: 10 s here).
+#[test]
+fn a_refund_that_fills_a_bucket_lets_a_new_key_evict_it_at_once() {
+    let clock = ManualClock::new();
+    // One shard, so that the new key's insertion sweeps the shard key 1 is in.
+    let limiter = KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0).unwrap(), 1)
+        .clock(clock.clone())
+        .shards(1)
+        .build()
+        .unwrap();
+    assert!(limiter.try_acquire(&1, 10).unwrap().is_admitted());
+    clock.advance(Duration::from_millis(1));
+    // At the maximum: the sweep finds key 1 empty, due full in about 10 s.
+    assert!(matches!(
+        limiter.try_acquire(&2, 1),
+        Err(KeyedError::KeyLimit { .. })
+    ));
+    limiter.refund(&1, 10).unwrap();
+    assert_eq!(limiter.available(&1), 10.0);
+    clock.advance(Duration::from_millis(1));
+    let d = limiter.try_acquire(&2, 1).unwrap();
+    assert!(d.is_admitted());
+    assert!(
+        !limiter.contains(&1),
+        "the full bucket of key 1 was evicted"
+    );
+}

@@ -463,7 +463,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         if cost > self.policy.capacity() {
-            return Err(crate::bucket::cost_exceeds_capacity(self.policy.layout(), cost).into());
+            return Err(crate::error::cost_exceeds_capacity(self.policy.layout(), cost).into());
         }
         let now = self.clock.now_nanos();
         self.with_slot(key, now, |slot| match slot {
@@ -516,12 +516,16 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     {
         let layout = self.policy.layout();
         let Some(units) = layout.units_of(cost) else {
-            return Err(crate::bucket::cost_exceeds_capacity(layout, cost));
+            return Err(crate::error::cost_exceeds_capacity(layout, cost));
         };
         let now = self.clock.now_nanos();
-        self.find(key, |bucket, _| {
+        let evict = self.evict;
+        with_table!(&self.store, t => refund_in(t, key, |bucket| {
             bucket.refund_units(layout, &self.clock, now, units);
-        });
+            // A bucket the refund filled is evictable at once: an insertion at the
+            // maximum must not wait for the time its sweep noted before.
+            evict && layout.is_full(&bucket.snapshot(layout, now))
+        }));
         Ok(())
     }
 
@@ -835,6 +839,24 @@ where
     let guard = t.read(t.shard_index(hash));
     let entry = guard.table.find(hash, |e| e.key.borrow() == key)?;
     Some(f(&entry.bucket, entry.extra.counter_ref()))
+}
+
+/// Refunds `key`'s bucket, if it is in the map, with `refund`; when `refund` says the
+/// bucket is now evictable, its shard may sweep at once.
+fn refund_in<K, V, S, Q>(t: &Table<K, V, S>, key: &Q, refund: impl FnOnce(&RawBucket) -> bool)
+where
+    K: Hash + Eq + Borrow<Q>,
+    V: Extra,
+    S: BuildHasher,
+    Q: Hash + Eq + ?Sized,
+{
+    let hash = t.hash_of(key);
+    let guard = t.read(t.shard_index(hash));
+    if let Some(entry) = guard.table.find(hash, |e| e.key.borrow() == key) {
+        if refund(&entry.bucket) {
+            guard.evictable_now();
+        }
+    }
 }
 
 /// Calls `f` on every entry of `t`, one shard at a time under its read lock.

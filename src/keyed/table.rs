@@ -23,7 +23,7 @@ use hashbrown::HashTable;
 use crate::bucket::RawBucket;
 use crate::clock::Clock;
 use crate::state::Layout;
-use crate::sync::{AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot};
 
 /// At most 2^10 shards.
@@ -74,8 +74,17 @@ pub(crate) struct Shard<K, V> {
     pub(crate) table: HashTable<Entry<K, V>>,
     /// Clock nanoseconds before which no kept entry can have refilled to full; sweeps on
     /// insertion wait for it, so a map at its maximum with nothing evictable does not
-    /// scan a shard per new key.
-    next_sweep: u64,
+    /// scan a shard per new key. Atomic so that a refund, under the read lock, can bring
+    /// it forward when it fills a bucket (a bucket refilled to full is evictable at once).
+    next_sweep: AtomicU64,
+}
+
+impl<K, V> Shard<K, V> {
+    /// A bucket of this shard became full outside a sweep (a refund): the next insertion
+    /// at the maximum may sweep at once.
+    pub(crate) fn evictable_now(&self) {
+        self.next_sweep.store(0, Ordering::Relaxed);
+    }
 }
 
 /// What a sweep needs to know about the map.
@@ -139,7 +148,7 @@ impl<K, V, S> Table<K, V, S> {
                 .map(|_| {
                     ShardedLock::new(Shard {
                         table: HashTable::new(),
-                        next_sweep: 0,
+                        next_sweep: AtomicU64::new(0),
                     })
                 })
                 .collect(),
@@ -232,7 +241,7 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
             return Some(i);
         }
         if !self.claim() {
-            if !(ctx.evict && ctx.now >= shard.next_sweep) {
+            if !(ctx.evict && ctx.now >= shard.next_sweep.load(Ordering::Relaxed)) {
                 return None;
             }
             self.sweep_shard(shard, ctx);
@@ -246,7 +255,7 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
             extra: V::default(),
         };
         // A fresh bucket may be evictable at once (start full): let the next sweep run.
-        shard.next_sweep = 0;
+        shard.evictable_now();
         let hasher = &self.hasher;
         let occupied = shard
             .table
@@ -284,12 +293,13 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
             true
         });
         self.len.fetch_sub(report.evicted, Ordering::Relaxed);
-        shard.next_sweep = if soonest_full == u64::MAX {
+        let next_sweep = if soonest_full == u64::MAX {
             0
         } else {
             let wait = soonest_full.saturating_mul(1 << layout.tick_shift());
             ctx.now.saturating_add(wait)
         };
+        shard.next_sweep.store(next_sweep, Ordering::Relaxed);
         report
     }
 

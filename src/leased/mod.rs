@@ -63,10 +63,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::bucket::cost_exceeds_capacity;
 use crate::clock::{Clock, ClockError, CoarseClock, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
+use crate::error::cost_exceeds_capacity;
 use crate::multi::{Member, sealed};
 use crate::policy::Policy;
 use crate::state::Layout;
@@ -75,9 +75,9 @@ mod exchange;
 mod pool;
 pub(crate) mod slots;
 
+pub(crate) use crate::sync::thread_index;
 pub use pool::{LeaseOutcome, LeaseRequest, Lessees, LocalPool, Pool, PoolState, Quiesced};
 use slots::Slots;
-pub(crate) use slots::thread_index;
 
 /// The most slots a leased bucket may have.
 pub const MAX_SLOTS: usize = 1 << 16;

@@ -13,9 +13,9 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use super::exchange::{self, Attempt, Step};
-use crate::bucket::clock_went_backwards;
 use crate::clock::Clock;
 use crate::error::AcquireError;
+use crate::error::clock_went_backwards;
 use crate::policy::Policy;
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, Ordering};

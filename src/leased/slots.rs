@@ -46,36 +46,6 @@ use crossbeam_utils::CachePadded;
 
 use crate::sync::{AtomicU64, Ordering};
 
-/// This thread's index for spreading threads over cache-padded cells (a leased bucket's
-/// slots, the global scope's counter stripes; each masks it by its own count): assigned
-/// round robin on the thread's first call, the same for the rest of its life.
-///
-/// Never panics: during thread-local teardown (a thread-local's destructor taking a
-/// token or counting), or wherever the thread-local cannot be reached, it is 0. Any index
-/// is correct for every caller; the index only spreads contention.
-#[inline]
-pub(crate) fn thread_index() -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    // A plain std counter even under loom (loom's atomics cannot be in a `static`): it
-    // only spreads threads, and the loom models choose slots explicitly.
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    INDEX
-        .try_with(|cell| {
-            let index = cell.get();
-            if index != usize::MAX {
-                return index;
-            }
-            let index = NEXT.fetch_add(1, Ordering::Relaxed) & (usize::MAX >> 1);
-            cell.set(index);
-            index
-        })
-        .unwrap_or(0)
-}
-
 /// Bit position of the two state bits.
 const STATE_SHIFT: u32 = 62;
 /// Low bits: tokens (OPEN), tag (LEASING) or close count (CLOSED).
@@ -452,14 +422,6 @@ mod tests {
         );
         slots.abandon(one);
         assert!(slots.claim(1).is_some());
-    }
-
-    #[test]
-    fn a_thread_keeps_its_index_and_threads_get_distinct_ones() {
-        let mine = thread_index();
-        assert_eq!(thread_index(), mine);
-        let other = std::thread::spawn(thread_index).join().unwrap();
-        assert_ne!(other, mine);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::ops::{Add, AddAssign};
 use crossbeam_utils::CachePadded;
 
 use crate::attempt::Attempt;
-use crate::leased::thread_index;
+use crate::sync::thread_index;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Counters per attempt kind: admitted requests, admitted tokens, rejected requests,
