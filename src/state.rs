@@ -462,8 +462,7 @@ impl Layout {
 
     #[cold]
     fn behind(&self, stored: u64, units: u64, now: u64) -> Snapshot {
-        #[cfg(loom)]
-        if crate::mutants::on(&crate::mutants::STALE_NOW_MOVES_TICK_BACK) {
+        if mutant!(STALE_NOW_MOVES_TICK_BACK) {
             return Snapshot {
                 units,
                 tick_field: now,
@@ -521,8 +520,7 @@ impl Layout {
     /// had without the reservation (I6).
     #[inline]
     pub fn refund(&self, snapshot: &Snapshot, units: u64) -> u64 {
-        #[cfg(loom)]
-        if crate::mutants::on(&crate::mutants::REFUND_SKIPS_CAP) {
+        if mutant!(REFUND_SKIPS_CAP) {
             return snapshot.with_units(snapshot.units.saturating_add(units) & self.token_mask);
         }
         snapshot.with_units(snapshot.units.saturating_add(units).min(self.max_units))
