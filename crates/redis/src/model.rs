@@ -120,28 +120,7 @@ impl ModelBucket {
         } else {
             cap.saturating_sub(s.out.saturating_mul(UNITS_PER_TOKEN))
         };
-        s.u = s.u.min(limit);
-        if now > s.ts {
-            if s.u >= limit {
-                s.rem = 0;
-            } else {
-                let short = (limit - s.u) * 1000 - s.rem;
-                let elapsed = now - s.ts;
-                if elapsed > short / rate {
-                    s.u = limit;
-                    s.rem = 0;
-                } else {
-                    let total = elapsed * rate + s.rem;
-                    s.u += total / 1000;
-                    s.rem = total % 1000;
-                    if s.u >= limit {
-                        s.u = limit;
-                        s.rem = 0;
-                    }
-                }
-            }
-            s.ts = now;
-        }
+        refill(&mut s, limit, rate, now);
         if ex.credit_units > 0 {
             s.u = s.u.saturating_add(ex.credit_units);
             if s.u >= limit {
@@ -246,28 +225,7 @@ pub fn take_all(
         });
         let start = s;
         let limit = cap.saturating_sub(s.out.saturating_mul(UNITS_PER_TOKEN));
-        s.u = s.u.min(limit);
-        if now > s.ts {
-            if s.u >= limit {
-                s.rem = 0;
-            } else {
-                let short = (limit - s.u) * 1000 - s.rem;
-                let elapsed = now - s.ts;
-                if elapsed > short / rate {
-                    s.u = limit;
-                    s.rem = 0;
-                } else {
-                    let total = elapsed * rate + s.rem;
-                    s.u += total / 1000;
-                    s.rem = total % 1000;
-                    if s.u >= limit {
-                        s.u = limit;
-                        s.rem = 0;
-                    }
-                }
-            }
-            s.ts = now;
-        }
+        refill(&mut s, limit, rate, now);
         if s.u < cost {
             for (j, (b, _, _)) in buckets.iter_mut().enumerate().take(i + 1) {
                 if j < next.len() {
@@ -297,4 +255,32 @@ pub fn take_all(
         balances.push(s.u);
     }
     crate::script::Take::Taken(balances)
+}
+
+/// The scripts' refill, shared by the exchange and the strict take: caps the balance at
+/// `limit`, then adds `elapsed * rate / 1000` units since `s.ts` with the remainder
+/// carried, never above `limit` (a full bucket drops its remainder); time never moves back.
+fn refill(s: &mut ModelState, limit: u64, rate: u64, now: u64) {
+    s.u = s.u.min(limit);
+    if now > s.ts {
+        if s.u >= limit {
+            s.rem = 0;
+        } else {
+            let short = (limit - s.u) * 1000 - s.rem;
+            let elapsed = now - s.ts;
+            if elapsed > short / rate {
+                s.u = limit;
+                s.rem = 0;
+            } else {
+                let total = elapsed * rate + s.rem;
+                s.u += total / 1000;
+                s.rem = total % 1000;
+                if s.u >= limit {
+                    s.u = limit;
+                    s.rem = 0;
+                }
+            }
+        }
+        s.ts = now;
+    }
 }
