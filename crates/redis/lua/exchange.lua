@@ -1,6 +1,7 @@
 -- One exchange between an instance and a bucket's pool: reclaim expired leases, settle
 -- returned ones, refill exactly, credit, and grant a lease (or replay the grant recorded
--- for the same request id). The clock prologue before this body defines `now` (µs).
+-- for the same request id), then further grants in the same call. The clock prologue and
+-- the shared refill fragment before this body define `now` (µs) and `refill`.
 --
 -- KEYS[1] state hash {u, ts, rem, out, ep}; KEYS[2] lease hash id -> granted tokens;
 -- KEYS[3] sorted set of lease ids by reclaim time (µs).
@@ -9,10 +10,12 @@
 --       7 request id ('' = no grant), 8 need (tokens), 9 want (tokens), 10 credit (units),
 --       11 settle count n, then n pairs: lease id, unspent tokens; then a register count m
 --       and m pairs: lease id, tokens (leases a holder re-registers after the state was
---       lost: they enter `out` and leave the balance, down to zero).
--- Reply: {status, granted, exp_or_retry, u, out, ep, now}; status 1 granted, 2 replayed,
---        0 rejected (writes nothing unless the key was created or a lease settled),
---        3 no grant asked.
+--       lost: they enter `out` and leave the balance, down to zero); then a count p and
+--       p further lease ids, each granted up to `want` tokens (at least 1) after the first
+--       grant, or replayed, when the first was granted or replayed.
+-- Reply: {status, granted, exp_or_retry, u, out, ep, now, then per further id: granted,
+--        reclaim time (0, 0 when none)}; status 1 granted, 2 replayed, 0 rejected (writes
+--        nothing unless the key was created or a lease settled), 3 no grant asked.
 local UNIT = 1000000
 local cap = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -83,27 +86,7 @@ for i = 0, nreg - 1 do
 end
 if not loose then limit = cap - out * UNIT end
 if limit < 0 then limit = 0 end
-if u > limit then u = limit end
-
--- Refill from ts to now, exactly: rem carries the milli-unit remainder. A clock behind ts
--- adds nothing and keeps ts.
-if now > ts then
-  if u >= limit then
-    rem = 0
-  else
-    local short = (limit - u) * 1000 - rem
-    local elapsed = now - ts
-    if elapsed > math.floor(short / rate) then
-      u = limit; rem = 0
-    else
-      local total = elapsed * rate + rem
-      local add = math.floor(total / 1000)
-      u = u + add; rem = total - add * 1000
-      if u >= limit then u = limit; rem = 0 end
-    end
-  end
-  ts = now
-end
+u, ts, rem = refill(u, ts, rem, limit, rate, now)
 
 if credit > 0 then
   u = u + credit
@@ -146,10 +129,37 @@ if req ~= '' then
   end
 end
 
+local more = {}
+local pbase = base + 2 * nreg
+local nmore = tonumber(ARGV[pbase])
+for i = 1, nmore do
+  local id = ARGV[pbase + i]
+  local g, at = 0, 0
+  if (status == 1 or status == 2) and not gone[id] then
+    local prev = redis.call('HGET', KEYS[2], id)
+    if prev then
+      g = tonumber(prev); at = tonumber(redis.call('ZSCORE', KEYS[3], id))
+    elseif u >= UNIT then
+      g = math.floor(u / UNIT)
+      if g > want then g = want end
+      if g < 1 then g = 1 end
+      u = u - g * UNIT; out = out + g; at = now + lease_us
+      redis.call('HSET', KEYS[2], id, g)
+      redis.call('ZADD', KEYS[3], at, id)
+      write = true
+    end
+  end
+  more[#more + 1] = g
+  more[#more + 1] = at
+end
+
 if write then
-  for id, _ in pairs(gone) do
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZREM', KEYS[3], id)
+  local ids = {}
+  for id, _ in pairs(gone) do ids[#ids + 1] = id end
+  for i = 1, #ids, 256 do
+    local chunk = {unpack(ids, i, math.min(i + 255, #ids))}
+    redis.call('HDEL', KEYS[2], unpack(chunk))
+    redis.call('ZREM', KEYS[3], unpack(chunk))
   end
   redis.call('HSET', KEYS[1], 'u', u, 'ts', ts, 'rem', rem, 'out', out, 'ep', ep)
   if out == 0 then
@@ -159,4 +169,6 @@ if write then
     redis.call('PERSIST', KEYS[1])
   end
 end
-return {status, granted, third, u, out, ep, now}
+local reply = {status, granted, third, u, out, ep, now}
+for i = 1, #more do reply[7 + i] = more[i] end
+return reply
