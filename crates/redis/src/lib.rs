@@ -19,6 +19,7 @@ mod policy;
 mod pool;
 mod reservoir;
 pub mod script;
+mod sizing;
 mod worker;
 
 /// The README's example, compiled as a doc test.

@@ -43,6 +43,38 @@ fn one_instance_spends_the_whole_budget_and_no_more() {
     ));
 }
 
+/// A thread spending as fast as it can runs dry every round: the pool keeps several grants
+/// per round trip in flight (one per round would cap it at one lease per round trip), and
+/// never holds more than the depth's `d` leases of at most `L`.
+#[test]
+fn a_hot_thread_gets_several_leases_per_round_trip_and_at_most_the_depth() {
+    let pool = RedisPool::connect(config("deep").max_lease(10).lease_depth(4)).unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(1_000_000, 1_000_000.0).unwrap())
+        .unwrap();
+    let end = Instant::now() + Duration::from_millis(400);
+    let (mut most, mut admitted) = (0, 0u64);
+    while Instant::now() < end {
+        for _ in 0..64 {
+            admitted += u64::from(bucket.try_acquire(1).is_ok());
+        }
+        most = most.max(bucket.leased_tokens());
+    }
+    let stats = bucket.stats();
+    let rounds = pool.round_trips();
+    eprintln!(
+        "{admitted} admitted, {} grants in {rounds} round trips, at most {most} held",
+        stats.grants
+    );
+    assert!(most <= 4 * 10, "held {most} > d * L = 40");
+    assert!(
+        stats.grants >= 2 * rounds,
+        "{} grants in {rounds} round trips",
+        stats.grants
+    );
+    assert_eq!(admitted, stats.leased_admitted);
+}
+
 #[test]
 fn two_pools_share_one_budget() {
     let ns = common::namespace("share");
@@ -130,6 +162,13 @@ fn settings_out_of_range_are_refused_with_the_range() {
         err.to_string(),
         "invalid pool setting: max_lease must be 1 ..= 16,777,215 tokens, got 0"
     );
+    for depth in [1, 65] {
+        let err = RedisPool::connect(config("cfg").lease_depth(depth)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("invalid pool setting: lease_depth must be 2 ..= 64 leases, got {depth}")
+        );
+    }
     let err = RedisPool::connect(PoolConfig::new("nota url", "x")).unwrap_err();
     assert!(matches!(err, PoolError::Url { .. }), "{err}");
     let pool = RedisPool::connect(config("scope")).unwrap();
