@@ -1,7 +1,7 @@
 //! How much a bucket leases: a pure function of its observed local rate, the round-trip
 //! time and what it already holds. The pool's thread calls it once per bucket per round.
 //!
-//! - **A lease** covers the longer of two round trips and an eighth of the lease
+//! - **A lease** covers the longer of two round trips and a quarter of the lease
 //!   time-to-live at the current rate: a slow instance takes small leases (little stranded
 //!   if it dies, little refused early in exact mode), a fast one takes whole leases of `L`.
 //!   Never more than `L`, nor than the instance's share of the budget.
@@ -55,7 +55,7 @@ pub(crate) fn ask(i: &Inputs) -> Ask {
     // Before the rate is known: whole leases.
     let size = covers(
         i.rate.unwrap_or(f64::INFINITY),
-        (2 * i.rtt_ns).max(i.ttl_ns / 8),
+        (2 * i.rtt_ns).max(i.ttl_ns / 4),
     )
     .clamp(1, cap);
     let room = i.depth.saturating_sub(i.leases);
@@ -140,17 +140,17 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_bucket_leases_an_eighth_of_the_ttl_at_its_rate() {
-        // 25 tokens/s over 250 ms: 6.25, rounded up.
+    fn a_slow_bucket_leases_a_quarter_of_the_ttl_at_its_rate() {
+        // 25 tokens/s over 500 ms: 12.5, rounded up.
         let i = Inputs {
             rate: Some(25.0),
             demand: true,
             ..base()
         };
-        assert_eq!(ask(&i), Ask { size: 7, grants: 1 });
+        assert_eq!(ask(&i), Ask { size: 13, grants: 1 });
         // Holding a lease's worth already: nothing more.
         let held = Inputs {
-            tokens: 7,
+            tokens: 13,
             leases: 1,
             ..i
         };
@@ -195,11 +195,11 @@ mod tests {
             tokens: 0,
             ..base()
         };
-        // 100/s over 250 ms: leases of 25; eight of them at most, one held.
+        // 100/s over 500 ms: leases of 50; eight of them at most, one held.
         assert_eq!(
             ask(&i),
             Ask {
-                size: 25,
+                size: 50,
                 grants: 7
             }
         );

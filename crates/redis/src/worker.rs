@@ -636,13 +636,17 @@ impl Worker {
         }
         match reply.outcome {
             Outcome::Rejected { retry_after_us } => {
-                // Ask again when a whole lease could be paid, not one token: a fleet far
-                // over its budget then polls about K*r/L times a second, not once per
-                // token per instance. Jittered up to half again, so instances refused
-                // together do not ask together; never past the lease lifetime.
-                let lease_ns = plan
-                    .exchange
-                    .want
+                // Ask again when a whole lease of the largest size (at most the share)
+                // could be paid, not one token nor a lease sized from the refused rate: a
+                // fleet far over its budget then polls about K*r/L times a second, not
+                // once per token per instance. Jittered up to half again, so instances
+                // refused together do not ask together; never past the lease lifetime.
+                let k = self.pool.instances_seen.load(Ordering::Relaxed).max(1);
+                let whole = b
+                    .max_cost
+                    .min(b.policy.capacity() / (2 * k))
+                    .max(plan.exchange.want);
+                let lease_ns = whole
                     .saturating_sub(plan.exchange.need)
                     .saturating_mul(1_000_000_000_000)
                     / b.policy.rate_milli().max(1);

