@@ -147,7 +147,13 @@ mod tests {
             demand: true,
             ..base()
         };
-        assert_eq!(ask(&i), Ask { size: 13, grants: 1 });
+        assert_eq!(
+            ask(&i),
+            Ask {
+                size: 13,
+                grants: 1
+            }
+        );
         // Holding a lease's worth already: nothing more.
         let held = Inputs {
             tokens: 13,

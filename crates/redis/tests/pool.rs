@@ -87,6 +87,13 @@ fn two_pools_share_one_budget() {
         a.bucket("g", policy).unwrap(),
         b.bucket("g", policy).unwrap(),
     );
+    // Both hold their first lease before the drive: a thread spending as fast as it can
+    // could otherwise take the whole burst before the other pool's first round.
+    let start = Instant::now();
+    while ba.leased_tokens() == 0 || bb.leased_tokens() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "no first lease");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let (na, nb) = std::thread::scope(|s| {
         let ha = s.spawn(|| drive(&ba, Duration::from_millis(500)));
         let hb = s.spawn(|| drive(&bb, Duration::from_millis(500)));
