@@ -29,6 +29,16 @@ local credit = tonumber(ARGV[10])
 local nsettle = tonumber(ARGV[11])
 if req ~= '' and need < 1 then need = 1 end
 
+-- HMGET of many fields in chunks (Lua's unpack has a stack limit); a missing one is false.
+local function hmget(key, ids)
+  local got = {}
+  for i = 1, #ids, 256 do
+    local part = redis.call('HMGET', key, unpack(ids, i, math.min(i + 255, #ids)))
+    for j = 1, #part do got[i + j - 1] = part[j] end
+  end
+  return got
+end
+
 local st = redis.call('HMGET', KEYS[1], 'u', 'ts', 'rem', 'out', 'ep')
 local u, ts, rem, out, ep
 local write = false
@@ -43,28 +53,29 @@ end
 -- Reclaim: a lease past its reclaim time leaves `out`; nothing is credited back.
 local gone = {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
-for _, id in ipairs(expired) do
-  local g = tonumber(redis.call('HGET', KEYS[2], id) or '0')
-  out = out - g
+local expired_g = hmget(KEYS[2], expired)
+for i, id in ipairs(expired) do
+  out = out - tonumber(expired_g[i] or '0')
   gone[id] = true
 end
 local limit = cap
 if not loose then limit = cap - out * UNIT end
 
 -- Settle: the unspent part of a live lease comes back, the spent part is gone.
-local settled = {}
+local settle_ids = {}
+for i = 0, nsettle - 1 do settle_ids[i + 1] = ARGV[12 + 2 * i] end
+local settle_g = hmget(KEYS[2], settle_ids)
 for i = 0, nsettle - 1 do
-  local id = ARGV[12 + 2 * i]
+  local id = settle_ids[i + 1]
   local back = tonumber(ARGV[13 + 2 * i])
   if not gone[id] then
-    local g = redis.call('HGET', KEYS[2], id)
+    local g = settle_g[i + 1]
     if g then
       g = tonumber(g)
       if back > g then back = g end
       out = out - g
       u = u + back * UNIT
       gone[id] = true
-      settled[#settled + 1] = id
       write = true
     end
   end
@@ -94,6 +105,15 @@ if credit > 0 then
   write = true
 end
 
+-- Leases granted by this call: written together at the end (one HSET, one ZADD).
+local fresh, fresh_ids = {}, {}
+local function grant(id, g, at)
+  fresh[id] = {g, at}
+  fresh_ids[#fresh_ids + 1] = id
+  u = u - g * UNIT; out = out + g
+  write = true
+end
+
 local status, granted, third = 3, 0, 0
 if req ~= '' then
   local prev = nil
@@ -107,11 +127,8 @@ if req ~= '' then
     local g = math.floor(u / UNIT)
     if g > want then g = want end
     if g < need then g = need end
-    u = u - g * UNIT; out = out + g
     status = 1; granted = g; third = now + lease_us
-    redis.call('HSET', KEYS[2], req, g)
-    redis.call('ZADD', KEYS[3], third, req)
-    write = true
+    grant(req, g, third)
   else
     status = 0
     if need * UNIT > limit then
@@ -132,25 +149,31 @@ end
 local more = {}
 local pbase = base + 2 * nreg
 local nmore = tonumber(ARGV[pbase])
-for i = 1, nmore do
-  local id = ARGV[pbase + i]
-  local g, at = 0, 0
-  if (status == 1 or status == 2) and not gone[id] then
-    local prev = redis.call('HGET', KEYS[2], id)
-    if prev then
-      g = tonumber(prev); at = tonumber(redis.call('ZSCORE', KEYS[3], id))
-    elseif u >= UNIT then
-      g = math.floor(u / UNIT)
-      if g > want then g = want end
-      if g < 1 then g = 1 end
-      u = u - g * UNIT; out = out + g; at = now + lease_us
-      redis.call('HSET', KEYS[2], id, g)
-      redis.call('ZADD', KEYS[3], at, id)
-      write = true
+if nmore > 0 then
+  local more_ids = {}
+  for i = 1, nmore do more_ids[i] = ARGV[pbase + i] end
+  local paid = status == 1 or status == 2
+  local prevs = {}
+  if paid then prevs = hmget(KEYS[2], more_ids) end
+  for i = 1, nmore do
+    local id = more_ids[i]
+    local g, at = 0, 0
+    if paid and not gone[id] then
+      if fresh[id] then
+        g = fresh[id][1]; at = fresh[id][2]
+      elseif prevs[i] then
+        g = tonumber(prevs[i]); at = tonumber(redis.call('ZSCORE', KEYS[3], id))
+      elseif u >= UNIT then
+        g = math.floor(u / UNIT)
+        if g > want then g = want end
+        if g < 1 then g = 1 end
+        at = now + lease_us
+        grant(id, g, at)
+      end
     end
+    more[#more + 1] = g
+    more[#more + 1] = at
   end
-  more[#more + 1] = g
-  more[#more + 1] = at
 end
 
 if write then
@@ -160,6 +183,16 @@ if write then
     local chunk = {unpack(ids, i, math.min(i + 255, #ids))}
     redis.call('HDEL', KEYS[2], unpack(chunk))
     redis.call('ZREM', KEYS[3], unpack(chunk))
+  end
+  for i = 1, #fresh_ids, 256 do
+    local h, z = {}, {}
+    for j = i, math.min(i + 255, #fresh_ids) do
+      local id = fresh_ids[j]
+      h[#h + 1] = id; h[#h + 1] = fresh[id][1]
+      z[#z + 1] = fresh[id][2]; z[#z + 1] = id
+    end
+    redis.call('HSET', KEYS[2], unpack(h))
+    redis.call('ZADD', KEYS[3], unpack(z))
   end
   redis.call('HSET', KEYS[1], 'u', u, 'ts', ts, 'rem', rem, 'out', out, 'ep', ep)
   if out == 0 then
