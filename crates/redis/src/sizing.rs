@@ -8,7 +8,8 @@
 //! - **What is held** (live tokens plus grants asked and not yet answered) covers four
 //!   round trips at the current rate, so a hot thread never waits on the network at
 //!   steady state: several grants go out in one round, up to the lease depth `d`. An
-//!   instance that ran dry (a decision found the reservoir short) fills up to the depth.
+//!   instance that ran dry (a decision found the reservoir short) asks for twice what it
+//!   holds (two leases at least), until the measured rate takes over.
 //! - **The hold cap**: at most `d` leases of at most `L` each (`H = d*L`, the bound's
 //!   term), and at most the share `B / (2K)` for the `K` instances last seen (at least one
 //!   lease), so the fleet's leases never hold the whole budget.
@@ -61,11 +62,17 @@ pub(crate) fn ask(i: &Inputs) -> Ask {
     let room = i.depth.saturating_sub(i.leases);
     // What is held at most: `d` leases, and the share (at least one lease).
     let most = i.depth.saturating_mul(size).min(i.share.max(size));
+    let rate_target = covers(i.rate.unwrap_or(0.0), 4 * i.rtt_ns);
+    // A decision found the reservoir short: the rate measured is what was supplied, not
+    // what is wanted; hold twice as much (two leases at least), as TCP's slow start does.
     let target = if i.short {
-        most
+        rate_target
+            .max(i.tokens.saturating_mul(2))
+            .max(size.saturating_mul(2))
     } else {
-        covers(i.rate.unwrap_or(0.0), 4 * i.rtt_ns).min(most)
-    };
+        rate_target
+    }
+    .min(most);
     // A decision asked while less than a lease is held or asked for (the first round's
     // demand included): one grant at least.
     let force = i.demand && i.tokens < size;
@@ -193,7 +200,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_that_ran_dry_fills_up_to_the_depth() {
+    fn a_bucket_that_ran_dry_asks_twice_what_it_holds() {
         let i = Inputs {
             rate: Some(100.0),
             short: true,
@@ -201,14 +208,21 @@ mod tests {
             tokens: 0,
             ..base()
         };
-        // 100/s over 500 ms: leases of 50; eight of them at most, one held.
+        // 100/s over 500 ms: leases of 50; nothing left: two of them.
         assert_eq!(
             ask(&i),
             Ask {
                 size: 50,
-                grants: 7
+                grants: 2
             }
         );
+        let holding = Inputs {
+            tokens: 150,
+            leases: 3,
+            ..i
+        };
+        // Twice the 150 held: three more.
+        assert_eq!(ask(&holding).grants, 3);
     }
 
     #[test]
