@@ -77,6 +77,36 @@ fn a_hot_thread_gets_several_leases_per_round_trip_and_at_most_the_depth() {
     assert_eq!(admitted, stats.leased_admitted);
 }
 
+/// A thread deciding 50 times a second takes leases sized from that rate (a quarter of the
+/// ttl's worth, a few tokens), not whole leases of `L`: the first lease (before the rate is
+/// known) is whole, the later ones small.
+#[test]
+fn a_slow_instance_takes_leases_sized_from_its_rate() {
+    let pool = RedisPool::connect(
+        config("slow")
+            .max_lease(100)
+            .lease_ttl(Duration::from_millis(200)),
+    )
+    .unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(100_000, 100_000.0).unwrap())
+        .unwrap();
+    let start = Instant::now();
+    for i in 0..50u32 {
+        let at = start + Duration::from_millis(20) * i;
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let _ = bucket.try_acquire(1);
+    }
+    let stats = bucket.stats();
+    eprintln!("{} grants, {} tokens", stats.grants, stats.granted_tokens);
+    assert!(stats.grants >= 2, "{stats:?}");
+    // Whole leases would grant 100 each.
+    assert!(
+        stats.granted_tokens <= 100 + 50 * (stats.grants - 1),
+        "{stats:?}"
+    );
+}
+
 #[test]
 fn two_pools_share_one_budget() {
     let ns = common::namespace("share");
