@@ -238,6 +238,18 @@ impl Worker {
             let plans = self.plan(now, stopping);
             if !plans.is_empty() && (stopping || self.breaker.may_try(now)) {
                 self.round(plans, now);
+            } else {
+                // Not sent (the breaker is open): the credits wait for the next round; the
+                // grants stay in flight and the settlements pending.
+                for p in &plans {
+                    let credit = p.exchange.credit_units / UNITS_PER_TOKEN;
+                    if credit > 0 {
+                        self.buckets[p.index]
+                            .shared
+                            .returned
+                            .fetch_add(credit, Ordering::Relaxed);
+                    }
+                }
             }
             if stopping {
                 return;
