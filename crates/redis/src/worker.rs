@@ -239,15 +239,16 @@ impl Worker {
             if !plans.is_empty() && (stopping || self.breaker.may_try(now)) {
                 self.round(plans, now);
             } else {
-                // Not sent (the breaker is open): the credits wait for the next round; the
-                // grants stay in flight and the settlements pending.
+                // Not sent (the breaker is open): the credits and resets wait for the next
+                // round; the grants stay in flight and the settlements pending.
                 for p in &plans {
+                    let shared = &self.buckets[p.index].shared;
                     let credit = p.exchange.credit_units / UNITS_PER_TOKEN;
                     if credit > 0 {
-                        self.buckets[p.index]
-                            .shared
-                            .returned
-                            .fetch_add(credit, Ordering::Relaxed);
+                        shared.returned.fetch_add(credit, Ordering::Relaxed);
+                    }
+                    if p.reset {
+                        shared.reset.store(true, Ordering::Relaxed);
                     }
                 }
             }
@@ -433,13 +434,16 @@ impl Worker {
             Err(_) => {
                 self.con = None;
                 self.pool.failed_rounds.fetch_add(1, Ordering::Relaxed);
-                // Credits not sent are kept for the next round.
+                // Credits and resets not sent are kept for the next round.
                 for plan in &plans {
                     let t = &self.buckets[plan.index];
                     let credit = plan.exchange.credit_units / UNITS_PER_TOKEN;
                     t.shared.returned.fetch_add(credit, Ordering::Relaxed);
                     if plan.exchange.request_id.is_some() {
                         t.shared.demand.store(true, Ordering::Relaxed);
+                    }
+                    if plan.reset {
+                        t.shared.reset.store(true, Ordering::Relaxed);
                     }
                 }
                 let now = self.pool.now_ns();
