@@ -41,6 +41,11 @@ pub struct Args {
     #[arg(long, short = 'l', default_value = "10")]
     lease: u64,
 
+    /// Lease depth d: the most leases one instance holds at once (2 to 64); an instance
+    /// holds at most H = d*L tokens, the term of the loose bound.
+    #[arg(long, default_value = "32", value_parser = clap::value_parser!(u64).range(2..=64))]
+    depth: u64,
+
     /// Lease time-to-live, milliseconds.
     #[arg(long, default_value = "1000")]
     ttl_ms: u64,
@@ -134,8 +139,8 @@ fn once(args: &Args, lease: u64, mode: Mode, out: &mut Out<impl Write>) -> Resul
             .map_err(|e| e.to_string())?,
     );
     out.print(&format!(
-        "fleet: K = {} instances x {} threads, B = {}, r = {}/s, L = {}, ttl = {} ms, {:?} mode, {} s, each offering {}x its share\n",
-        args.instances, args.threads, args.capacity, args.refill, lease, args.ttl_ms, args.mode, args.seconds, args.offer
+        "fleet: K = {} instances x {} threads, B = {}, r = {}/s, L = {}, d = {}, ttl = {} ms, {:?} mode, {} s, each offering {}x its share\n",
+        args.instances, args.threads, args.capacity, args.refill, lease, args.depth, args.ttl_ms, args.mode, args.seconds, args.offer
     ))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children: Vec<Child> = (0..args.instances)
@@ -154,6 +159,7 @@ fn once(args: &Args, lease: u64, mode: Mode, out: &mut Out<impl Write>) -> Resul
                     "-r",
                     &args.refill.to_string(),
                 ])
+                .args(["--depth", &args.depth.to_string()])
                 .args([
                     "-l",
                     &lease.to_string(),
@@ -233,11 +239,11 @@ fn once(args: &Args, lease: u64, mode: Mode, out: &mut Out<impl Write>) -> Resul
     let exact = args.capacity as f64 + args.refill * t;
     let bound = match mode {
         Mode::Exact => exact,
-        Mode::Loose => exact + 2.0 * args.instances as f64 * lease as f64,
+        Mode::Loose => exact + args.instances as f64 * args.depth as f64 * lease as f64,
     };
     out.print(&format!(
         "total: {total} admitted in {t} s; bound {bound:.0} ({}); {rts} round trips ({:.1} per 1,000 decisions)\n",
-        if mode == Mode::Exact { "B + r*T" } else { "B + r*T + 2*K*L" },
+        if mode == Mode::Exact { "B + r*T" } else { "B + r*T + K*d*L" },
         rts as f64 * 1000.0 / total.max(1) as f64
     ))?;
     if total as f64 > bound + 1.0 {
@@ -258,6 +264,7 @@ fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
     let pool = RedisPool::connect(
         PoolConfig::new(args.redis.clone(), ns)
             .max_lease(args.lease)
+            .lease_depth(args.depth)
             .lease_ttl(Duration::from_millis(args.ttl_ms))
             .fail_mode(FailMode::FailClosed),
     )

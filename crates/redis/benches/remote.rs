@@ -112,9 +112,18 @@ fn per_request() -> Row {
     }
 }
 
+fn depth() -> u64 {
+    std::env::var("TG_DEPTH")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(32)
+}
+
 fn leased(lease: u64) -> Row {
     let pool = RedisPool::connect(
-        PoolConfig::new(url(), format!("bench-{}", std::process::id())).max_lease(lease),
+        PoolConfig::new(url(), format!("bench-{}", std::process::id()))
+            .max_lease(lease)
+            .lease_depth(depth()),
     )
     .unwrap();
     let bucket = pool

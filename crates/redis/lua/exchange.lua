@@ -1,6 +1,7 @@
 -- One exchange between an instance and a bucket's pool: reclaim expired leases, settle
 -- returned ones, refill exactly, credit, and grant a lease (or replay the grant recorded
--- for the same request id). The clock prologue before this body defines `now` (µs).
+-- for the same request id), then further grants in the same call. The clock prologue and
+-- the shared refill fragment before this body define `now` (µs) and `refill`.
 --
 -- KEYS[1] state hash {u, ts, rem, out, ep}; KEYS[2] lease hash id -> granted tokens;
 -- KEYS[3] sorted set of lease ids by reclaim time (µs).
@@ -9,10 +10,12 @@
 --       7 request id ('' = no grant), 8 need (tokens), 9 want (tokens), 10 credit (units),
 --       11 settle count n, then n pairs: lease id, unspent tokens; then a register count m
 --       and m pairs: lease id, tokens (leases a holder re-registers after the state was
---       lost: they enter `out` and leave the balance, down to zero).
--- Reply: {status, granted, exp_or_retry, u, out, ep, now}; status 1 granted, 2 replayed,
---        0 rejected (writes nothing unless the key was created or a lease settled),
---        3 no grant asked.
+--       lost: they enter `out` and leave the balance, down to zero); then a count p and
+--       p further lease ids, each granted up to `want` tokens (at least 1) after the first
+--       grant, or replayed, when the first was granted or replayed.
+-- Reply: {status, granted, exp_or_retry, u, out, ep, now, then per further id: granted,
+--        reclaim time (0, 0 when none)}; status 1 granted, 2 replayed, 0 rejected (writes
+--        nothing unless the key was created or a lease settled), 3 no grant asked.
 local UNIT = 1000000
 local cap = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -25,6 +28,16 @@ local want = tonumber(ARGV[9])
 local credit = tonumber(ARGV[10])
 local nsettle = tonumber(ARGV[11])
 if req ~= '' and need < 1 then need = 1 end
+
+-- HMGET of many fields in chunks (Lua's unpack has a stack limit); a missing one is false.
+local function hmget(key, ids)
+  local got = {}
+  for i = 1, #ids, 256 do
+    local part = redis.call('HMGET', key, unpack(ids, i, math.min(i + 255, #ids)))
+    for j = 1, #part do got[i + j - 1] = part[j] end
+  end
+  return got
+end
 
 local st = redis.call('HMGET', KEYS[1], 'u', 'ts', 'rem', 'out', 'ep')
 local u, ts, rem, out, ep
@@ -40,28 +53,29 @@ end
 -- Reclaim: a lease past its reclaim time leaves `out`; nothing is credited back.
 local gone = {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
-for _, id in ipairs(expired) do
-  local g = tonumber(redis.call('HGET', KEYS[2], id) or '0')
-  out = out - g
+local expired_g = hmget(KEYS[2], expired)
+for i, id in ipairs(expired) do
+  out = out - tonumber(expired_g[i] or '0')
   gone[id] = true
 end
 local limit = cap
 if not loose then limit = cap - out * UNIT end
 
 -- Settle: the unspent part of a live lease comes back, the spent part is gone.
-local settled = {}
+local settle_ids = {}
+for i = 0, nsettle - 1 do settle_ids[i + 1] = ARGV[12 + 2 * i] end
+local settle_g = hmget(KEYS[2], settle_ids)
 for i = 0, nsettle - 1 do
-  local id = ARGV[12 + 2 * i]
+  local id = settle_ids[i + 1]
   local back = tonumber(ARGV[13 + 2 * i])
   if not gone[id] then
-    local g = redis.call('HGET', KEYS[2], id)
+    local g = settle_g[i + 1]
     if g then
       g = tonumber(g)
       if back > g then back = g end
       out = out - g
       u = u + back * UNIT
       gone[id] = true
-      settled[#settled + 1] = id
       write = true
     end
   end
@@ -83,31 +97,20 @@ for i = 0, nreg - 1 do
 end
 if not loose then limit = cap - out * UNIT end
 if limit < 0 then limit = 0 end
-if u > limit then u = limit end
-
--- Refill from ts to now, exactly: rem carries the milli-unit remainder. A clock behind ts
--- adds nothing and keeps ts.
-if now > ts then
-  if u >= limit then
-    rem = 0
-  else
-    local short = (limit - u) * 1000 - rem
-    local elapsed = now - ts
-    if elapsed > math.floor(short / rate) then
-      u = limit; rem = 0
-    else
-      local total = elapsed * rate + rem
-      local add = math.floor(total / 1000)
-      u = u + add; rem = total - add * 1000
-      if u >= limit then u = limit; rem = 0 end
-    end
-  end
-  ts = now
-end
+u, ts, rem = refill(u, ts, rem, limit, rate, now)
 
 if credit > 0 then
   u = u + credit
   if u >= limit then u = limit; rem = 0 end
+  write = true
+end
+
+-- Leases granted by this call: written together at the end (one HSET, one ZADD).
+local fresh, fresh_ids = {}, {}
+local function grant(id, g, at)
+  fresh[id] = {g, at}
+  fresh_ids[#fresh_ids + 1] = id
+  u = u - g * UNIT; out = out + g
   write = true
 end
 
@@ -124,11 +127,8 @@ if req ~= '' then
     local g = math.floor(u / UNIT)
     if g > want then g = want end
     if g < need then g = need end
-    u = u - g * UNIT; out = out + g
     status = 1; granted = g; third = now + lease_us
-    redis.call('HSET', KEYS[2], req, g)
-    redis.call('ZADD', KEYS[3], third, req)
-    write = true
+    grant(req, g, third)
   else
     status = 0
     if need * UNIT > limit then
@@ -146,10 +146,53 @@ if req ~= '' then
   end
 end
 
+local more = {}
+local pbase = base + 2 * nreg
+local nmore = tonumber(ARGV[pbase])
+if nmore > 0 then
+  local more_ids = {}
+  for i = 1, nmore do more_ids[i] = ARGV[pbase + i] end
+  local paid = status == 1 or status == 2
+  local prevs = {}
+  if paid then prevs = hmget(KEYS[2], more_ids) end
+  for i = 1, nmore do
+    local id = more_ids[i]
+    local g, at = 0, 0
+    if paid and not gone[id] then
+      if fresh[id] then
+        g = fresh[id][1]; at = fresh[id][2]
+      elseif prevs[i] then
+        g = tonumber(prevs[i]); at = tonumber(redis.call('ZSCORE', KEYS[3], id))
+      elseif u >= UNIT then
+        g = math.floor(u / UNIT)
+        if g > want then g = want end
+        if g < 1 then g = 1 end
+        at = now + lease_us
+        grant(id, g, at)
+      end
+    end
+    more[#more + 1] = g
+    more[#more + 1] = at
+  end
+end
+
 if write then
-  for id, _ in pairs(gone) do
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZREM', KEYS[3], id)
+  local ids = {}
+  for id, _ in pairs(gone) do ids[#ids + 1] = id end
+  for i = 1, #ids, 256 do
+    local chunk = {unpack(ids, i, math.min(i + 255, #ids))}
+    redis.call('HDEL', KEYS[2], unpack(chunk))
+    redis.call('ZREM', KEYS[3], unpack(chunk))
+  end
+  for i = 1, #fresh_ids, 256 do
+    local h, z = {}, {}
+    for j = i, math.min(i + 255, #fresh_ids) do
+      local id = fresh_ids[j]
+      h[#h + 1] = id; h[#h + 1] = fresh[id][1]
+      z[#z + 1] = fresh[id][2]; z[#z + 1] = id
+    end
+    redis.call('HSET', KEYS[2], unpack(h))
+    redis.call('ZADD', KEYS[3], unpack(z))
   end
   redis.call('HSET', KEYS[1], 'u', u, 'ts', ts, 'rem', rem, 'out', out, 'ep', ep)
   if out == 0 then
@@ -159,4 +202,6 @@ if write then
     redis.call('PERSIST', KEYS[1])
   end
 end
-return {status, granted, third, u, out, ep, now}
+local reply = {status, granted, third, u, out, ep, now}
+for i = 1, #more do reply[7 + i] = more[i] end
+return reply

@@ -1,5 +1,6 @@
 -- Per-request strict mode: take `cost` from every bucket named in KEYS, all or nothing,
--- with no lease. The clock prologue before this body defines `now` (µs).
+-- with no lease. The clock prologue and the shared refill fragment before this body
+-- define `now` (µs) and `refill`.
 --
 -- KEYS: the buckets' state hashes (one hash tag, so a cluster keeps them in one slot).
 -- ARGV: per key i, ARGV[4i-3..4i] = capacity (units), rate (milli-tokens/s), start full
@@ -28,24 +29,7 @@ for i = 1, n do
   end
   local limit = cap - out * UNIT
   if limit < 0 then limit = 0 end
-  if u > limit then u = limit end
-  if now > ts then
-    if u >= limit then
-      rem = 0
-    else
-      local short = (limit - u) * 1000 - rem
-      local elapsed = now - ts
-      if elapsed > math.floor(short / rate) then
-        u = limit; rem = 0
-      else
-        local total = elapsed * rate + rem
-        local add = math.floor(total / 1000)
-        u = u + add; rem = total - add * 1000
-        if u >= limit then u = limit; rem = 0 end
-      end
-    end
-    ts = now
-  end
+  u, ts, rem = refill(u, ts, rem, limit, rate, now)
   if u < cost then
     -- Refused: only the keys created here are written (so an empty-start bucket refused
     -- from its creation on still refills from then).

@@ -6,6 +6,11 @@ use std::time::Duration;
 use crate::reservoir::MAX_LEASE_TOKENS;
 use crate::script::TimeSource;
 
+/// The fewest leases an instance may hold per bucket: the one it spends and one behind it.
+pub(crate) const MIN_LEASE_DEPTH: u64 = 2;
+/// The most leases an instance may hold per bucket.
+pub(crate) const MAX_LEASE_DEPTH: u64 = 64;
+
 /// What a bucket decides once its lease is spent and Redis cannot be reached (the
 /// breaker is open). A live lease is always honoured first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -39,6 +44,7 @@ pub struct PoolConfig {
     pub(crate) lease_ttl: Duration,
     pub(crate) grace: Duration,
     pub(crate) max_lease: u64,
+    pub(crate) lease_depth: u64,
     pub(crate) exchange_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) fail_mode: FailMode,
@@ -51,7 +57,8 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// Settings for the Redis at `url` (`redis://host:port/db`), keys under `namespace`.
-    /// Defaults: lease time-to-live 2 s, grace 100 ms, leases of up to 100 tokens,
+    /// Defaults: lease time-to-live 2 s, grace 100 ms, leases of up to 100 tokens, at
+    /// most 32 of them held per bucket,
     /// exchange timeout 50 ms, connect timeout 200 ms, [`FailMode::Local`] with a fleet
     /// of at least 1, probes every 100 ms to 5 s.
     pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> Self {
@@ -61,6 +68,7 @@ impl PoolConfig {
             lease_ttl: Duration::from_secs(2),
             grace: Duration::from_millis(100),
             max_lease: 100,
+            lease_depth: 32,
             exchange_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(200),
             fail_mode: FailMode::Local,
@@ -91,6 +99,19 @@ impl PoolConfig {
     #[must_use]
     pub fn max_lease(mut self, tokens: u64) -> Self {
         self.max_lease = tokens;
+        self
+    }
+
+    /// The most leases one instance holds per bucket at once (`d`): those being spent,
+    /// those prefetched behind them and those asked for and not yet answered. An
+    /// instance therefore holds at most `H = d * L` tokens of a bucket, the term of the
+    /// loose bound (`B + r*T + K*H`) and of what a dead instance strands. A hot bucket
+    /// uses the depth to keep several grants in flight, so a thread spending faster than
+    /// one lease per round trip does not wait on the network; a slow one holds one or
+    /// two small leases sized from its rate.
+    #[must_use]
+    pub fn lease_depth(mut self, leases: u64) -> Self {
+        self.lease_depth = leases;
         self
     }
 
@@ -144,6 +165,23 @@ impl PoolConfig {
         self.max_lease
     }
 
+    /// The most leases one instance holds per bucket at once.
+    pub fn lease_depth_leases(&self) -> u64 {
+        self.lease_depth
+    }
+
+    /// The most tokens one instance holds per bucket (`H = d * L`), the per-instance term
+    /// of the loose bound.
+    ///
+    /// ```
+    /// use tokengate_redis::PoolConfig;
+    /// let config = PoolConfig::new("redis://127.0.0.1:6379/", "api").max_lease(10).lease_depth(2);
+    /// assert_eq!(config.held_bound_tokens(), 20);
+    /// ```
+    pub fn held_bound_tokens(&self) -> u64 {
+        self.max_lease.saturating_mul(self.lease_depth)
+    }
+
     /// Checks every setting.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let ms = |d: Duration| d.as_millis() as u64;
@@ -167,6 +205,13 @@ impl PoolConfig {
                 "max_lease",
                 self.max_lease,
                 "1 ..= 16,777,215 tokens",
+            ));
+        }
+        if !(MIN_LEASE_DEPTH..=MAX_LEASE_DEPTH).contains(&self.lease_depth) {
+            return Err(ConfigError::new(
+                "lease_depth",
+                self.lease_depth,
+                "2 ..= 64 leases",
             ));
         }
         for (name, d) in [

@@ -114,7 +114,9 @@ impl Pool for RemoteBucket {
         let tick = layout.tick_of(request.now);
         if let Some((batch, left)) = paid {
             b.stats.leased.fetch_add(1, Ordering::Relaxed);
-            if left < b.low_water && !b.demand.load(Ordering::Relaxed) {
+            if left < b.low_water.load(Ordering::Relaxed)
+                && (left == 0 || !b.demand.load(Ordering::Relaxed))
+            {
                 b.demand.store(true, Ordering::Relaxed);
                 self.wake();
             }

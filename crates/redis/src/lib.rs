@@ -11,6 +11,7 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod breaker;
+mod compose;
 mod config;
 mod error;
 mod lease_pool;
@@ -19,6 +20,8 @@ mod policy;
 mod pool;
 mod reservoir;
 pub mod script;
+mod sizing;
+mod strict;
 mod worker;
 
 /// The README's example, compiled as a doc test.
@@ -26,6 +29,7 @@ mod worker;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+pub use compose::{ComposedRefused, GlobalScope, GlobalThenScopes};
 pub use config::{ConfigError, FailMode, PoolConfig};
 pub use error::{PoolError, Refused};
 pub use lease_pool::LeasedError;
@@ -34,3 +38,7 @@ pub use policy::{
 };
 pub use pool::{Admitted, BucketStats, RedisPool, RemoteBucket};
 pub use reservoir::MAX_LEASE_TOKENS;
+pub use strict::{
+    InvalidRequest, MAX_KEY_BYTES, MAX_STRICT_SCOPES, RedisScopes, StrictAdmitted, StrictRefused,
+    StrictScope,
+};

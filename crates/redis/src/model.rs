@@ -130,7 +130,6 @@ impl ModelBucket {
             write = true;
         }
         let mut outcome = Outcome::NoGrant;
-        let mut new_lease = None;
         if let Some(req) = &ex.request_id {
             let prev = if gone.contains(req) {
                 None
@@ -161,7 +160,9 @@ impl ModelBucket {
                     tokens: g,
                     reclaim_at_us: at,
                 };
-                new_lease = Some((req.clone(), g, at));
+                self.leases.insert(req.clone(), g);
+                self.expiry.retain(|(_, i)| i != req);
+                self.expiry.insert((at, req.clone()));
                 write = true;
             } else {
                 let retry_after_us = if need.saturating_mul(UNITS_PER_TOKEN) > limit {
@@ -178,10 +179,31 @@ impl ModelBucket {
                 outcome = Outcome::Rejected { retry_after_us };
             }
         }
-        if let Some((id, g, at)) = &new_lease {
-            self.leases.insert(id.clone(), *g);
-            self.expiry.retain(|(_, i)| i != id);
-            self.expiry.insert((*at, id.clone()));
+        let first_paid = matches!(outcome, Outcome::Granted { .. } | Outcome::Replayed { .. });
+        let mut more = Vec::with_capacity(ex.more.len());
+        for id in &ex.more {
+            let mut got = (0, 0);
+            if first_paid && !gone.contains(id) {
+                if let Some(&g) = self.leases.get(id) {
+                    let at = self
+                        .expiry
+                        .iter()
+                        .find(|(_, i)| i == id)
+                        .map_or(0, |(at, _)| *at);
+                    got = (g, at);
+                } else if s.u >= UNITS_PER_TOKEN {
+                    let g = (s.u / UNITS_PER_TOKEN).min(ex.want).max(1);
+                    s.u -= g * UNITS_PER_TOKEN;
+                    s.out += g;
+                    let at = now + lease_us;
+                    self.leases.insert(id.clone(), g);
+                    self.expiry.retain(|(_, i)| i != id);
+                    self.expiry.insert((at, id.clone()));
+                    got = (g, at);
+                    write = true;
+                }
+            }
+            more.push(got);
         }
         if write {
             for id in &gone {
@@ -196,6 +218,7 @@ impl ModelBucket {
             outstanding: s.out,
             epoch: s.ep,
             now_us: now,
+            more,
         }
     }
 }

@@ -21,8 +21,8 @@ pub enum Mode {
     /// the outstanding leases.
     #[default]
     Exact,
-    /// Refill stops at `B` whatever is out on lease: at most `B + r*T + 2*K*L` for `K`
-    /// instances holding at most two leases of `L` tokens each.
+    /// Refill stops at `B` whatever is out on lease: at most `B + r*T + K*H` for `K`
+    /// instances each holding at most `H = d*L` tokens (`d` leases of at most `L`).
     Loose,
 }
 

@@ -54,7 +54,9 @@ pub(crate) struct BucketShared {
     pub(crate) keys: BucketKeys,
     pub(crate) policy: RemotePolicy,
     pub(crate) reservoir: Reservoir,
-    pub(crate) low_water: u64,
+    /// A decision that leaves a word below this many tokens wakes the thread: half the
+    /// lease size the thread last chose.
+    pub(crate) low_water: AtomicU64,
     pub(crate) max_cost: u64,
     /// A decision found the reservoir low or short.
     pub(crate) demand: AtomicBool,
@@ -189,7 +191,7 @@ impl RedisPool {
             keys,
             policy,
             reservoir: Reservoir::default(),
-            low_water: max_cost.div_ceil(2),
+            low_water: AtomicU64::new(max_cost.div_ceil(2)),
             max_cost,
             demand: AtomicBool::new(true),
             need: AtomicU64::new(0),
@@ -275,7 +277,9 @@ impl RemoteBucket {
         let now_ns = self.pool.now_ns();
         match b.reservoir.spend(cost, now_ns >> TIME_SHIFT) {
             Spend::Paid { left } => {
-                if left < b.low_water && !b.demand.load(Ordering::Relaxed) {
+                if left < b.low_water.load(Ordering::Relaxed)
+                    && (left == 0 || !b.demand.load(Ordering::Relaxed))
+                {
                     b.demand.store(true, Ordering::Relaxed);
                     self.pool.wake();
                 }

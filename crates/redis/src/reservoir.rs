@@ -1,6 +1,10 @@
-//! A bucket's local reservoir: the tokens Redis granted this instance, in two lease words
-//! (the current lease and the one prefetched behind it), so decisions never wait on the
-//! network.
+//! A bucket's local reservoir: the tokens Redis granted this instance, in two lease words,
+//! so decisions never wait on the network.
+//!
+//! A word holds one lease, or several merged: the thread adds a later lease's tokens to a
+//! word that still holds an earlier one, keeping the earlier (smaller) expiry, so a hot
+//! bucket can take several grants per round trip while a decision still looks at two
+//! words only.
 //!
 //! Each word is `[local expiry: 40 bits | tokens: 24 bits]`. The expiry is in the pool's
 //! time units of 2^20 ns (about 1.05 ms) since the pool started: 40 bits last 36 years.
@@ -8,8 +12,9 @@
 //! thread sets to the exchange's *send* time plus the lease time-to-live: it precedes
 //! Redis's reclaim (grant time + time-to-live + grace), so no token is spent after Redis
 //! has taken its lease back. Spending is one CAS; nothing else writes a word while it
-//! holds tokens except the thread retiring it (a swap to zero, after which the leftover
-//! is settled as unspent).
+//! holds tokens except the thread: retiring it (a swap to zero, after which the leftover
+//! is settled as unspent) or merging a grant into it (a CAS that adds tokens and keeps the
+//! expiry).
 //!
 //! # Orderings
 //!
@@ -122,6 +127,29 @@ impl Reservoir {
         tokens(self.words[i].swap(pack(expiry, tokens_granted), Ordering::Relaxed))
     }
 
+    /// Adds a later grant's `tokens_granted` to word `i`; the word keeps the earlier of its
+    /// expiry and `expiry`. Returns `false`, changing nothing, when the sum would not fit
+    /// a word.
+    pub(crate) fn merge(&self, i: usize, expiry_at: u64, tokens_granted: u64) -> bool {
+        let word = &self.words[i];
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let sum = tokens(cur) + tokens_granted;
+            if sum > MAX_LEASE_TOKENS {
+                return false;
+            }
+            match word.compare_exchange_weak(
+                cur,
+                pack(expiry(cur).min(expiry_at), sum),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// Empties word `i`; returns the tokens it held (unspent).
     pub(crate) fn retire(&self, i: usize) -> u64 {
         tokens(self.words[i].swap(0, Ordering::Relaxed))
@@ -169,6 +197,43 @@ mod tests {
         r.install(1, 1 << 39, 4);
         assert_eq!(r.retire(1), 4);
         assert_eq!(r.spend(1, 0), Spend::Short);
+    }
+
+    #[test]
+    fn a_merged_grant_keeps_the_earlier_expiry_and_never_overflows() {
+        let r = Reservoir::default();
+        r.install(0, 10, 3);
+        assert!(r.merge(0, 12, 4));
+        assert_eq!(expiry(r.load(0)), 10);
+        assert_eq!(r.live(9), 7);
+        assert_eq!(r.live(10), 0);
+        assert!(r.merge(0, 8, 1));
+        assert_eq!(expiry(r.load(0)), 8, "an earlier expiry wins");
+        assert!(!r.merge(0, 20, MAX_LEASE_TOKENS));
+        assert_eq!(tokens(r.load(0)), 8);
+    }
+
+    #[test]
+    fn merges_racing_spends_pay_each_token_once() {
+        let r = std::sync::Arc::new(Reservoir::default());
+        r.install(0, 100, 1);
+        let spender = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let mut paid = 0u64;
+                while paid < 1 + 1_000 * 5 {
+                    if matches!(r.spend(1, 0), Spend::Paid { .. }) {
+                        paid += 1;
+                    }
+                }
+                paid
+            })
+        };
+        for _ in 0..1_000 {
+            while !r.merge(0, 100, 5) {}
+        }
+        assert_eq!(spender.join().unwrap(), 5_001);
+        assert_eq!(r.live(0), 0);
     }
 
     #[test]

@@ -1,18 +1,30 @@
 //! The Lua scripts, invoked by SHA, and the typed form of one exchange and its reply.
 //!
-//! The scripts' source is a clock prologue plus a body (`lua/*.lua`). The production
-//! prologue reads Redis `TIME`; the test prologue reads `now` (µs) from the last argument,
-//! so tests drive refill, reclaim and clock steps exactly.
+//! Each script is composed at build time from three Lua sources: a clock prologue, the
+//! refill fragment both scripts share (`lua/refill.lua`: one definition), and its body
+//! (`lua/exchange.lua`, `lua/take.lua`). The production prologue reads Redis `TIME`; the
+//! test prologue reads `now` (µs) from the last argument, so tests drive refill, reclaim
+//! and clock steps exactly.
 
 use redis::{ConnectionLike, RedisResult, Script};
 
 use crate::policy::{Mode, RemotePolicy, Start};
 
-const EXCHANGE_BODY: &str = include_str!("../lua/exchange.lua");
-const TAKE_BODY: &str = include_str!("../lua/take.lua");
-const TIME_PROLOGUE: &str =
-    "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n";
-const ARG_PROLOGUE: &str = "local now = tonumber(ARGV[#ARGV])\n";
+/// A script's source: the clock prologue, the shared refill, the body.
+macro_rules! compose {
+    ($clock:literal, $body:literal) => {
+        concat!(
+            include_str!(concat!("../lua/", $clock)),
+            include_str!("../lua/refill.lua"),
+            include_str!(concat!("../lua/", $body)),
+        )
+    };
+}
+
+const EXCHANGE_ON_REDIS_TIME: &str = compose!("clock_redis.lua", "exchange.lua");
+const EXCHANGE_ON_ARGUMENT: &str = compose!("clock_arg.lua", "exchange.lua");
+const TAKE_ON_REDIS_TIME: &str = compose!("clock_redis.lua", "take.lua");
+const TAKE_ON_ARGUMENT: &str = compose!("clock_arg.lua", "take.lua");
 
 /// Where the scripts read the time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +110,10 @@ pub struct Exchange {
     /// Leases re-registered after the bucket's state was lost: (lease id, tokens the
     /// holder can still spend). Ids the state knows are skipped.
     pub register: Vec<(String, u64)>,
+    /// Further grants in the same call, by their request ids: when the first grant is
+    /// granted or replayed, each is granted up to `want` tokens (at least 1, while the
+    /// balance holds one), or replays what its id was granted before.
+    pub more: Vec<String>,
 }
 
 /// How an exchange's grant went.
@@ -128,7 +144,7 @@ pub enum Outcome {
 }
 
 /// The reply of one exchange.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
     /// The grant.
     pub outcome: Outcome,
@@ -140,14 +156,18 @@ pub struct Reply {
     pub epoch: u64,
     /// Redis's time of the exchange, µs.
     pub now_us: u64,
+    /// Per further grant asked ([`Exchange::more`]), in order: (tokens, reclaim time
+    /// µs); (0, 0) when none was granted.
+    pub more: Vec<(u64, u64)>,
 }
 
 impl Reply {
     /// Parses the script's integer array.
     pub(crate) fn parse(v: &[i64]) -> Option<Self> {
-        let &[status, granted, third, u, out, ep, now] = v else {
+        let (&[status, granted, third, u, out, ep, now], more) = v.split_first_chunk::<7>()?;
+        if more.len() % 2 != 0 {
             return None;
-        };
+        }
         let nonneg = |x: i64| u64::try_from(x).ok();
         let outcome = match status {
             1 => Outcome::Granted {
@@ -170,6 +190,10 @@ impl Reply {
             outstanding: nonneg(out)?,
             epoch: nonneg(ep)?,
             now_us: nonneg(now)?,
+            more: more
+                .chunks_exact(2)
+                .map(|p| Some((nonneg(p[0])?, nonneg(p[1])?)))
+                .collect::<Option<Vec<_>>>()?,
         })
     }
 }
@@ -181,13 +205,13 @@ pub struct BadReply(pub String);
 impl Scripts {
     /// The scripts reading time from `time`.
     pub fn new(time: TimeSource) -> Self {
-        let prologue = match time {
-            TimeSource::Redis => TIME_PROLOGUE,
-            TimeSource::Argument => ARG_PROLOGUE,
+        let (exchange, take) = match time {
+            TimeSource::Redis => (EXCHANGE_ON_REDIS_TIME, TAKE_ON_REDIS_TIME),
+            TimeSource::Argument => (EXCHANGE_ON_ARGUMENT, TAKE_ON_ARGUMENT),
         };
         Self {
-            exchange: Script::new(&format!("{prologue}{EXCHANGE_BODY}")),
-            take: Script::new(&format!("{prologue}{TAKE_BODY}")),
+            exchange: Script::new(exchange),
+            take: Script::new(take),
             time,
         }
     }
@@ -247,6 +271,8 @@ impl Scripts {
             a.push(id.clone());
             a.push(g.to_string());
         }
+        a.push(ex.more.len().to_string());
+        a.extend(ex.more.iter().cloned());
         if self.time == TimeSource::Argument {
             a.push(now_us.to_string());
         }

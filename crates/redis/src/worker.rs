@@ -14,6 +14,7 @@ use crate::policy::UNITS_PER_TOKEN;
 use crate::pool::{BucketShared, HEALTHY, PoolShared, UNAVAILABLE};
 use crate::reservoir::{TIME_SHIFT, tokens};
 use crate::script::{Exchange, Outcome, Reply, Scripts, Target, bad_reply};
+use crate::sizing::{self, Inputs};
 
 /// Opens a connection with the configured timeouts and loads the scripts.
 pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection, PoolError> {
@@ -49,23 +50,120 @@ pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection,
 #[derive(Debug)]
 struct Held {
     id: String,
+    granted: u64,
     installed_ns: u64,
+}
+
+/// A grant asked and not yet answered.
+#[derive(Clone, Debug)]
+struct Asked {
+    id: String,
+    need: u64,
+    want: u64,
 }
 
 /// The thread's view of one bucket.
 #[derive(Debug)]
 struct Tracked {
     shared: Arc<BucketShared>,
-    held: [Option<Held>; 2],
+    /// The leases merged into each reservoir word, oldest first.
+    held: [Vec<Held>; 2],
     /// Leases retired locally, to settle: (id, unspent tokens).
     pending: Vec<(String, u64)>,
     pending_since_ns: Option<u64>,
-    /// A grant asked and not answered: retried with the same id.
-    in_flight: Option<(String, u64, u64)>,
+    /// Grants asked and not answered: retried with the same ids.
+    in_flight: Vec<Asked>,
     epoch: u64,
     /// Redis answered with a new epoch: the state was lost (a restart without
     /// persistence); the live leases are registered again on the next round.
     reregister: bool,
+    /// Tokens put into the reservoir minus unspent tokens retired from it: what was spent
+    /// here is this less what the words hold.
+    supplied: u64,
+    /// Tokens per second spent here, `None` before the first measurement.
+    rate: Option<f64>,
+    rate_at_ns: u64,
+    spent_at: u64,
+}
+
+impl Tracked {
+    /// Empties word `i` and queues its leases for settlement. The leftover is unspent:
+    /// it is split over the word's leases newest first, each at most its grant.
+    fn retire(&mut self, i: usize, now: u64) {
+        let mut left = self.shared.reservoir.retire(i);
+        self.supplied = self.supplied.saturating_sub(left);
+        for h in self.held[i].drain(..).rev() {
+            let back = left.min(h.granted);
+            left -= back;
+            self.pending.push((h.id, back));
+        }
+        self.pending_since_ns.get_or_insert(now);
+    }
+
+    /// Settles the oldest leases of word `i` that are wholly spent, keeping the word: its
+    /// tokens are counted against its leases newest first, so once the word holds no
+    /// more than its newer leases' grants the older ones are spent (a spend only lowers
+    /// the word, so the count read here is an upper bound). Frees the depth they held.
+    fn settle_spent(&mut self, i: usize, now: u64) {
+        let left = tokens(self.shared.reservoir.load(i));
+        let mut covered = 0;
+        let live = self.held[i]
+            .iter()
+            .rev()
+            .take_while(|h| {
+                let more = covered < left;
+                covered += h.granted;
+                more
+            })
+            .count();
+        let spent = self.held[i].len() - live;
+        if spent > 0 {
+            for h in self.held[i].drain(..spent) {
+                self.pending.push((h.id, 0));
+            }
+            self.pending_since_ns.get_or_insert(now);
+        }
+    }
+
+    /// How long the thread may sleep before this bucket's live tokens run low at its
+    /// rate, ns (an empty reservoir is the decisions' to signal: they find it short).
+    fn runs_low_in_ns(&self, now: u64) -> u64 {
+        let live = self.shared.reservoir.live(now >> TIME_SHIFT);
+        match self.rate {
+            Some(r) if r > 0.0 && live > 0 => (live as f64 / r * 1e9 / 2.0) as u64,
+            _ => u64::MAX,
+        }
+    }
+
+    /// The leases of word `i` with what each can still spend (the word's tokens split
+    /// newest first).
+    fn live_leases(&self, i: usize) -> Vec<(String, u64)> {
+        let mut left = tokens(self.shared.reservoir.load(i));
+        self.held[i]
+            .iter()
+            .rev()
+            .map(|h| {
+                let back = left.min(h.granted);
+                left -= back;
+                (h.id.clone(), back)
+            })
+            .collect()
+    }
+
+    /// Samples the local spending rate, at most once per `every_ns`.
+    fn measure(&mut self, now: u64, every_ns: u64) {
+        let r = &self.shared.reservoir;
+        let in_words = tokens(r.load(0)) + tokens(r.load(1));
+        let spent = self.supplied.saturating_sub(in_words);
+        let dt = now.saturating_sub(self.rate_at_ns);
+        if dt < every_ns {
+            return;
+        }
+        let sample = spent.saturating_sub(self.spent_at) as f64 * 1e9 / dt as f64;
+        self.rate = Some(self.rate.map_or(sample, |r| (r + sample) / 2.0));
+        self.rate_at_ns = now;
+        self.spent_at = spent;
+    }
 }
 
 /// What one round sends for one bucket.
@@ -89,6 +187,8 @@ pub(crate) struct Worker {
     seq: u64,
     last_redis_us: u64,
     rng: u64,
+    /// Round-trip time, ns (moving average).
+    rtt_ns: u64,
 }
 
 impl std::fmt::Debug for Worker {
@@ -120,6 +220,7 @@ impl Worker {
             seq: 0,
             last_redis_us: 0,
             rng: nanos | 1,
+            rtt_ns: 1_000_000,
         }
     }
 
@@ -137,11 +238,34 @@ impl Worker {
             let plans = self.plan(now, stopping);
             if !plans.is_empty() && (stopping || self.breaker.may_try(now)) {
                 self.round(plans, now);
+            } else {
+                // Not sent (the breaker is open): the credits and resets wait for the next
+                // round; the grants stay in flight and the settlements pending.
+                for p in &plans {
+                    let shared = &self.buckets[p.index].shared;
+                    let credit = p.exchange.credit_units / UNITS_PER_TOKEN;
+                    if credit > 0 {
+                        shared.returned.fetch_add(credit, Ordering::Relaxed);
+                    }
+                    if p.reset {
+                        shared.reset.store(true, Ordering::Relaxed);
+                    }
+                }
             }
             if stopping {
                 return;
             }
-            std::thread::park_timeout(poll);
+            // A hot bucket wakes the thread before its live tokens run low, as well as
+            // its decisions do (a word that falls below the low-water mark or empties).
+            let now = self.pool.now_ns();
+            let low = self
+                .buckets
+                .iter()
+                .map(|t| t.runs_low_in_ns(now))
+                .min()
+                .unwrap_or(u64::MAX)
+                .max(50_000);
+            std::thread::park_timeout(poll.min(Duration::from_nanos(low)));
         }
     }
 
@@ -151,80 +275,107 @@ impl Worker {
             .new_buckets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = self.pool.now_ns();
         for shared in new.drain(..) {
             self.buckets.push(Tracked {
                 shared,
-                held: [None, None],
+                held: [Vec::new(), Vec::new()],
                 pending: Vec::new(),
                 pending_since_ns: None,
-                in_flight: None,
+                in_flight: Vec::new(),
                 epoch: 0,
                 reregister: false,
+                supplied: 0,
+                rate: None,
+                rate_at_ns: now,
+                spent_at: 0,
             });
         }
     }
 
     /// Retires spent, aging and (when stopping) all leases, and decides what each bucket
-    /// exchanges this round.
+    /// exchanges this round: one exchange carrying its settlements, credit and first
+    /// grant, then one per further grant (see [`sizing`]).
     fn plan(&mut self, now: u64, stopping: bool) -> Vec<Planned> {
         let ttl = self.ttl_ns();
         let idle_settle = ttl / 4;
+        let rtt = self.rtt_ns;
+        let depth = self.pool.config.lease_depth;
+        let k = self.pool.instances_seen.load(Ordering::Relaxed).max(1);
         let mut plans = Vec::new();
         for (index, t) in self.buckets.iter_mut().enumerate() {
-            let b = &*t.shared;
-            let reset = b.reset.swap(false, Ordering::Relaxed);
+            let reset = t.shared.reset.swap(false, Ordering::Relaxed);
             if reset {
-                for (i, slot) in t.held.iter_mut().enumerate() {
-                    b.reservoir.retire(i);
-                    *slot = None;
+                for i in 0..2 {
+                    t.retire(i, now);
                 }
                 t.pending.clear();
                 t.pending_since_ns = None;
-                t.in_flight = None;
+                t.in_flight.clear();
             }
-            for (i, slot) in t.held.iter_mut().enumerate() {
-                let Some(h) = slot else { continue };
-                let left = tokens(b.reservoir.load(i));
-                let old = now.saturating_sub(h.installed_ns) >= ttl / 2;
-                if left == 0 || old || stopping {
-                    let unspent = b.reservoir.retire(i);
-                    t.pending.push((std::mem::take(&mut h.id), unspent));
-                    t.pending_since_ns.get_or_insert(now);
-                    *slot = None;
+            for i in 0..2 {
+                t.settle_spent(i, now);
+                let Some(oldest) = t.held[i].first() else {
+                    continue;
+                };
+                let old = now.saturating_sub(oldest.installed_ns) >= ttl / 2;
+                if old || stopping {
+                    t.retire(i, now);
                 }
             }
+            t.measure(now, (2 * rtt).max(1_000_000));
+            let b = &*t.shared;
             // Credit is capped at B - outstanding by the script: more than B is never needed.
             let credit = b
                 .returned
                 .swap(0, Ordering::Relaxed)
                 .min(b.policy.capacity());
-            let free = t.held.iter().any(Option::is_none);
             // A credit may pay what Redis refused: ask again with it.
             let spent = credit == 0 && now < b.rejected_until_ns.load(Ordering::Relaxed);
-            let grant = if stopping {
-                None
-            } else if let Some((id, need, want)) = &t.in_flight {
-                Some((id.clone(), *need, *want))
-            } else if free && !spent && b.demand.swap(false, Ordering::Relaxed) {
-                let need = b.need.swap(0, Ordering::Relaxed).max(1);
-                // At most B / (2K) for the K instances last seen, so the fleet's leases
-                // (two per instance) never hold the whole budget: exact mode's early
-                // rejection stays at most about B.
-                let k = self.pool.instances_seen.load(Ordering::Relaxed).max(1);
-                let share = (b.policy.capacity() / (2 * k)).max(1);
-                let want = b.max_cost.min(share).max(need);
-                self.seq += 1;
-                let id = format!("{}:{}", self.instance, self.seq);
-                t.in_flight = Some((id.clone(), need, want));
-                Some((id, need, want))
+            let mut grants: Vec<Asked> = if stopping {
+                Vec::new()
             } else {
-                None
+                t.in_flight.clone()
             };
+            if !stopping && !spent {
+                let r = &b.reservoir;
+                let live = r.live(now >> TIME_SHIFT);
+                let asked: u64 = t.in_flight.iter().map(|a| a.want).sum();
+                let need = b.need.load(Ordering::Relaxed);
+                let demand = b.demand.load(Ordering::Relaxed);
+                let ask = sizing::ask(&Inputs {
+                    rate: t.rate,
+                    rtt_ns: rtt,
+                    ttl_ns: ttl,
+                    max_lease: b.max_cost,
+                    share: (b.policy.capacity() / (2 * k)).max(1),
+                    depth,
+                    leases: (t.held[0].len() + t.held[1].len() + t.in_flight.len()) as u64,
+                    tokens: live.saturating_add(asked),
+                    short: need > 0,
+                    demand,
+                });
+                b.low_water.store(ask.size.div_ceil(2), Ordering::Relaxed);
+                if ask.grants > 0 {
+                    b.demand.store(false, Ordering::Relaxed);
+                    let need = b.need.swap(0, Ordering::Relaxed).max(1);
+                    for n in 0..ask.grants {
+                        self.seq += 1;
+                        let a = Asked {
+                            id: format!("{}:{}", self.instance, self.seq),
+                            need: if n == 0 { need } else { 1 },
+                            want: ask.size.max(need),
+                        };
+                        t.in_flight.push(a.clone());
+                        grants.push(a);
+                    }
+                }
+            }
             let settle_due = t
                 .pending_since_ns
                 .is_some_and(|since| stopping || now.saturating_sub(since) >= idle_settle);
             let reregistering = t.reregister && !reset;
-            if grant.is_none() && !settle_due && credit == 0 && !reset && !reregistering {
+            if grants.is_empty() && !settle_due && credit == 0 && !reset && !reregistering {
                 continue;
             }
             let mut exchange = Exchange {
@@ -232,21 +383,18 @@ impl Worker {
                 settle: t.pending.clone(),
                 ..Exchange::default()
             };
-            if let Some((id, need, want)) = grant {
-                exchange.request_id = Some(id);
-                exchange.need = need;
-                exchange.want = want;
-            }
             if reregistering {
-                exchange.register = t
-                    .held
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, h)| {
-                        Some((h.as_ref()?.id.clone(), tokens(b.reservoir.load(i))))
-                    })
+                exchange.register = (0..2)
+                    .flat_map(|i| t.live_leases(i))
                     .filter(|(_, g)| *g > 0)
                     .collect();
+            }
+            let mut grants = grants.into_iter();
+            if let Some(a) = grants.next() {
+                exchange.request_id = Some(a.id);
+                exchange.need = a.need;
+                exchange.want = a.want;
+                exchange.more = grants.map(|a| a.id).collect();
             }
             plans.push(Planned {
                 index,
@@ -268,6 +416,8 @@ impl Worker {
         }
         match result {
             Ok(replies) => {
+                let took = self.pool.now_ns().saturating_sub(now);
+                self.rtt_ns = (3 * self.rtt_ns + took) / 4;
                 self.breaker.success();
                 if self.pool.health.swap(HEALTHY, Ordering::Relaxed) != HEALTHY {
                     for t in &self.buckets {
@@ -284,13 +434,16 @@ impl Worker {
             Err(_) => {
                 self.con = None;
                 self.pool.failed_rounds.fetch_add(1, Ordering::Relaxed);
-                // Credits not sent are kept for the next round.
+                // Credits and resets not sent are kept for the next round.
                 for plan in &plans {
                     let t = &self.buckets[plan.index];
                     let credit = plan.exchange.credit_units / UNITS_PER_TOKEN;
                     t.shared.returned.fetch_add(credit, Ordering::Relaxed);
                     if plan.exchange.request_id.is_some() {
                         t.shared.demand.store(true, Ordering::Relaxed);
+                    }
+                    if plan.reset {
+                        t.shared.reset.store(true, Ordering::Relaxed);
                     }
                 }
                 let now = self.pool.now_ns();
@@ -435,8 +588,10 @@ impl Worker {
 
     fn apply(&mut self, plan: &Planned, reply: Reply, sent_ns: u64) {
         let ttl = self.ttl_ns();
+        let grace_ns = self.pool.config.grace.as_nanos() as u64;
         let t = &mut self.buckets[plan.index];
-        let b = &*t.shared;
+        let shared = t.shared.clone();
+        let b = &*shared;
         b.balance_units
             .store(reply.balance_units, Ordering::Relaxed);
         b.outstanding.store(reply.outstanding, Ordering::Relaxed);
@@ -457,38 +612,57 @@ impl Worker {
         if reply.balance_units >= UNITS_PER_TOKEN {
             b.rejected_until_ns.store(0, Ordering::Relaxed);
         }
-        match reply.outcome {
-            Outcome::Granted { tokens: g, .. } | Outcome::Replayed { tokens: g, .. } => {
-                let (id, _, _) = t.in_flight.take().unwrap_or_default();
-                if g > 0 {
-                    if let Some(i) = t.held.iter().position(Option::is_none) {
-                        // Spendable until the send time plus the time-to-live, rounded
-                        // down to the reservoir's time unit: before Redis's reclaim at
-                        // its grant time + ttl + grace.
-                        let expiry = (sent_ns + ttl) >> TIME_SHIFT;
-                        b.reservoir.install(i, expiry, g);
-                        t.held[i] = Some(Held {
-                            id,
-                            installed_ns: sent_ns,
-                        });
-                        b.stats.grants.fetch_add(1, Ordering::Relaxed);
-                        b.stats.granted_tokens.fetch_add(g, Ordering::Relaxed);
-                        b.rejected_until_ns.store(0, Ordering::Relaxed);
-                    } else {
-                        t.pending.push((id, g));
-                        t.pending_since_ns.get_or_insert(sent_ns);
-                    }
-                }
+        let ex = &plan.exchange;
+        if ex.request_id.is_some() {
+            t.in_flight
+                .retain(|a| ex.request_id.as_ref() != Some(&a.id) && !ex.more.contains(&a.id));
+        }
+        // Spendable until the send time plus the time-to-live, and never past Redis's
+        // reclaim less the grace (a replayed grant ran in an earlier round), rounded down
+        // to the reservoir's time unit.
+        let expiry_of = |reclaim_at_us: u64| {
+            let left_ns = reclaim_at_us
+                .saturating_sub(reply.now_us)
+                .saturating_mul(1000)
+                .saturating_sub(grace_ns);
+            (sent_ns + ttl.min(left_ns)) >> TIME_SHIFT
+        };
+        let first = match reply.outcome {
+            Outcome::Granted {
+                tokens,
+                reclaim_at_us,
             }
+            | Outcome::Replayed {
+                tokens,
+                reclaim_at_us,
+            } => Some((tokens, reclaim_at_us)),
+            _ => None,
+        };
+        let granted = ex
+            .request_id
+            .iter()
+            .zip(first)
+            .chain(ex.more.iter().zip(reply.more.iter().copied()));
+        for (id, (g, reclaim_at_us)) in granted {
+            if g > 0 && Self::install(t, id.clone(), g, expiry_of(reclaim_at_us), sent_ns) {
+                b.stats.grants.fetch_add(1, Ordering::Relaxed);
+                b.stats.granted_tokens.fetch_add(g, Ordering::Relaxed);
+                b.rejected_until_ns.store(0, Ordering::Relaxed);
+            }
+        }
+        match reply.outcome {
             Outcome::Rejected { retry_after_us } => {
-                t.in_flight = None;
-                // Ask again when a whole lease could be paid, not one token: a fleet far
-                // over its budget then polls about K*r/L times a second, not once per
-                // token per instance. Jittered up to half again, so instances refused
-                // together do not ask together; never past the lease lifetime.
-                let lease_ns = plan
-                    .exchange
-                    .want
+                // Ask again when a whole lease of the largest size (at most the share)
+                // could be paid, not one token nor a lease sized from the refused rate: a
+                // fleet far over its budget then polls about K*r/L times a second, not
+                // once per token per instance. Jittered up to half again, so instances
+                // refused together do not ask together; never past the lease lifetime.
+                let k = self.pool.instances_seen.load(Ordering::Relaxed).max(1);
+                let whole = b
+                    .max_cost
+                    .min(b.policy.capacity() / (2 * k))
+                    .max(plan.exchange.want);
+                let lease_ns = whole
                     .saturating_sub(plan.exchange.need)
                     .saturating_mul(1_000_000_000_000)
                     / b.policy.rate_milli().max(1);
@@ -503,8 +677,38 @@ impl Worker {
                     .store(sent_ns.saturating_add(wait), Ordering::Relaxed);
                 b.demand.store(true, Ordering::Relaxed);
             }
-            Outcome::NoGrant => {}
+            Outcome::Granted { .. } | Outcome::Replayed { .. } | Outcome::NoGrant => {}
         }
+    }
+
+    /// Puts a grant into the reservoir: into a word holding no lease, or merged into the
+    /// word holding the younger leases while its expiry is not near. A grant with no
+    /// room is settled unspent with the next exchange. Returns whether it was installed.
+    fn install(t: &mut Tracked, id: String, g: u64, expiry: u64, sent_ns: u64) -> bool {
+        let r = &t.shared.reservoir;
+        let held = Held {
+            id,
+            granted: g,
+            installed_ns: sent_ns,
+        };
+        if let Some(i) = t.held.iter().position(Vec::is_empty) {
+            r.install(i, expiry, g);
+            t.held[i].push(held);
+            t.supplied += g;
+            return true;
+        }
+        let young = |i: usize| t.held[i].first().map_or(0, |h| h.installed_ns);
+        let i = usize::from(young(1) > young(0));
+        let sent = sent_ns >> TIME_SHIFT;
+        let soon = sent + expiry.saturating_sub(sent) / 2;
+        if crate::reservoir::expiry(r.load(i)) > soon && r.merge(i, expiry, g) {
+            t.held[i].push(held);
+            t.supplied += g;
+            return true;
+        }
+        t.pending.push((held.id, g));
+        t.pending_since_ns.get_or_insert(sent_ns);
+        false
     }
 }
 

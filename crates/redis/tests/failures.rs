@@ -372,3 +372,48 @@ fn live_leases_are_registered_again_after_redis_lost_its_state() {
         "balance + outstanding = B"
     );
 }
+
+/// A refund made while the breaker is open is kept until Redis answers again, then
+/// credited: rounds the breaker holds back do not drop their credits.
+#[test]
+fn a_refund_during_an_outage_is_credited_once_redis_is_back() {
+    let mut server = common::Server::start();
+    let pool = RedisPool::connect(
+        PoolConfig::new(server.url(), "outage-refund")
+            .max_lease(10)
+            .exchange_timeout(Duration::from_millis(30))
+            .connect_timeout(Duration::from_millis(30))
+            .probe_backoff(Duration::from_millis(100), Duration::from_millis(200)),
+    )
+    .unwrap();
+    let policy = RemotePolicy::new(100, 0.001)
+        .unwrap()
+        .with_start(tokengate_redis::Start::Empty);
+    server.stop();
+    let bucket = pool.bucket("g", policy).unwrap();
+    bucket.refund(5);
+    let start = Instant::now();
+    while !pool.is_unavailable() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "breaker never opened"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Several rounds planned while the breaker holds them back.
+    std::thread::sleep(Duration::from_millis(60));
+    server.ensure_running();
+    let start = Instant::now();
+    loop {
+        let s = bucket.stats();
+        // The empty bucket holds the 5 credited tokens, or a lease paid by them.
+        if s.redis_balance + s.redis_outstanding == 5 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the credit was lost: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

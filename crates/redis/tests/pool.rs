@@ -36,11 +36,78 @@ fn one_instance_spends_the_whole_budget_and_no_more() {
     let admitted = drive(&bucket, Duration::from_millis(400));
     // B + r*T with r*T < 1 token: exactly the capacity.
     assert_eq!(admitted, 50);
-    assert!(pool.round_trips() >= 5, "{}", pool.round_trips());
+    // Leases of at most L = 10: five grants at least (several may share a round trip).
+    let stats = bucket.stats();
+    assert!(stats.grants >= 5, "{stats:?}");
+    assert!(stats.granted_tokens <= 10 * stats.grants, "{stats:?}");
     assert!(matches!(
         bucket.try_acquire(1),
         Err(Refused::Rejected { .. })
     ));
+}
+
+/// A thread spending as fast as it can runs dry every round: the pool asks several grants
+/// per round trip (one per round would cap it at one lease per round trip), and
+/// never holds more than the depth's `d` leases of at most `L`.
+#[test]
+fn a_hot_thread_gets_several_leases_per_round_trip_and_at_most_the_depth() {
+    let pool = RedisPool::connect(config("deep").max_lease(10).lease_depth(4)).unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(1_000_000, 1_000_000.0).unwrap())
+        .unwrap();
+    let end = Instant::now() + Duration::from_millis(400);
+    let (mut most, mut admitted) = (0, 0u64);
+    while Instant::now() < end {
+        for _ in 0..64 {
+            admitted += u64::from(bucket.try_acquire(1).is_ok());
+        }
+        most = most.max(bucket.leased_tokens());
+    }
+    let stats = bucket.stats();
+    let rounds = pool.round_trips();
+    eprintln!(
+        "{admitted} admitted, {} grants in {rounds} round trips, at most {most} held",
+        stats.grants
+    );
+    assert!(most <= 4 * 10, "held {most} > d * L = 40");
+    // Rounds carry several grants (how many depends on when the thread runs; one
+    // grant per round would give at most as many grants as round trips).
+    assert!(
+        stats.grants > rounds,
+        "{} grants in {rounds} round trips",
+        stats.grants
+    );
+    assert_eq!(admitted, stats.leased_admitted);
+}
+
+/// A thread deciding 50 times a second takes leases sized from that rate (a quarter of the
+/// ttl's worth, a few tokens), not whole leases of `L`: the first lease (before the rate is
+/// known) is whole, the later ones small.
+#[test]
+fn a_slow_instance_takes_leases_sized_from_its_rate() {
+    let pool = RedisPool::connect(
+        config("slow")
+            .max_lease(100)
+            .lease_ttl(Duration::from_millis(200)),
+    )
+    .unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(100_000, 100_000.0).unwrap())
+        .unwrap();
+    let start = Instant::now();
+    for i in 0..50u32 {
+        let at = start + Duration::from_millis(20) * i;
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let _ = bucket.try_acquire(1);
+    }
+    let stats = bucket.stats();
+    eprintln!("{} grants, {} tokens", stats.grants, stats.granted_tokens);
+    assert!(stats.grants >= 2, "{stats:?}");
+    // Whole leases would grant 100 each.
+    assert!(
+        stats.granted_tokens <= 100 + 50 * (stats.grants - 1),
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -53,6 +120,13 @@ fn two_pools_share_one_budget() {
         a.bucket("g", policy).unwrap(),
         b.bucket("g", policy).unwrap(),
     );
+    // Both hold their first lease before the drive: a thread spending as fast as it can
+    // could otherwise take the whole burst before the other pool's first round.
+    let start = Instant::now();
+    while ba.leased_tokens() == 0 || bb.leased_tokens() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "no first lease");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let (na, nb) = std::thread::scope(|s| {
         let ha = s.spawn(|| drive(&ba, Duration::from_millis(500)));
         let hb = s.spawn(|| drive(&bb, Duration::from_millis(500)));
@@ -130,6 +204,13 @@ fn settings_out_of_range_are_refused_with_the_range() {
         err.to_string(),
         "invalid pool setting: max_lease must be 1 ..= 16,777,215 tokens, got 0"
     );
+    for depth in [1, 65] {
+        let err = RedisPool::connect(config("cfg").lease_depth(depth)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("invalid pool setting: lease_depth must be 2 ..= 64 leases, got {depth}")
+        );
+    }
     let err = RedisPool::connect(PoolConfig::new("nota url", "x")).unwrap_err();
     assert!(matches!(err, PoolError::Url { .. }), "{err}");
     let pool = RedisPool::connect(config("scope")).unwrap();

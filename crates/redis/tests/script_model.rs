@@ -90,6 +90,14 @@ enum Op {
         old: u8,
         unspent: u64,
     },
+    GrantMany {
+        id: u8,
+        need: u64,
+        want: u64,
+        more: Vec<u8>,
+        old: u8,
+        unspent: u64,
+    },
     Credit {
         units: u64,
     },
@@ -106,6 +114,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..12, 0u64..70).prop_map(|(id, unspent)| Op::Settle { id, unspent }),
         2 => (0u8..12, 0u64..6, 0u64..60, 0u8..12, 0u64..70)
             .prop_map(|(id, need, want, old, unspent)| Op::GrantSettling { id, need, want, old, unspent }),
+        2 => (0u8..12, 0u64..6, 0u64..40, prop::collection::vec(0u8..16, 0..5), 0u8..16, 0u64..70)
+            .prop_map(|(id, need, want, more, old, unspent)| Op::GrantMany { id, need, want, more, old, unspent }),
         1 => (0u64..5_000_000).prop_map(|units| Op::Credit { units }),
         1 => (0u8..12, 0u64..80).prop_map(|(id, tokens)| Op::Register { id, tokens }),
         1 => Just(Op::Peek),
@@ -128,6 +138,18 @@ fn to_exchange(op: &Op) -> Exchange {
             unspent,
         } => Exchange {
             settle: vec![(id(old), *unspent)],
+            ..grant(&id(i), *need, *want)
+        },
+        Op::GrantMany {
+            id: i,
+            need,
+            want,
+            more,
+            old,
+            unspent,
+        } => Exchange {
+            settle: vec![(id(old), *unspent)],
+            more: more.iter().map(id).collect(),
             ..grant(&id(i), *need, *want)
         },
         Op::Credit { units } => Exchange {
@@ -235,6 +257,43 @@ fn same_request_id_twice_is_one_grant() {
     assert_eq!(again.outstanding, 30);
     // Full at B - outstanding: no refill while the lease is out.
     assert_eq!(again.balance_units, 70 * UNITS_PER_TOKEN);
+}
+
+#[test]
+fn further_grants_in_one_call_are_granted_once_and_replayed_on_retry() {
+    let policy = RemotePolicy::new(100, 0.001).unwrap();
+    let mut rig = Rig::new("more", policy, 5_000_000);
+    let ex = Exchange {
+        more: vec!["b".into(), "c".into(), "d".into()],
+        ..grant("a", 1, 30)
+    };
+    let first = rig.run(&ex, T0);
+    let at = T0 + 5_000_000;
+    assert_eq!(
+        first.outcome,
+        Outcome::Granted {
+            tokens: 30,
+            reclaim_at_us: at
+        }
+    );
+    // 70 left: 30, 30, then the 10 that remain.
+    assert_eq!(first.more, vec![(30, at), (30, at), (10, at)]);
+    assert_eq!(first.outstanding, 100);
+    assert_eq!(first.balance_units, 0);
+    // The same call again (a lost reply retried): every grant replayed, nothing new.
+    let again = rig.run(&ex, T0 + 10);
+    assert_eq!(again.more, first.more);
+    assert_eq!(again.outstanding, 100);
+    // A first grant refused: no further grant either.
+    let refused = rig.run(
+        &Exchange {
+            more: vec!["f".into()],
+            ..grant("e", 1, 30)
+        },
+        T0 + 20,
+    );
+    assert!(matches!(refused.outcome, Outcome::Rejected { .. }));
+    assert_eq!(refused.more, vec![(0, 0)]);
 }
 
 #[test]
