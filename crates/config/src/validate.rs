@@ -187,7 +187,11 @@ impl Checker<'_> {
                     &v.span(),
                     field,
                     v.get_ref(),
-                    &format!("a whole number from {min} to {max}"),
+                    &if max == u64::MAX {
+                        format!("a whole number, at least {min}")
+                    } else {
+                        format!("a whole number from {min} to {max}")
+                    },
                 );
                 None
             }

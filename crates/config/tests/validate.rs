@@ -130,7 +130,7 @@ fn the_message_names_file_line_and_field() {
     let text = e.to_string();
     assert!(text.contains("1 problem, nothing applied"), "{text}");
     assert!(
-        text.contains("limits.toml:6:12: rule[per-tenant].max_keys: must be a whole number from 1"),
+        text.contains("limits.toml:6:12: rule[per-tenant].max_keys: must be a whole number, at least 1, got 0"),
         "{text}"
     );
     let missing = Config::from_file(dir.path().join("absent.toml")).unwrap_err();
