@@ -211,7 +211,7 @@ fn format_nanos(nanos: u128) -> String {
     }
     let (name, unit) = WRITE_UNITS
         .iter()
-        .find(|(_, unit)| nanos % unit == 0)
+        .find(|(_, unit)| nanos.is_multiple_of(*unit))
         .copied()
         .unwrap_or(("ns", 1));
     format!("{}{name}", nanos / unit)
@@ -311,8 +311,8 @@ fn build(
                      not tokens per period",
                 ));
             }
-            let period = nanos_to_duration(nanos)
-                .ok_or_else(|| syntax("the refill period is too long"))?;
+            let period =
+                nanos_to_duration(nanos).ok_or_else(|| syntax("the refill period is too long"))?;
             let policy = Policy::per(capacity, tokens, period)?;
             Ok(match start {
                 Start::Full => policy,
@@ -329,14 +329,17 @@ impl FromStr for Policy {
     /// [module docs](crate::serde_policy).
     fn from_str(text: &str) -> Result<Policy, PolicyParseError> {
         let mut words = text.split_whitespace();
-        let rate = parse_rate(words.next().ok_or_else(|| {
-            syntax("empty policy: expected a rate such as \"100/s burst 200\"")
-        })?)?;
+        let rate =
+            parse_rate(words.next().ok_or_else(|| {
+                syntax("empty policy: expected a rate such as \"100/s burst 200\"")
+            })?)?;
         let mut capacity = None;
         let mut start = None;
         while let Some(word) = words.next() {
             match word {
-                "burst" if capacity.is_none() => capacity = Some(parse_whole("burst", words.next())?),
+                "burst" if capacity.is_none() => {
+                    capacity = Some(parse_whole("burst", words.next())?)
+                }
                 "start" if start.is_none() => start = Some(parse_start(words.next())?),
                 "burst" | "start" => return Err(syntax(format!("{word} is given twice"))),
                 other => {
@@ -361,7 +364,7 @@ fn tokens_per_period(num: u128, den: u128) -> (u128, u128) {
     }
     for period in [1, 60, 3600, 86_400].map(|s| s * NANOS_PER_SECOND) {
         if let Some(scaled) = num.checked_mul(period) {
-            if scaled % den == 0 {
+            if scaled.is_multiple_of(den) {
                 return (scaled / den, period);
             }
         }
@@ -388,7 +391,8 @@ impl Serialize for Policy {
             }
             _ => None,
         };
-        let len = 1 + if period.is_some() { 2 } else { 1 } + start_empty as usize + reservation as usize;
+        let len =
+            1 + if period.is_some() { 2 } else { 1 } + start_empty as usize + reservation as usize;
         let mut s = serializer.serialize_struct("Policy", len)?;
         s.serialize_field("capacity", &self.capacity())?;
         match period {
@@ -700,7 +704,10 @@ mod tests {
 
     #[test]
     fn periods_are_written_in_whole_tokens_of_the_smallest_round_period() {
-        assert_eq!(tokens_per_period(1, 600_000_000), (100, 60 * NANOS_PER_SECOND));
+        assert_eq!(
+            tokens_per_period(1, 600_000_000),
+            (100, 60 * NANOS_PER_SECOND)
+        );
         assert_eq!(tokens_per_period(1, 1_000_000_000), (1, NANOS_PER_SECOND));
         assert_eq!(tokens_per_period(1, 7), (1, 7));
     }

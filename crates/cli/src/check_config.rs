@@ -102,7 +102,11 @@ fn rule_report(s: &mut String, rule: &RuleConfig) -> usize {
         "\nrule {:?}: {} scope{}, {}",
         rule.name,
         rule.kind,
-        if rule.memory_bound().is_some() { "s (keyed)" } else { "" },
+        if rule.memory_bound().is_some() {
+            "s (keyed)"
+        } else {
+            ""
+        },
         flags.join(", ")
     );
     for (i, p) in rule.policies.iter().enumerate() {
@@ -142,13 +146,22 @@ fn rule_report(s: &mut String, rule: &RuleConfig) -> usize {
                      legitimate requests would be refused constantly",
                     show_number(rate),
                     show_number(normal),
-                    if rule.memory_bound().is_some() { " per key" } else { "" },
+                    if rule.memory_bound().is_some() {
+                        " per key"
+                    } else {
+                        ""
+                    },
                 ),
             );
         }
     }
     if let Some(queue) = rule.downstream_queue {
-        let burst = rule.policies.iter().map(Policy::capacity).max().unwrap_or(0);
+        let burst = rule
+            .policies
+            .iter()
+            .map(Policy::capacity)
+            .max()
+            .unwrap_or(0);
         if burst > queue {
             warn(
                 s,
@@ -169,7 +182,11 @@ fn policy_report(s: &mut String, i: usize, p: &Policy) {
         i + 1,
         p.capacity(),
         show_number(p.refill_per_second()),
-        if p.starts_full() { "" } else { ", starts empty" },
+        if p.starts_full() {
+            ""
+        } else {
+            ", starts empty"
+        },
     );
     let _ = writeln!(
         s,
@@ -191,7 +208,10 @@ fn show_precise(v: f64) -> String {
 fn show_long(d: Duration) -> String {
     let days = d.as_secs_f64() / 86_400.0;
     if days >= 365.25 * 2.0 {
-        format!("{} years", show_number((days / 365.25 * 10.0).round() / 10.0))
+        format!(
+            "{} years",
+            show_number((days / 365.25 * 10.0).round() / 10.0)
+        )
     } else if days >= 2.0 {
         format!("{} days", show_number(days.round()))
     } else {

@@ -220,10 +220,9 @@ impl fmt::Display for ProblemKind {
                 write!(f, "a key of {kind} scopes must be {expected}")
             }
             ProblemKind::UnknownTier(name) => write!(f, "no tier named {name:?} is defined"),
-            ProblemKind::DuplicateOverride { scope, first_line } => write!(
-                f,
-                "{scope} already has an override, at line {first_line}"
-            ),
+            ProblemKind::DuplicateOverride { scope, first_line } => {
+                write!(f, "{scope} already has an override, at line {first_line}")
+            }
             ProblemKind::TooManyOverrides { count, max } => {
                 write!(f, "{count} overrides, above the most allowed, {max}")
             }

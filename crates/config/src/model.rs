@@ -109,7 +109,11 @@ pub struct MemoryBound {
 impl RuleConfig {
     /// The smallest capacity among the rule's policies.
     pub fn min_capacity(&self) -> u64 {
-        self.policies.iter().map(Policy::capacity).min().unwrap_or(0)
+        self.policies
+            .iter()
+            .map(Policy::capacity)
+            .min()
+            .unwrap_or(0)
     }
 
     /// The bytes of one key of this kind.

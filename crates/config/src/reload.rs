@@ -189,7 +189,10 @@ impl ConfigWatcher {
     ///
     /// [`WatchError::Config`] when the file is missing or invalid, [`WatchError::Watch`]
     /// when its directory cannot be watched.
-    pub fn start(path: impl AsRef<Path>, options: WatchOptions) -> Result<ConfigWatcher, WatchError> {
+    pub fn start(
+        path: impl AsRef<Path>,
+        options: WatchOptions,
+    ) -> Result<ConfigWatcher, WatchError> {
         let path = path.as_ref().to_path_buf();
         let text = std::fs::read_to_string(&path)
             .map_err(|e| WatchError::Config(ConfigError::io(&path, &e)))?;
@@ -210,19 +213,20 @@ impl ConfigWatcher {
         let name = reloader.path.file_name().map(ToOwned::to_owned);
         let (sender, receiver) = mpsc::channel();
         let events = sender.clone();
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let relevant = match event {
-                // Reading the file (ours included) is no change.
-                Ok(e) if matches!(e.kind, EventKind::Access(_)) => false,
-                Ok(e) => e.paths.iter().any(|p| p.file_name() == name.as_deref()),
-                // An overflowed queue may have lost our file's event: look again.
-                Err(_) => true,
-            };
-            if relevant {
-                let _ = events.send(Message::Changed);
-            }
-        })
-        .map_err(|e| WatchError::Watch(e.to_string()))?;
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let relevant = match event {
+                    // Reading the file (ours included) is no change.
+                    Ok(e) if matches!(e.kind, EventKind::Access(_)) => false,
+                    Ok(e) => e.paths.iter().any(|p| p.file_name() == name.as_deref()),
+                    // An overflowed queue may have lost our file's event: look again.
+                    Err(_) => true,
+                };
+                if relevant {
+                    let _ = events.send(Message::Changed);
+                }
+            })
+            .map_err(|e| WatchError::Watch(e.to_string()))?;
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(|e| WatchError::Watch(e.to_string()))?;

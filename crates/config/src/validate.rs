@@ -15,9 +15,7 @@ use tokengate::{ManualClock, Policy};
 use toml::{Spanned, Value};
 
 use crate::error::{ConfigError, Problem, ProblemKind, locate};
-use crate::model::{
-    Config, LeaseSettings, MAX_OVERRIDES, RuleConfig, Tier,
-};
+use crate::model::{Config, LeaseSettings, MAX_OVERRIDES, RuleConfig, Tier};
 use crate::raw::{RawEviction, RawFile, RawRule};
 
 impl Config {
@@ -113,7 +111,11 @@ fn syntax_problem(text: &str, e: &toml::de::Error) -> Problem {
         .and_then(|line| {
             let line = line.trim();
             if line.starts_with('[') {
-                Some(line.trim_matches(|c| c == '[' || c == ']').trim().to_owned())
+                Some(
+                    line.trim_matches(|c| c == '[' || c == ']')
+                        .trim()
+                        .to_owned(),
+                )
             } else {
                 line.split_once('=').map(|(k, _)| k.trim().to_owned())
             }
@@ -167,7 +169,13 @@ impl Checker<'_> {
         });
     }
 
-    fn out_of_range(&mut self, span: &Range<usize>, field: &str, value: impl ToString, expected: &str) {
+    fn out_of_range(
+        &mut self,
+        span: &Range<usize>,
+        field: &str,
+        value: impl ToString,
+        expected: &str,
+    ) {
         self.report(
             span,
             field,
@@ -202,7 +210,11 @@ impl Checker<'_> {
         match Policy::deserialize(v.get_ref().clone()) {
             Ok(p) => Some(p),
             Err(e) => {
-                self.report(&v.span(), field, ProblemKind::Policy(e.message().to_owned()));
+                self.report(
+                    &v.span(),
+                    field,
+                    ProblemKind::Policy(e.message().to_owned()),
+                );
                 None
             }
         }
@@ -270,7 +282,11 @@ impl Checker<'_> {
                 format!("rule[{name}]")
             };
             if name.is_empty() {
-                self.report(&r.name.span(), &format!("{field}.name"), ProblemKind::EmptyName);
+                self.report(
+                    &r.name.span(),
+                    &format!("{field}.name"),
+                    ProblemKind::EmptyName,
+                );
             } else if let Some(&first_line) = names.get(&name) {
                 self.report(
                     &r.name.span(),
@@ -316,9 +332,10 @@ impl Checker<'_> {
                     None
                 }
             });
-            let downstream_queue = r.downstream_queue.as_ref().and_then(|v| {
-                self.whole(v, &format!("{field}.downstream_queue"), 0, u64::MAX)
-            });
+            let downstream_queue = r
+                .downstream_queue
+                .as_ref()
+                .and_then(|v| self.whole(v, &format!("{field}.downstream_queue"), 0, u64::MAX));
             if let (Some(kind), true) = (kind, self.problems.len() == before) {
                 rules.push(RuleConfig {
                     name,
@@ -456,7 +473,11 @@ impl Checker<'_> {
             };
             let before = self.problems.len();
             if name.is_empty() {
-                self.report(&c.name.span(), &format!("{field}.name"), ProblemKind::EmptyName);
+                self.report(
+                    &c.name.span(),
+                    &format!("{field}.name"),
+                    ProblemKind::EmptyName,
+                );
             } else if let Some(&first_line) = names.get(&name) {
                 self.report(
                     &c.name.span(),
@@ -541,7 +562,11 @@ impl Checker<'_> {
                 continue;
             };
             if kind == ScopeKind::Global {
-                self.report(&o.scope.span(), &format!("{field}.scope"), ProblemKind::OverrideOnGlobal);
+                self.report(
+                    &o.scope.span(),
+                    &format!("{field}.scope"),
+                    ProblemKind::OverrideOnGlobal,
+                );
                 continue;
             }
             if !ruled.contains(&kind) {
@@ -607,7 +632,12 @@ impl Checker<'_> {
             for (scope, tier) in overrides {
                 if scope.kind() == rule.kind {
                     if let Some(t) = tiers.get(tier) {
-                        let c = t.policies.iter().map(Policy::capacity).min().unwrap_or(u64::MAX);
+                        let c = t
+                            .policies
+                            .iter()
+                            .map(Policy::capacity)
+                            .min()
+                            .unwrap_or(u64::MAX);
                         capacity = capacity.min(c);
                     }
                 }

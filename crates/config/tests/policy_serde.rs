@@ -22,21 +22,40 @@ fn written(p: Policy) -> String {
 
 #[test]
 fn table_forms_build_the_policies_they_name() {
-    assert_eq!(read("{ capacity = 200, refill_per_second = 100 }").unwrap(), Policy::new(200, 100.0).unwrap());
-    assert_eq!(read("{ capacity = 200, refill_per_second = 0.5 }").unwrap(), Policy::new(200, 0.5).unwrap());
+    assert_eq!(
+        read("{ capacity = 200, refill_per_second = 100 }").unwrap(),
+        Policy::new(200, 100.0).unwrap()
+    );
+    assert_eq!(
+        read("{ capacity = 200, refill_per_second = 0.5 }").unwrap(),
+        Policy::new(200, 0.5).unwrap()
+    );
     assert_eq!(
         read("{ capacity = 100, per = \"1m\", tokens = 100 }").unwrap(),
         Policy::per(100, 100, Duration::from_secs(60)).unwrap()
     );
-    let p = read("{ capacity = 60, refill_per_second = 10, start = \"empty\", max_reservation = \"2s\" }").unwrap();
-    let q = Policy::builder(60, 10.0).start(Start::Empty).max_reservation(Duration::from_secs(2)).build().unwrap();
+    let p = read(
+        "{ capacity = 60, refill_per_second = 10, start = \"empty\", max_reservation = \"2s\" }",
+    )
+    .unwrap();
+    let q = Policy::builder(60, 10.0)
+        .start(Start::Empty)
+        .max_reservation(Duration::from_secs(2))
+        .build()
+        .unwrap();
     assert_eq!(p, q);
-    assert_eq!(read("\"100/s burst 200\"").unwrap(), Policy::new(200, 100.0).unwrap());
+    assert_eq!(
+        read("\"100/s burst 200\"").unwrap(),
+        Policy::new(200, 100.0).unwrap()
+    );
 }
 
 #[test]
 fn policies_are_written_in_one_canonical_form() {
-    assert_eq!(written(Policy::new(200, 100.0).unwrap()), "[p]\ncapacity = 200\nrefill_per_second = 100.0\n");
+    assert_eq!(
+        written(Policy::new(200, 100.0).unwrap()),
+        "[p]\ncapacity = 200\nrefill_per_second = 100.0\n"
+    );
     // 100 per minute, however it was given, is written per minute; 300 per minute is
     // whole per second, and written so.
     for p in [
@@ -44,11 +63,18 @@ fn policies_are_written_in_one_canonical_form() {
         Policy::per(30, 200, Duration::from_secs(120)).unwrap(),
         "100/m burst 30".parse().unwrap(),
     ] {
-        assert_eq!(written(p), "[p]\ncapacity = 30\ntokens = 100\nper = \"1m\"\n");
+        assert_eq!(
+            written(p),
+            "[p]\ncapacity = 30\ntokens = 100\nper = \"1m\"\n"
+        );
     }
     let p = Policy::per(30, 300, Duration::from_secs(60)).unwrap();
     assert_eq!(written(p), "[p]\ncapacity = 30\ntokens = 5\nper = \"1s\"\n");
-    let q = Policy::builder(60, 10.0).start(Start::Empty).max_reservation(Duration::from_millis(1500)).build().unwrap();
+    let q = Policy::builder(60, 10.0)
+        .start(Start::Empty)
+        .max_reservation(Duration::from_millis(1500))
+        .build()
+        .unwrap();
     assert_eq!(
         written(q),
         "[p]\ncapacity = 60\nrefill_per_second = 10.0\nstart = \"empty\"\nmax_reservation = \"1500ms\"\n"

@@ -17,8 +17,11 @@ fn rule(capacity: u64) -> String {
 }
 
 fn start(path: &Path) -> (ConfigWatcher, Receiver<ReloadEvent>) {
-    let watcher = ConfigWatcher::start(path, WatchOptions::new().debounce(Duration::from_millis(50)))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let watcher = ConfigWatcher::start(
+        path,
+        WatchOptions::new().debounce(Duration::from_millis(50)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let (tx, rx) = mpsc::channel();
     watcher.subscribe(move |e| {
         let _ = tx.send(e.clone());
@@ -28,7 +31,11 @@ fn start(path: &Path) -> (ConfigWatcher, Receiver<ReloadEvent>) {
 
 /// Waits for the first event `want` accepts (a save may be seen half-written first: a
 /// rejection of an empty or partial file is skipped).
-fn wait_for(rx: &Receiver<ReloadEvent>, what: &str, want: impl Fn(&ReloadEvent) -> bool) -> ReloadEvent {
+fn wait_for(
+    rx: &Receiver<ReloadEvent>,
+    what: &str,
+    want: impl Fn(&ReloadEvent) -> bool,
+) -> ReloadEvent {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -41,8 +48,10 @@ fn wait_for(rx: &Receiver<ReloadEvent>, what: &str, want: impl Fn(&ReloadEvent) 
 }
 
 fn capacity_applied(capacity: u64) -> impl Fn(&ReloadEvent) -> bool {
-    move |e| matches!(e, ReloadEvent::Applied { current, .. }
+    move |e| {
+        matches!(e, ReloadEvent::Applied { current, .. }
         if current.rule(ScopeKind::Tenant).is_some_and(|r| r.policies[0].capacity() == capacity))
+    }
 }
 
 fn capacity_of(w: &ConfigWatcher) -> u64 {
@@ -59,11 +68,19 @@ fn an_edit_is_published_and_subscribers_see_old_and_new() {
     let shared = w.shared();
 
     std::fs::write(&path, rule(30)).unwrap();
-    let ReloadEvent::Applied { previous, current } = wait_for(&rx, "the edit", capacity_applied(30)) else {
+    let ReloadEvent::Applied { previous, current } =
+        wait_for(&rx, "the edit", capacity_applied(30))
+    else {
         unreachable!()
     };
-    assert_eq!(previous.rule(ScopeKind::Tenant).unwrap().policies[0].capacity(), 20);
-    assert_eq!(current.rule(ScopeKind::Tenant).unwrap().policies[0].capacity(), 30);
+    assert_eq!(
+        previous.rule(ScopeKind::Tenant).unwrap().policies[0].capacity(),
+        20
+    );
+    assert_eq!(
+        current.rule(ScopeKind::Tenant).unwrap().policies[0].capacity(),
+        30
+    );
     assert_eq!(capacity_of(&w), 30);
     assert_eq!(shared.load().rules[0].policies[0].capacity(), 30);
 }
@@ -80,8 +97,14 @@ fn an_invalid_edit_keeps_the_running_configuration_and_says_why() {
         matches!(e, ReloadEvent::Rejected(ConfigError::Invalid { problems, .. })
             if problems.iter().any(|p| p.field == "surprise"))
     });
-    let ReloadEvent::Rejected(e) = e else { unreachable!() };
-    assert!(e.to_string().contains("limits.toml:5:1: surprise: unknown field"), "{e}");
+    let ReloadEvent::Rejected(e) = e else {
+        unreachable!()
+    };
+    assert!(
+        e.to_string()
+            .contains("limits.toml:5:1: surprise: unknown field"),
+        "{e}"
+    );
     assert_eq!(capacity_of(&w), 20, "nothing of the invalid file applied");
     assert!(w.reload_now().is_err());
     assert_eq!(capacity_of(&w), 20);
@@ -116,7 +139,13 @@ fn a_deleted_file_keeps_the_running_configuration_until_it_returns() {
 
     std::fs::remove_file(&path).unwrap();
     wait_for(&rx, "the deletion", |e| {
-        matches!(e, ReloadEvent::Rejected(ConfigError::Io { kind: std::io::ErrorKind::NotFound, .. }))
+        matches!(
+            e,
+            ReloadEvent::Rejected(ConfigError::Io {
+                kind: std::io::ErrorKind::NotFound,
+                ..
+            })
+        )
     });
     assert_eq!(capacity_of(&w), 20);
 
@@ -149,7 +178,10 @@ fn a_watch_needs_a_valid_file_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     let e = ConfigWatcher::start(&path, WatchOptions::new()).unwrap_err();
-    assert!(matches!(e, WatchError::Config(ConfigError::Io { .. })), "{e}");
+    assert!(
+        matches!(e, WatchError::Config(ConfigError::Io { .. })),
+        "{e}"
+    );
     std::fs::write(&path, "[[rule]]\nname = \"t\"\n").unwrap();
     let e = ConfigWatcher::start(&path, WatchOptions::new()).unwrap_err();
     assert!(e.to_string().contains("missing field"), "{e}");

@@ -47,7 +47,11 @@ fn the_readme_sample_is_valid_and_means_what_it_says() {
     assert_eq!(route.inheritance, Inheritance::Proportional);
     assert_eq!(config.shadow_kinds(), vec![ScopeKind::TenantRoute]);
 
-    let export = config.classes.iter().find(|c| c.name() == "export").unwrap();
+    let export = config
+        .classes
+        .iter()
+        .find(|c| c.name() == "export")
+        .unwrap();
     assert_eq!(export.cost_in(ScopeKind::Global), 5);
     assert_eq!(export.cost_in(ScopeKind::Tenant), 20);
     assert_eq!(export.cost_in(ScopeKind::TenantRoute), 0);
