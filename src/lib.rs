@@ -94,6 +94,8 @@ pub mod policy;
 pub mod reservation;
 pub mod retry;
 pub mod scope;
+#[cfg(feature = "serde")]
+pub mod serde_policy;
 mod sleep;
 pub mod state;
 mod sync;

@@ -7,6 +7,7 @@
 //! cargo run --release -p tokengate-cli -- fleet       # K processes share one budget on Redis
 
 //! cargo run --release -p tokengate-cli -- tune LOG    # replay access logs against a grid of B and r
+//! cargo run --release -p tokengate-cli -- check-config FILE  # validate a configuration, print what it means
 //! ```
 
 use std::fs::File;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod check_config;
 mod engines;
 mod fleet;
 mod mutex_bucket;
@@ -50,6 +52,10 @@ enum Command {
     /// Replay access logs (CLF, JSON lines, CSV) against a grid of capacities and rates
     /// in parallel, and recommend a policy: a CSV of every cell, an SVG heatmap.
     Tune(Box<tune::Args>),
+    /// Validate a configuration file (tokengate-config) and print each rule's effective
+    /// rate, rate error, tick, wrap period and memory bound, with warnings against the
+    /// traffic and queue figures the file gives; non-zero exit on any error.
+    CheckConfig(check_config::Args),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +66,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args, &mut out),
         Command::Fleet(args) => fleet::run(args, &mut out),
         Command::Tune(args) => tune::run(*args, &mut out),
+        Command::CheckConfig(args) => check_config::run(args, &mut out),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

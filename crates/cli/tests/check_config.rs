@@ -1,0 +1,176 @@
+//! `tokengate check-config` end to end: the README's sample, warnings, and each kind of
+//! invalid file refused with a non-zero exit and the place of every problem.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Writes `text` to a fresh file named `name` for one test.
+fn file(name: &str, text: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("check-config");
+    std::fs::create_dir_all(&d).unwrap();
+    let path = d.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn check(path: &Path, extra: &[&str]) -> (Output, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .arg("check-config")
+        .arg(path)
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+/// The sample configuration of the config crate's README.
+fn sample() -> String {
+    let readme = include_str!("../../config/README.md");
+    let start = readme.find("```toml\n").unwrap() + "```toml\n".len();
+    let end = start + readme[start..].find("```").unwrap();
+    readme[start..end].to_owned()
+}
+
+const TENANT: &str =
+    "[[rule]]\nname = \"t\"\nscope = \"tenant\"\npolicies = [\"20/s burst 100\"]\n";
+
+#[test]
+fn the_sample_is_valid_and_its_figures_are_printed() {
+    let (out, stdout, stderr) = check(&file("sample.toml", &sample()), &[]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("valid: 3 rules, 3 classes, 1 tier, 2 overrides"),
+        "{stdout}"
+    );
+    // B = 10000, r = 5000/s: the effective rate is just below, with its error, tick and
+    // wrap period.
+    assert!(
+        stdout.contains("policy 1: capacity 10000, refill 5000 tokens/s"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("effective 4999.8"), "{stdout}");
+    assert!(stdout.contains("rate error 0.004%"), "{stdout}");
+    assert!(stdout.contains("wraps after 9.1 years"), "{stdout}");
+    // 100,000 tenant keys of 88-byte entries (8 key, 2 x 8 words, 64 counters).
+    assert!(
+        stdout.contains(
+            "memory bound: 100000 keys x 203.4 B = 19.4 MiB (entries of 88 B with counters"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("lease: slots 8, largest lease 100 tokens"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("not enforced by the engine yet"),
+        "{stdout}"
+    );
+    // The tenant rule's 100/m is below its normal 2/s per key.
+    assert!(
+        stdout.contains(
+            "warning: refill rate 1.667 tokens/s is below the normal traffic of 2 tokens/s per key"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\n1 warning\n"), "{stdout}");
+
+    let (out, _, stderr) = check(&file("sample-deny.toml", &sample()), &["--deny-warnings"]);
+    assert!(!out.status.success());
+    assert!(stderr.contains("1 warning (--deny-warnings)"), "{stderr}");
+}
+
+#[test]
+fn a_burst_above_the_downstream_queue_is_warned_about() {
+    let text = format!("{TENANT}downstream_queue = 50\nnormal_rate = 10\n");
+    let (out, stdout, _) = check(&file("queue.toml", &text), &[]);
+    assert!(out.status.success());
+    assert!(
+        stdout
+            .contains("warning: capacity 100 tokens is above the 50 the downstream queue absorbs"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("normal traffic"), "{stdout}");
+    assert!(stdout.contains("\n1 warning\n"), "{stdout}");
+    // Within the figures: no warning.
+    let text = format!("{TENANT}downstream_queue = 100\nnormal_rate = 19.99\n");
+    let (_, stdout, _) = check(&file("queue-ok.toml", &text), &[]);
+    assert!(stdout.contains("\n0 warnings\n"), "{stdout}");
+}
+
+#[test]
+fn each_kind_of_invalid_file_is_refused_with_its_place() {
+    for (name, text, needles) in [
+        (
+            "unknown-field.toml",
+            format!("{TENANT}burst = 3\n"),
+            vec!["unknown-field.toml:5:1: burst: unknown field `burst`"],
+        ),
+        (
+            "zero-rate.toml",
+            TENANT.replace("20/s burst 100", "0/s burst 100"),
+            vec!["zero-rate.toml:4:13: rule[t].policies[0]: refill rate must be above 0"],
+        ),
+        (
+            "zero-capacity.toml",
+            TENANT.replace("burst 100", "burst 0"),
+            vec!["capacity must be at least 1 token, got 0"],
+        ),
+        (
+            "unrepresentable.toml",
+            TENANT.replace("20/s", "1e30/s"),
+            vec!["is above the largest this layout represents for capacity 100"],
+        ),
+        (
+            "duplicate.toml",
+            format!("{TENANT}{}", TENANT.replace("tenant", "user")),
+            vec![
+                "duplicate.toml:6:8: rule[t].name: rule name \"t\" is already used by the rule at line 2",
+            ],
+        ),
+        (
+            "orphan.toml",
+            format!(
+                "{TENANT}[tier.gold]\npolicies = [\"1/s\"]\n[[override]]\nscope = \"user\"\nkey = 1\ntier = \"gold\"\n"
+            ),
+            vec!["override for user scopes, which have no rule"],
+        ),
+        (
+            "lease.toml",
+            format!("{TENANT}lease = {{ slots = 4 }}\n"),
+            vec!["lease on the rule for tenant scopes"],
+        ),
+        (
+            "two.toml",
+            format!("{TENANT}max_keys = 0\nshards = 5\n"),
+            vec![
+                "2 problems, nothing applied",
+                "two.toml:5:12: rule[t].max_keys",
+                "two.toml:6:10: rule[t].shards",
+            ],
+        ),
+        (
+            "not-toml.toml",
+            "[[rule]\n".to_owned(),
+            vec!["not-toml.toml:1:"],
+        ),
+    ] {
+        let (out, stdout, stderr) = check(&file(name, &text), &[]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stdout}");
+        assert!(stdout.is_empty(), "{name}: {stdout}");
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "{name}: {needle:?} not in {stderr}"
+            );
+        }
+    }
+    let (out, _, stderr) = check(Path::new("/nonexistent/limits.toml"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr.contains("/nonexistent/limits.toml: cannot read"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,73 @@
+//! tokengate deployments as TOML files: read, validated whole, built into the engine's
+//! rules, and reloaded live.
+//!
+//! A file names rules per scope kind (each with one or several policies, map bounds,
+//! shadow mode, lease settings and the token-inheritance strategy for reloads), the work
+//! classes and their costs, tiers of policies and per-key overrides. The format, with a
+//! sample, is in the crate's README.
+//!
+//! - [`Config::from_file`] / [`Config::from_toml`]: parse and validate. Unknown fields
+//!   are refused; every problem of the file is listed, each with its line, column and
+//!   field ([`ConfigError`]); a file with any problem is refused whole.
+//! - [`Config::rule_set`]: the engine's [`RuleSet`](tokengate::scope::RuleSet) for what
+//!   it enforces today (one policy per rule, no overrides); a file using more is refused
+//!   with [`Unsupported`] rather than half-applied.
+//! - [`ConfigWatcher`]: reload on change, debounced, published atomically.
+//!
+//! # What the engine does not consume yet
+//!
+//! The validated model keeps them, so that an applier can: rules with several policies
+//! ([`RuleConfig::policies`]), tiers and per-key overrides ([`Config::policies_for`]),
+//! and the inheritance strategy of each rule ([`Inheritance`]): applying a reload to
+//! live buckets is the engine's part. Shadow flags are consumed by the tower layer
+//! ([`Config::shadow_kinds`]); the evidence figures (`normal_rate`,
+//! `downstream_queue`) by `tokengate check-config`.
+//!
+//! ```
+//! use tokengate_config::Config;
+//!
+//! let config = Config::from_toml(r#"
+//!     [[rule]]
+//!     name = "everyone"
+//!     scope = "global"
+//!     policies = [{ capacity = 1000, refill_per_second = 500 }]
+//!
+//!     [[rule]]
+//!     name = "per-tenant"
+//!     scope = "tenant"
+//!     policies = ["20/s burst 100"]
+//!     max_keys = 50000
+//! "#)?;
+//! assert_eq!(config.rules.len(), 2);
+//! let limiter = config.rule_set()?.build()?;
+//! assert!(limiter.class("anything").is_none());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
+#![doc(test(attr(deny(warnings))))]
+
+mod build;
+mod error;
+mod model;
+mod raw;
+mod reload;
+mod validate;
+
+/// The README's sample configuration, checked by the tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+pub use build::Unsupported;
+pub use error::{ConfigError, Location, Problem, ProblemKind};
+pub use model::{
+    COUNTER_BYTES, Config, Inheritance, LeaseSettings, MAX_OVERRIDES, MemoryBound, RuleConfig,
+    Tier, WORD_BYTES,
+};
+pub use reload::{ConfigWatcher, ReloadEvent, WatchError, WatchOptions};

@@ -1,0 +1,188 @@
+//! Live reload with real files in a temporary directory: edits, invalid edits, editors'
+//! rename-over saves, deletion and return. Every wait is bounded; nothing asserts a time.
+
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use tokengate::scope::ScopeKind;
+use tokengate_config::{ConfigError, ConfigWatcher, ReloadEvent, WatchError, WatchOptions};
+
+/// How long a test waits for an event before it fails (not a timing assertion: events
+/// normally arrive within the debounce).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn rule(capacity: u64) -> String {
+    format!("[[rule]]\nname = \"t\"\nscope = \"tenant\"\npolicies = [\"10/s burst {capacity}\"]\n")
+}
+
+fn start(path: &Path) -> (ConfigWatcher, Receiver<ReloadEvent>) {
+    let watcher = ConfigWatcher::start(
+        path,
+        WatchOptions::new().debounce(Duration::from_millis(50)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (tx, rx) = mpsc::channel();
+    watcher.subscribe(move |e| {
+        let _ = tx.send(e.clone());
+    });
+    (watcher, rx)
+}
+
+/// Waits for the first event `want` accepts (a save may be seen half-written first: a
+/// rejection of an empty or partial file is skipped).
+fn wait_for(
+    rx: &Receiver<ReloadEvent>,
+    what: &str,
+    want: impl Fn(&ReloadEvent) -> bool,
+) -> ReloadEvent {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(e) if want(&e) => return e,
+            Ok(_) => continue,
+            Err(_) => panic!("no event: {what}"),
+        }
+    }
+}
+
+fn capacity_applied(capacity: u64) -> impl Fn(&ReloadEvent) -> bool {
+    move |e| {
+        matches!(e, ReloadEvent::Applied { current, .. }
+        if current.rule(ScopeKind::Tenant).is_some_and(|r| r.policies[0].capacity() == capacity))
+    }
+}
+
+fn capacity_of(w: &ConfigWatcher) -> u64 {
+    w.current().rule(ScopeKind::Tenant).unwrap().policies[0].capacity()
+}
+
+#[test]
+fn an_edit_is_published_and_subscribers_see_old_and_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, rule(20)).unwrap();
+    let (w, rx) = start(&path);
+    assert_eq!(capacity_of(&w), 20);
+    let shared = w.shared();
+
+    std::fs::write(&path, rule(30)).unwrap();
+    let ReloadEvent::Applied { previous, current } =
+        wait_for(&rx, "the edit", capacity_applied(30))
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        previous.rule(ScopeKind::Tenant).unwrap().policies[0].capacity(),
+        20
+    );
+    assert_eq!(
+        current.rule(ScopeKind::Tenant).unwrap().policies[0].capacity(),
+        30
+    );
+    assert_eq!(capacity_of(&w), 30);
+    assert_eq!(shared.load().rules[0].policies[0].capacity(), 30);
+}
+
+#[test]
+fn an_invalid_edit_keeps_the_running_configuration_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, rule(20)).unwrap();
+    let (w, rx) = start(&path);
+
+    std::fs::write(&path, format!("{}surprise = 1\n", rule(40))).unwrap();
+    let e = wait_for(&rx, "the rejection", |e| {
+        matches!(e, ReloadEvent::Rejected(ConfigError::Invalid { problems, .. })
+            if problems.iter().any(|p| p.field == "surprise"))
+    });
+    let ReloadEvent::Rejected(e) = e else {
+        unreachable!()
+    };
+    assert!(
+        e.to_string()
+            .contains("limits.toml:5:1: surprise: unknown field"),
+        "{e}"
+    );
+    assert_eq!(capacity_of(&w), 20, "nothing of the invalid file applied");
+    assert!(w.reload_now().is_err());
+    assert_eq!(capacity_of(&w), 20);
+
+    // Fixing the file publishes it.
+    std::fs::write(&path, rule(40)).unwrap();
+    wait_for(&rx, "the fixed file", capacity_applied(40));
+    assert_eq!(capacity_of(&w), 40);
+}
+
+#[test]
+fn a_rename_over_save_is_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, rule(20)).unwrap();
+    let (w, rx) = start(&path);
+
+    // As editors save: write a new file beside it, then rename it over the old one.
+    let tmp = dir.path().join(".limits.toml.swp");
+    std::fs::write(&tmp, rule(50)).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    wait_for(&rx, "the renamed file", capacity_applied(50));
+    assert_eq!(capacity_of(&w), 50);
+}
+
+#[test]
+fn a_deleted_file_keeps_the_running_configuration_until_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, rule(20)).unwrap();
+    let (w, rx) = start(&path);
+
+    std::fs::remove_file(&path).unwrap();
+    wait_for(&rx, "the deletion", |e| {
+        matches!(
+            e,
+            ReloadEvent::Rejected(ConfigError::Io {
+                kind: std::io::ErrorKind::NotFound,
+                ..
+            })
+        )
+    });
+    assert_eq!(capacity_of(&w), 20);
+
+    // The same file back: published again, so subscribers hear it is good again.
+    std::fs::write(&path, rule(20)).unwrap();
+    wait_for(&rx, "the file's return", capacity_applied(20));
+    assert_eq!(capacity_of(&w), 20);
+}
+
+#[test]
+fn unchanged_text_is_not_published_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, rule(20)).unwrap();
+    let (w, rx) = start(&path);
+    let before = w.current();
+
+    // Another file of the directory changes: ours is not republished.
+    std::fs::write(dir.path().join("other.toml"), "not = [valid").unwrap();
+    assert_eq!(w.reload_now(), Ok(false));
+    assert!(std::sync::Arc::ptr_eq(&before, &w.current()));
+
+    std::fs::write(&path, rule(60)).unwrap();
+    wait_for(&rx, "our edit", capacity_applied(60));
+    assert_eq!(w.reload_now(), Ok(false));
+}
+
+#[test]
+fn a_watch_needs_a_valid_file_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    let e = ConfigWatcher::start(&path, WatchOptions::new()).unwrap_err();
+    assert!(
+        matches!(e, WatchError::Config(ConfigError::Io { .. })),
+        "{e}"
+    );
+    std::fs::write(&path, "[[rule]]\nname = \"t\"\n").unwrap();
+    let e = ConfigWatcher::start(&path, WatchOptions::new()).unwrap_err();
+    assert!(e.to_string().contains("missing field"), "{e}");
+}
