@@ -15,6 +15,7 @@ use crossbeam_utils::CachePadded;
 use super::exchange::{self, Attempt, Step};
 use crate::clock::Clock;
 use crate::error::AcquireError;
+use crate::error::clock_went_backwards;
 use crate::policy::Policy;
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
@@ -297,16 +298,23 @@ impl LocalPool {
     }
 }
 
+/// A full `snapshot` found well behind the word, re-anchored: full at `now_tick`, not
+/// behind. `None` when it is not full (then a reading well behind is refused). See
+/// "Readings behind the word" on [`LocalPool`].
+#[inline]
+fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Snapshot> {
+    layout
+        .is_full(snapshot)
+        .then(|| layout.refill(layout.start_word(now_tick, true), now_tick))
+}
+
 /// [`exchange::must_quiesce`], with the loom mutant that adds credit without quiescing.
 #[inline]
 fn credit_bound(layout: &Layout, units: u64, hand: u64, outstanding: u64) -> bool {
     if mutant!(CREDIT_IGNORES_LEASES) {
         return false;
     }
-    // Near full rather than full: a write whose balance, counting the lessees' tokens, is
-    // within one tick's refill of full anchors at the next tick edge, as a plain
-    // bucket's does, so the lessees' tokens must be in hand to decide it.
-    exchange::must_quiesce(layout.near_full_units(), units, hand, outstanding)
+    exchange::must_quiesce(layout.max_units(), units, hand, outstanding)
 }
 
 /// Units stored in `word`, before any refill.
@@ -377,11 +385,10 @@ impl LocalPool {
             reading.read(layout, clock);
             return Ok(None);
         }
-        // Still far behind a reading taken after the load: the tick field wrapped, so the
-        // pool idled past its fill time and is full (see `RawBucket`'s re-read). The
-        // exchange quiesces the lessees before this credit, as before any credit that
-        // could meet the cap.
-        Ok(Some(layout.reanchor_full(reading.tick)))
+        match reanchored(layout, &snapshot, reading.tick) {
+            Some(full) => Ok(Some(full)),
+            None => Err(clock_went_backwards(layout, &snapshot, reading.now)),
+        }
     }
 }
 
@@ -417,8 +424,6 @@ impl Pool for LocalPool {
                     refilled: snapshot.units(),
                     hand,
                     credit_bound: credit_bound(layout, snapshot.units(), hand, outstanding),
-                    anchor_undecided: snapshot.behind() == 0
-                        && credit_bound(layout, snapshot.units(), hand, outstanding),
                     quiesced,
                     needed,
                 };
@@ -433,7 +438,7 @@ impl Pool for LocalPool {
                         return Ok(rejected(layout, &snapshot, reading.now));
                     }
                     Step::GiveBackAndRefuse { units } => {
-                        let next = layout.store_after(&snapshot, units.max(snapshot.units()), units);
+                        let next = snapshot.with_units(units);
                         let after = layout.refill(next, reading.tick);
                         break (next, rejected(layout, &after, reading.now));
                     }
@@ -449,12 +454,10 @@ impl Pool for LocalPool {
                         }
                         let admitted = LeaseOutcome::Admitted {
                             leased_units: leased,
-                            // The reading's tick, not the stored one: a pool anchored at the next
-                            // edge must not stretch a lease into a tick that has not begun.
-                            tick: reading.tick,
+                            tick: snapshot.tick(layout),
                             balance_units: left as i64 - layout.base_units() as i64,
                         };
-                        break (layout.store_after(&snapshot, units, left), admitted);
+                        break (snapshot.with_units(left), admitted);
                     }
                 }
             };
@@ -475,16 +478,10 @@ impl Pool for LocalPool {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             // At the stored tick: giving back never advances time, so it never carries
-            // refill credit and needs no quiescing; the tokens were the pool's, so the
-            // pool and its lessees together hold no more than before, and the tick stays
-            // (no anchor at the next edge, which only new credit needs).
+            // refill credit and needs no quiescing.
             let tick = layout.decode(cur).map_or(0, |(tick, _)| tick);
             let snapshot = layout.refill(cur, tick);
-            let units = snapshot
-                .units()
-                .saturating_add(units)
-                .min(layout.max_units());
-            match self.cas(cur, snapshot.with_units(units)) {
+            match self.cas(cur, layout.refund(&snapshot, units)) {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
@@ -508,7 +505,7 @@ impl Pool for LocalPool {
             let reserve = if bound { quiesced.unwrap_or(0) } else { 0 };
             let stored = stored_units(layout, cur);
             let next = exchange::settle(layout.max_units(), stored, credited, hand, reserve);
-            match self.cas(cur, layout.store_after(&snapshot, credited, next)) {
+            match self.cas(cur, snapshot.with_units(next)) {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
@@ -523,7 +520,7 @@ impl Pool for LocalPool {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             let snapshot = layout.refill(cur, now_tick);
-            match self.cas(cur, layout.restart(&snapshot, full)) {
+            match self.cas(cur, layout.start_word(snapshot.tick(layout), full)) {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
@@ -550,8 +547,10 @@ impl Pool for LocalPool {
         if snapshot.behind() <= layout.tolerance_ticks() {
             return Ok((state_of(&snapshot), now));
         }
-        // Far behind a reading taken after the load: idle past the wrap, full.
-        Ok((state_of(&layout.reanchor_full(now_tick)), now))
+        match reanchored(layout, &snapshot, now_tick) {
+            Some(full) => Ok((state_of(&full), now)),
+            None => Err(clock_went_backwards(layout, &snapshot, now)),
+        }
     }
 }
 
