@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokengate::clock::Clock;
 use tokengate::leased::Pool;
-use tokengate::{Bucket, LeasedBucket};
+use tokengate::{AcquireError, Bucket, Decision, LeasedBucket};
 
 use crate::pool::RemoteBucket;
 use crate::strict::{RedisScopes, StrictAdmitted, StrictRefused, StrictScope};
@@ -27,13 +27,19 @@ pub trait GlobalScope {
     fn give_back(&self, cost: u64);
 }
 
+/// An engine decision as a [`GlobalScope::take`] result: admitted, or when to ask again
+/// (`Duration::MAX` for an error, which no wait cures).
+fn paid(decision: Result<Decision, AcquireError>) -> Result<(), Duration> {
+    match decision {
+        Ok(d) if d.is_admitted() => Ok(()),
+        Ok(d) => Err(d.retry_after().unwrap_or(Duration::MAX)),
+        Err(_) => Err(Duration::MAX),
+    }
+}
+
 impl<C: Clock> GlobalScope for Bucket<C> {
     fn take(&self, cost: u64) -> Result<(), Duration> {
-        match self.try_acquire(cost) {
-            Ok(d) if d.is_admitted() => Ok(()),
-            Ok(d) => Err(d.retry_after().unwrap_or(Duration::MAX)),
-            Err(_) => Err(Duration::MAX),
-        }
+        paid(self.try_acquire(cost))
     }
 
     fn give_back(&self, cost: u64) {
@@ -43,11 +49,7 @@ impl<C: Clock> GlobalScope for Bucket<C> {
 
 impl<C: Clock, P: Pool> GlobalScope for LeasedBucket<C, P> {
     fn take(&self, cost: u64) -> Result<(), Duration> {
-        match self.try_acquire(cost) {
-            Ok(d) if d.is_admitted() => Ok(()),
-            Ok(d) => Err(d.retry_after().unwrap_or(Duration::MAX)),
-            Err(_) => Err(Duration::MAX),
-        }
+        paid(self.try_acquire(cost))
     }
 
     fn give_back(&self, cost: u64) {
