@@ -19,9 +19,9 @@ use std::fmt;
 
 use crossbeam_utils::CachePadded;
 
-use crate::clock::{Clock, QuantaClock};
+use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
-use crate::error::{AcquireError, clock_went_backwards, cost_exceeds_capacity};
+use crate::error::{AcquireError, cost_exceeds_capacity};
 use crate::policy::Policy;
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
@@ -66,12 +66,11 @@ impl RawBucket {
     /// The CAS loop every operation shares: one load, then `step` on the refilled
     /// snapshot; a lost CAS retries with the value it returned (no reload).
     ///
-    /// With `strict`, a `now` behind the stored tick by more than the race tolerance
-    /// goes to a slow path that loads the word before reading the clock again (the thread
-    /// may simply have been descheduled since its reading) and refuses with
-    /// [`AcquireError::ClockWentBackwards`], writing nothing, only if a reading taken
-    /// after the load is still behind. Without it (refunds, peeks,
-    /// resets) the step runs on the stored state, which adds no credit either.
+    /// A `now` behind the stored tick goes to a slow path that loads the word before
+    /// reading the clock again ([`transition_after_reread`](Self::transition_after_reread)):
+    /// with `strict` (admissions) only when it is behind by more than the race tolerance,
+    /// otherwise (refunds, resets) whenever it is behind at all, so that credit is never
+    /// added at a reading older than the write it lands on.
     ///
     /// Only the first attempt is inlined into the caller; the retries after a lost CAS
     /// ([`transition_contended`](Self::transition_contended)) and the re-read are out of
@@ -80,15 +79,18 @@ impl RawBucket {
     pub(crate) fn transition<C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
-        clock: &C,
+        clock: &Monotonic<C>,
         now: u64,
         strict: bool,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
     ) -> Result<T, AcquireError> {
+        // A reading from another guard (an all-or-nothing acquisition's one reading) is
+        // brought up to this bucket's own: a no-op for a monotonic clock.
+        let now = clock.observe(now);
         let cur = self.word.load(Ordering::Relaxed);
         let snapshot = layout.refill(cur, layout.tick_of(now));
-        if strict && snapshot.behind() > layout.tolerance_ticks() {
-            return self.transition_after_reread(layout, clock, step);
+        if snapshot.behind() > slack(layout, strict) {
+            return Ok(self.transition_after_reread(layout, clock, step));
         }
         let (next, out) = step(&snapshot, now);
         let Some(next) = next else {
@@ -99,7 +101,7 @@ impl RawBucket {
             .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
         {
             Ok(_) => Ok(out),
-            Err(actual) => self.transition_contended(layout, clock, now, strict, actual, step),
+            Err(actual) => Ok(self.transition_contended(layout, clock, now, strict, actual, step)),
         }
     }
 
@@ -116,42 +118,44 @@ impl RawBucket {
     fn transition_contended<C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
-        clock: &C,
+        clock: &Monotonic<C>,
         now: u64,
         strict: bool,
         mut cur: u64,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
-    ) -> Result<T, AcquireError> {
+    ) -> T {
         let now_tick = layout.tick_of(now);
         loop {
             let snapshot = layout.refill(cur, now_tick);
-            if strict && snapshot.behind() > layout.tolerance_ticks() {
+            if snapshot.behind() > slack(layout, strict) {
                 return self.transition_after_reread(layout, clock, step);
             }
             let (next, out) = step(&snapshot, now);
             let Some(next) = next else {
-                return Ok(out);
+                return out;
             };
             match self
                 .word
                 .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => return Ok(out),
+                Ok(_) => return out,
                 Err(actual) => cur = actual,
             }
         }
     }
 
-    /// The strict transition once `now` was found well behind the stored tick.
+    /// The transition once `now` was found behind the stored tick.
     ///
     /// A thread descheduled between its clock reading and its CAS (for milliseconds, on
     /// a loaded machine) sees words stored by threads that read the clock later: a lost
-    /// race, however long, not a clock stepping back. So this path loads the word
-    /// *first* and reads the clock *after*: every tick in the loaded word was then read
-    /// from the clock before this reading, and a reading still well behind it is a clock
-    /// that stepped back (or the time of a bucket idle past its wrap period): refused,
-    /// unless the bucket is full, which holds the same at any time and is re-anchored at
-    /// the new reading (no credit; this is what makes a full bucket immune to the wrap).
+    /// race, however long. So this path loads the word *first* and reads the clock
+    /// *after*: every reading stored in the loaded word was then taken before this one,
+    /// and the clock is monotonic (limiters read it through a [`Monotonic`] guard), so
+    /// this reading is behind the stored tick only by the anchor of a write near full
+    /// (one tick) and what cores disagree by: the step runs on the stored state, adding
+    /// nothing. A reading still *far* behind means the tick field wrapped: the bucket
+    /// idled for longer than the wrap period less the back window, longer than it takes
+    /// to fill (every layout guarantees it), so it is full, re-anchored at the reading.
     /// A lost CAS here reloads and reads again: it is the cold path, and each loss means
     /// another thread made progress. Out of line, so that the hot loop stays small.
     #[cold]
@@ -159,32 +163,23 @@ impl RawBucket {
     fn transition_after_reread<C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
-        clock: &C,
+        clock: &Monotonic<C>,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
-    ) -> Result<T, AcquireError> {
+    ) -> T {
         loop {
             let cur = self.word.load(Ordering::Acquire);
             let now = clock.now_nanos();
-            let mut snapshot = layout.refill(cur, layout.tick_of(now));
-            if snapshot.behind() > layout.tolerance_ticks() {
-                // The clock stepped back (or an idle bucket's time wrapped). A full
-                // bucket holds the same at every time: re-anchor it at `now`, adding
-                // nothing. Any other balance at `now` is unknown: refuse.
-                match layout.reanchor_full(&snapshot, layout.tick_of(now)) {
-                    Some(full) => snapshot = full,
-                    None => return Err(clock_went_backwards(layout, &snapshot, now)),
-                }
-            }
+            let (_, snapshot) = reread_snapshot(layout, cur, now);
             let (next, out) = step(&snapshot, now);
             let Some(next) = next else {
-                return Ok(out);
+                return out;
             };
             if self
                 .word
                 .compare_exchange(cur, next, Ordering::Release, Ordering::Relaxed)
                 .is_ok()
             {
-                return Ok(out);
+                return out;
             }
         }
     }
@@ -194,7 +189,7 @@ impl RawBucket {
     pub(crate) fn try_acquire<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
-        clock: &C,
+        clock: &Monotonic<C>,
         now: u64,
         cost: u64,
     ) -> Result<Decision, AcquireError> {
@@ -225,7 +220,7 @@ impl RawBucket {
     pub(crate) fn refund<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
-        clock: &C,
+        clock: &Monotonic<C>,
         now: u64,
         cost: u64,
     ) -> Result<(), AcquireError> {
@@ -244,7 +239,7 @@ impl RawBucket {
     pub(crate) fn refund_units<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
-        clock: &C,
+        clock: &Monotonic<C>,
         now: u64,
         units: u64,
     ) {
@@ -258,12 +253,12 @@ impl RawBucket {
     pub(crate) fn reset<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
-        clock: &C,
+        clock: &Monotonic<C>,
         now: u64,
         full: bool,
     ) {
         let done = self.transition(layout, clock, now, false, |snapshot, _| {
-            (Some(layout.start_word(snapshot.tick(layout), full)), ())
+            (Some(layout.restart(snapshot, full)), ())
         });
         debug_assert!(done.is_ok(), "a non-strict transition cannot fail");
     }
@@ -299,6 +294,27 @@ impl RawBucket {
     }
 }
 
+/// How far behind the stored tick a reading may be before the transition reads the clock
+/// again after loading the word: the race tolerance for admissions; nothing for credit.
+#[inline(always)]
+fn slack(layout: &Layout, strict: bool) -> u64 {
+    if strict { layout.tolerance_ticks() } else { 0 }
+}
+
+/// The snapshot of `cur` at a reading `now` taken after loading it, from a monotonic
+/// clock, and whether the bucket was found idle past the wrap (re-anchored full). See
+/// [`RawBucket::transition_after_reread`].
+#[inline]
+pub(crate) fn reread_snapshot(layout: &Layout, cur: u64, now: u64) -> (bool, Snapshot) {
+    let now_tick = layout.tick_of(now);
+    let snapshot = layout.refill(cur, now_tick);
+    if snapshot.behind() > layout.tolerance_ticks() {
+        (true, layout.reanchor_full(now_tick))
+    } else {
+        (false, snapshot)
+    }
+}
+
 /// A token bucket: capacity `B`, refill rate `r`, its whole state in one atomic 64-bit
 /// word.
 ///
@@ -328,7 +344,7 @@ impl RawBucket {
 pub struct Bucket<C: Clock = QuantaClock> {
     raw: CachePadded<RawBucket>,
     policy: Policy,
-    clock: C,
+    clock: Monotonic<C>,
 }
 
 impl<C: Clock> fmt::Debug for Bucket<C> {
@@ -357,6 +373,7 @@ impl Bucket<QuantaClock> {
 impl<C: Clock> Bucket<C> {
     /// A bucket on `clock`, in the policy's start state at the clock's current time.
     pub fn with_clock(policy: Policy, clock: C) -> Bucket<C> {
+        let clock = Monotonic::new(clock);
         let raw = RawBucket::new(policy.layout(), clock.now_nanos(), policy.starts_full());
         Bucket {
             raw: CachePadded::new(raw),
@@ -376,8 +393,9 @@ impl<C: Clock> Bucket<C> {
     ///
     /// - [`AcquireError::CostExceedsCapacity`] at once for a cost above the capacity,
     ///   which could never be admitted (I8).
-    /// - [`AcquireError::ClockWentBackwards`] when the clock reads well behind the
-    ///   bucket's last update and the bucket is not full.
+    ///
+    /// A clock that steps back is read through a high-water mark ([`Monotonic`]): time
+    /// stands still for the bucket until the clock passes its highest reading again.
     ///
     /// ```
     /// use tokengate::{AcquireError, Bucket, ManualClock, Policy};
@@ -470,6 +488,12 @@ impl<C: Clock> Bucket<C> {
 
     /// The clock this bucket reads.
     pub fn clock(&self) -> &C {
+        self.clock.get_ref()
+    }
+
+    /// The clock as the bucket reads it: through its monotonic guard.
+    #[inline]
+    pub(crate) fn guarded_clock(&self) -> &Monotonic<C> {
         &self.clock
     }
 
@@ -532,16 +556,23 @@ mod tests {
     }
 
     #[test]
-    fn clock_step_back_is_refused_after_one_reread() {
+    fn a_clock_step_back_is_time_standing_still() {
+        use std::time::Duration;
         let clock = ManualClock::new();
         let bucket = Bucket::with_clock(Policy::new(10, 1.0).unwrap(), clock.clone());
-        clock.set(std::time::Duration::from_secs(10));
-        bucket.try_acquire(5).unwrap();
-        clock.set(std::time::Duration::from_secs(5));
-        assert!(matches!(
-            bucket.try_acquire(1),
-            Err(AcquireError::ClockWentBackwards { .. })
-        ));
-        assert_eq!(bucket.available(), 5.0);
+        clock.set(Duration::from_secs(10));
+        bucket.try_acquire(10).unwrap();
+        // Back five seconds, then forward four: still behind the highest reading, so no
+        // time has passed for the bucket.
+        clock.set(Duration::from_secs(5));
+        assert!(!bucket.try_acquire(1).unwrap().is_admitted());
+        clock.set(Duration::from_secs(9));
+        assert!(!bucket.try_acquire(1).unwrap().is_admitted());
+        assert_eq!(bucket.available(), 0.0);
+        // Past the highest reading by two seconds: two seconds of refill, less the tick
+        // the drain's anchor holds back.
+        clock.set(Duration::from_secs(12));
+        let available = bucket.available();
+        assert!(available < 2.0 && available > 1.99, "{available}");
     }
 }

@@ -7,18 +7,36 @@ use std::time::Duration;
 
 use crate::sync::{Arc, AtomicU64, Ordering};
 
-/// A monotonic time source in nanoseconds.
+/// A time source in nanoseconds.
 ///
 /// `now_nanos` counts from an origin fixed for the clock (and shared by its clones); only
 /// differences matter. Buckets read it once per decision, so it should be cheap.
 ///
-/// Implementations must be monotonic: a reading never below an earlier one on the same
-/// thread. A bucket facing a clock that steps back adds no credit (invariant I2) and, when
-/// the step is larger than a lost race could explain, refuses with
-/// [`AcquireError::ClockWentBackwards`](crate::AcquireError::ClockWentBackwards).
+/// # Monotonicity
+///
+/// A clock may step back (a wall clock set by hand or by NTP, a test clock). Every
+/// limiter in this crate reads its clock through a [`Monotonic`] guard, a high-water mark
+/// that turns a step back into a pause: the limiter sees time stand still until the clock
+/// passes its highest reading again, so it credits nothing for time that did not pass
+/// forward, whatever the clock does. A clock that guarantees never to step back, on any
+/// thread, declares it with [`is_monotonic`](Clock::is_monotonic), and the guard then
+/// costs nothing: the crate's [`QuantaClock`] and [`CoarseClock`] do.
 pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's origin.
     fn now_nanos(&self) -> u64;
+
+    /// Whether a reading is never below any reading taken before it, on any thread (a
+    /// reading that happens-after another is at least as large). `false` unless a clock
+    /// declares it: then limiters guard its readings with a high-water mark
+    /// ([`Monotonic`]).
+    ///
+    /// Declaring it is a promise the limiters rely on: a reading far behind a stored
+    /// tick is then read as an idle longer than the tick field's wrap period (the bucket
+    /// is full), not as a step back.
+    #[inline]
+    fn is_monotonic(&self) -> bool {
+        false
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
@@ -26,12 +44,125 @@ impl<C: Clock + ?Sized> Clock for &C {
     fn now_nanos(&self) -> u64 {
         (**self).now_nanos()
     }
+
+    #[inline]
+    fn is_monotonic(&self) -> bool {
+        (**self).is_monotonic()
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     #[inline]
     fn now_nanos(&self) -> u64 {
         (**self).now_nanos()
+    }
+
+    #[inline]
+    fn is_monotonic(&self) -> bool {
+        (**self).is_monotonic()
+    }
+}
+
+/// A clock made monotonic: readings pass through a high-water mark, so a reading is never
+/// below one taken before it. A clock that already declares
+/// [`is_monotonic`](Clock::is_monotonic) is read as it is, at no cost.
+///
+/// Every limiter wraps its clock in one; wrap a clock yourself to share one high-water
+/// mark among several limiters.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate::{Clock, ManualClock};
+/// use tokengate::clock::Monotonic;
+///
+/// let manual = ManualClock::new();
+/// let clock = Monotonic::new(manual.clone());
+/// manual.set(Duration::from_secs(10));
+/// assert_eq!(clock.now_nanos(), 10_000_000_000);
+/// manual.set(Duration::from_secs(4)); // steps back six seconds
+/// assert_eq!(clock.now_nanos(), 10_000_000_000); // time stands still
+/// manual.set(Duration::from_secs(11));
+/// assert_eq!(clock.now_nanos(), 11_000_000_000);
+/// assert!(clock.is_monotonic());
+/// ```
+pub struct Monotonic<C: ?Sized> {
+    high: AtomicU64,
+    clock: C,
+}
+
+impl<C: Clock> Monotonic<C> {
+    /// Guards `clock`; its next reading sets the first high-water mark.
+    pub fn new(clock: C) -> Monotonic<C> {
+        Monotonic {
+            high: AtomicU64::new(0),
+            clock,
+        }
+    }
+}
+
+impl<C: Clock + ?Sized> Monotonic<C> {
+
+    /// The guarded clock.
+    #[inline]
+    pub fn get_ref(&self) -> &C {
+        &self.clock
+    }
+
+    /// A reading of this clock's source taken elsewhere (another limiter's guard, an
+    /// all-or-nothing acquisition's one reading), passed through this guard: never below
+    /// a reading this guard has returned. Free when the source is monotonic.
+    #[inline]
+    pub(crate) fn observe(&self, reading: u64) -> u64 {
+        if self.clock.is_monotonic() {
+            reading
+        } else {
+            self.guarded(reading)
+        }
+    }
+
+    #[inline(never)]
+    fn guarded(&self, reading: u64) -> u64 {
+        if mutant!(MONOTONIC_GUARD_SKIPPED) {
+            return reading;
+        }
+        // Relaxed suffices: the maximum is one read-modify-write order, and a reader that
+        // must see a writer's reading acquires it through the word the writer stored.
+        self.high.fetch_max(reading, Ordering::Relaxed).max(reading)
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Monotonic<C> {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        let reading = self.clock.now_nanos();
+        if self.clock.is_monotonic() {
+            reading
+        } else {
+            self.guarded(reading)
+        }
+    }
+
+    #[inline]
+    fn is_monotonic(&self) -> bool {
+        true
+    }
+}
+
+impl<C: Clock + Clone> Clone for Monotonic<C> {
+    fn clone(&self) -> Self {
+        Monotonic {
+            high: AtomicU64::new(self.high.load(Ordering::Relaxed)),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+impl<C: fmt::Debug> fmt::Debug for Monotonic<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Monotonic")
+            .field("clock", &self.clock)
+            .field("high", &self.high.load(Ordering::Relaxed))
+            .finish()
     }
 }
 
@@ -73,6 +204,14 @@ impl Clock for QuantaClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
         self.inner.delta_as_nanos(0, self.inner.raw())
+    }
+
+    /// An invariant counter (or the OS monotonic clock) never moves back; what cores
+    /// disagree by is far below the race tolerance
+    /// ([`TOLERANCE_NANOS`](crate::state::TOLERANCE_NANOS)).
+    #[inline]
+    fn is_monotonic(&self) -> bool {
+        true
     }
 }
 
@@ -171,7 +310,15 @@ impl Clock for CoarseClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
         let d = self.inner.recent().saturating_duration_since(self.origin);
-        d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos())
+        d.as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()))
+    }
+
+    /// Quanta's recent time never moves back: one atomic the upkeep thread advances.
+    #[inline]
+    fn is_monotonic(&self) -> bool {
+        true
     }
 }
 
@@ -238,7 +385,9 @@ impl ManualClock {
         }
     }
 
-    /// Sets the time to `to` since the origin. May move backwards.
+    /// Sets the time to `to` since the origin. May move backwards: a manual clock does
+    /// not declare [`is_monotonic`](Clock::is_monotonic), so limiters see a step back as
+    /// time standing still (see [`Monotonic`]).
     pub fn set(&self, to: Duration) {
         let to = u64::try_from(to.as_nanos()).unwrap_or(u64::MAX);
         self.nanos.store(to, Ordering::Relaxed);

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::state::{Layout, Snapshot};
+use crate::state::Layout;
 
 /// Why a bucket refused to decide. A rate-limit rejection is not an error: it is a
 /// [`Decision`](crate::Decision) that says rejected.
@@ -20,10 +20,13 @@ pub enum AcquireError {
         /// The bucket's capacity, in tokens.
         capacity: u64,
     },
-    /// The clock read earlier than the bucket's last update by more than a lost race
-    /// explains (about 1 ms), and the bucket is not full, so its balance at the clock's
-    /// time is unknown. No credit is added; the bucket decides again once the clock has
-    /// caught up, or after [`Bucket::reset`](crate::Bucket::reset).
+    /// A time source read earlier than a state's last update by more than a lost race
+    /// explains, so the balance at that time is unknown; nothing changed.
+    ///
+    /// The limiters of this crate never return it: they read their clock through a
+    /// [`Monotonic`](crate::clock::Monotonic) guard, so a clock that steps back is seen
+    /// as time standing still. It remains for [`Pool`](crate::leased::Pool)
+    /// implementations whose store keeps its own time.
     ClockWentBackwards {
         /// How far behind the bucket's last update the clock read.
         by: Duration,
@@ -70,14 +73,3 @@ pub(crate) fn cost_exceeds_capacity(layout: &Layout, cost: u64) -> AcquireError 
     }
 }
 
-/// The error for a reading `now` found `snapshot.behind()` ticks behind the stored tick,
-/// measured from `now` itself (not from its tick's start).
-#[cold]
-pub(crate) fn clock_went_backwards(layout: &Layout, snapshot: &Snapshot, now: u64) -> AcquireError {
-    let shift = layout.tick_shift();
-    let into_tick = now & ((1u64 << shift) - 1);
-    let nanos = (u128::from(snapshot.behind()) << shift).saturating_sub(u128::from(into_tick));
-    AcquireError::ClockWentBackwards {
-        by: crate::decision::duration_from_nanos(nanos),
-    }
-}

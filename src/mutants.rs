@@ -59,3 +59,12 @@ impl Drop for Guard {
         self.0.store(false, Ordering::Relaxed);
     }
 }
+
+/// A write near full keeps the current tick instead of anchoring at the next tick edge:
+/// the next edge then credits a whole tick's refill although only part of it passed
+/// since the write (the tick-edge burst, above the exact-time curve).
+pub static NEAR_FULL_WRITE_KEEPS_TICK: AtomicBool = AtomicBool::new(false);
+
+/// A clock reading that stepped back reaches the bucket as it is, without the monotonic
+/// guard: a step back longer than the back window reads as a forward jump.
+pub static MONOTONIC_GUARD_SKIPPED: AtomicBool = AtomicBool::new(false);

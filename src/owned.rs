@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bucket::{Bucket, RawBucket};
-use crate::clock::Clock;
+use crate::clock::{Clock, Monotonic};
 use crate::reservation::{Limits, ReserveError, plan};
 use crate::state::Layout;
 
@@ -224,7 +224,7 @@ impl<L: Reservable> Drop for OwnedReservation<L> {
 pub(crate) fn reserve_on<C: Clock + ?Sized>(
     raw: &RawBucket,
     layout: &Layout,
-    clock: &C,
+    clock: &Monotonic<C>,
     now: u64,
     cost_units: u64,
     limits: &Limits,
@@ -244,7 +244,7 @@ impl<C: Clock> Reservable for Bucket<C> {
     type Charge = u64;
 
     fn now_nanos(&self) -> u64 {
-        self.clock().now_nanos()
+        self.guarded_clock().now_nanos()
     }
 
     fn give_back(&self, cost: &u64) {

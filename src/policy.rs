@@ -603,7 +603,7 @@ fn candidate(capacity: u64, rate: &Rate, horizon_ns: u128, s: u32, f: u32) -> Op
     let base = u64::try_from(ticks.checked_mul(u128::from(r))?).ok()?;
     let layout = Layout::new(capacity, s, f, r, base).ok()?;
     let error = 1.0 - r as f64 / rate.units_per_tick_f64(s + f);
-    (error <= MAX_RATE_ERROR).then(|| Candidate {
+    (error <= MAX_RATE_ERROR && layout.wraps_comfortably()).then(|| Candidate {
         layout,
         error,
         wrap_bits: (layout.tick_bits() + s).min(64),

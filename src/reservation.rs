@@ -288,7 +288,7 @@ impl<C: Clock> Reservation<'_, C> {
         if std::mem::replace(&mut self.settled, true) {
             return false;
         }
-        let clock = self.bucket.clock();
+        let clock = self.bucket.guarded_clock();
         let now = clock.now_nanos();
         if now >= self.ready_at || self.cost_units == 0 {
             return false;
@@ -368,7 +368,7 @@ impl<C: Clock> Bucket<C> {
         let now = self.clock().now_nanos();
         let (reserved_at, ready_at) = self.raw().transition(
             layout,
-            self.clock(),
+            self.guarded_clock(),
             now,
             true,
             |snapshot, now| match plan(layout, snapshot, now, cost_units, &limits) {

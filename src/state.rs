@@ -100,6 +100,10 @@ pub const TOLERANCE_NANOS: u64 = 1 << 20;
 /// half the wrap period if that is shorter).
 pub const BACK_WINDOW_NANOS: u64 = 1 << 46;
 
+/// The smallest race tolerance, in ticks: a write near full anchors one tick ahead of its
+/// reading, and a lost race may add one more.
+pub const MIN_TOLERANCE_TICKS: u64 = 2;
+
 /// The largest tick shift a layout may use: ticks of up to 2^40 ns (about 18 minutes).
 pub const MAX_TICK_SHIFT: u32 = 40;
 
@@ -121,6 +125,10 @@ pub enum LayoutError {
     TickShiftOutOfRange(u32),
     /// `base + capacity * 2^frac_bits` does not fit in the token field (at most [`MAX_UNITS`]).
     TokensDoNotFit,
+    /// The tick field wraps before the back window plus the time to fill the bucket: a
+    /// reading far behind the stored tick could not be read as an idle long enough to
+    /// fill it (or fewer than three tick bits remain).
+    WrapTooShort,
 }
 
 impl fmt::Display for LayoutError {
@@ -137,6 +145,9 @@ impl fmt::Display for LayoutError {
             LayoutError::TokensDoNotFit => write!(
                 f,
                 "base + capacity * 2^frac_bits must be at most 2^62 - 1 units"
+            ),
+            LayoutError::WrapTooShort => f.write_str(
+                "the tick field must wrap after at least the back window plus the fill time",
             ),
         }
     }
@@ -178,6 +189,9 @@ pub struct Layout {
     /// Tick differences `d <= forward_max` read as forward, the others as behind.
     forward_max: u64,
     tolerance_ticks: u64,
+    /// Units at or below which a write may keep the current tick: `max_units - R - 1`
+    /// (saturating). A write from or to more is anchored at the next tick edge.
+    near_full: u64,
 }
 
 impl fmt::Debug for Layout {
@@ -271,9 +285,21 @@ impl Layout {
         let token_bits = WORD_BITS - max_units.leading_zeros();
         let tick_bits = WORD_BITS - token_bits;
         let half_ticks = 1u64 << (tick_bits - 1);
-        let tolerance_ticks = (TOLERANCE_NANOS >> tick_shift).clamp(1, half_ticks - 1);
+        // Two ticks at least: a write near full stores the next tick edge (one tick ahead
+        // of its own reading), and a lost race may add one more.
+        let tolerance_ticks = (TOLERANCE_NANOS >> tick_shift)
+            .max(MIN_TOLERANCE_TICKS)
+            .min(half_ticks - 1);
         let window = (BACK_WINDOW_NANOS >> tick_shift).clamp(tolerance_ticks + 1, half_ticks);
         let tick_mask = u64::MAX >> token_bits;
+        let fill_ticks = max_units.div_ceil(refill_per_tick);
+        // A reading far behind the stored tick is read as an idle longer than the wrap
+        // period less the back window: that must be long enough to fill any balance.
+        if tolerance_ticks < MIN_TOLERANCE_TICKS
+            || u128::from(tick_mask) + 1 < u128::from(window) + u128::from(fill_ticks)
+        {
+            return Err(LayoutError::WrapTooShort);
+        }
         Ok(Layout {
             capacity,
             tick_shift,
@@ -283,9 +309,10 @@ impl Layout {
             base_units,
             max_units,
             token_mask: (1u64 << token_bits) - 1,
-            fill_ticks: max_units.div_ceil(refill_per_tick),
+            fill_ticks,
             forward_max: tick_mask - window,
             tolerance_ticks,
+            near_full: max_units.saturating_sub(refill_per_tick.saturating_add(1)),
         })
     }
 
@@ -341,6 +368,30 @@ impl Layout {
     #[inline]
     pub fn max_units(&self) -> u64 {
         self.max_units
+    }
+
+    /// Units above which a write is anchored at the next tick edge: `max_units - R - 1`
+    /// (saturating), the balances within one tick's refill of full. See
+    /// [`store`](Layout::store).
+    #[inline]
+    pub fn near_full_units(&self) -> u64 {
+        self.near_full
+    }
+
+    /// Ticks after which any balance, however low, has refilled to full:
+    /// `ceil(max_units / R)`.
+    #[inline]
+    pub fn fill_ticks(&self) -> u64 {
+        self.fill_ticks
+    }
+
+    /// Whether the tick field wraps comfortably later than the bucket fills: after at
+    /// least twice the fill time plus the back window. Every [`Policy`](crate::Policy)'s
+    /// layout does, so an idle bucket reads its true balance for any idle shorter than
+    /// the wrap period, and one idle longer than the fill time is full.
+    pub fn wraps_comfortably(&self) -> bool {
+        let wrap = 1u128 << self.tick_bits();
+        wrap >= 2 * u128::from(self.fill_ticks) + u128::from(self.back_window_ticks())
     }
 
     /// Race tolerance: a `now` behind the stored tick by at most this many ticks is a
@@ -410,7 +461,10 @@ impl Layout {
         (units <= self.max_units).then_some((word >> self.token_bits, units))
     }
 
-    /// The word of a fresh bucket at `now_tick`: full, or empty (balance zero).
+    /// The word of a fresh bucket read at `now_tick`: full, or empty (balance zero),
+    /// anchored at the next tick edge (`now_tick + 1`), so that the first refill comes a
+    /// whole tick after the reading, never a sliver of one (see "Exact times" in the
+    /// module docs).
     #[inline]
     pub fn start_word(&self, now_tick: u64, full: bool) -> u64 {
         let units = if full {
@@ -418,7 +472,54 @@ impl Layout {
         } else {
             self.base_units
         };
-        self.tick_field(now_tick) | units
+        self.tick_field(now_tick.wrapping_add(1)) | units
+    }
+
+    /// The word of the start state after `snapshot`: at the next tick edge, or at the
+    /// stored tick when the snapshot reads behind it (the stored tick never moves back).
+    #[inline]
+    pub fn restart(&self, snapshot: &Snapshot, full: bool) -> u64 {
+        let units = if full {
+            self.max_units
+        } else {
+            self.base_units
+        };
+        if snapshot.behind != 0 {
+            snapshot.tick_field | units
+        } else {
+            snapshot.tick_field.wrapping_add(1 << self.token_bits) | units
+        }
+    }
+
+    /// The word to store after an operation on `snapshot` leaves `units`: at the
+    /// snapshot's tick, or at the next tick edge when the balance before or after the
+    /// operation is within one tick's refill of full (`> max_units - R - 1`).
+    ///
+    /// Why: the stored tick stands for its start, earlier than the reading. Refill
+    /// credited from the tick's start is refill the ideal bucket also had, unless the
+    /// ideal bucket was full in between (refill past the cap is lost): near full, the
+    /// write anchors at the next edge instead, so a later refill credits only whole ticks
+    /// after the reading. A snapshot read behind its stored tick keeps that tick: its
+    /// state is the stored one, dated just after the write that stored it. So the stored
+    /// tick never moves back (I2) and never more than one tick ahead of a reading.
+    #[inline]
+    pub fn store(&self, snapshot: &Snapshot, units: u64) -> u64 {
+        self.store_after(snapshot, snapshot.units, units)
+    }
+
+    /// [`store`](Layout::store) for an operation whose balance before the final take was
+    /// `before` rather than the snapshot's (an exchange that first takes back given
+    /// tokens, then pays): the anchor looks at the highest balance the operation held.
+    #[inline]
+    pub fn store_after(&self, snapshot: &Snapshot, before: u64, units: u64) -> u64 {
+        if before.max(units) <= self.near_full
+            || snapshot.behind != 0
+            || mutant!(NEAR_FULL_WRITE_KEEPS_TICK)
+        {
+            snapshot.tick_field | units
+        } else {
+            snapshot.tick_field.wrapping_add(1 << self.token_bits) | units
+        }
     }
 
     #[inline]
@@ -460,7 +561,7 @@ impl Layout {
         }
     }
 
-    #[cold]
+    #[inline]
     fn behind(&self, stored: u64, units: u64, now: u64) -> Snapshot {
         if mutant!(STALE_NOW_MOVES_TICK_BACK) {
             return Snapshot {
@@ -470,23 +571,25 @@ impl Layout {
             };
         }
         Snapshot {
-            units,
+            units: units.min(self.max_units),
             tick_field: stored,
             behind: stored.wrapping_sub(now) >> self.token_bits,
         }
     }
 
-    /// A full snapshot read behind `now_tick` (a clock that stepped back, or a bucket idle
-    /// past its wrap period) re-anchored at `now_tick`: full is full at any time, so this
-    /// adds nothing. `None` when the snapshot is not full. Only for a reading known not to
-    /// be a lost race: a stale reading re-anchored would count its lag twice.
+    /// A snapshot read far behind its stored tick, at a reading known to be later than
+    /// every reading stored in the word (taken after loading it, from a monotonic clock):
+    /// the tick field wrapped, so the bucket idled for at least the wrap period less the
+    /// back window, which every layout makes longer than the fill time (else
+    /// [`LayoutError::WrapTooShort`]). The bucket is full: re-anchored full at the next
+    /// tick edge after `now_tick`, adding nothing a full bucket would not hold.
     #[inline]
-    pub fn reanchor_full(&self, snapshot: &Snapshot, now_tick: u64) -> Option<Snapshot> {
-        (snapshot.units >= self.max_units).then(|| Snapshot {
+    pub fn reanchor_full(&self, now_tick: u64) -> Snapshot {
+        Snapshot {
             units: self.max_units,
-            tick_field: self.tick_field(now_tick),
+            tick_field: self.tick_field(now_tick.wrapping_add(1)),
             behind: 0,
-        })
+        }
     }
 
     /// Takes `cost_units` from a snapshot: the new word, or `None` when the balance is
@@ -495,7 +598,7 @@ impl Layout {
     pub fn take(&self, snapshot: &Snapshot, cost_units: u64) -> Option<u64> {
         // `units - cost >= base`, without forming `base + cost` (which may overflow).
         let left = snapshot.units.checked_sub(cost_units)?;
-        (left >= self.base_units).then(|| snapshot.with_units(left))
+        (left >= self.base_units).then(|| self.store(snapshot, left))
     }
 
     /// Takes as much as possible between `min_units` and `max_units_wanted` from a
@@ -513,7 +616,7 @@ impl Layout {
             return None;
         }
         let taken = available.min(max_units_wanted.max(min_units));
-        Some((snapshot.with_units(snapshot.units - taken), taken))
+        Some((self.store(snapshot, snapshot.units - taken), taken))
     }
 
     /// Gives `units` back: `min(max, units + refund)`, the state the bucket would have
@@ -523,7 +626,10 @@ impl Layout {
         if mutant!(REFUND_SKIPS_CAP) {
             return snapshot.with_units(snapshot.units.saturating_add(units) & self.token_mask);
         }
-        snapshot.with_units(snapshot.units.saturating_add(units).min(self.max_units))
+        self.store(
+            snapshot,
+            snapshot.units.saturating_add(units).min(self.max_units),
+        )
     }
 
     /// Reserves `cost_units`, possibly into the future: the new word and the number of
@@ -537,8 +643,14 @@ impl Layout {
         max_wait_ticks: u64,
     ) -> Option<(u64, u64)> {
         let units = snapshot.units.checked_sub(cost_units)?;
-        let wait = self.ticks_until(units, 0);
-        (wait <= max_wait_ticks).then(|| (snapshot.with_units(units), wait))
+        let word = self.store(snapshot, units);
+        // A write near full anchors at the next edge: refill, and so the wait, starts there.
+        let anchored = u64::from(word & !self.token_mask != snapshot.tick_field);
+        let wait = match self.ticks_until(units, 0) {
+            0 => 0,
+            ticks => ticks.saturating_add(anchored),
+        };
+        (wait <= max_wait_ticks).then_some((word, wait))
     }
 
     /// Whole ticks until a balance of `units` (offset units) can pay `cost_units`:
@@ -604,13 +716,15 @@ mod tests {
     #[test]
     fn refill_in_steps_equals_refill_at_once() {
         let l = layout();
+        // A fresh bucket read at tick 1000 is anchored at the next edge.
         let w0 = l.start_word(1000, false);
+        assert_eq!(l.decode(w0), Some((1001, 0)));
         let mut w = w0;
         for t in 1001..=1100 {
             w = l.refill(w, t).with_units(l.refill(w, t).units);
         }
         assert_eq!(w, l.refill(w0, 1100).with_units(l.refill(w0, 1100).units));
-        assert_eq!(l.refill(w0, 1100).units, 100 * 1374);
+        assert_eq!(l.refill(w0, 1100).units, 99 * 1374);
     }
 
     #[test]
@@ -653,14 +767,15 @@ mod tests {
     fn take_refuses_a_cost_beyond_the_word_without_overflowing() {
         // With reservation debt, `base + cost` overflowed for costs near 2^64: a panic in
         // debug builds, and in release a wrapped sum that admitted and corrupted the word.
-        let l = Layout::new(100, 19, 17, 1374, 1 << 40).unwrap();
+        let l = Layout::new(100, 19, 17, 1 << 20, 1 << 40).unwrap();
         let s = l.refill(l.start_word(7, true), 7);
         for cost in [u64::MAX, u64::MAX - (1 << 40) + 1, l.max_units() + 1] {
             assert_eq!(l.take(&s, cost), None, "cost {cost}");
         }
+        // Full, anchored at the next edge (tick 8): read at tick 7, the take keeps it.
         assert_eq!(
             l.take(&s, 100 << 17),
-            l.encode(7, 1 << 40),
+            l.encode(8, 1 << 40),
             "the whole capacity still pays"
         );
     }
@@ -668,10 +783,10 @@ mod tests {
     #[test]
     fn ticks_until_saturates_instead_of_wrapping() {
         // `base + cost` wrapped for huge costs and gave a short wait.
-        let l = Layout::new(1, 0, 0, 1, 1 << 61).unwrap();
+        let l = Layout::new(1, 0, 0, 1, 1).unwrap();
         assert_eq!(l.ticks_until(0, u64::MAX), u64::MAX);
-        let l = Layout::new(100, 19, 17, 1374, 1 << 40).unwrap();
-        let exact = ((1u128 << 40) + u128::from(u64::MAX)).div_ceil(1374);
+        let l = Layout::new(100, 19, 17, 1 << 20, 1 << 40).unwrap();
+        let exact = ((1u128 << 40) + u128::from(u64::MAX)).div_ceil(1 << 20);
         assert_eq!(u128::from(l.ticks_until(0, u64::MAX)), exact);
         assert_eq!(l.ticks_until(l.max_units(), 100 << 17), 0);
     }

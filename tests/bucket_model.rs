@@ -114,8 +114,10 @@ fn scenarios_exercise_every_outcome() {
         admitted > 10_000 && rejected > 10_000,
         "{admitted} {rejected}"
     );
-    assert!(errors > 1_000 && ambiguous > 100, "{errors} {ambiguous}");
-    assert!(invalid < 200, "{invalid} of 2000 policies invalid");
+    assert!(errors > 200 && ambiguous > 100, "{errors} {ambiguous}");
+    // The strategy reaches capacities of 2^40 at rates of 10^-6/s: buckets that take
+    // longer to fill than half the longest wrap (about 290 years) are refused.
+    assert!(invalid < 400, "{invalid} of 2000 policies invalid");
 }
 
 /// Named regressions: scenarios the property test once reported. Each pins a semantic

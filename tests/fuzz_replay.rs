@@ -118,7 +118,7 @@ fn packing_seeds_replay_clean() {
 #[test]
 fn multi_seeds_replay_clean() {
     let t = replay(Target::Multi);
-    assert!(get(&t, "admitted") > 0 && get(&t, "rollbacks") > 0, "{t:?}");
+    assert!(get(&t, "admitted") > 0 && get(&t, "rejected") > 0, "{t:?}");
 }
 
 /// The sweep must reach every kind of outcome, or it checks little.
@@ -161,14 +161,10 @@ fn packing_random_sweep_holds() {
 #[test]
 fn multi_random_sweep_holds() {
     let t = sweep(Target::Multi, 1200, 10_000);
-    for key in [
-        "admitted",
-        "rejected",
-        "rollbacks",
-        "duplicates",
-        "over_capacity",
-        "clock_errors",
-    ] {
+    // Rollbacks and clock errors no longer happen on one thread: the read-only first
+    // pass refuses before anything is taken, and clocks that step back are read through
+    // a high-water mark. The threaded tests and the loom models cover rollbacks.
+    for key in ["admitted", "rejected", "duplicates", "over_capacity"] {
         assert!(get(&t, key) > 0, "the sweep never reached {key}: {t:?}");
     }
 }
@@ -239,7 +235,10 @@ fn ideal_refund_near_the_top_of_u128_saturates() {
         },
         ops: vec![Op::Refund(2_687_056), Op::Refund(1_976_615)],
     };
-    assert_eq!(check(&s).map(|r| r.invalid_policy), Ok(false));
+    // Such a bucket takes some 38 million years to fill: it is now refused (the tick
+    // field could not wrap later than twice that), and the reference's saturating sum
+    // stays for the policies that remain.
+    assert_eq!(check(&s).map(|r| r.invalid_policy), Ok(true));
 }
 
 /// Ten thousand tokens at one per second has a layout meeting every bound (1 ms ticks,

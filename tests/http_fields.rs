@@ -39,21 +39,24 @@ fn retry_after_of_real_decisions_at_the_rounding_edges() {
     let p = exact_policy();
     let clock = ManualClock::new();
     let bucket = Bucket::with_clock(p, clock.clone());
-    assert!(bucket.try_acquire(1).unwrap().is_admitted()); // empty at t = 0, a tick edge
-    let full_at = 1u64 << 31; // 2.147483648 s
+    // Drained at t = 0 from full: the write anchors at the next tick edge, so the token
+    // is back one refill time after that edge.
+    assert!(bucket.try_acquire(1).unwrap().is_admitted());
+    let full_at = (1u64 << 31) + p.tick().as_nanos() as u64;
 
-    // Exactly 2.0 s before the token is back: 2.
+    // 2.000000001 s before the token is back: 3 (readings in increasing order: the
+    // bucket sees a clock that steps back as time standing still).
+    clock.set(Duration::from_nanos(full_at - 2_000_000_001));
+    let d = bucket.try_acquire(1).unwrap();
+    assert_eq!(d.retry_after(), Some(Duration::new(2, 1)));
+    assert_eq!(http::retry_after(&d), Some(3));
+
+    // Exactly 2.0 s before: 2.
     clock.set(Duration::from_nanos(full_at - 2_000_000_000));
     let d = bucket.try_acquire(1).unwrap();
     assert_eq!(d.retry_after(), Some(Duration::from_secs(2)));
     assert_eq!(http::retry_after(&d), Some(2));
     assert_eq!(http::status(&d), Some(429));
-
-    // 2.000000001 s before: 3.
-    clock.set(Duration::from_nanos(full_at - 2_000_000_001));
-    let d = bucket.try_acquire(1).unwrap();
-    assert_eq!(d.retry_after(), Some(Duration::new(2, 1)));
-    assert_eq!(http::retry_after(&d), Some(3));
 
     // 1 ms before: 1.
     clock.set(Duration::from_nanos(full_at - 1_000_000));

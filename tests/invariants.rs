@@ -86,41 +86,34 @@ fn i2_stale_now_adds_no_credit() {
     }
 }
 
-/// I2, a clock that steps back: no credit, a typed error for admissions, nothing
-/// changed, and when the clock catches up it does not count the same time twice.
+/// I2, a clock that steps back: no credit and no error (the bucket reads its clock
+/// through a high-water mark: time stands still), the stored tick never moves back, and
+/// when the clock catches up the same time is not counted twice.
 #[test]
 fn i2_clock_stepping_back_adds_no_credit() {
     let (bucket, clock) = bucket(100, 10.0);
+    let layout = *bucket.policy().layout();
     clock.set(Duration::from_secs(100));
     assert!(bucket.try_acquire(50).unwrap().is_admitted());
-    let word = bucket.stored_word();
+    let (tick, _) = layout.decode(bucket.stored_word()).unwrap();
 
     clock.set(Duration::from_secs(40)); // one minute back
-    match bucket.try_acquire(1) {
-        Err(AcquireError::ClockWentBackwards { by }) => {
-            assert!(
-                by >= Duration::from_secs(59) && by <= Duration::from_secs(60),
-                "{by:?}"
-            )
-        }
-        other => panic!("expected ClockWentBackwards, got {other:?}"),
-    }
-    assert_eq!(
-        bucket.stored_word(),
-        word,
-        "a refused acquire changed the bucket"
-    );
-    assert_eq!(bucket.available(), 50.0);
-    bucket.refund(5).unwrap(); // refunds still work, at the stored time
+    assert!(bucket.try_acquire(1).unwrap().is_admitted());
+    let (after, _) = layout.decode(bucket.stored_word()).unwrap();
+    assert!(after >= tick, "the stored tick moved back: {after} < {tick}");
+    assert_eq!(bucket.available(), 49.0);
+    bucket.refund(6).unwrap();
     assert_eq!(bucket.available(), 55.0);
 
-    // Back at the stored time: nothing was credited for the minute walked twice.
+    // Back at the highest reading: nothing was credited for the minute walked twice.
     clock.set(Duration::from_secs(100));
     assert_eq!(bucket.available(), 55.0);
-    // One more second adds 10 tokens (to within the tick edges it spans), not 610.
+    // One more second adds 10 tokens, less up to two ticks' refill (the drain from full
+    // anchored at the next edge, and the partial tick at the end), not 610.
     clock.advance(Duration::from_secs(1));
     let available = bucket.available();
-    assert!((64.99..65.01).contains(&available), "{available}");
+    let two_ticks = 2.0 * 10.0 * layout.tick().as_secs_f64();
+    assert!((65.0 - two_ticks..=65.0).contains(&available), "{available}");
 }
 
 /// I3: refill is exact on the tick grid. A million one-tick updates give exactly what
@@ -147,12 +140,14 @@ fn i3_refill_is_exact_on_the_tick_grid() {
     assert!(once.try_acquire(1).unwrap().is_admitted());
     assert_eq!(stepped.available(), once.available());
     assert_eq!(units(&once), units(&stepped));
-    assert_eq!(units(&stepped), ticks * layout.refill_per_tick());
+    // Created at tick 0, anchored at the edge of tick 1: `ticks - 1` whole ticks of refill.
+    assert_eq!(units(&stepped), (ticks - 1) * layout.refill_per_tick());
 
-    // Sub-tick steps add nothing until the edge, then exactly R.
+    // Sub-tick steps add nothing until the second edge after creation (the first is the
+    // anchor), then exactly R.
     let clock = ManualClock::new();
     let b = Bucket::with_clock(policy, clock.clone());
-    for _ in 0..7 {
+    for _ in 0..15 {
         clock.advance(layout.tick() / 8);
         assert_eq!(b.available(), 0.0);
     }
@@ -311,7 +306,7 @@ fn i8_cost_above_capacity_is_an_immediate_error() {
 /// the time reads as behind), it admits.
 #[test]
 fn full_bucket_is_immune_to_the_wrap() {
-    for (capacity, rate) in [(100, 20.0), (100_000, 20.0), (1 << 36, 1e-3)] {
+    for (capacity, rate) in [(100, 20.0), (100_000, 20.0), (1_000_000, 1e-3)] {
         let policy = Policy::new(capacity, rate).unwrap();
         let layout = *policy.layout();
         let wrap = policy.wrap_period();

@@ -123,7 +123,14 @@ fn eviction_loses_nothing_compared_with_never_evicting() {
                     .or_insert_with(|| Bucket::with_clock(policy, clock.clone()))
                     .try_acquire(cost)
                     .unwrap();
-                assert_eq!(got, want, "step {step}, key {key}, cost {cost}");
+                // The same decision; a recreated key's fresh word may sit one tick
+                // ahead (created at the next edge) where the reference was refilled to
+                // the reading, which only the decision's internal lead shows.
+                assert_eq!(
+                    (got.is_admitted(), got.tokens_remaining(), got.retry_after()),
+                    (want.is_admitted(), want.tokens_remaining(), want.retry_after()),
+                    "step {step}, key {key}, cost {cost}"
+                );
             }
         }
     }
@@ -154,12 +161,21 @@ fn sweeps_reanchor_buckets_so_idling_past_the_tick_wrap_reads_correctly() {
         l.sweep();
     }
     clock.advance(target - elapsed);
-    // The unswept bucket reads the clock as behind it...
-    assert!(matches!(
-        lone.try_acquire(1),
-        Err(AcquireError::ClockWentBackwards { .. })
-    ));
-    // ...the swept one is simply full, as the truth is.
+    // The unswept bucket reads the clock far behind its stored tick: from a monotonic
+    // reading that is an idle past the wrap, so it is full, as the truth is...
+    assert!(lone.try_acquire(100).unwrap().is_admitted());
+    // ...and so is the swept one.
+    assert!(l.try_acquire(&1, 100).unwrap().is_admitted());
+    // An idle of exactly one more wrap period reads as no time at all for a bucket left
+    // alone (never more than the truth), while the swept key reads the truth.
+    let mut elapsed = Duration::ZERO;
+    while elapsed + interval / 2 <= wrap {
+        clock.advance(interval / 2);
+        elapsed += interval / 2;
+        l.sweep();
+    }
+    clock.advance(wrap - elapsed);
+    assert!(!lone.try_acquire(100).unwrap().is_admitted());
     assert!(l.try_acquire(&1, 100).unwrap().is_admitted());
 }
 

@@ -38,7 +38,8 @@ fn reservation_is_ready_exactly_at_the_promised_tick_edge_and_not_a_nanosecond_e
 
     let r = bucket.reserve(5, Duration::from_secs(2)).unwrap();
     let wait_ticks = (5u64 << l.frac_bits()).div_ceil(l.refill_per_tick());
-    let ready = (l.tick_of(t0) + wait_ticks) << l.tick_shift();
+    // Created empty at t0, anchored at the next tick edge: refill counts from there.
+    let ready = (l.tick_of(t0) + 1 + wait_ticks) << l.tick_shift();
     assert_eq!(r.ready_at(), Duration::from_nanos(ready));
     assert_eq!(r.wait(), Duration::from_nanos(ready - t0));
     assert_eq!(r.reserved_at(), Duration::from_nanos(t0));
@@ -62,25 +63,24 @@ fn reservation_is_ready_exactly_at_the_promised_tick_edge_and_not_a_nanosecond_e
 }
 
 #[test]
-fn reservation_made_after_a_lost_race_is_ready_on_the_stored_tick_grid() {
+fn reservation_made_at_a_clock_stepped_back_is_ready_on_the_stored_tick_grid() {
     let p = policy(4, 4.0, Duration::from_secs(2), Start::Full);
     let l = *p.layout();
     let clock = ManualClock::new();
     let bucket = Bucket::with_clock(p, clock.clone());
-    // A later reading drains the bucket at tick 10; this thread then decides with an
-    // older reading, as far behind as the race tolerance allows.
-    let behind = l.tolerance_ticks();
-    assert!(behind >= 1);
+    // A reading at tick 10 drains the bucket from full (anchored at the edge of tick
+    // 11); the clock then steps back a few ticks, which the bucket sees as time standing
+    // still at its highest reading.
     let later = 10u64 << l.tick_shift();
     clock.set(Duration::from_nanos(later));
     assert!(bucket.try_acquire(4).unwrap().is_admitted());
-    let now = ((10 - behind) << l.tick_shift()) + 5;
+    let now = ((10 - l.tolerance_ticks()) << l.tick_shift()) + 5;
     clock.set(Duration::from_nanos(now));
 
     let r = bucket.reserve(1, Duration::from_secs(2)).unwrap();
-    let ready = (10 + (1u64 << l.frac_bits()).div_ceil(l.refill_per_tick())) << l.tick_shift();
+    let ready = (11 + (1u64 << l.frac_bits()).div_ceil(l.refill_per_tick())) << l.tick_shift();
     assert_eq!(r.ready_at(), Duration::from_nanos(ready));
-    assert_eq!(r.wait(), Duration::from_nanos(ready - now));
+    assert_eq!(r.wait(), Duration::from_nanos(ready - later));
     clock.set(Duration::from_nanos(ready - 1));
     assert!(balance(&bucket) < 0);
     clock.set(Duration::from_nanos(ready));
@@ -179,8 +179,9 @@ fn a_wait_beyond_the_maximum_or_the_horizon_changes_nothing() {
     let first = bucket.reserve(10, Duration::from_secs(2)).unwrap(); // ~1 s
     let word = bucket.stored_word();
 
-    // 10 more tokens would wait ~2 s (a tick over, since the rate rounds down).
-    let wait_ticks = (20u64 << l.frac_bits()).div_ceil(l.refill_per_tick());
+    // 10 more tokens would wait ~2 s (a tick over, since the rate rounds down), from the
+    // edge the bucket was created at (the next one after its reading at 0).
+    let wait_ticks = 1 + (20u64 << l.frac_bits()).div_ceil(l.refill_per_tick());
     let wait = Duration::from_nanos(wait_ticks << l.tick_shift());
     let err = bucket.reserve(10, Duration::from_secs(1)).unwrap_err();
     assert_eq!(
@@ -241,20 +242,22 @@ fn a_policy_without_horizon_refuses_any_wait_and_names_the_horizon() {
 }
 
 #[test]
-fn a_clock_step_back_refuses_a_reservation_without_writing() {
+fn a_reservation_at_a_clock_stepped_back_is_made_at_the_highest_reading() {
     let clock = ManualClock::new();
     let p = policy(5, 1.0, Duration::from_secs(10), Start::Full);
+    let l = *p.layout();
     let bucket = Bucket::with_clock(p, clock.clone());
     clock.set(Duration::from_secs(100));
     bucket.try_acquire(5).unwrap();
     clock.set(Duration::from_secs(50));
-    let word = bucket.stored_word();
-    let err = bucket.reserve(1, Duration::from_secs(10)).unwrap_err();
-    assert!(
-        matches!(err, ReserveError::ClockWentBackwards { .. }),
-        "{err:?}"
-    );
-    assert_eq!(bucket.stored_word(), word);
+    let r = bucket.reserve(1, Duration::from_secs(10)).unwrap();
+    // Reserved at the highest reading, ready one token's refill after the edge the drain
+    // anchored at: nothing credited for the fifty seconds walked back.
+    assert_eq!(r.reserved_at(), Duration::from_secs(100));
+    let edge = l.tick_of(100_000_000_000) + 1;
+    let ready = (edge + (1u64 << l.frac_bits()).div_ceil(l.refill_per_tick())) << l.tick_shift();
+    assert_eq!(r.ready_at(), Duration::from_nanos(ready));
+    r.consume();
 }
 
 #[test]
@@ -271,13 +274,15 @@ fn hundred_waiters_at_ten_per_second_proceed_in_order_ten_per_second() {
     let token = 1u64 << l.frac_bits();
     let ready: Vec<u64> = waiters.iter().map(|w| nanos(w.ready_at())).collect();
     for (k, &at) in (1u64..).zip(&ready) {
+        // Created empty at 0, anchored at the edge of tick 1.
         assert_eq!(
             at,
-            (k * token).div_ceil(l.refill_per_tick()) << l.tick_shift()
+            (1 + (k * token).div_ceil(l.refill_per_tick())) << l.tick_shift()
         );
-        // Within the rate's rounding of the ideal k * 100 ms: a tick plus the rate error.
+        // Within the rate's rounding of the ideal k * 100 ms: two ticks (the anchor and
+        // the edge) plus the rate error.
         let ideal = k as f64 * 1e8;
-        let slack = ideal * p.rate_error() + (1u64 << l.tick_shift()) as f64;
+        let slack = ideal * p.rate_error() + (2u64 << l.tick_shift()) as f64;
         assert!(
             (at as f64 - ideal).abs() <= slack,
             "waiter {k}: {at} vs {ideal}"

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::bucket::RawBucket;
-use crate::clock::Clock;
+use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::multi::{BucketRef, WordBacked};
@@ -16,7 +16,7 @@ use crate::telemetry::CounterRef;
 pub(crate) struct Handle<'a, C> {
     pub(crate) raw: &'a RawBucket,
     pub(crate) layout: &'a Layout,
-    pub(crate) clock: &'a C,
+    pub(crate) clock: &'a Monotonic<C>,
     pub(crate) counters: CounterRef<'a>,
 }
 

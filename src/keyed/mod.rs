@@ -20,7 +20,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::attempt::Attempt;
 use crate::bucket::RawBucket;
-use crate::clock::{Clock, QuantaClock};
+use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::policy::Policy;
@@ -230,12 +230,15 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
         } else {
             Store::Bare(Table::new(bits, max_keys, self.hasher))
         };
+        let clock = Monotonic::new(self.clock);
+        // The guard's first mark: the map counts time from its creation.
+        clock.now_nanos();
         let overflow_bucket = match overflow {
             Overflow::Reject => None,
             Overflow::Share(p) => Some(SharedBucket {
                 raw: CachePadded::new(RawBucket::new(
                     p.layout(),
-                    self.clock.now_nanos(),
+                    clock.now_nanos(),
                     p.starts_full(),
                 )),
                 policy: p,
@@ -246,7 +249,7 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
             store,
             evict: start_full || eviction == Eviction::Full,
             policy: self.policy,
-            clock: self.clock,
+            clock,
             overflow,
             overflow_bucket,
             overflow_counts: StripedCounters::new(),
@@ -372,7 +375,7 @@ pub struct KeyedLimiter<K, C: Clock = QuantaClock, S = KeyHasher> {
     store: Store<K, S>,
     evict: bool,
     policy: Policy,
-    clock: C,
+    clock: Monotonic<C>,
     overflow: Overflow,
     overflow_bucket: Option<SharedBucket>,
     overflow_counts: StripedCounters,
@@ -782,7 +785,7 @@ impl<K, C: Clock, S> KeyedLimiter<K, C, S> {
 
     /// The clock the map reads.
     pub fn clock(&self) -> &C {
-        &self.clock
+        self.clock.get_ref()
     }
 
     /// What a new key gets when the map is full.

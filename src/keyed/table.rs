@@ -21,7 +21,7 @@ use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteG
 use hashbrown::HashTable;
 
 use crate::bucket::RawBucket;
-use crate::clock::Clock;
+use crate::clock::{Clock, Monotonic};
 use crate::state::Layout;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot};
@@ -90,7 +90,7 @@ impl<K, V> Shard<K, V> {
 /// What a sweep needs to know about the map.
 pub(crate) struct SweepCtx<'a> {
     pub(crate) layout: &'a Layout,
-    pub(crate) clock: &'a dyn Clock,
+    pub(crate) clock: &'a Monotonic<dyn Clock + 'a>,
     pub(crate) now: u64,
     /// Whether full buckets may be evicted.
     pub(crate) evict: bool,
@@ -331,14 +331,14 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
 pub(crate) fn reanchor<C: Clock + ?Sized>(
     bucket: &RawBucket,
     layout: &Layout,
-    clock: &C,
+    clock: &Monotonic<C>,
     now: u64,
 ) {
     let done = bucket.transition(layout, clock, now, false, |s, _| {
         if s.behind() > 0 {
             (None, ())
         } else {
-            (layout.encode(s.tick(layout), s.units()), ())
+            (Some(layout.store(s, s.units())), ())
         }
     });
     debug_assert!(done.is_ok(), "a non-strict transition cannot fail");

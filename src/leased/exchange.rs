@@ -93,6 +93,11 @@ pub(crate) struct Attempt {
     /// Whether the refill could meet the capacity with the tokens outside the pool
     /// ([`must_quiesce`], as the pool decided it).
     pub(crate) credit_bound: bool,
+    /// Whether the write may anchor at the next tick edge depending on the lessees'
+    /// tokens (the pool is not behind its stored tick and its balance with every token
+    /// outside could be within one tick's refill of full): then the holders are quiesced
+    /// first, so the anchor is decided on the whole balance, as a plain bucket's is.
+    pub(crate) anchor_undecided: bool,
     /// `Some(units in flight)` once the holders were quiesced in this exchange.
     pub(crate) quiesced: Option<u64>,
     /// Units the stored balance must reach to pay: the cost plus the layout's base.
@@ -108,7 +113,7 @@ pub(crate) struct Attempt {
 #[inline]
 pub(crate) fn step(a: Attempt) -> Step {
     let credit = a.refilled > a.stored && a.credit_bound;
-    if credit && a.quiesced.is_none() {
+    if (credit || a.anchor_undecided) && a.quiesced.is_none() {
         return Step::Quiesce;
     }
     let reserve = match a.quiesced {
@@ -175,6 +180,7 @@ mod tests {
             refilled,
             hand,
             credit_bound: must_quiesce(B, refilled, hand, 200),
+            anchor_undecided: false,
             quiesced,
             needed: 100,
         }
@@ -260,7 +266,8 @@ mod tests {
             let refilled = (stored + refill).min(B);
             let credit_bound = must_quiesce(B, refilled, hand, outstanding);
             let a = Attempt {
-                max_units: B, stored, refilled, hand, credit_bound, quiesced: in_flight, needed,
+                max_units: B, stored, refilled, hand, credit_bound, anchor_undecided: false,
+                quiesced: in_flight, needed,
             };
             let credit = refilled > stored && credit_bound;
             match step(a) {

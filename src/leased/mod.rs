@@ -63,7 +63,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::clock::{Clock, ClockError, CoarseClock, QuantaClock};
+use crate::clock::{Clock, ClockError, CoarseClock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::error::cost_exceeds_capacity;
@@ -192,7 +192,7 @@ pub struct LeasedBucket<C: Clock = QuantaClock, P: Pool = LocalPool> {
     pool: P,
     slots: Slots,
     policy: Policy,
-    clock: C,
+    clock: Monotonic<C>,
     max_lease: u64,
     /// `log2(slots) + 1`: a lease is at most `spare >> lease_shift`.
     lease_shift: u32,
@@ -328,6 +328,7 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
     pub fn with_clock(policy: Policy, clock: C) -> LeasedBucket<C> {
         let slots = default_slots();
         let max_lease = default_lease(&policy, slots);
+        let clock = Monotonic::new(clock);
         let pool = LocalPool::new(&policy, clock.now_nanos());
         LeasedBucket::build(policy, clock, slots, max_lease, pool)
     }
@@ -352,8 +353,9 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
         clock: C,
         config: LeaseConfig,
     ) -> Result<LeasedBucket<C>, LeaseConfigError> {
+        let clock = Monotonic::new(clock);
         let pool = LocalPool::new(&policy, clock.now_nanos());
-        LeasedBucket::with_pool(policy, clock, config, pool)
+        LeasedBucket::with_guarded_pool(policy, clock, config, pool)
     }
 
     /// The pool's packed word as stored, before any refill: decode it with the policy's
@@ -388,6 +390,18 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         config: LeaseConfig,
         pool: P,
     ) -> Result<LeasedBucket<C, P>, LeaseConfigError> {
+        let clock = Monotonic::new(clock);
+        // The guard's first mark: the pool read the clock before this.
+        clock.now_nanos();
+        LeasedBucket::with_guarded_pool(policy, clock, config, pool)
+    }
+
+    fn with_guarded_pool(
+        policy: Policy,
+        clock: Monotonic<C>,
+        config: LeaseConfig,
+        pool: P,
+    ) -> Result<LeasedBucket<C, P>, LeaseConfigError> {
         let slots = config.slots.unwrap_or_else(default_slots);
         if !slots.is_power_of_two() || slots > MAX_SLOTS {
             return Err(LeaseConfigError::SlotsOutOfRange { slots });
@@ -408,7 +422,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
 
     fn build(
         policy: Policy,
-        clock: C,
+        clock: Monotonic<C>,
         slots: usize,
         max_lease: u64,
         pool: P,
@@ -775,7 +789,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
 
     /// The clock this bucket reads.
     pub fn clock(&self) -> &C {
-        &self.clock
+        self.clock.get_ref()
     }
 
     /// A stable identity for ordering buckets (the address of its slots, which stay put
@@ -819,10 +833,11 @@ impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
         self.clock.now_nanos()
     }
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        self.acquire_at(thread_index(), cost, now)
+        self.acquire_at(thread_index(), cost, self.clock.observe(now))
     }
     fn refund_at(&self, cost: u64, now: u64) {
         let layout = self.policy.layout();
+        let now = self.clock.observe(now);
         self.refund_units(layout.units_of(cost).unwrap_or(layout.max_units()), now);
     }
     fn wait_at(&self, cost: u64, now: u64) -> Duration {

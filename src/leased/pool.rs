@@ -15,7 +15,6 @@ use crossbeam_utils::CachePadded;
 use super::exchange::{self, Attempt, Step};
 use crate::clock::Clock;
 use crate::error::AcquireError;
-use crate::error::clock_went_backwards;
 use crate::policy::Policy;
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
@@ -298,23 +297,16 @@ impl LocalPool {
     }
 }
 
-/// A full `snapshot` found well behind the word, re-anchored: full at `now_tick`, not
-/// behind. `None` when it is not full (then a reading well behind is refused). See
-/// "Readings behind the word" on [`LocalPool`].
-#[inline]
-fn reanchored(layout: &Layout, snapshot: &Snapshot, now_tick: u64) -> Option<Snapshot> {
-    layout
-        .is_full(snapshot)
-        .then(|| layout.refill(layout.start_word(now_tick, true), now_tick))
-}
-
 /// [`exchange::must_quiesce`], with the loom mutant that adds credit without quiescing.
 #[inline]
 fn credit_bound(layout: &Layout, units: u64, hand: u64, outstanding: u64) -> bool {
     if mutant!(CREDIT_IGNORES_LEASES) {
         return false;
     }
-    exchange::must_quiesce(layout.max_units(), units, hand, outstanding)
+    // Near full rather than full: a write whose balance, counting the lessees' tokens, is
+    // within one tick's refill of full anchors at the next tick edge, as a plain
+    // bucket's does, so the lessees' tokens must be in hand to decide it.
+    exchange::must_quiesce(layout.near_full_units(), units, hand, outstanding)
 }
 
 /// Units stored in `word`, before any refill.
@@ -385,10 +377,11 @@ impl LocalPool {
             reading.read(layout, clock);
             return Ok(None);
         }
-        match reanchored(layout, &snapshot, reading.tick) {
-            Some(full) => Ok(Some(full)),
-            None => Err(clock_went_backwards(layout, &snapshot, reading.now)),
-        }
+        // Still far behind a reading taken after the load: the tick field wrapped, so the
+        // pool idled past its fill time and is full (see `RawBucket`'s re-read). The
+        // exchange quiesces the lessees before this credit, as before any credit that
+        // could meet the cap.
+        Ok(Some(layout.reanchor_full(reading.tick)))
     }
 }
 
@@ -424,6 +417,8 @@ impl Pool for LocalPool {
                     refilled: snapshot.units(),
                     hand,
                     credit_bound: credit_bound(layout, snapshot.units(), hand, outstanding),
+                    anchor_undecided: snapshot.behind() == 0
+                        && credit_bound(layout, snapshot.units(), hand, outstanding),
                     quiesced,
                     needed,
                 };
@@ -438,7 +433,7 @@ impl Pool for LocalPool {
                         return Ok(rejected(layout, &snapshot, reading.now));
                     }
                     Step::GiveBackAndRefuse { units } => {
-                        let next = snapshot.with_units(units);
+                        let next = layout.store_after(&snapshot, units.max(snapshot.units()), units);
                         let after = layout.refill(next, reading.tick);
                         break (next, rejected(layout, &after, reading.now));
                     }
@@ -454,10 +449,12 @@ impl Pool for LocalPool {
                         }
                         let admitted = LeaseOutcome::Admitted {
                             leased_units: leased,
-                            tick: snapshot.tick(layout),
+                            // The reading's tick, not the stored one: a pool anchored at the next
+                            // edge must not stretch a lease into a tick that has not begun.
+                            tick: reading.tick,
                             balance_units: left as i64 - layout.base_units() as i64,
                         };
-                        break (snapshot.with_units(left), admitted);
+                        break (layout.store_after(&snapshot, units, left), admitted);
                     }
                 }
             };
@@ -478,10 +475,16 @@ impl Pool for LocalPool {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             // At the stored tick: giving back never advances time, so it never carries
-            // refill credit and needs no quiescing.
+            // refill credit and needs no quiescing; the tokens were the pool's, so the
+            // pool and its lessees together hold no more than before, and the tick stays
+            // (no anchor at the next edge, which only new credit needs).
             let tick = layout.decode(cur).map_or(0, |(tick, _)| tick);
             let snapshot = layout.refill(cur, tick);
-            match self.cas(cur, layout.refund(&snapshot, units)) {
+            let units = snapshot
+                .units()
+                .saturating_add(units)
+                .min(layout.max_units());
+            match self.cas(cur, snapshot.with_units(units)) {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
@@ -505,7 +508,7 @@ impl Pool for LocalPool {
             let reserve = if bound { quiesced.unwrap_or(0) } else { 0 };
             let stored = stored_units(layout, cur);
             let next = exchange::settle(layout.max_units(), stored, credited, hand, reserve);
-            match self.cas(cur, snapshot.with_units(next)) {
+            match self.cas(cur, layout.store_after(&snapshot, credited, next)) {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
@@ -520,7 +523,7 @@ impl Pool for LocalPool {
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             let snapshot = layout.refill(cur, now_tick);
-            match self.cas(cur, layout.start_word(snapshot.tick(layout), full)) {
+            match self.cas(cur, layout.restart(&snapshot, full)) {
                 Ok(_) => return,
                 Err(actual) => cur = actual,
             }
@@ -547,10 +550,8 @@ impl Pool for LocalPool {
         if snapshot.behind() <= layout.tolerance_ticks() {
             return Ok((state_of(&snapshot), now));
         }
-        match reanchored(layout, &snapshot, now_tick) {
-            Some(full) => Ok((state_of(&full), now)),
-            None => Err(clock_went_backwards(layout, &snapshot, now)),
-        }
+        // Far behind a reading taken after the load: idle past the wrap, full.
+        Ok((state_of(&layout.reanchor_full(now_tick)), now))
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::bucket::{Bucket, RawBucket};
-use crate::clock::Clock;
+use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::state::Layout;
@@ -62,7 +62,7 @@ pub trait Member: sealed::Sealed + Sync {
 pub(crate) struct BucketRef<'a, C> {
     pub(crate) raw: &'a RawBucket,
     pub(crate) layout: &'a Layout,
-    pub(crate) clock: &'a C,
+    pub(crate) clock: &'a Monotonic<C>,
 }
 
 impl<C> Clone for BucketRef<'_, C> {
@@ -107,7 +107,7 @@ impl<C: Clock> WordBacked for Bucket<C> {
         BucketRef {
             raw: self.raw(),
             layout: self.policy().layout(),
-            clock: self.clock(),
+            clock: self.guarded_clock(),
         }
     }
 }

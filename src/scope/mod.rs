@@ -21,7 +21,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::bucket::RawBucket;
-use crate::clock::{Clock, QuantaClock};
+use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, reanchor, sweep_interval};
@@ -187,7 +187,7 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
 pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     /// Unique in the process: the [`ClassId`]s this limiter gives carry it.
     id: u64,
-    clock: C,
+    clock: Monotonic<C>,
     global: Option<GlobalScope<C>>,
     maps: KeyedMaps<C, S>,
     classes: Vec<WorkClass>,
@@ -287,13 +287,16 @@ impl RuleSet {
         }
         // A std atomic in a `static` (loom's cannot be one); 2^64 limiters never wrap it.
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let guard = Monotonic::new(clock.clone());
+        // The guard's first mark: the limiter counts time from its creation.
+        guard.now_nanos();
         let global = match self.rules[ScopeKind::Global.index()] {
             None => None,
             Some(r) => Some(GlobalScope {
                 bucket: match r.lease {
                     None => GlobalBucket::Word(CachePadded::new(RawBucket::new(
                         r.policy.layout(),
-                        clock.now_nanos(),
+                        guard.now_nanos(),
                         r.policy.starts_full(),
                     ))),
                     Some(config) => GlobalBucket::Leased(
@@ -311,7 +314,7 @@ impl RuleSet {
             maps: KeyedMaps::build(&self.rules, &clock, &hasher)?,
             classes: self.classes,
             policies,
-            clock,
+            clock: guard,
         })
     }
 }
@@ -649,7 +652,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
 
     /// The clock every scope reads.
     pub fn clock(&self) -> &C {
-        &self.clock
+        self.clock.get_ref()
     }
 
     /// The packed word of `scope`'s bucket as stored, before any refill (`None` when the

@@ -10,6 +10,9 @@ use std::time::Duration;
 use crate::{Ideal, Model, Outcome};
 use tokengate::policy::MIN_WRAP_BITS;
 use tokengate::state::Layout;
+use std::sync::Arc;
+
+use tokengate::clock::Monotonic;
 use tokengate::{AcquireError, Bucket, Clock, ManualClock, Policy, Start, policy::MAX_RATE_ERROR};
 
 /// A policy as a fuzzer or property test proposes it; it may be invalid.
@@ -45,10 +48,10 @@ impl PolicySpec {
 pub enum Op {
     /// Moves the clock forward by this many nanoseconds (saturating).
     Advance(u64),
-    /// Moves the clock back by this many nanoseconds, but never further than the layout's
-    /// back window behind the latest time seen: longer steps back are outside the
-    /// engine's contract (they are indistinguishable from a forward wrap). Ignored once a
-    /// step has gone past the wrap window.
+    /// Moves the clock back by this many nanoseconds (saturating at zero): any size, the
+    /// bucket reads its clock through a high-water mark and sees time stand still until
+    /// the clock passes its highest reading again. Ignored once a step has gone past the
+    /// wrap window.
     StepBack(u64),
     /// `try_acquire(cost)`; costs up to one above the capacity are used as given, larger
     /// ones modulo `capacity + 2`, so both admissions and I8 errors occur.
@@ -149,12 +152,22 @@ pub fn acceptable_layout(spec: &PolicySpec) -> Option<Layout> {
                 continue;
             };
             let error = 1.0 - refill as f64 / rate.units_per_tick_f64(s + f);
-            if error <= MAX_RATE_ERROR && layout.tick_bits() + s >= MIN_WRAP_BITS {
+            if error <= MAX_RATE_ERROR
+                && layout.tick_bits() + s >= MIN_WRAP_BITS
+                && wraps_after_fill(&layout)
+            {
                 return Some(layout);
             }
         }
     }
     None
+}
+
+/// The tick field wraps after at least twice the fill time plus the back window, written
+/// out from the documented quantities: `2^T >= 2 * ceil(max_units / R) + window`.
+fn wraps_after_fill(l: &Layout) -> bool {
+    let fill = u128::from(l.max_units()).div_ceil(u128::from(l.refill_per_tick()));
+    (1u128 << l.tick_bits()) >= 2 * fill + u128::from(l.back_window_ticks())
 }
 
 /// The bounds the policy docs promise for a valid policy.
@@ -173,6 +186,10 @@ fn check_policy_bounds(spec: &PolicySpec, policy: &Policy) -> Result<(), Violati
         (
             l.tick_bits() + l.tick_shift() >= MIN_WRAP_BITS,
             "wrap period shorter than 2^50 ns",
+        ),
+        (
+            wraps_after_fill(l),
+            "wrap period shorter than twice the fill time plus the back window",
         ),
         (
             l.tick_shift() <= tick_shifts(spec.capacity, &rate).1,
@@ -231,21 +248,19 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
     check_policy_bounds(&scenario.policy, &policy)?;
     let layout = *policy.layout();
     let capacity = policy.capacity();
-    let clock = ManualClock::new();
-    clock.set(Duration::from_nanos(scenario.start_nanos));
-    let bucket = Bucket::with_clock(policy, clock.clone());
+    let manual = ManualClock::new();
+    manual.set(Duration::from_nanos(scenario.start_nanos));
+    // The harness reads the time as the bucket does: through one shared high-water mark
+    // (the bucket's own guard is then a no-op), so the references see the same time.
+    let clock = Arc::new(Monotonic::new(manual.clone()));
+    let bucket = Bucket::with_clock(policy, Arc::clone(&clock));
     let mut model = Model::new(&policy, scenario.start_nanos);
     let mut ideal = Ideal::new(&policy, scenario.start_nanos);
     let max_units = i128::from(layout.max_units() - layout.base_units());
     let mut exact = true;
 
-    // Steps back stay within the back window behind the latest time seen.
-    let window_nanos = layout.back_window_ticks() << layout.tick_shift();
-    let mut latest = scenario.start_nanos;
-
     for (step, op) in scenario.ops.iter().enumerate() {
         let now = clock.now_nanos();
-        latest = latest.max(now);
         let before = bucket.stored_word();
         // From the first step whose time the engine's wrapping tick may read differently
         // from the model's absolute one, only the bounds (ideal bucket, I1, I5) are checked.
@@ -253,14 +268,13 @@ pub fn check(scenario: &Scenario) -> Result<Report, Violation> {
         exact &= !(is_bucket_op && model.is_ambiguous(now));
         let ambiguous = !exact;
         match *op {
-            Op::Advance(d) => clock.advance(Duration::from_nanos(d)),
+            Op::Advance(d) => manual.advance(Duration::from_nanos(d)),
             // After the engine has misread a wrapped idle time, its stored tick may stand
-            // for a time long past, and a step back could then read as forward: the
-            // contract covers steps back or wraps, not both at once.
+            // for a time long past: the exact comparison stops there.
             Op::StepBack(_) if !exact => {}
             Op::StepBack(d) => {
-                let floor = latest.saturating_sub(window_nanos);
-                clock.set(Duration::from_nanos(now.saturating_sub(d).max(floor)));
+                let raw = manual.now_nanos();
+                manual.set(Duration::from_nanos(raw.saturating_sub(d)));
             }
             Op::Acquire(c) => {
                 let cost = scale_cost(c, capacity);

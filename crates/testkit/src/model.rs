@@ -46,8 +46,12 @@ pub struct Model {
     window: u128,
     half_wrap: u128,
     full_start: bool,
+    /// Units at or below which a write keeps its tick: `max - R - 1`.
+    near_full: u128,
     units: u128,
     tick: u128,
+    /// The highest reading seen: the engine reads clocks through a high-water mark.
+    high: std::cell::Cell<u64>,
 }
 
 impl Model {
@@ -65,8 +69,10 @@ impl Model {
             window: u128::from(l.back_window_ticks()),
             half_wrap: 1u128 << (l.tick_bits() - 1),
             full_start: policy.starts_full(),
+            near_full: u128::from(l.max_units()).saturating_sub(u128::from(l.refill_per_tick()) + 1),
             units: 0,
             tick: 0,
+            high: std::cell::Cell::new(0),
         };
         model.reset_at(now_nanos);
         model
@@ -76,11 +82,29 @@ impl Model {
         u128::from(now_nanos >> self.tick_shift)
     }
 
+    /// A clock reading as the engine sees it: through its high-water mark.
+    fn observe(&self, now_nanos: u64) -> u64 {
+        let now = self.high.get().max(now_nanos);
+        self.high.set(now);
+        now
+    }
+
+    /// The tick a write from a state at `tick` (read `behind` the model's time) leaving
+    /// `after` units stores: the next tick edge when the balance before or after is
+    /// within one tick's refill of full and the reading is not behind.
+    fn anchor(&self, before: u128, after: u128, tick: u128, behind: u128) -> u128 {
+        if behind == 0 && before.max(after) > self.near_full {
+            tick + 1
+        } else {
+            tick
+        }
+    }
+
     /// Whether the engine, whose tick field wraps, could read `now_nanos` differently
     /// from this model: the distance to the model's last update is at least the back
     /// window (forward) or beyond it (behind).
     pub fn is_ambiguous(&self, now_nanos: u64) -> bool {
-        let now = self.tick_of(now_nanos);
+        let now = self.tick_of(self.high.get().max(now_nanos));
         if now >= self.tick {
             now - self.tick >= self.half_wrap * 2 - self.window
         } else {
@@ -88,12 +112,16 @@ impl Model {
         }
     }
 
-    /// The state at `now`: `(units, tick, behind)`.
+    /// The state at `now` (already observed): `(units, tick, behind)`. A reading behind
+    /// by more than the race tolerance can only be an idle past the wrap (readings are
+    /// monotonic): the bucket is full, re-anchored at the next edge.
     fn refilled(&self, now_nanos: u64) -> (u128, u128, u128) {
         let now = self.tick_of(now_nanos);
         if now >= self.tick {
             let units = (self.units + (now - self.tick) * self.refill).min(self.max);
             (units, now, 0)
+        } else if self.tick - now > self.tolerance {
+            (self.max, now + 1, 0)
         } else {
             (self.units, self.tick, self.tick - now)
         }
@@ -116,23 +144,17 @@ impl Model {
         if cost > self.capacity {
             return Outcome::CostExceedsCapacity;
         }
-        let (mut units, mut tick, mut behind) = self.refilled(now_nanos);
+        let now_nanos = self.observe(now_nanos);
+        let (units, tick, behind) = self.refilled(now_nanos);
         if cost == 0 {
             return Outcome::Admitted {
                 balance: self.balance(units),
             };
         }
-        if behind > self.tolerance {
-            if units < self.max {
-                return Outcome::ClockWentBackwards;
-            }
-            // A full bucket re-anchors at `now`, adding nothing.
-            (units, tick, behind) = (self.max, self.tick_of(now_nanos), 0);
-        }
         let cost_units = u128::from(cost) << self.frac_bits;
         if units >= self.base + cost_units {
+            self.tick = self.anchor(units, units - cost_units, tick, behind);
             self.units = units - cost_units;
-            self.tick = tick;
             Outcome::Admitted {
                 balance: self.balance(units - cost_units),
             }
@@ -144,11 +166,12 @@ impl Model {
         }
     }
 
-    /// Whether `try_acquire` of a positive cost at `now_nanos` re-anchors a full bucket
-    /// whose time reads well behind the clock (a clock that stepped back).
+    /// Whether a reading at `now_nanos` finds the model's time far behind it: the engine
+    /// then reads an idle past its wrap and re-anchors the bucket full. Readings pass a
+    /// high-water mark, so this never happens in a history without such an idle.
     pub fn reanchors(&self, now_nanos: u64) -> bool {
-        let (units, _, behind) = self.refilled(now_nanos);
-        behind > self.tolerance && units >= self.max
+        let now = self.tick_of(self.high.get().max(now_nanos));
+        now < self.tick && self.tick - now > self.tolerance
     }
 
     /// `refund(cost)` at `now_nanos`; `false` when the cost is above the capacity.
@@ -159,9 +182,11 @@ impl Model {
         if cost == 0 {
             return true;
         }
-        let (units, tick, _) = self.refilled(now_nanos);
-        self.units = (units + (u128::from(cost) << self.frac_bits)).min(self.max);
-        self.tick = tick;
+        let now_nanos = self.observe(now_nanos);
+        let (units, tick, behind) = self.refilled(now_nanos);
+        let after = (units + (u128::from(cost) << self.frac_bits)).min(self.max);
+        self.tick = self.anchor(units, after, tick, behind);
+        self.units = after;
         true
     }
 
@@ -170,31 +195,30 @@ impl Model {
     /// nothing, except that the take re-anchors a full bucket at a clock that stepped back
     /// (see [`reanchors`](Model::reanchors)).
     pub fn advance(&mut self, now_nanos: u64) {
-        if self.reanchors(now_nanos) {
-            self.units = self.max;
-            self.tick = self.tick_of(now_nanos);
-            return;
-        }
-        let (units, tick, _) = self.refilled(now_nanos);
+        let now_nanos = self.observe(now_nanos);
+        let (units, tick, behind) = self.refilled(now_nanos);
+        self.tick = self.anchor(units, units, tick, behind);
         self.units = units;
-        self.tick = tick;
     }
 
     /// `reset()` at `now_nanos`: the start state at `now`, or at the model's tick if
     /// `now` is behind it.
     pub fn reset(&mut self, now_nanos: u64) {
-        let (_, tick, _) = self.refilled(now_nanos);
+        let now_nanos = self.observe(now_nanos);
+        let (_, tick, behind) = self.refilled(now_nanos);
         self.units = if self.full_start { self.max } else { self.base };
-        self.tick = tick;
+        self.tick = if behind == 0 { tick + 1 } else { tick };
     }
 
     fn reset_at(&mut self, now_nanos: u64) {
+        let now_nanos = self.observe(now_nanos);
         self.units = if self.full_start { self.max } else { self.base };
-        self.tick = self.tick_of(now_nanos);
+        self.tick = self.tick_of(now_nanos) + 1;
     }
 
     /// The balance at `now_nanos` in units, as `available()` sees it.
     pub fn balance_units(&self, now_nanos: u64) -> i128 {
+        let now_nanos = self.observe(now_nanos);
         self.balance(self.refilled(now_nanos).0)
     }
 
@@ -202,6 +226,7 @@ impl Model {
     /// when they are: what a rejection's `retry_after` and the waits of
     /// `acquire_all` report.
     pub fn wait_for(&self, cost: u64, now_nanos: u64) -> Duration {
+        let now_nanos = self.observe(now_nanos);
         let (units, _, behind) = self.refilled(now_nanos);
         let cost_units = u128::from(cost) << self.frac_bits;
         if units >= self.base + cost_units {
@@ -217,15 +242,14 @@ impl Model {
     }
 }
 
-/// An ideal token bucket at the *configured* rate, in exact rational arithmetic: the
-/// bound the engine must never exceed.
+/// An ideal token bucket at the *configured* rate, in exact rational arithmetic, on real
+/// times (every nanosecond, not the tick grid): the bound the engine must never exceed.
 ///
-/// Like the engine it refills lazily, from its last update to the time of the next one,
-/// and a time behind its last update gives it nothing; it sees time at the engine's
-/// resolution, the tick edges (a continuous-time bucket can be up to one tick of refill,
-/// `r * tick`, behind it in an interval that starts mid-tick). The only difference left
-/// from the engine is the rounding of the rate, so any excess over it is credit the
-/// engine created.
+/// It refills continuously: at any time `t` it holds `min(B, balance + r * (t - last))`,
+/// and a time behind its last update gives it nothing (a clock that steps back is time
+/// standing still, as the engine's high-water mark makes it). Admitting only what this
+/// bucket could pay is exactly the curve `admitted in [s, e] <= B + r * (e - s)`; any
+/// excess is credit the engine created, whether from the tick grid or the rounding.
 /// Every admission of the engine is replayed on it with [`Ideal::take`], which fails if
 /// the ideal bucket could not have paid.
 #[derive(Clone, Debug)]
@@ -234,7 +258,6 @@ pub struct Ideal {
     num: u128,
     den: u128,
     capacity: u128,
-    tick_shift: u32,
     full_start: bool,
     /// Balance in tokens times `den`.
     scaled: u128,
@@ -254,7 +277,6 @@ impl Ideal {
             num,
             den,
             capacity,
-            tick_shift: policy.layout().tick_shift(),
             full_start: policy.starts_full(),
             scaled: 0,
             time: 0,
@@ -265,7 +287,7 @@ impl Ideal {
 
     /// The balance at `now_nanos` and the time it is at, without updating.
     fn refilled(&self, now_nanos: u64) -> (u128, u128) {
-        let now = u128::from(now_nanos >> self.tick_shift) << self.tick_shift;
+        let now = u128::from(now_nanos);
         if now > self.time {
             let added = (now - self.time) * self.num;
             (self.scaled.saturating_add(added).min(self.capacity), now)
@@ -305,13 +327,11 @@ impl Ideal {
         true
     }
 
-    /// Follows the engine re-anchoring a full bucket at a clock reading behind its time
-    /// (a clock that stepped back): a full bucket's time restarts at `now`'s tick edge.
-    /// The engine is never above the ideal, so when it is full the ideal is full too.
+    /// Follows the engine re-anchoring a bucket found idle past its wrap period: the
+    /// ideal bucket, idle that long, is full at `now_nanos`.
     pub fn reanchor_full(&mut self, now_nanos: u64) {
-        if self.scaled >= self.capacity {
-            self.time = u128::from(now_nanos >> self.tick_shift) << self.tick_shift;
-        }
+        self.time = self.time.max(u128::from(now_nanos));
+        self.scaled = self.capacity;
     }
 
     /// Gives `cost` back, capped at the capacity.
@@ -327,8 +347,7 @@ impl Ideal {
     /// Back to the start state; the clock restarts at the tick edge of `now` unless it
     /// has already seen a later time.
     pub fn reset(&mut self, now_nanos: u64) {
-        let edge = u128::from(now_nanos >> self.tick_shift) << self.tick_shift;
-        self.time = self.time.max(edge);
+        self.time = self.time.max(u128::from(now_nanos));
         self.scaled = if self.full_start { self.capacity } else { 0 };
     }
 

@@ -13,6 +13,11 @@ use tokengate::{
     AcquireError, Bucket, Clock, Decision, ManualClock, multi::MultiError, multi::acquire_all_with,
 };
 
+
+/// The clock every bucket of a scenario reads: one manual clock behind one shared
+/// high-water mark.
+type SharedClock = std::sync::Arc<tokengate::clock::Monotonic<ManualClock>>;
+
 /// One operation of a multi-bucket scenario. Bucket indices are taken modulo the number
 /// of buckets whose policy is valid; costs as in [`Op::Acquire`](crate::Op).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,8 +44,7 @@ pub enum MultiOp {
     Release(u8),
     /// Moves the shared clock forward (saturating).
     Advance(u64),
-    /// Moves the shared clock back, within the back window as for
-    /// [`Op::StepBack`](crate::Op).
+    /// Moves the shared clock back (any size, as for [`Op::StepBack`](crate::Op)).
     StepBack(u64),
 }
 
@@ -79,7 +83,7 @@ pub struct MultiReport {
 
 /// One bucket of the scenario and its references.
 struct Member {
-    bucket: Bucket<ManualClock>,
+    bucket: Bucket<SharedClock>,
     layout: Layout,
     capacity: u64,
     model: Model,
@@ -168,8 +172,10 @@ fn outcome(got: &Result<Decision, AcquireError>) -> Outcome {
 /// The first [`Violation`] found. A panic inside the engine propagates.
 pub fn check_multi(scenario: &MultiScenario) -> Result<MultiReport, Violation> {
     let mut report = MultiReport::default();
-    let clock = ManualClock::new();
-    clock.set(Duration::from_nanos(scenario.start_nanos));
+    let manual = ManualClock::new();
+    manual.set(Duration::from_nanos(scenario.start_nanos));
+    // One high-water mark shared by every bucket and the harness, so all read one time.
+    let clock = std::sync::Arc::new(tokengate::clock::Monotonic::new(manual.clone()));
     let mut members = Vec::new();
     for spec in &scenario.buckets {
         match spec.build() {
@@ -192,24 +198,17 @@ pub fn check_multi(scenario: &MultiScenario) -> Result<MultiReport, Violation> {
     }
     report.buckets = members.len() as u64;
     let n = members.len();
-    let window_nanos = members
-        .iter()
-        .map(|m| m.layout.back_window_ticks() << m.layout.tick_shift())
-        .min()
-        .unwrap_or(0);
-    let mut latest = scenario.start_nanos;
     let mut outstanding: Vec<Vec<(usize, u64)>> = Vec::new();
 
     for (step, op) in scenario.ops.iter().enumerate() {
         let now = clock.now_nanos();
-        latest = latest.max(now);
         let before: Vec<u64> = members.iter().map(Member::word).collect();
         match op {
-            MultiOp::Advance(d) => clock.advance(Duration::from_nanos(*d)),
+            MultiOp::Advance(d) => manual.advance(Duration::from_nanos(*d)),
             MultiOp::StepBack(d) => {
                 if members.iter().all(|m| m.exact) {
-                    let floor = latest.saturating_sub(window_nanos);
-                    clock.set(Duration::from_nanos(now.saturating_sub(*d).max(floor)));
+                    let raw = manual.now_nanos();
+                    manual.set(Duration::from_nanos(raw.saturating_sub(*d)));
                 }
             }
             MultiOp::AcquireAll(request) => {
@@ -348,7 +347,7 @@ fn acquire_all_step(
 ) -> Result<bool, Violation> {
     let mut observed: Vec<(usize, Decision)> = Vec::new();
     let got = {
-        let refs: Vec<(&Bucket<ManualClock>, u64)> = request
+        let refs: Vec<(&Bucket<SharedClock>, u64)> = request
             .iter()
             .map(|&(i, c)| (&members[i].bucket, c))
             .collect();
@@ -490,10 +489,8 @@ fn acquire_all_step(
         };
         let mut snapshot = l.refill(before[i], l.tick_of(now));
         if snapshot.behind() > l.tolerance_ticks() {
-            // A full bucket behind a clock that stepped back is re-anchored when taken.
-            snapshot = l
-                .reanchor_full(&snapshot, l.tick_of(now))
-                .unwrap_or(snapshot);
+            // Far behind a monotonic reading: idle past the wrap, full.
+            snapshot = l.reanchor_full(l.tick_of(now));
         }
         let expected = if refused.is_some() || cost == 0 {
             None
@@ -510,7 +507,14 @@ fn acquire_all_step(
             }
             None => {
                 // Untouched, or written back with exactly its balance at `now`.
-                let rolled_back = l.encode(snapshot.tick(l), snapshot.units());
+                // A take and its refund: the word holds the balance at `now`, anchored
+                // as any write near full is.
+                let rolled_back = l
+                    .take(&snapshot, cost << l.frac_bits())
+                    .map(|taken| {
+                        let s = l.refill(taken, l.tick_of(now));
+                        l.refund(&s, cost << l.frac_bits())
+                    });
                 if after != before[i] && Some(after) != rolled_back {
                     return Err(violation(
                         step,

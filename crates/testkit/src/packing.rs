@@ -183,8 +183,18 @@ impl Reference {
         let token_bits = 128 - max.leading_zeros();
         let wrap = 1u128 << (64 - token_bits);
         let half = wrap / 2;
-        let tolerance = u128::from(TOLERANCE_NANOS >> p.tick_shift).clamp(1, half - 1);
+        // At least two ticks (a write near full anchors one tick ahead), when the field
+        // has room for it.
+        let tolerance = u128::from(TOLERANCE_NANOS >> p.tick_shift)
+            .max(2)
+            .min(half - 1);
         let window = u128::from(BACK_WINDOW_NANOS >> p.tick_shift).clamp(tolerance + 1, half);
+        // A reading far behind is an idle past the wrap: the wrap must exceed the back
+        // window plus the fill time.
+        let fill = max.div_ceil(u128::from(p.refill_per_tick));
+        if tolerance < 2 || wrap < window + fill {
+            return Err(vec![LayoutError::WrapTooShort]);
+        }
         Ok(Reference {
             capacity: u128::from(p.capacity),
             frac_bits: p.frac_bits,
@@ -196,6 +206,18 @@ impl Reference {
             tolerance,
             window,
         })
+    }
+
+    /// The tick a write from a snapshot at `tick`, read `behind`, stores when the balance
+    /// goes from `before` to `after`: the next tick edge when either is within one
+    /// tick's refill of full (above `max - R - 1`) and the reading is not behind.
+    fn write_tick(&self, tick: u64, behind: u64, before: u128, after: u128) -> u64 {
+        let near_full = self.max.saturating_sub(self.refill + 1);
+        if behind == 0 && before.max(after) > near_full {
+            ((u128::from(tick) + 1) % self.wrap) as u64
+        } else {
+            tick
+        }
     }
 
     /// The largest tick difference read as forward.
@@ -518,8 +540,9 @@ fn check_probe(
     );
     if let Some(w) = taken {
         report.taken += 1;
+        let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), (s.units() - cost).into());
         ensure!(
-            l.decode(w) == Some((s.tick(l), s.units() - cost)),
+            l.decode(w) == Some((tick, s.units() - cost)),
             step,
             "take({cost}) word decodes to {:?}",
             l.decode(w)
@@ -539,8 +562,9 @@ fn check_probe(
         "take_up_to({min}, {wanted}) = {got:?}, expected {expected:?} taken"
     );
     if let Some((w, t)) = got {
+        let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), (s.units() - t).into());
         ensure!(
-            l.decode(w) == Some((s.tick(l), s.units() - t)),
+            l.decode(w) == Some((tick, s.units() - t)),
             step,
             "take_up_to word decodes to {:?}",
             l.decode(w)
@@ -551,8 +575,9 @@ fn check_probe(
     let back = r.units(probe.refund);
     let w = l.refund(&s, back);
     let expected = (u128::from(s.units()) + u128::from(back)).min(r.max) as u64;
+    let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), expected.into());
     ensure!(
-        l.decode(w) == Some((s.tick(l), expected)),
+        l.decode(w) == Some((tick, expected)),
         step,
         "refund({back}) decodes to {:?}, expected units {expected}",
         l.decode(w)
@@ -563,7 +588,12 @@ fn check_probe(
     let expected = u128::from(s.units())
         .checked_sub(u128::from(cost))
         .and_then(|left| {
-            let wait = r.ticks_until(left, 0);
+            let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), left);
+            let anchored = u128::from(tick != s.tick(l));
+            let wait = match r.ticks_until(left, 0) {
+                0 => 0,
+                ticks => ticks + anchored,
+            };
             (wait <= u128::from(probe.max_wait_ticks)).then_some((left, wait))
         });
     match (got, expected) {
@@ -574,8 +604,9 @@ fn check_probe(
                 step,
                 "reserve wait {wait}, expected {want}"
             );
+            let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), left);
             ensure!(
-                l.decode(w) == Some((s.tick(l), left as u64)),
+                l.decode(w) == Some((tick, left as u64)),
                 step,
                 "reserve word decodes to {:?}",
                 l.decode(w)
@@ -637,12 +668,12 @@ fn check_probe(
         }
     }
 
-    // start_word
+    // start_word: anchored at the next tick edge after the reading.
     for full in [false, true] {
         let w = l.start_word(now, full);
         let units = if full { max } else { l.base_units() };
         ensure!(
-            l.decode(w) == Some((r.tick(now) as u64, units)),
+            l.decode(w) == Some((((r.tick(now) + 1) % r.wrap) as u64, units)),
             step,
             "start_word({now}, {full}) decodes to {:?}",
             l.decode(w)
