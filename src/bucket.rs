@@ -470,9 +470,10 @@ impl<C: Clock> Bucket<C> {
     /// let clock = ManualClock::new();
     /// let bucket = Bucket::with_clock(Policy::new(10, 4.0)?.start_empty(), clock.clone());
     /// clock.advance(Duration::from_millis(500));
-    /// // 2 tokens, less what has not reached a tick edge yet (ticks are 0.5 ms here).
+    /// // 2 tokens, less under two ticks' refill (ticks are 0.5 ms here): refill counts
+    /// // whole ticks from the tick edge after the bucket's creation.
     /// let available = bucket.available();
-    /// assert!(available > 1.998 && available <= 2.0);
+    /// assert!(available > 1.996 && available <= 2.0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self) -> f64 {

@@ -101,7 +101,6 @@ impl<C: Clock> Monotonic<C> {
 }
 
 impl<C: Clock + ?Sized> Monotonic<C> {
-
     /// The guarded clock.
     #[inline]
     pub fn get_ref(&self) -> &C {

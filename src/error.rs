@@ -72,4 +72,3 @@ pub(crate) fn cost_exceeds_capacity(layout: &Layout, cost: u64) -> AcquireError 
         capacity: layout.capacity(),
     }
 }
-

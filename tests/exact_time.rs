@@ -56,7 +56,10 @@ fn the_readme_policy_never_admits_101_tokens_within_49_ms() {
             }
             clock.advance(Duration::from_micros(40));
         }
-        assert!(admitted <= 100, "offset {offset}: {admitted} tokens in 49.28 ms");
+        assert!(
+            admitted <= 100,
+            "offset {offset}: {admitted} tokens in 49.28 ms"
+        );
     }
 }
 
@@ -94,9 +97,19 @@ fn leased_keyed_and_scoped_limiters_get_no_whole_tick_a_nanosecond_after_a_drain
         .build_with_clock(clock.clone())
         .unwrap();
     let (all, two) = (scoped.class("all").unwrap(), scoped.class("two").unwrap());
-    assert!(scoped.try_acquire(&Request::new(), all).unwrap().is_admitted());
+    assert!(
+        scoped
+            .try_acquire(&Request::new(), all)
+            .unwrap()
+            .is_admitted()
+    );
     clock.advance(Duration::from_nanos(1));
-    assert!(!scoped.try_acquire(&Request::new(), two).unwrap().is_admitted());
+    assert!(
+        !scoped
+            .try_acquire(&Request::new(), two)
+            .unwrap()
+            .is_admitted()
+    );
 }
 
 /// Steps back longer than the old detection window (about 19.5 hours) once read as a
@@ -139,7 +152,10 @@ fn a_full_bucket_under_a_step_back_is_not_refilled_twice() {
         assert!(bucket.try_acquire(capacity).unwrap().is_admitted());
         clock.set(high);
         let again = bucket.available();
-        assert!(again < 1.0, "B = {capacity}: {again} tokens after no net time");
+        assert!(
+            again < 1.0,
+            "B = {capacity}: {again} tokens after no net time"
+        );
     }
 }
 
@@ -194,7 +210,10 @@ fn an_idle_of_any_length_is_never_an_error_and_never_more_than_the_truth() {
             assert!(bucket.try_acquire(capacity / 2 + 1).unwrap().is_admitted());
             clock.advance(idle);
             let d = bucket.try_acquire(1);
-            assert!(d.is_ok(), "B = {capacity}, r = {rate}, idle {idle:?}: {d:?}");
+            assert!(
+                d.is_ok(),
+                "B = {capacity}, r = {rate}, idle {idle:?}: {d:?}"
+            );
             let available = d.unwrap().tokens_remaining() + 1.0;
             assert!(available <= capacity as f64, "{available}");
             let layout = policy.layout();
@@ -216,7 +235,7 @@ enum Step {
     Advance(u64),
     Take(u64),
     Reserve(u64),
-    StepBack(u64),
+    Back(u64),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -225,7 +244,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(Step::Advance),
         6 => (1u64..40).prop_map(Step::Take),
         1 => (1u64..10).prop_map(Step::Reserve),
-        1 => (0u64..3_000_000_000).prop_map(Step::StepBack),
+        1 => (0u64..3_000_000_000).prop_map(Step::Back),
     ]
 }
 
@@ -278,7 +297,7 @@ proptest! {
             let now = clock.now().as_nanos() as u64;
             match s {
                 Step::Advance(d) => clock.advance(Duration::from_nanos(d)),
-                Step::StepBack(d) => clock.set(Duration::from_nanos(now.saturating_sub(d))),
+                Step::Back(d) => clock.set(Duration::from_nanos(now.saturating_sub(d))),
                 Step::Take(c) => {
                     // The bucket reads the clock: its highest reading dates the decision.
                     high = high.max(now);
@@ -340,7 +359,7 @@ proptest! {
             let now = clock.now().as_nanos() as u64;
             match s {
                 Step::Advance(d) => clock.advance(Duration::from_nanos(d)),
-                Step::StepBack(d) => clock.set(Duration::from_nanos(now.saturating_sub(d))),
+                Step::Back(d) => clock.set(Duration::from_nanos(now.saturating_sub(d))),
                 Step::Take(c) | Step::Reserve(c) => {
                     high = high.max(now);
                     let c = c.min(capacity);

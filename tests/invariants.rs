@@ -100,7 +100,10 @@ fn i2_clock_stepping_back_adds_no_credit() {
     clock.set(Duration::from_secs(40)); // one minute back
     assert!(bucket.try_acquire(1).unwrap().is_admitted());
     let (after, _) = layout.decode(bucket.stored_word()).unwrap();
-    assert!(after >= tick, "the stored tick moved back: {after} < {tick}");
+    assert!(
+        after >= tick,
+        "the stored tick moved back: {after} < {tick}"
+    );
     assert_eq!(bucket.available(), 49.0);
     bucket.refund(6).unwrap();
     assert_eq!(bucket.available(), 55.0);
@@ -113,7 +116,10 @@ fn i2_clock_stepping_back_adds_no_credit() {
     clock.advance(Duration::from_secs(1));
     let available = bucket.available();
     let two_ticks = 2.0 * 10.0 * layout.tick().as_secs_f64();
-    assert!((65.0 - two_ticks..=65.0).contains(&available), "{available}");
+    assert!(
+        (65.0 - two_ticks..=65.0).contains(&available),
+        "{available}"
+    );
 }
 
 /// I3: refill is exact on the tick grid. A million one-tick updates give exactly what

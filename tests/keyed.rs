@@ -128,7 +128,11 @@ fn eviction_loses_nothing_compared_with_never_evicting() {
                 // the reading, which only the decision's internal lead shows.
                 assert_eq!(
                     (got.is_admitted(), got.tokens_remaining(), got.retry_after()),
-                    (want.is_admitted(), want.tokens_remaining(), want.retry_after()),
+                    (
+                        want.is_admitted(),
+                        want.tokens_remaining(),
+                        want.retry_after()
+                    ),
                     "step {step}, key {key}, cost {cost}"
                 );
             }

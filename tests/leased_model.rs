@@ -562,7 +562,10 @@ fn a_full_bucket_admits_after_the_clock_steps_back_without_moving_its_tick_back(
     let d = hot.try_acquire_on(0, 1).unwrap();
     assert!(d.is_admitted(), "{d:?}");
     let (tick, _) = layout.decode(hot.stored_word()).unwrap();
-    assert!(tick >= before, "the stored tick moved back: {tick} < {before}");
+    assert!(
+        tick >= before,
+        "the stored tick moved back: {tick} < {before}"
+    );
     assert_eq!(hot.available(), 99.0);
     // Back at the highest reading plus two seconds: two seconds of refill, capped.
     clock.set(Duration::from_secs(122));
@@ -590,5 +593,9 @@ fn a_bucket_not_full_decides_a_clock_step_back_at_its_highest_reading() {
     }
     assert_eq!(hot.available(), before - 2.0);
     clock.set(Duration::from_secs(119));
-    assert_eq!(hot.available(), before - 2.0, "no time passed below the highest reading");
+    assert_eq!(
+        hot.available(),
+        before - 2.0,
+        "no time passed below the highest reading"
+    );
 }

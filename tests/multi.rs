@@ -183,7 +183,10 @@ fn a_clock_stepped_back_under_an_acquisition_credits_no_member() {
     let got = acquire_all(&[(&b[0], 1), (&b[1], 2)]).unwrap();
     assert!(got.is_admitted(), "{got:?}");
     let (tick, units) = layout.decode(b[1].stored_word()).unwrap();
-    assert!(tick >= b1_tick, "b[1]'s tick moved back: {tick} < {b1_tick}");
+    assert!(
+        tick >= b1_tick,
+        "b[1]'s tick moved back: {tick} < {b1_tick}"
+    );
     assert_eq!(units, 0, "b[1] was credited for time walked back");
     // And until the clock passes one second again, b[1] holds nothing.
     clock.set(Duration::from_millis(999));

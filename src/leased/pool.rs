@@ -433,7 +433,8 @@ impl Pool for LocalPool {
                         return Ok(rejected(layout, &snapshot, reading.now));
                     }
                     Step::GiveBackAndRefuse { units } => {
-                        let next = layout.store_after(&snapshot, units.max(snapshot.units()), units);
+                        let next =
+                            layout.store_after(&snapshot, units.max(snapshot.units()), units);
                         let after = layout.refill(next, reading.tick);
                         break (next, rejected(layout, &after, reading.now));
                     }

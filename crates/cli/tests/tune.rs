@@ -348,7 +348,7 @@ fn combined_and_json_samples_parse_with_their_edge_cases() {
     // escaped quotes, different zones for the same instants.
     let combined = r#"2001:db8::1 - - [14/Nov/2023:22:13:20 +0000] "GET /search?q=a%20b HTTP/1.1" 200 - "-" "Mozilla/5.0 (X11; Linux x86_64)"
 203.0.113.9 - alice [14/Nov/2023:23:13:20 +0100] "POST /export/csv HTTP/2.0" 201 512 "https://example.com/a b" "curl/8.4 \"quoted\""
-2001:db8::1 - - [14/Nov/2023:17:13:21 -0500] "GET /search HTTP/1.1" 304 0 "-" "Mozilla/5.0 (X11; Linux x86_64)"
+2001:db8::1 - - [14/Nov/2023:17:13:22 -0500] "GET /search HTTP/1.1" 304 0 "-" "Mozilla/5.0 (X11; Linux x86_64)"
 "#;
     let log = write(&d, "combined.log", combined);
     let out = ok(&tune(
@@ -369,7 +369,8 @@ fn combined_and_json_samples_parse_with_their_edge_cases() {
     assert!(out.contains("3 requests (9 tokens) from 2 keys"), "{out}");
     assert!(out.contains("0 bad"), "{out}");
     // B = 1: the export (cost 7) is above the capacity; the same agent's two searches
-    // are a second apart at r = 1: both pass.
+    // are two seconds apart at r = 1: both pass. (One second apart, the second would be
+    // refused: refill lags the ideal bucket by up to two ticks, never leads it.)
     let row = &cells(&d)[0];
     assert_eq!(num(row, "rejected"), 1.0);
     assert_eq!(num(row, "cost_above_capacity"), 1.0);

@@ -8,9 +8,9 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::{Ideal, Model, Outcome};
+use std::sync::Arc;
 use tokengate::policy::MIN_WRAP_BITS;
 use tokengate::state::Layout;
-use std::sync::Arc;
 
 use tokengate::clock::Monotonic;
 use tokengate::{AcquireError, Bucket, Clock, ManualClock, Policy, Start, policy::MAX_RATE_ERROR};

@@ -69,7 +69,8 @@ impl Model {
             window: u128::from(l.back_window_ticks()),
             half_wrap: 1u128 << (l.tick_bits() - 1),
             full_start: policy.starts_full(),
-            near_full: u128::from(l.max_units()).saturating_sub(u128::from(l.refill_per_tick()) + 1),
+            near_full: u128::from(l.max_units())
+                .saturating_sub(u128::from(l.refill_per_tick()) + 1),
             units: 0,
             tick: 0,
             high: std::cell::Cell::new(0),

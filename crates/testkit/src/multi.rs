@@ -13,7 +13,6 @@ use tokengate::{
     AcquireError, Bucket, Clock, Decision, ManualClock, multi::MultiError, multi::acquire_all_with,
 };
 
-
 /// The clock every bucket of a scenario reads: one manual clock behind one shared
 /// high-water mark.
 type SharedClock = std::sync::Arc<tokengate::clock::Monotonic<ManualClock>>;
@@ -509,12 +508,10 @@ fn acquire_all_step(
                 // Untouched, or written back with exactly its balance at `now`.
                 // A take and its refund: the word holds the balance at `now`, anchored
                 // as any write near full is.
-                let rolled_back = l
-                    .take(&snapshot, cost << l.frac_bits())
-                    .map(|taken| {
-                        let s = l.refill(taken, l.tick_of(now));
-                        l.refund(&s, cost << l.frac_bits())
-                    });
+                let rolled_back = l.take(&snapshot, cost << l.frac_bits()).map(|taken| {
+                    let s = l.refill(taken, l.tick_of(now));
+                    l.refund(&s, cost << l.frac_bits())
+                });
                 if after != before[i] && Some(after) != rolled_back {
                     return Err(violation(
                         step,

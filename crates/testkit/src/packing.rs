@@ -540,7 +540,12 @@ fn check_probe(
     );
     if let Some(w) = taken {
         report.taken += 1;
-        let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), (s.units() - cost).into());
+        let tick = r.write_tick(
+            s.tick(l),
+            s.behind(),
+            s.units().into(),
+            (s.units() - cost).into(),
+        );
         ensure!(
             l.decode(w) == Some((tick, s.units() - cost)),
             step,
@@ -562,7 +567,12 @@ fn check_probe(
         "take_up_to({min}, {wanted}) = {got:?}, expected {expected:?} taken"
     );
     if let Some((w, t)) = got {
-        let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), (s.units() - t).into());
+        let tick = r.write_tick(
+            s.tick(l),
+            s.behind(),
+            s.units().into(),
+            (s.units() - t).into(),
+        );
         ensure!(
             l.decode(w) == Some((tick, s.units() - t)),
             step,

@@ -447,19 +447,32 @@ mod tests {
 
     #[test]
     fn idle_buckets_across_gaps_longer_than_the_tick_wrap_decide_as_the_model() {
-        // B / r is about 34,000 years: a drained bucket is still far from full after a
-        // gap of 1.5 wrap periods (2.3 years each), and would read only 0.5 of it
-        // without sweeps to re-anchor it within the gap.
-        let policy = Policy::new(1 << 30, 1e-3).unwrap();
+        // The slowest-filling policy on a decade grid whose tick field wraps within the
+        // clock's range (and 1.5 wraps still fit in a u64 of nanoseconds) fills in
+        // years; a layout wraps after more than twice its fill time. A drained bucket idle
+        // for 1.5 wrap periods is full, as the model says, whatever the gap reads modulo
+        // the wrap.
+        let (policy, rate) = (0..=6)
+            .flat_map(|c| (0..=12).map(move |k| (10u64.pow(c), 10f64.powi(-k))))
+            .filter_map(|(c, r)| Some((Policy::new(c, r).ok()?, r)))
+            .filter(|(p, _)| p.wrap_period() <= Duration::from_nanos(1 << 62))
+            .max_by(|a, b| {
+                let fill = |(p, r): &(Policy, f64)| p.capacity() as f64 / r;
+                fill(a).total_cmp(&fill(b))
+            })
+            .unwrap();
+        let capacity = policy.capacity();
         let wrap = u64::try_from(policy.wrap_period().as_nanos()).unwrap();
-        let mut cell = Cell::new(policy.capacity(), 1e-3, &setup()).unwrap();
+        let fill = capacity as f64 / rate * 1e9;
+        assert!(fill > 1e9 * 3600.0 * 24.0 * 365.0, "fills in {fill} ns");
+        let mut cell = Cell::new(policy.capacity(), rate, &setup()).unwrap();
         let gap = wrap + wrap / 2;
-        let refilled = (gap / 1_000_000_000) / 1000;
+        let refilled = capacity;
         let events = [
             Event {
                 at: 0,
                 key: 0,
-                cost: 1 << 30,
+                cost: capacity as u32,
             },
             Event {
                 at: gap,
