@@ -326,7 +326,7 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
     ///
     /// Takes one write lock at a time; the caller holds none of this table's locks.
     pub(crate) fn claim_by_evicting(&self, own: usize, ctx: &SweepCtx<'_>) -> bool {
-        if ctx.evict {
+        if ctx.evict && !mutant!(KEYED_SEARCH_SKIPS_OTHER_SHARDS) {
             let mask = self.shards.len() - 1;
             // Ends with `own`: a refund may have filled one of its buckets meanwhile.
             for k in 1..=self.shards.len() {
