@@ -68,3 +68,7 @@ pub static NEAR_FULL_WRITE_KEEPS_TICK: AtomicBool = AtomicBool::new(false);
 /// A clock reading that stepped back reaches the bucket as it is, without the monotonic
 /// guard: a step back longer than the back window reads as a forward jump.
 pub static MONOTONIC_GUARD_SKIPPED: AtomicBool = AtomicBool::new(false);
+
+/// A new key at a keyed map's maximum sweeps only its own shard, never the others: it is
+/// refused while other shards hold buckets that could be evicted.
+pub static KEYED_SEARCH_SKIPS_OTHER_SHARDS: AtomicBool = AtomicBool::new(false);

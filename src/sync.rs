@@ -5,14 +5,26 @@
 //! the thread index that spreads threads over cache-padded cells.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::Arc;
-#[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Mutex};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::Arc;
-#[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Mutex};
+
+/// A keyed map's shard lock: crossbeam's `ShardedLock` (readers on different cores lock
+/// different cache lines), or loom's `RwLock` so that loom schedules around it.
+#[cfg(not(loom))]
+pub(crate) use crossbeam_utils::sync::{
+    ShardedLock as ShardLock, ShardedLockReadGuard as ShardReadGuard,
+    ShardedLockWriteGuard as ShardWriteGuard,
+};
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    RwLock as ShardLock, RwLockReadGuard as ShardReadGuard, RwLockWriteGuard as ShardWriteGuard,
+};
 
 /// This thread's index for spreading threads over cache-padded cells (a leased bucket's
 /// slots, the global scope's counter stripes; each masks it by its own count): assigned

@@ -24,6 +24,7 @@ use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::policy::Policy;
+use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
 
 pub(crate) use handle::Handle;
@@ -31,7 +32,7 @@ pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
 pub use reserve::{KeyedCharge, KeyedReserveError};
 pub use table::SweepReport;
 pub(crate) use table::reanchor;
-use table::{Extra, MAX_SHARD_BITS, SweepCtx, Table};
+use table::{Extra, Found, MAX_SHARD_BITS, SweepCtx, Table, full_at};
 
 /// The most shards a keyed map may have (2^10).
 pub const MAX_SHARDS: usize = 1 << MAX_SHARD_BITS;
@@ -67,9 +68,14 @@ pub enum KeyedError {
     /// The bucket refused with an error (a cost above the capacity, or a clock that went
     /// backwards).
     Acquire(AcquireError),
-    /// The key is new, the map holds its maximum of `max_keys` keys, none could be
-    /// evicted, and the overflow policy is [`Overflow::Reject`]. Retry later: keys are
-    /// evicted as their buckets refill.
+    /// The key is new, the overflow policy is [`Overflow::Reject`], and no bucket in
+    /// the map could be evicted to make room: the map held its maximum of `max_keys`
+    /// keys when the request last looked, and no bucket in any shard had refilled to
+    /// full at the request's clock reading (or the [`Eviction`] mode evicts nothing:
+    /// a start-empty policy under [`Eviction::Lossless`]). Each shard is examined once,
+    /// as it is at that moment; a bucket that fills later (or that a concurrent refund
+    /// fills) is found by a later request. Retry later: keys are evicted as their
+    /// buckets refill, and a rejection's wait is at most the fill time.
     KeyLimit {
         /// The map's maximum number of keys.
         max_keys: usize,
@@ -245,8 +251,14 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
             }),
         };
         let start_full = self.policy.starts_full();
+        let (pass_period, idle_after) = pass_timing(&self.policy);
+        let created = clock.now_nanos();
         Ok(KeyedLimiter {
             store,
+            pass_due: CachePadded::new(AtomicU64::new(created.saturating_add(pass_period))),
+            pass_lock: Mutex::new(()),
+            pass_period,
+            idle_after,
             evict: start_full || eviction == Eviction::Full,
             policy: self.policy,
             clock,
@@ -343,13 +355,33 @@ pub(crate) enum Slot<'a, C> {
 ///
 /// A map never holds more than its `max_keys`. A bucket that has refilled to full is
 /// identical to a fresh bucket of a start-full policy, so removing it loses nothing: when
-/// the key comes back it gets a full bucket, which is what it would have had. The sweep
-/// ([`KeyedLimiter::sweep`], and automatically on an insertion at the maximum, in the
-/// shard being inserted into) removes such buckets and rewrites every bucket it keeps
-/// refilled to the sweep's time ("re-anchoring"; exact, since refill is exact on the tick
-/// grid). Re-anchoring is what keeps a keyed bucket from idling past the tick wrap (see
-/// [`state`](crate::state)): run [`sweep`](KeyedLimiter::sweep) at least every
-/// [`max_sweep_interval`](KeyedLimiter::max_sweep_interval) (years for ordinary policies).
+/// the key comes back it gets a full bucket, which is what it would have had. A sweep of
+/// a shard removes such buckets and rewrites every bucket it keeps refilled to the sweep's
+/// time ("re-anchoring"; exact, since refill is exact on the tick grid).
+///
+/// A new key at the maximum first sweeps its own shard, then, if that freed nothing, the
+/// other shards in turn, until one evicts a bucket; room for the new key is claimed in
+/// the same step, so no other new key can take it. Each shard keeps a hint, the earliest
+/// time any of its buckets can be full (exact on the tick grid, brought forward by new
+/// keys and refunds), so the search skips a shard that has nothing to evict with one
+/// atomic load, and sweeps only shards that hold a full bucket or whose hint has come
+/// due; a sweep that evicts nothing moves its shard's hint past the request's time. A
+/// new key is refused only when no shard has a bucket to evict (see
+/// [`KeyedError::KeyLimit`]).
+///
+/// Re-anchoring also keeps a keyed bucket from idling past the tick wrap (see
+/// [`state`](crate::state)), and the map does it by itself: every operation compares its
+/// clock reading with the time the next re-anchoring pass is due (one atomic load, no
+/// lock), and the first operation at or after that time runs the pass over every shard
+/// before it goes on (operations arriving meanwhile wait for it). Passes are about half
+/// the [`max_sweep_interval`](KeyedLimiter::max_sweep_interval) apart (days for the
+/// shortest wraps, years for ordinary policies), so a pass costs one scan of the map per
+/// period, paid by one request. A map left untouched for so long that the pass comes
+/// due later than the fill time after its due time holds only buckets idle for longer
+/// than the fill time, full however their words read after the wrap: that pass evicts
+/// them (or rewrites them full when the [`Eviction`] mode keeps them). Calling
+/// [`sweep`](KeyedLimiter::sweep) is never needed for correctness; it frees memory
+/// sooner.
 ///
 /// For a start-empty policy no eviction is lossless: a key that comes back starts empty,
 /// while its kept bucket would have refilled. [`Eviction::Lossless`] (the default) then
@@ -373,6 +405,17 @@ pub(crate) enum Slot<'a, C> {
 /// so keep it for keys you trust.
 pub struct KeyedLimiter<K, C: Clock = QuantaClock, S = KeyHasher> {
     store: Store<K, S>,
+    /// The clock reading at or after which the next re-anchoring pass is due. Read
+    /// (one relaxed load) by every operation before it locks a shard; written only by
+    /// the pass, on its own cache line.
+    pass_due: CachePadded<AtomicU64>,
+    /// Serializes passes; operations that find a pass due wait here for it.
+    pass_lock: Mutex<()>,
+    /// Nanoseconds from one pass to the next.
+    pass_period: u64,
+    /// Nanoseconds after `pass_due` from which every bucket has idled for longer than
+    /// the fill time (see [`pass_timing`]).
+    idle_after: u64,
     evict: bool,
     policy: Policy,
     clock: Monotonic<C>,
@@ -522,12 +565,16 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
             return Err(crate::error::cost_exceeds_capacity(layout, cost));
         };
         let now = self.clock.now_nanos();
+        self.reanchor_if_due(now);
         let evict = self.evict;
-        with_table!(&self.store, t => refund_in(t, key, |bucket| {
+        with_table!(&self.store, t => refund_in(t, key, |bucket, hint| {
             bucket.refund_units(layout, &self.clock, now, units);
-            // A bucket the refund filled is evictable at once: an insertion at the
-            // maximum must not wait for the time its sweep noted before.
-            evict && layout.is_full(&bucket.snapshot(layout, now))
+            // A refund brings the time the bucket is full forward: the shard's hint must
+            // follow, or a new key at the maximum would be refused until the old time.
+            if !evict || hint <= now {
+                return None;
+            }
+            Some(full_at(layout, &bucket.snapshot(layout, now), now))
         }));
         Ok(())
     }
@@ -541,9 +588,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         Q: Hash + Eq + ?Sized,
     {
         let layout = self.policy.layout();
-        let now = self.clock.now_nanos();
         let units = self.find(key, |bucket, _| {
-            layout.balance_units(&bucket.snapshot(layout, now))
+            layout.balance_units(&bucket.snapshot(layout, self.clock.now_nanos()))
         });
         let units = units.unwrap_or(if self.policy.starts_full() {
             (layout.max_units() - layout.base_units()) as i64
@@ -595,33 +641,23 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     }
 
     /// Evicts every bucket that has refilled to full (when the [`Eviction`] mode allows),
-    /// re-anchors every bucket it keeps, and gives back table memory a flood left behind.
-    /// One shard at a time, each under its write lock (readers of that shard wait; the
-    /// others do not).
+    /// re-anchors every bucket it keeps, and gives back table memory a flood left behind:
+    /// the map's re-anchoring pass, run now (the next automatic one is then a period
+    /// later). One shard at a time, each under its write lock (readers of that shard
+    /// wait; the others do not).
     ///
-    /// Run it at least every [`max_sweep_interval`](KeyedLimiter::max_sweep_interval);
-    /// more often frees memory sooner.
+    /// Never needed for correctness: the map re-anchors its buckets by itself (see
+    /// [eviction](KeyedLimiter#bounded-memory-and-eviction)), and a new key at the
+    /// maximum evicts what it needs. Calling it frees memory sooner.
     pub fn sweep(&self) -> SweepReport {
-        let now = self.clock.now_nanos();
-        let ctx = self.sweep_ctx(now);
-        let mut report = SweepReport::default();
-        with_table!(&self.store, t => {
-            for i in 0..t.shard_count() {
-                let mut guard = t.write(i);
-                report += t.sweep_shard(&mut guard, &ctx);
-                t.shrink_shard(&mut guard);
-            }
-        });
-        if let Some(b) = &self.overflow_bucket {
-            reanchor(&b.raw, b.policy.layout(), &self.clock, now);
-        }
-        report
+        self.pass(None)
     }
 
-    /// The longest time sweeps may be apart: a bucket re-anchored by one sweep must be
-    /// rewritten before it idles into the tick field's back window. It is the policy's
-    /// [`wrap_period`](Policy::wrap_period) less the back window (at most about 19.5
-    /// hours); years for ordinary policies.
+    /// The longest time a bucket may go unwritten and still read its idle time exactly:
+    /// the policy's [`wrap_period`](Policy::wrap_period) less the tick field's back
+    /// window (at most about 19.5 hours); years for ordinary policies. The map's own
+    /// re-anchoring passes run about every half of it (see
+    /// [eviction](KeyedLimiter#bounded-memory-and-eviction)).
     ///
     /// ```
     /// use std::time::Duration;
@@ -632,6 +668,64 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// ```
     pub fn max_sweep_interval(&self) -> Duration {
         sweep_interval(&self.policy)
+    }
+
+    /// Runs the re-anchoring pass first if it is due at `now`: one relaxed load and a
+    /// comparison on every operation, before it locks a shard.
+    #[inline]
+    fn reanchor_if_due(&self, now: u64) {
+        if now >= self.pass_due.load(Ordering::Relaxed) {
+            self.due_pass(now);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn due_pass(&self, now: u64) {
+        self.pass(Some(now));
+    }
+
+    /// The re-anchoring pass: every shard swept in turn at one fresh clock reading, and
+    /// the next pass due a period later. `due_at`: run only if the pass is (still) due at
+    /// this reading, as another thread may have run it while this one waited.
+    ///
+    /// Why a normal sweep reads every bucket exactly: operations check the due time
+    /// before they write (and wait for a due pass), so each bucket was written or
+    /// re-anchored at or after the last pass, less than [`pass_timing`]'s bound ago. When
+    /// the pass runs `idle_after` or more past its due time, every bucket was last written
+    /// before the due time (no operation wrote at or after it without waiting for this
+    /// pass), more than the fill time ago: each is full, however its word reads after an
+    /// idle that may exceed the wrap, and the pass evicts it or rewrites it full.
+    fn pass(&self, due_at: Option<u64>) -> SweepReport {
+        let _serial = self
+            .pass_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let due = self.pass_due.load(Ordering::Relaxed);
+        if due_at.is_some_and(|now| now < due) {
+            return SweepReport::default();
+        }
+        let now = self.clock.now_nanos();
+        let idle = now >= due.saturating_add(self.idle_after);
+        let ctx = self.sweep_ctx(now);
+        let mut report = SweepReport::default();
+        with_table!(&self.store, t => {
+            for i in 0..t.shard_count() {
+                let mut guard = t.write(i);
+                report += if idle {
+                    t.fill_shard(i, &mut guard, &ctx)
+                } else {
+                    t.sweep_shard(i, &mut guard, &ctx, false)
+                };
+                t.shrink_shard(&mut guard);
+            }
+        });
+        if let Some(b) = &self.overflow_bucket {
+            reanchor(&b.raw, b.policy.layout(), &self.clock, now);
+        }
+        self.pass_due
+            .store(now.saturating_add(self.pass_period), Ordering::Relaxed);
+        report
     }
 
     /// Counts a request refused because the map is full.
@@ -662,6 +756,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        self.reanchor_if_due(self.clock.now_nanos());
         with_table!(&self.store, t => find_in(t, key, f))
     }
 
@@ -678,6 +773,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.reanchor_if_due(now);
         with_table!(&self.store, t => self.slot_in(t, key, now, f))
     }
 
@@ -704,6 +800,10 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         self.slot_slow(t, shard, hash, key, now, f)
     }
 
+    /// A key not found under the read lock: under the write lock, found or inserted (at
+    /// the maximum after sweeping this shard, then the others, for room); else the
+    /// overflow. Never holds two shard locks at once; runs the loop at most twice (the
+    /// second time with room already claimed).
     #[cold]
     #[inline(never)]
     fn slot_slow<V: Extra, Q, R>(
@@ -719,30 +819,46 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut guard = t.write(shard);
         let ctx = self.sweep_ctx(now);
-        match t.find_or_insert(&mut guard, hash, key, &ctx) {
-            Some(i) => {
-                let e = guard
-                    .table
-                    .get_bucket(i)
-                    .expect("find_or_insert returns the index of an entry");
-                f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())))
-            }
-            None => {
-                drop(guard);
-                match &self.overflow_bucket {
-                    Some(b) => f(Slot::Bucket(Handle {
-                        raw: &b.raw,
-                        layout: b.policy.layout(),
-                        clock: &self.clock,
-                        counters: CounterRef::Striped(&self.overflow_counts),
-                    })),
-                    None => f(Slot::Full {
-                        max_keys: t.max_keys(),
-                    }),
+        let mut claimed = false;
+        loop {
+            let mut guard = t.write(shard);
+            match t.find_or_insert(shard, &mut guard, hash, key, &ctx, claimed) {
+                Found::Present(i) => {
+                    let e = guard
+                        .table
+                        .get_bucket(i)
+                        .expect("find_or_insert returns the index of an entry");
+                    return f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())));
                 }
+                Found::Inserted(i) => {
+                    let e = guard
+                        .table
+                        .get_bucket(i)
+                        .expect("find_or_insert returns the index of an entry");
+                    let out = f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())));
+                    t.note_inserted(shard, &guard, i, &ctx);
+                    return out;
+                }
+                Found::Full => {}
             }
+            drop(guard);
+            debug_assert!(!claimed, "find_or_insert uses a claim it is given");
+            if !t.claim_by_evicting(shard, &ctx) {
+                break;
+            }
+            claimed = true;
+        }
+        match &self.overflow_bucket {
+            Some(b) => f(Slot::Bucket(Handle {
+                raw: &b.raw,
+                layout: b.policy.layout(),
+                clock: &self.clock,
+                counters: CounterRef::Striped(&self.overflow_counts),
+            })),
+            None => f(Slot::Full {
+                max_keys: t.max_keys(),
+            }),
         }
     }
 
@@ -826,6 +942,31 @@ pub(crate) fn sweep_interval(policy: &Policy) -> Duration {
     layout.wrap_period().saturating_sub(back)
 }
 
+/// The re-anchoring pass's timing for `policy`, in nanoseconds: `(period, idle_after)`.
+///
+/// With `tick` the tick length and `fill` the fill time (any balance refills to full
+/// within it), and `M` the [`sweep_interval`] (readings less than `M` after a bucket's
+/// last write read it exactly):
+///
+/// - `idle_after = fill + 2 ticks`: a pass running that long past its due time finds
+///   every bucket written before the due time (at a tick at most one past the due time's,
+///   a write near full anchoring at the next edge), so at least `fill` ticks ago: full.
+/// - `period = (M - fill - 3 ticks) / 2`: a pass running less than `idle_after` past its
+///   due time is less than `period + fill + 2 ticks <= M - tick - period` after the last
+///   one, so it reads every bucket exactly, with `period` to spare for an operation
+///   descheduled between its clock reading and its write. Every layout wraps after at
+///   least twice the fill time plus the back window, so `M >= 2 * fill`, and with wraps of
+///   at least 2^50 ns the period is days at least.
+fn pass_timing(policy: &Policy) -> (u64, u64) {
+    let layout = policy.layout();
+    let tick = 1u64 << layout.tick_shift();
+    let fill = layout.fill_ticks().saturating_mul(tick);
+    let idle_after = fill.saturating_add(2 * tick);
+    let m = u64::try_from(sweep_interval(policy).as_nanos()).unwrap_or(u64::MAX);
+    let period = (m.saturating_sub(idle_after.saturating_add(tick)) / 2).max(tick);
+    (period, idle_after)
+}
+
 /// Runs `f` on `key`'s entry in `t` under its shard's read lock.
 fn find_in<K, V, S, Q, R>(
     t: &Table<K, V, S>,
@@ -844,20 +985,24 @@ where
     Some(f(&entry.bucket, entry.extra.counter_ref()))
 }
 
-/// Refunds `key`'s bucket, if it is in the map, with `refund`; when `refund` says the
-/// bucket is now evictable, its shard may sweep at once.
-fn refund_in<K, V, S, Q>(t: &Table<K, V, S>, key: &Q, refund: impl FnOnce(&RawBucket) -> bool)
-where
+/// Refunds `key`'s bucket, if it is in the map, with `refund`, which is given the shard's
+/// hint and returns the time the bucket is now full when that may be earlier.
+fn refund_in<K, V, S, Q>(
+    t: &Table<K, V, S>,
+    key: &Q,
+    refund: impl FnOnce(&RawBucket, u64) -> Option<u64>,
+) where
     K: Hash + Eq + Borrow<Q>,
     V: Extra,
     S: BuildHasher,
     Q: Hash + Eq + ?Sized,
 {
     let hash = t.hash_of(key);
-    let guard = t.read(t.shard_index(hash));
+    let shard = t.shard_index(hash);
+    let guard = t.read(shard);
     if let Some(entry) = guard.table.find(hash, |e| e.key.borrow() == key) {
-        if refund(&entry.bucket) {
-            guard.evictable_now();
+        if let Some(at) = refund(&entry.bucket, t.hint(shard)) {
+            t.lower_hint(shard, at);
         }
     }
 }

@@ -17,13 +17,12 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::PoisonError;
 
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use hashbrown::HashTable;
 
 use crate::bucket::RawBucket;
 use crate::clock::{Clock, Monotonic};
-use crate::state::Layout;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::state::{Layout, Snapshot};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering, ShardLock, ShardReadGuard, ShardWriteGuard};
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot};
 
 /// At most 2^10 shards.
@@ -69,22 +68,20 @@ pub(crate) struct Entry<K, V> {
     pub(crate) extra: V,
 }
 
-/// One shard: a hashbrown table, and the earliest time a sweep of it can evict anything.
+/// One shard: a hashbrown table. Its eviction hint lives in the table's `hints`, outside
+/// the lock, so that a search for room can skip the shard without locking it.
 pub(crate) struct Shard<K, V> {
     pub(crate) table: HashTable<Entry<K, V>>,
-    /// Clock nanoseconds before which no kept entry can have refilled to full; sweeps on
-    /// insertion wait for it, so a map at its maximum with nothing evictable does not
-    /// scan a shard per new key. Atomic so that a refund, under the read lock, can bring
-    /// it forward when it fills a bucket (a bucket refilled to full is evictable at once).
-    next_sweep: AtomicU64,
 }
 
-impl<K, V> Shard<K, V> {
-    /// A bucket of this shard became full outside a sweep (a refund): the next insertion
-    /// at the maximum may sweep at once.
-    pub(crate) fn evictable_now(&self) {
-        self.next_sweep.store(0, Ordering::Relaxed);
-    }
+/// What [`Table::find_or_insert`] found.
+pub(crate) enum Found {
+    /// The key's entry, at this index.
+    Present(usize),
+    /// A fresh entry for the key, at this index.
+    Inserted(usize),
+    /// No entry, and no room for one.
+    Full,
 }
 
 /// What a sweep needs to know about the map.
@@ -120,7 +117,14 @@ impl std::ops::AddAssign for SweepReport {
 }
 
 pub(crate) struct Table<K, V, S> {
-    shards: Box<[ShardedLock<Shard<K, V>>]>,
+    shards: Box<[ShardLock<Shard<K, V>>]>,
+    /// Per shard, clock nanoseconds before which no bucket of the shard can be evicted: a
+    /// lower bound of the time its first bucket refills to full (`u64::MAX` when the
+    /// shard holds no bucket). Lowered by whatever may bring that time forward (a new
+    /// key, a refund) and set by each sweep of the shard, so a search for room skips a
+    /// shard with one load, and sweeps only a shard that can evict something. Not
+    /// padded: the hints are read together by a search and written on slow paths only.
+    hints: Box<[AtomicU64]>,
     hasher: S,
     shard_shift: u32,
     shard_mask: u64,
@@ -146,11 +150,13 @@ impl<K, V, S> Table<K, V, S> {
         Table {
             shards: (0..1usize << shard_bits)
                 .map(|_| {
-                    ShardedLock::new(Shard {
+                    ShardLock::new(Shard {
                         table: HashTable::new(),
-                        next_sweep: AtomicU64::new(0),
                     })
                 })
+                .collect(),
+            hints: (0..1usize << shard_bits)
+                .map(|_| AtomicU64::new(u64::MAX))
                 .collect(),
             hasher,
             shard_shift: TAG_SHIFT - shard_bits,
@@ -182,14 +188,14 @@ impl<K, V, S> Table<K, V, S> {
     /// Read lock on shard `i`. Poisoning is ignored: hashbrown's tables stay consistent
     /// when a key's `Hash` or `Eq` panics, and buckets are single atomic words.
     #[inline]
-    pub(crate) fn read(&self, i: usize) -> ShardedLockReadGuard<'_, Shard<K, V>> {
+    pub(crate) fn read(&self, i: usize) -> ShardReadGuard<'_, Shard<K, V>> {
         self.shards[i]
             .read()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Write lock on shard `i` (see [`read`](Table::read) on poisoning).
-    pub(crate) fn write(&self, i: usize) -> ShardedLockWriteGuard<'_, Shard<K, V>> {
+    pub(crate) fn write(&self, i: usize) -> ShardWriteGuard<'_, Shard<K, V>> {
         self.shards[i]
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -211,6 +217,30 @@ impl<K, V, S> Table<K, V, S> {
             }
         }
     }
+
+    /// Gives back a claim that was not used (its key turned out to be in the map).
+    pub(crate) fn release_claim(&self) {
+        self.len.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A bucket of shard `i` may be full from `at` (clock nanoseconds) on: brings the
+    /// shard's hint forward to `at` if it was later.
+    pub(crate) fn lower_hint(&self, i: usize, at: u64) {
+        let hint = &self.hints[i];
+        if at < hint.load(Ordering::Relaxed) {
+            hint.fetch_min(at, Ordering::Relaxed);
+        }
+    }
+
+    /// Shard `i`'s hint: no bucket of the shard is full before this time.
+    pub(crate) fn hint(&self, i: usize) -> u64 {
+        self.hints[i].load(Ordering::Relaxed)
+    }
+
+    /// Whether shard `i` may hold a bucket that is full at `now`.
+    fn may_evict(&self, i: usize, now: u64) -> bool {
+        now >= self.hint(i)
+    }
 }
 
 impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
@@ -220,64 +250,119 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
         self.hasher.hash_one(key)
     }
 
-    /// Under shard `shard`'s write lock: the index of `key`'s entry, inserting a fresh
-    /// bucket if the key is missing. At the maximum it first sweeps this shard (when a
-    /// sweep can find anything); `None` when there is still no room.
+    /// Under shard `i`'s write lock (`shard`): `key`'s entry, inserting a fresh bucket if
+    /// the key is missing and there is room. `claimed`: room for one key was claimed
+    /// already (by [`claim_by_evicting`](Table::claim_by_evicting)); it is used, or given
+    /// back when the key turns out to be in the map. At the maximum it sweeps this shard
+    /// first when its hint says a bucket may be full; [`Found::Full`] when there is still
+    /// no room.
     pub(crate) fn find_or_insert<Q>(
         &self,
+        i: usize,
         shard: &mut Shard<K, V>,
         hash: u64,
         key: &Q,
         ctx: &SweepCtx<'_>,
-    ) -> Option<usize>
+        claimed: bool,
+    ) -> Found
     where
         K: Borrow<Q>,
         Q: Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if let Some(i) = shard
+        if let Some(index) = shard
             .table
             .find_bucket_index(hash, |e| e.key.borrow() == key)
         {
-            return Some(i);
+            if claimed {
+                self.release_claim();
+            }
+            return Found::Present(index);
         }
-        if !self.claim() {
-            if !(ctx.evict && ctx.now >= shard.next_sweep.load(Ordering::Relaxed)) {
-                return None;
-            }
-            self.sweep_shard(shard, ctx);
-            if !self.claim() {
-                return None;
-            }
+        let room = claimed
+            || self.claim()
+            || (ctx.evict
+                && self.may_evict(i, ctx.now)
+                && self.sweep_shard(i, shard, ctx, true).evicted > 0)
+            // Room another thread freed while this one swept.
+            || self.claim();
+        if !room {
+            return Found::Full;
         }
         let entry = Entry {
             key: key.to_owned(),
             bucket: RawBucket::new(ctx.layout, ctx.now, ctx.start_full),
             extra: V::default(),
         };
-        // A fresh bucket may be evictable at once (start full): let the next sweep run.
-        shard.evictable_now();
         let hasher = &self.hasher;
         let occupied = shard
             .table
             .insert_unique(hash, entry, |e| hasher.hash_one(&e.key));
-        Some(occupied.bucket_index())
+        Found::Inserted(occupied.bucket_index())
     }
 
-    /// Under the write lock: evicts the entries whose buckets have refilled to full (when
-    /// `ctx.evict`), re-anchors the others at `ctx.now`, and notes when the next sweep
-    /// can evict anything.
-    pub(crate) fn sweep_shard(&self, shard: &mut Shard<K, V>, ctx: &SweepCtx<'_>) -> SweepReport {
+    /// Under shard `i`'s write lock, once the caller is done with the entry it inserted
+    /// at `index`: brings the shard's hint forward to the time that bucket is full.
+    pub(crate) fn note_inserted(
+        &self,
+        i: usize,
+        shard: &Shard<K, V>,
+        index: usize,
+        ctx: &SweepCtx<'_>,
+    ) {
+        if !ctx.evict {
+            return;
+        }
+        if let Some(e) = shard.table.get_bucket(index) {
+            let s = e.bucket.snapshot(ctx.layout, ctx.now);
+            self.lower_hint(i, full_at(ctx.layout, &s, ctx.now));
+        }
+    }
+
+    /// At the maximum, with nothing evicted in the caller's own shard `own`: sweeps, in
+    /// turn from the shard after `own`, each shard whose hint says a bucket may be full at
+    /// `ctx.now` (one load skips any other), until a sweep evicts; room for one key is
+    /// then claimed for the caller. `false` when no shard, as it was examined, held a
+    /// bucket that could be evicted, and the map was still at its maximum afterwards.
+    ///
+    /// Takes one write lock at a time; the caller holds none of this table's locks.
+    pub(crate) fn claim_by_evicting(&self, own: usize, ctx: &SweepCtx<'_>) -> bool {
+        if ctx.evict && !mutant!(KEYED_SEARCH_SKIPS_OTHER_SHARDS) {
+            let mask = self.shards.len() - 1;
+            // Ends with `own`: a refund may have filled one of its buckets meanwhile.
+            for k in 1..=self.shards.len() {
+                let i = (own + k) & mask;
+                if !self.may_evict(i, ctx.now) {
+                    continue;
+                }
+                let mut guard = self.write(i);
+                if self.sweep_shard(i, &mut guard, ctx, true).evicted > 0 {
+                    return true;
+                }
+            }
+        }
+        self.claim()
+    }
+
+    /// Under shard `i`'s write lock: evicts the entries whose buckets have refilled to
+    /// full (when `ctx.evict`), re-anchors the others at `ctx.now`, and sets the shard's
+    /// hint to the earliest time a kept bucket can be full. With `keep_claim`, room for
+    /// one of the evicted keys stays claimed for the caller (when anything was evicted),
+    /// so that no other thread can take it first.
+    pub(crate) fn sweep_shard(
+        &self,
+        i: usize,
+        shard: &mut Shard<K, V>,
+        ctx: &SweepCtx<'_>,
+        keep_claim: bool,
+    ) -> SweepReport {
         let layout = ctx.layout;
-        let full_units = layout.max_units() - layout.base_units();
         let mut report = SweepReport::default();
-        let mut soonest_full = u64::MAX;
+        let mut hint = u64::MAX;
         shard.table.retain(|e| {
             report.examined += 1;
             let s = e.bucket.snapshot(layout, ctx.now);
-            if s.behind() > 0 {
-                // The clock reads behind this bucket: leave it exactly as it is.
-                return true;
-            }
+            // A full bucket is identical to a fresh one, even one read behind its stored
+            // tick (a fresh bucket is stored at the next tick edge).
             if ctx.evict && layout.is_full(&s) {
                 if let Some(counts) = e.extra.counts() {
                     ctx.evicted_counts.add(&counts);
@@ -285,21 +370,52 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
                 report.evicted += 1;
                 return false;
             }
-            reanchor(&e.bucket, layout, ctx.clock, ctx.now);
-            report.reanchored += 1;
+            if s.behind() == 0 {
+                reanchor(&e.bucket, layout, ctx.clock, ctx.now);
+                report.reanchored += 1;
+            }
+            // A bucket read behind (written at a later reading than this sweep's) is
+            // left exactly as it is; its hint counts from its stored tick.
             if ctx.evict {
-                soonest_full = soonest_full.min(layout.ticks_until(s.units(), full_units));
+                hint = hint.min(full_at(layout, &s, ctx.now));
             }
             true
         });
-        self.len.fetch_sub(report.evicted, Ordering::Relaxed);
-        let next_sweep = if soonest_full == u64::MAX {
-            0
-        } else {
-            let wait = soonest_full.saturating_mul(1 << layout.tick_shift());
-            ctx.now.saturating_add(wait)
+        let kept = usize::from(keep_claim && report.evicted > 0);
+        self.len.fetch_sub(report.evicted - kept, Ordering::Relaxed);
+        self.hints[i].store(hint, Ordering::Relaxed);
+        report
+    }
+
+    /// Under shard `i`'s write lock, in a re-anchoring pass that found every bucket of
+    /// the map idle for longer than the fill time (so full, whatever its word reads after
+    /// such an idle): evicts every entry (when `ctx.evict`), or rewrites each bucket full
+    /// at `ctx.now`.
+    pub(crate) fn fill_shard(
+        &self,
+        i: usize,
+        shard: &mut Shard<K, V>,
+        ctx: &SweepCtx<'_>,
+    ) -> SweepReport {
+        let mut report = SweepReport {
+            examined: shard.table.len(),
+            ..SweepReport::default()
         };
-        shard.next_sweep.store(next_sweep, Ordering::Relaxed);
+        if ctx.evict {
+            for e in shard.table.drain() {
+                if let Some(counts) = e.extra.counts() {
+                    ctx.evicted_counts.add(&counts);
+                }
+            }
+            report.evicted = report.examined;
+            self.len.fetch_sub(report.evicted, Ordering::Relaxed);
+            self.hints[i].store(u64::MAX, Ordering::Relaxed);
+        } else {
+            for e in shard.table.iter_mut() {
+                e.bucket = RawBucket::new(ctx.layout, ctx.now, true);
+            }
+            report.reanchored = report.examined;
+        }
         report
     }
 
@@ -315,7 +431,8 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
 
     /// Bytes held by the shard tables (control bytes and entries) and the shard locks.
     pub(crate) fn allocated_bytes(&self) -> usize {
-        let locks = self.shards.len() * std::mem::size_of::<ShardedLock<Shard<K, V>>>();
+        let locks = self.shards.len()
+            * (std::mem::size_of::<ShardLock<Shard<K, V>>>() + std::mem::size_of::<AtomicU64>());
         // Each `ShardedLock` also holds 8 cache-padded inner locks on the heap.
         let inner = self.shards.len() * 8 * 128;
         (0..self.shards.len())
@@ -338,8 +455,30 @@ pub(crate) fn reanchor<C: Clock + ?Sized>(
         if s.behind() > 0 {
             (None, ())
         } else {
-            (Some(layout.store(s, s.units())), ())
+            // The refilled state at its own tick, not anchored at the next edge as a
+            // write near full is: the word then refills exactly as the old one would.
+            (Some(s.with_units(s.units())), ())
         }
     });
     debug_assert!(done.is_ok(), "a non-strict transition cannot fail");
+}
+
+/// Clock nanoseconds from which a bucket in state `s`, read at `now`, is full if nothing
+/// is taken from it: `now`'s tick edge plus the ticks `s` is behind plus the ticks its
+/// refill takes, or 0 for a full bucket. Exact on the tick grid (refill arrives at tick
+/// edges), so a bucket is never full before this time. Uses a division: slow paths only.
+pub(crate) fn full_at(layout: &Layout, s: &Snapshot, now: u64) -> u64 {
+    if layout.is_full(s) {
+        return 0;
+    }
+    let full_units = layout.max_units() - layout.base_units();
+    let tick = layout
+        .tick_of(now)
+        .saturating_add(s.behind())
+        .saturating_add(layout.ticks_until(s.units(), full_units));
+    if tick > u64::MAX >> layout.tick_shift() {
+        u64::MAX
+    } else {
+        tick << layout.tick_shift()
+    }
 }
