@@ -34,9 +34,9 @@ pub static CREDIT_IGNORES_LEASES: AtomicBool = AtomicBool::new(false);
 /// capped-refill over-credit of a lazily refilled global word.
 pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);
 
-/// A `LeasedBucket` trip that finds its clock reading well behind the global word refuses
-/// it as a clock step back at once, without reading the clock again after the load: a
-/// lost race reported as `ClockWentBackwards`.
+/// A `LeasedBucket` trip that finds its clock reading well behind the global word decides
+/// at once that the word idled past its wrap (re-anchoring it full), without reading the
+/// clock again after the load: a lost race credited as a full bucket.
 pub static LEASE_SKIPS_REREAD: AtomicBool = AtomicBool::new(false);
 
 /// Whether `flag` is on.

@@ -62,7 +62,7 @@ pub enum ReserveError {
         horizon: Duration,
     },
     /// The clock read well behind the bucket's last update (see
-    /// [`AcquireError::ClockWentBackwards`]).
+    /// [`AcquireError::ClockWentBackwards`]; never returned by the crate's own limiters).
     ClockWentBackwards {
         /// How far behind the bucket's last update the clock read.
         by: Duration,
@@ -327,7 +327,6 @@ impl<C: Clock> Bucket<C> {
     /// - [`ReserveError::ExceedsHorizon`] when it would be longer than the policy's
     ///   [`max_reservation`](crate::Policy::max_reservation) (when both limits are
     ///   exceeded, the error names the smaller one);
-    /// - [`ReserveError::ClockWentBackwards`] as for `try_acquire`.
     ///
     /// ```
     /// use std::time::Duration;

@@ -61,30 +61,62 @@
 //! [`Bucket`](crate::Bucket) call these functions, and the tests, the fuzzer and the loom
 //! models share this one definition.
 //!
+//! # Exact times: never above the curve, between tick edges too
+//!
+//! Time is read on the tick grid, but requests arrive between edges. A stored tick
+//! stands for its *start*, earlier than the reading that stored it: a refill counted from
+//! there credits the part of the tick that passed before the write. That is credit the
+//! ideal bucket also had, unless the ideal bucket was full in between (refill past the
+//! cap is lost), which needs the balance within one tick's refill `R` of full. So
+//! [`Layout::store`] anchors a write whose balance before or after is above
+//! [`Layout::near_full_units`] (`max_units - R - 1`) at the *next* tick edge, and fresh
+//! and reset buckets start there ([`Layout::start_word`], [`Layout::restart`]): refill
+//! then counts only whole ticks after the reading. Together, for every pair of real
+//! times `s <= e`:
+//!
+//! ```text
+//! admitted in [s, e] <= B + r * (e - s)      (and <= r * (e - s) from a start-empty creation)
+//! ```
+//!
+//! with `r` the configured rate, for every bucket, reservation and lease of the crate
+//! (`tests/exact_time.rs` checks it on 20,000 random histories at nanosecond times against
+//! `testkit::Ideal`, an exact ideal bucket; the fuzzer's rounding target does too). The
+//! price is lag, never lead: refill reaches a bucket less than two ticks after the ideal
+//! bucket's near full, less than one tick otherwise, and the full burst `B` is always
+//! there once the bucket is full. A stored tick is never more than one tick ahead of the
+//! reading that stored it, so the race tolerance is at least [`MIN_TOLERANCE_TICKS`].
+//!
 //! # Reading time from a wrapping tick
 //!
 //! The tick field holds the tick modulo `2^T`. The difference `d = (now - stored) mod 2^T`
 //! is read as forward, except in a *back window* of [`Layout::back_window_ticks`] just
 //! below `2^T` (at most [`BACK_WINDOW_NANOS`], about 19.5 hours), where `now` is read as
-//! behind the stored tick by `2^T - d`. Behind readings come from a thread that read the
-//! clock and then lost a CAS race to a thread that read it later, or from a clock that
-//! stepped back:
+//! behind the stored tick by `2^T - d` ([`Snapshot::behind`]). The limiters read their
+//! clock through a [`Monotonic`](crate::clock::Monotonic) guard (free for clocks that
+//! declare [`is_monotonic`](crate::Clock::is_monotonic), a `fetch_max` high-water mark
+//! for the others), so a clock stepping back, by any amount, is time standing still, and
+//! a behind reading has only two causes:
 //!
-//! * behind by at most [`Layout::tolerance_ticks`] (about a millisecond): a race. The
-//!   snapshot is the stored state unchanged and keeps the stored tick (invariant I2).
-//! * behind by more: the clock stepped back. The snapshot is still the stored state (no
-//!   credit), and [`Snapshot::behind`] reports the step so that admissions refuse with a
-//!   typed error rather than decide on a time the bucket has already passed.
+//! * a thread that read the clock, then lost a CAS race to threads that read it later
+//!   (or one tick less: the anchor of a write near full). The snapshot is the stored
+//!   state unchanged and keeps the stored tick (invariant I2). Beyond
+//!   [`Layout::tolerance_ticks`], the limiter loads the word *first* and reads the clock
+//!   *after*, so that the reading is not earlier than any reading stored in the word;
+//! * an idle longer than the wrap period less the back window, wrapped into the back
+//!   window. Seen from a reading taken after the load, that is the only way to be far
+//!   behind, and every layout wraps after at least twice its fill time plus the back
+//!   window ([`Layout::wraps_comfortably`] for every [`Policy`](crate::Policy),
+//!   [`LayoutError::WrapTooShort`] below the fill time plus the window): the bucket idled
+//!   for longer than it takes to fill, so it is full ([`Layout::reanchor_full`]).
 //!
-//! Steps back longer than the back window are indistinguishable from forward time and are
-//! not detected. A bucket left untouched for longer than the wrap period
-//! ([`Layout::wrap_period`], years for ordinary policies) reads its idle time modulo the
-//! wrap: a full bucket stays full, one that is not full may be credited less than the
-//! truth (never more), and one whose idle time lands in the back window reads as behind
-//! until the clock passes its stored tick again. Keyed maps re-anchor idle buckets in
-//! their sweep so that none of this can happen to them.
+//! An idle shorter than the wrap period less the back window reads its true balance; a
+//! bucket full when it went idle stays full for any idle. What remains: a bucket that was
+//! *not* full, idle for a whole wrap period or more (years for ordinary policies, weeks
+//! for the shortest wraps), whose idle ends within a fill time after a multiple of the
+//! wrap, reads the idle modulo the wrap and is credited less than the truth (never more,
+//! never an error). Keyed maps re-anchor their buckets on their own, so none of this
+//! happens to them (see [`KeyedLimiter`](crate::keyed::KeyedLimiter)).
 //!
-//! [`AcquireError::ClockWentBackwards`]: crate::AcquireError::ClockWentBackwards
 
 use std::fmt;
 use std::time::Duration;

@@ -8,8 +8,8 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Model, Op, Tally, has_sequential_witness, stored_balance};
-use tokengate::{Bucket, ManualClock, Policy};
+use loom_tests::{Forward, Model, Op, Tally, has_sequential_witness, stored_balance};
+use tokengate::{Bucket, Policy};
 
 /// Runs one thread per plan, each requesting its costs in order from a full bucket of
 /// `capacity`; returns the model's figures and how many executions admitted everything
@@ -22,7 +22,7 @@ fn race(model: Model, capacity: u64, plans: &'static [&'static [u64]]) -> usize 
     let drained_in = drained.clone();
     model.check(move || {
         // Created inside the model: the clock's atomic is a loom atomic. Never advanced.
-        let bucket = Arc::new(Bucket::with_clock(policy, ManualClock::new()));
+        let bucket = Arc::new(Bucket::with_clock(policy, Forward::new()));
         let handles: Vec<_> = plans
             .iter()
             .map(|&plan| {

@@ -1,4 +1,4 @@
-//! The clock advancing while threads acquire: a thread advances the `ManualClock` inside
+//! The clock advancing while threads acquire: a thread advances the `Forward` inside
 //! the model, racing two acquirers.
 //!
 //! At the end of every explored execution the bucket holds exactly the refill up to the
@@ -10,15 +10,17 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Model, Tally, acquirers_racing_an_advance, balance_now, ticks_per_token};
-use tokengate::{AcquireError, Bucket, Clock, ManualClock, Policy};
+use loom_tests::{
+    Forward, Model, Tally, acquirers_racing_an_advance, balance_now, ticks_per_token,
+};
+use tokengate::{AcquireError, Bucket, Clock, Policy};
 
 #[test]
 fn a_reading_racing_an_advance_sees_either_time() {
     let (before, after) = (Tally::new(), Tally::new());
     let (b, a) = (before.clone(), after.clone());
     Model::exhaustive("clock read racing an advance", 2).check(move || {
-        let clock = ManualClock::new();
+        let clock = Forward::new();
         let reader = {
             let clock = clock.clone();
             thread::spawn(move || clock.now_nanos())
@@ -54,7 +56,9 @@ fn advancing_clock(
 ) -> impl Fn() + Sync + Send + 'static {
     let layout = *policy.layout();
     let end = start + step;
-    let refilled = (layout.tick_of(end) * layout.refill_per_tick()) as i64;
+    // Created at time 0, the bucket is anchored at the next tick edge (tick 1): refill
+    // counts the whole ticks after it.
+    let refilled = ((layout.tick_of(end) - 1) * layout.refill_per_tick()) as i64;
     assert!(
         refilled < layout.max_units() as i64,
         "the model must not reach the cap"
@@ -62,7 +66,7 @@ fn advancing_clock(
     let cost_units = (cost << layout.frac_bits()) as i64;
     let seen = seen.clone();
     move || {
-        let clock = ManualClock::new();
+        let clock = Forward::new();
         let bucket = Arc::new(Bucket::with_clock(policy, clock.clone()));
         clock.advance(Duration::from_nanos(start));
         let acquirer = || {
@@ -113,7 +117,14 @@ fn clock_advancing_between_two_acquirers_within_the_race_tolerance() {
     assert!(ticks_per_token(&layout) <= layout.tolerance_ticks());
     let seen = Seen::default();
     Model::exhaustive("clock advancing between two acquirers", 3)
-        .check(advancing_clock(policy, token, token, 1, &seen));
+        // A token's refill after the tick edge the bucket is anchored at.
+        .check(advancing_clock(
+            policy,
+            token + (1 << layout.tick_shift()),
+            token,
+            1,
+            &seen,
+        ));
     println!(
         "  executions admitting both / one: {} / {}",
         seen.both.get(),
@@ -131,10 +142,10 @@ fn clock_advancing_between_two_acquirers_within_the_race_tolerance() {
 /// tolerance, so an acquirer whose reading predates the other's CAS takes the slow path
 /// (`RawBucket::transition_after_reread`): it loads the word (`Acquire`, paired with the
 /// writer's `Release` CAS) and only then reads the clock again, so the writer's reading
-/// happens-before its new one and it can never mistake the lost race for a clock that
-/// stepped back. No execution refuses with `ClockWentBackwards`; with a `Relaxed` load
-/// there, the C++ memory model lets the re-read return the old time, and loom finds such
-/// executions.
+/// happens-before its new one and it can never mistake the lost race for an idle past
+/// the wrap (which re-anchors the bucket full): every execution conserves tokens, and none
+/// returns `ClockWentBackwards`. With a `Relaxed` load there, the C++ memory model lets
+/// the re-read return the old time, and loom finds such executions.
 #[test]
 fn clock_advancing_beyond_the_race_tolerance_between_two_acquirers() {
     let policy = Policy::new(8, 1000.0).unwrap().start_empty();

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Model, Tally, acquirers_racing_an_advance, ticks_per_token};
+use loom_tests::{Forward, Model, Tally, acquirers_racing_an_advance, ticks_per_token};
 use tokengate::mutants;
-use tokengate::{Clock, LeasedBucket, ManualClock, Policy, leased::LeaseConfig};
+use tokengate::{Clock, LeasedBucket, Policy, leased::LeaseConfig};
 
 /// The two-thread frozen-clock model (each thread leasing, spending, and one of them
 /// refunding and reclaiming, the other reclaiming before it decides) did not finish
@@ -57,14 +57,14 @@ const ADVANCING_CLOCK: Model = Model {
     preemption_bound: Some(3),
 };
 
-fn bucket(capacity: u64, clock: &ManualClock) -> LeasedBucket<ManualClock> {
+fn bucket(capacity: u64, clock: &Forward) -> LeasedBucket<Forward> {
     let policy = Policy::new(capacity, 1.0).unwrap();
     let config = LeaseConfig::new().slots(2).max_lease(2);
     LeasedBucket::with_config(policy, clock.clone(), config).unwrap()
 }
 
 /// Admits `cost` on `slot`, returning the tokens taken.
-fn take(b: &LeasedBucket<ManualClock>, slot: usize, cost: u64) -> u64 {
+fn take(b: &LeasedBucket<Forward>, slot: usize, cost: u64) -> u64 {
     if b.try_acquire_on(slot, cost).unwrap().is_admitted() {
         cost
     } else {
@@ -73,7 +73,7 @@ fn take(b: &LeasedBucket<ManualClock>, slot: usize, cost: u64) -> u64 {
 }
 
 /// Spends whatever is left, one token at a time, from slot 0.
-fn drain(b: &LeasedBucket<ManualClock>) -> u64 {
+fn drain(b: &LeasedBucket<Forward>) -> u64 {
     let mut n = 0;
     while b.try_acquire_on(0, 1).unwrap().is_admitted() {
         n += 1;
@@ -87,7 +87,7 @@ fn drain(b: &LeasedBucket<ManualClock>) -> u64 {
 /// equal the initial balance exactly. The refund is made well below the capacity, where
 /// no credit can meet the cap (that case is `capped_refund_with_a_lease_out`).
 fn frozen_two_threads() {
-    let clock = ManualClock::new();
+    let clock = Forward::new();
     let b = Arc::new(bucket(64, &clock));
     let t = {
         let b = b.clone();
@@ -124,7 +124,7 @@ fn frozen_clock_model_catches_a_lease_left_in_the_global_word() {
 
 /// Three threads on two slots (two share slot 1), frozen clock: exact conservation.
 fn frozen_three_threads() {
-    let clock = ManualClock::new();
+    let clock = Forward::new();
     let b = Arc::new(bucket(64, &clock));
     let handles: Vec<_> = (0..2)
         .map(|i| {
@@ -157,7 +157,7 @@ fn frozen_clock_three_threads_admit_exactly_the_balance() {
 /// token of credit from the refund (it caps at 8), so at most 9 tokens are admitted in
 /// all; crediting the global word without taking the lease back first admits 10.
 fn capped_refund_with_a_lease_out() {
-    let clock = ManualClock::new();
+    let clock = Forward::new();
     let b = Arc::new(bucket(8, &clock));
     let t = {
         let b = b.clone();
@@ -199,7 +199,7 @@ fn capped_refund_model_catches_credit_that_ignores_leases() {
 /// thread's lease is in flight leaves room for it, at most one lease, 2 tokens.)
 fn tick_edge_with_a_lease_out() {
     const LATER: Duration = Duration::from_secs(100);
-    let clock = ManualClock::new();
+    let clock = Forward::new();
     let b = Arc::new(bucket(8, &clock));
     let first = take(&b, 0, 1); // slot 0 leases one more at tick 0
     assert_eq!(b.leased_tokens(), 1);
@@ -238,22 +238,30 @@ fn tick_edge_model_catches_a_lease_that_never_expires() {
     TICK_EDGE.expect_violation(&mutants::LEASE_NEVER_EXPIRES, tick_edge_with_a_lease_out);
 }
 
-/// A clock that reads the manual clock, or, for the thread that made it and while `stale`
-/// is set, time zero: a thread that read the clock long ago and was delayed.
+/// A monotonic clock read by a delayed thread: it reads the manual clock, except that the
+/// first reading of the thread that made it, once `stale` is set, is time zero: a reading
+/// taken long ago, before the thread was delayed. Its later readings (a re-read after
+/// loading a word) are current, as a monotonic clock's are, so the clock declares itself
+/// monotonic and the bucket reads it without a high-water guard (which would lift the
+/// stale reading at once).
 #[derive(Clone)]
 struct Skewed {
-    inner: ManualClock,
+    inner: Forward,
     stale: Arc<loom::sync::atomic::AtomicBool>,
     reader: loom::thread::ThreadId,
 }
 
 impl Clock for Skewed {
     fn now_nanos(&self) -> u64 {
-        if self.stale.load(Ordering::Acquire) && thread::current().id() == self.reader {
+        if thread::current().id() == self.reader && self.stale.swap(false, Ordering::AcqRel) {
             0
         } else {
             self.inner.now_nanos()
         }
+    }
+
+    fn is_monotonic(&self) -> bool {
+        true
     }
 }
 
@@ -261,15 +269,15 @@ impl Clock for Skewed {
 /// word at a later tick (capped at full): it must not then spend its tick-0 lease. The
 /// refiller moves the clock 100 s on and trips to the global word; the spender waits
 /// until the refiller is done, then spends on slot 0 with a tick-0 reading. A plain
-/// bucket refuses that reading (the clock went backwards) and admits 9 in all;
-/// spending the tick-0 lease admits 10. Without waiting, the spend may also come first
+/// bucket decides that request at a reading taken again after loading its word (100 s)
+/// and admits 9 in all; spending the tick-0 lease admits 10. Without waiting, the spend may also come first
 /// and be decided at tick 0, which a plain bucket allows too (9 or 10); a refill made
 /// while that spend's trip to the global word is in flight leaves room for its lease (at
 /// most 2 tokens), so as few as 7.
 fn stale_spender_after_a_refill(wait: bool) {
     const LATER: Duration = Duration::from_secs(100);
     let clock = Skewed {
-        inner: ManualClock::new(),
+        inner: Forward::new(),
         stale: Arc::new(loom::sync::atomic::AtomicBool::new(false)),
         reader: thread::current().id(),
     };
@@ -298,7 +306,6 @@ fn stale_spender_after_a_refill(wait: bool) {
     }
     clock.stale.store(true, Ordering::Release);
     let stale = take(&b, 0);
-    clock.stale.store(false, Ordering::Release);
     let refilled = refiller.join().unwrap();
     let mut rest = 0;
     while take(&b, 0) == 1 {
@@ -340,8 +347,8 @@ struct AdvanceSeen {
 /// leased analogue of `clock_advance.rs`'s model. A trip whose reading predates the
 /// other's CAS finds the word well ahead of it; it loads the word and only then reads the
 /// clock again (see "Readings behind the word" on `LocalPool`), so the writer's reading
-/// happens-before its new one and it never refuses the lost race as a clock that stepped
-/// back. Every execution conserves tokens: what was admitted plus what is left is the
+/// happens-before its new one and it never mistakes the lost race for an idle past the
+/// wrap (which re-anchors the word full). Every execution conserves tokens: what was admitted plus what is left is the
 /// refill up to the final time.
 ///
 /// A CAS lost *after* that second reading needs a third writer, which this model does not
@@ -353,14 +360,15 @@ fn advancing_clock(seen: &AdvanceSeen) -> impl Fn() + Sync + Send + 'static {
     let two_tokens = 2 * ticks_per_token(&layout);
     assert!(two_tokens > layout.tolerance_ticks());
     let step = two_tokens << layout.tick_shift();
+    // Created at time 0, the bucket is anchored at the next tick edge (tick 1).
     let refill = |nanos: u64| {
-        layout.units_to_tokens((layout.tick_of(nanos) * layout.refill_per_tick()) as i64)
+        layout.units_to_tokens(((layout.tick_of(nanos) - 1) * layout.refill_per_tick()) as i64)
     };
     let end = refill(2 * step);
     assert!(end < 8.0, "the model must not reach the cap");
     let seen = seen.clone();
     move || {
-        let clock = ManualClock::new();
+        let clock = Forward::new();
         let config = LeaseConfig::new().slots(2).max_lease(1);
         let b = Arc::new(LeasedBucket::with_config(policy, clock.clone(), config).unwrap());
         clock.advance(Duration::from_nanos(step));
@@ -404,7 +412,7 @@ fn a_lost_race_beyond_the_tolerance_is_not_a_clock_step_back() {
 }
 
 #[test]
-fn advancing_clock_model_catches_a_refusal_without_a_second_reading() {
+fn advancing_clock_model_catches_a_decision_without_a_second_reading() {
     let seen = AdvanceSeen::default();
     ADVANCING_CLOCK.expect_violation(&mutants::LEASE_SKIPS_REREAD, advancing_clock(&seen));
 }

@@ -12,9 +12,9 @@ use std::hash::{BuildHasher, Hasher};
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Model, Tally};
+use loom_tests::{Forward, Model, Tally};
 use tokengate::keyed::KeyedError;
-use tokengate::{Decision, KeyedLimiter, ManualClock, Policy};
+use tokengate::{Decision, KeyedLimiter, Policy};
 
 /// A hasher that puts key `k` in shard `k & 1` of a two-shard map (the shard is bit 56
 /// of the hash): the same shards in every execution, as loom requires.
@@ -47,7 +47,7 @@ impl BuildHasher for ByParity {
     }
 }
 
-type Map = KeyedLimiter<u64, ManualClock, ByParity>;
+type Map = KeyedLimiter<u64, Forward, ByParity>;
 
 const MAX_KEYS: usize = 1;
 
@@ -67,7 +67,7 @@ fn two_new_keys_one_evictable_bucket(won: [Tally; 2]) -> impl Fn() + Sync + Send
     move || {
         let map: Arc<Map> = Arc::new(
             KeyedLimiter::builder(policy, MAX_KEYS)
-                .clock(ManualClock::new()) // frozen
+                .clock(Forward::new()) // frozen
                 .hasher(ByParity)
                 .shards(2)
                 .build()

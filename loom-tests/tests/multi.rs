@@ -8,12 +8,10 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Model, Tally, stored_balance};
-use tokengate::{
-    Bucket, Decision, ManualClock, Policy, multi::MultiDecision, multi::acquire_all_with,
-};
+use loom_tests::{Forward, Model, Tally, stored_balance};
+use tokengate::{Bucket, Decision, Policy, multi::MultiDecision, multi::acquire_all_with};
 
-type Clocked = Bucket<ManualClock>;
+type Clocked = Bucket<Forward>;
 
 /// Two buckets in one allocation. Buckets are taken in the order of their addresses, and
 /// loom needs every execution to make the same choices: two separate allocations may
@@ -68,7 +66,7 @@ fn overlapping_sets(seen: &Seen) -> impl Fn() + Sync + Send + 'static {
     let py = Policy::new(1, 1.0).unwrap();
     let seen = seen.clone();
     move || {
-        let clock = ManualClock::new(); // frozen
+        let clock = Forward::new(); // frozen
         let xy: Pair = Arc::new([
             Bucket::with_clock(px, clock.clone()),
             Bucket::with_clock(py, clock),
@@ -173,7 +171,7 @@ fn rollback_that_skips_the_refund_is_caught() {
 fn opposite_orders() -> impl Fn() + Sync + Send + 'static {
     let policy = Policy::new(1, 1.0).unwrap();
     move || {
-        let clock = ManualClock::new(); // frozen
+        let clock = Forward::new(); // frozen
         let xy: Pair = Arc::new([
             Bucket::with_clock(policy, clock.clone()),
             Bucket::with_clock(policy, clock),

@@ -10,9 +10,9 @@ use std::time::Duration;
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{
-    Model, Op, Tally, balance_now, has_sequential_witness, stored_balance, ticks_per_token,
+    Forward, Model, Op, Tally, balance_now, has_sequential_witness, stored_balance, ticks_per_token,
 };
-use tokengate::{Bucket, ManualClock, Policy};
+use tokengate::{Bucket, Policy};
 
 /// Thread A reserves 2 of 3 tokens and gives them back; thread B asks 1 then 2. `refused`
 /// counts the executions where B was refused while A held its reservation.
@@ -22,7 +22,7 @@ fn refund_racing_acquire(refused: &Tally) -> impl Fn() + Sync + Send + 'static {
     let initial = 3i64 << frac_bits;
     let refused = refused.clone();
     move || {
-        let bucket = Arc::new(Bucket::with_clock(policy, ManualClock::new())); // frozen
+        let bucket = Arc::new(Bucket::with_clock(policy, Forward::new())); // frozen
         let a = {
             let bucket = bucket.clone();
             thread::spawn(move || {
@@ -107,13 +107,15 @@ fn refund_racing_acquire_restores_the_state_without_the_reservation() {
 fn refund_racing_refill(overfull_without_cap: &Tally) -> impl Fn() + Sync + Send + 'static {
     let policy = Policy::new(2, 1e6).unwrap();
     let layout = *policy.layout();
-    let advance = ticks_per_token(&layout) << layout.tick_shift();
-    let refill = (layout.tick_of(advance) * layout.refill_per_tick()) as i64;
+    // A token's refill after the tick edge the bucket is anchored at (tick 1: created at
+    // time 0, and a write near full anchors at the next edge).
+    let advance = (ticks_per_token(&layout) + 1) << layout.tick_shift();
+    let refill = ((layout.tick_of(advance) - 1) * layout.refill_per_tick()) as i64;
     let full = layout.max_units() as i64;
     let one = 1i64 << layout.frac_bits();
     let overfull = overfull_without_cap.clone();
     move || {
-        let clock = ManualClock::new();
+        let clock = Forward::new();
         let bucket = Arc::new(Bucket::with_clock(policy, clock.clone()));
         assert!(bucket.try_acquire(1).unwrap().is_admitted());
         let r = {

@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Model, Tally, balance_now, ticks_per_token};
+use loom_tests::{Forward, Model, Tally, balance_now, ticks_per_token};
 use tokengate::state::Layout;
-use tokengate::{Bucket, Clock, ManualClock, Policy, multi::MemberOps};
+use tokengate::{Bucket, Clock, Policy, multi::MemberOps};
 
 struct Setup {
     policy: Policy,
@@ -45,7 +45,8 @@ fn setup() -> Setup {
     Setup {
         policy,
         layout,
-        t: tpt << layout.tick_shift(),
+        // A token's refill after the tick edge a new bucket is anchored at (tick 1).
+        t: (tpt + 1) << layout.tick_shift(),
         d: d_ticks << layout.tick_shift(),
     }
 }
@@ -62,8 +63,8 @@ fn stale_reader(stale: &Tally) -> impl Fn() + Sync + Send + 'static {
     let one = 1i64 << layout.frac_bits();
     let stale = stale.clone();
     move || {
-        let clock = ManualClock::new();
-        let bucket = Arc::new(Bucket::with_clock(policy, clock.clone())); // empty, tick 0
+        let clock = Forward::new();
+        let bucket = Arc::new(Bucket::with_clock(policy, clock.clone())); // empty, tick 1
         clock.advance(Duration::from_nanos(t));
 
         let spawn_taker = || {
@@ -80,7 +81,7 @@ fn stale_reader(stale: &Tally) -> impl Fn() + Sync + Send + 'static {
         let (now_b, dec_b) = b.join().unwrap();
 
         let end = t + d;
-        let refilled = (layout.tick_of(end) * layout.refill_per_tick()) as i64;
+        let refilled = ((layout.tick_of(end) - 1) * layout.refill_per_tick()) as i64;
         let admitted = one * (i64::from(dec_a.is_admitted()) + i64::from(dec_b.is_admitted()));
         let balance = balance_now(&bucket);
         assert_eq!(

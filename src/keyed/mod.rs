@@ -478,8 +478,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// # Errors
     ///
     /// - [`KeyedError::Acquire`] with [`AcquireError::CostExceedsCapacity`] for a cost
-    ///   above the capacity (no key is created), or
-    ///   [`AcquireError::ClockWentBackwards`].
+    ///   above the capacity (no key is created).
     /// - [`KeyedError::KeyLimit`] for a new key when the map is full and the overflow
     ///   policy is [`Overflow::Reject`].
     #[inline]

@@ -45,13 +45,12 @@
 //!   idle in slots, and so a [`Decision::retry_after`] no shorter, longer by at most the
 //!   time those tokens take to refill. Reading every slot to make it exact would cost a
 //!   cache line per slot on every such rejection.
-//! * Spending from a slot only checks that the clock is in the lease's tick; a clock
-//!   that stepped back is reported ([`AcquireError::ClockWentBackwards`]) on the next trip
-//!   to the pool, as a plain bucket reports it: only when a reading taken after
-//!   loading the word is still well behind it, and only when the pool is not
-//!   full. A full pool is re-anchored to the new reading instead (a full bucket
-//!   holds the same at any time, and a full pool means no token is out on lease;
-//!   see [`LocalPool`] for the argument).
+//! * Spending from a slot only checks that the clock is in the lease's tick. The bucket
+//!   reads its clock through a [`Monotonic`](crate::clock::Monotonic) guard, as every
+//!   limiter does, so a clock that steps back is time standing still; a trip to the
+//!   pool that finds its reading well behind the word reads the clock again after
+//!   loading it, and a reading still far behind can only be an idle past the wrap: the
+//!   pool is full and is re-anchored (see [`LocalPool`] for the argument).
 //! * A slot stamp is a tick modulo `2^T`, as the pool's is: a slot left untouched
 //!   for an exact multiple of the wrap period ([`Policy::wrap_period`], years for
 //!   ordinary policies) would read as current. Any trip to the pool that adds
@@ -470,10 +469,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// # Errors
     ///
     /// - [`AcquireError::CostExceedsCapacity`] at once for a cost above the capacity.
-    /// - [`AcquireError::ClockWentBackwards`] when a trip to the pool finds the
-    ///   clock well behind its last update, even when read again after loading it, and
-    ///   the pool is not full (a full one is re-anchored to the new reading and
-    ///   the request proceeds). Nothing is written.
+    /// - [`AcquireError::PoolUnavailable`] or [`AcquireError::ClockWentBackwards`] only
+    ///   from a [`Pool`] implementation that can fail or keeps its own time (the default
+    ///   [`LocalPool`] never returns either). Nothing is written.
     ///
     /// ```
     /// use tokengate::{AcquireError, LeasedBucket, ManualClock, Policy};

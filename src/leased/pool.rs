@@ -165,10 +165,11 @@ pub trait Pool: Send + Sync {
     ///
     /// # Errors
     ///
-    /// [`AcquireError::ClockWentBackwards`] when the reading (read again through `clock`
-    /// after loading the pool's state, for a pool that keeps ticks) is well behind the
-    /// pool's last update and the pool is not full. Nothing is taken and everything
-    /// handed in has been given back.
+    /// [`AcquireError::ClockWentBackwards`] when a pool keeping its own time finds the
+    /// reading (read again through `clock` after loading the pool's state) well behind
+    /// its last update and cannot read that as an idle past its wrap, or
+    /// [`AcquireError::PoolUnavailable`] when its store cannot decide. Nothing is taken
+    /// and everything handed in has been given back. [`LocalPool`] returns neither.
     fn lease<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
@@ -202,7 +203,9 @@ pub trait Pool: Send + Sync {
     /// # Errors
     ///
     /// [`AcquireError::ClockWentBackwards`] when the new reading is still well behind a
-    /// state that is not full: the clock stepped back.
+    /// state the pool cannot read as idle past its wrap (a pool keeping its own time).
+    /// [`LocalPool`] never returns it: with the limiter's monotonic reading, it is such
+    /// an idle, and the state is full.
     fn reread<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
@@ -223,32 +226,26 @@ pub trait Pool: Send + Sync {
 /// # Readings behind the word
 ///
 /// A reading more than the race tolerance behind the stored tick is a lost race (the
-/// caller read the clock, then was delayed while others stored later ticks) or a clock
-/// that stepped back. As on a plain bucket (`RawBucket::transition_after_reread`), the
+/// caller read the clock, then was delayed while others stored later ticks); the clock
+/// is read through a [`Monotonic`](crate::clock::Monotonic) guard, so a clock stepping
+/// back is not. As on a plain bucket (`RawBucket::transition_after_reread`), the
 /// exchange then reads the clock again *after* the acquiring load of the word it compares
 /// the reading with, and again after every CAS it loses (a failed CAS returns the word
 /// with `Acquire` too). Every tick in that word was read by its writer before its
-/// releasing CAS, so such a reading is not earlier than any of them unless the clock
-/// stepped back. A reading still well behind is refused with
-/// [`AcquireError::ClockWentBackwards`], everything handed in given back; unless the word
-/// is full.
+/// releasing CAS, so the new reading is not earlier than any of them (less the one tick
+/// a write near full anchors ahead). A reading still well behind can only be an idle past
+/// the wrap, longer than the fill time (every layout wraps after more than its fill time
+/// plus the back window): the word is full, re-anchored at the new reading's next tick
+/// edge, and the exchange proceeds.
 ///
-/// A full word is re-anchored instead: it becomes full at the new
-/// reading's tick, and the exchange proceeds. A full bucket holds the same at any time,
-/// so no credit is made, and a full bucket passes clock steps back and tick wraps, as a
-/// plain one does. "Full" is the word's own units; the tokens out on lease need not
-/// enter the decision, because a full word has none that can be spent. Every exchange
-/// keeps `g + O <= B` (`g` the word's balance, `O` every token outside it, in OPEN slots
-/// or in a hand): leasing moves tokens out, spending removes them, giving back is capped
-/// at `B`, and a credit that could meet the capacity while tokens are outside is added
-/// only after quiescing has taken the OPEN slots' tokens into the adder's hand, and is
-/// capped at `B - reserve` for those still in flight (`exchange::settle`). So when `g = B`,
-/// `O = 0`: no slot holds a token (in particular none stamped with the later tick, which
-/// would turn spendable again when the clock comes back to it), and no lessee holds one
-/// it could publish (a lease cancelled by a reset is only given back, capped). The
-/// re-anchor keeps the stored units, so the exchange sees no credit and quiesces nothing;
-/// whatever is credited later, from the new tick on, meets the quiescing and the cap
-/// like any other credit.
+/// Re-anchoring full is a credit that can meet the capacity, so the exchange treats it
+/// like any other: every exchange keeps `g + O <= B` (`g` the word's balance, `O` every
+/// token outside it, in OPEN slots or in a hand): leasing moves tokens out, spending
+/// removes them, giving back is capped at `B`, and a credit that could meet the capacity
+/// while tokens are outside is added only after quiescing has taken the OPEN slots'
+/// tokens into the adder's hand, and is capped at `B - reserve` for those still in flight
+/// (`exchange::settle`). A slot lease is spendable only within the tick it was stamped
+/// with, so none survives an idle past the wrap.
 pub struct LocalPool {
     word: CachePadded<AtomicU64>,
 }
