@@ -22,6 +22,8 @@ use crossbeam_utils::CachePadded;
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{AcquireError, cost_exceeds_capacity};
+use crate::keyed::reanchor;
+use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
@@ -49,6 +51,17 @@ impl RawBucket {
         RawBucket {
             word: AtomicU64::new(layout.start_word(layout.tick_of(now_nanos), full)),
         }
+    }
+
+    /// Stores the start word of a full bucket read at `now` (full at the next tick edge):
+    /// the state of a bucket idle for longer than its fill time, whatever it held. Only
+    /// a re-anchoring pass that found every write older than that calls it (see
+    /// [`crate::pass`]).
+    pub(crate) fn fill(&self, layout: &Layout, now: u64) {
+        self.word.store(
+            layout.start_word(layout.tick_of(now), true),
+            Ordering::Release,
+        );
     }
 
     /// A stable identity while the bucket is borrowed: its address.
@@ -341,8 +354,13 @@ pub(crate) fn reread_snapshot(layout: &Layout, cur: u64, now: u64) -> (bool, Sna
 /// assert_eq!(next, 19); // 20/s less the 0.01% rounding down, which never adds credit
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+// `repr(C)`: the due time of the next pass sits right after the word's padded line, on
+// the line that holds the layout every operation reads.
+#[repr(C)]
 pub struct Bucket<C: Clock = QuantaClock> {
     raw: CachePadded<RawBucket>,
+    /// When the word is next re-anchored against the tick wrap (see [`crate::pass`]).
+    passes: Passes,
     policy: Policy,
     clock: Monotonic<C>,
 }
@@ -374,11 +392,44 @@ impl<C: Clock> Bucket<C> {
     /// A bucket on `clock`, in the policy's start state at the clock's current time.
     pub fn with_clock(policy: Policy, clock: C) -> Bucket<C> {
         let clock = Monotonic::new(clock);
-        let raw = RawBucket::new(policy.layout(), clock.now_nanos(), policy.starts_full());
+        let created = clock.now_nanos();
+        let raw = RawBucket::new(policy.layout(), created, policy.starts_full());
         Bucket {
             raw: CachePadded::new(raw),
+            passes: Passes::new(policy.layout(), created),
             policy,
             clock,
+        }
+    }
+
+    /// The clock's reading (through the monotonic guard), after the re-anchoring pass if
+    /// one is due: every operation reads time here.
+    #[inline(always)]
+    pub(crate) fn now(&self) -> u64 {
+        self.at(self.clock.now_nanos())
+    }
+
+    /// `now` (a guarded reading), after the re-anchoring pass if one is due: one relaxed
+    /// load and a predicted branch otherwise. See [`crate::pass`].
+    #[inline(always)]
+    pub(crate) fn at(&self, now: u64) -> u64 {
+        self.passes.check(
+            now,
+            || self.clock.now_nanos(),
+            |now, idle| self.pass(now, idle),
+        )
+    }
+
+    /// The re-anchoring pass: the word refilled to `now` at its own tick, or, after an
+    /// idle longer than the fill time (`idle`), full.
+    #[cold]
+    #[inline(never)]
+    fn pass(&self, now: u64, idle: bool) {
+        let layout = self.policy.layout();
+        if idle {
+            self.raw.fill(layout, now);
+        } else {
+            reanchor(&self.raw, layout, &self.clock, now);
         }
     }
 
@@ -410,8 +461,42 @@ impl<C: Clock> Bucket<C> {
     #[inline]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
         let now = self.clock.now_nanos();
+        if self.passes.is_due(now) {
+            return self.acquire_due(now, cost);
+        }
         self.raw
             .try_acquire(self.policy.layout(), &self.clock, now, cost)
+    }
+
+    /// [`try_acquire`](Bucket::try_acquire) at a reading at or after the re-anchoring
+    /// pass's due time: a decision that writes nothing (a rejection, a zero cost) is
+    /// made read-only on the pass's view (see [`crate::pass`]), so it still writes
+    /// nothing; an admission runs the pass first.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn acquire_due(&self, now: u64, cost: u64) -> Result<Decision, AcquireError> {
+        let layout = self.policy.layout();
+        let Some(cost_units) = layout.units_of(cost) else {
+            return Err(cost_exceeds_capacity(layout, cost));
+        };
+        if !self.passes.idle_at(now) {
+            // The word reads exactly.
+            if cost_units == 0 {
+                return self.raw.try_acquire(layout, &self.clock, now, cost);
+            }
+            if let Some(refusal) = self.raw.refusal(layout, now, cost) {
+                return Ok(refusal);
+            }
+        } else if cost_units == 0 {
+            let full = layout.reanchor_full(layout.tick_of(now));
+            return Ok(Decision::new(layout, &full, now, cost, 0, true));
+        }
+        let now = self.at(now);
+        self.raw.try_acquire(layout, &self.clock, now, cost)
+    }
+
+    pub(crate) fn passes(&self) -> &Passes {
+        &self.passes
     }
 
     /// Gives back `cost` tokens of an earlier admission, exactly as if it had never been
@@ -436,9 +521,16 @@ impl<C: Clock> Bucket<C> {
     /// [`AcquireError::CostExceedsCapacity`] for a cost above the capacity (nothing
     /// changes).
     pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
-        let now = self.clock.now_nanos();
-        self.raw
-            .refund(self.policy.layout(), &self.clock, now, cost)
+        let layout = self.policy.layout();
+        let Some(units) = layout.units_of(cost) else {
+            return Err(cost_exceeds_capacity(layout, cost));
+        };
+        if units == 0 {
+            return Ok(());
+        }
+        let now = self.now();
+        self.raw.refund_units(layout, &self.clock, now, units);
+        Ok(())
     }
 
     /// Puts the bucket back in the policy's start state (full or empty).
@@ -452,7 +544,7 @@ impl<C: Clock> Bucket<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reset(&self) {
-        let now = self.clock.now_nanos();
+        let now = self.now();
         self.raw.reset(
             self.policy.layout(),
             &self.clock,
@@ -478,7 +570,11 @@ impl<C: Clock> Bucket<C> {
     /// ```
     pub fn available(&self) -> f64 {
         let layout = self.policy.layout();
-        let snapshot = self.raw.snapshot(layout, self.clock.now_nanos());
+        let now = self.clock.now_nanos();
+        if self.passes.is_due(now) && self.passes.idle_at(now) {
+            return layout.capacity() as f64;
+        }
+        let snapshot = self.raw.snapshot(layout, now);
         layout.units_to_tokens(layout.balance_units(&snapshot))
     }
 

@@ -90,6 +90,7 @@ pub mod multi;
 #[doc(hidden)]
 pub mod mutants;
 pub mod owned;
+mod pass;
 pub mod policy;
 pub mod reservation;
 pub mod retry;

@@ -244,7 +244,7 @@ impl<C: Clock> Reservable for Bucket<C> {
     type Charge = u64;
 
     fn now_nanos(&self) -> u64 {
-        self.guarded_clock().now_nanos()
+        self.now()
     }
 
     fn give_back(&self, cost: &u64) {

@@ -289,7 +289,7 @@ impl<C: Clock> Reservation<'_, C> {
             return false;
         }
         let clock = self.bucket.guarded_clock();
-        let now = clock.now_nanos();
+        let now = self.bucket.now();
         if now >= self.ready_at || self.cost_units == 0 {
             return false;
         }
@@ -364,7 +364,7 @@ impl<C: Clock> Bucket<C> {
             max_wait,
             horizon: self.policy().max_reservation(),
         };
-        let now = self.clock().now_nanos();
+        let now = self.now();
         let (reserved_at, ready_at) = self.raw().transition(
             layout,
             self.guarded_clock(),

@@ -110,12 +110,11 @@
 //!   for longer than it takes to fill, so it is full ([`Layout::reanchor_full`]).
 //!
 //! An idle shorter than the wrap period less the back window reads its true balance; a
-//! bucket full when it went idle stays full for any idle. What remains: a bucket that was
-//! *not* full, idle for a whole wrap period or more (years for ordinary policies, weeks
-//! for the shortest wraps), whose idle ends within a fill time after a multiple of the
-//! wrap, reads the idle modulo the wrap and is credited less than the truth (never more,
-//! never an error). Keyed maps re-anchor their buckets on their own, so none of this
-//! happens to them (see [`KeyedLimiter`](crate::keyed::KeyedLimiter)).
+//! bucket full when it went idle stays full for any idle. Longer idles are the
+//! limiters' part: each re-anchors its words in passes a fraction of the wrap apart, run
+//! by the first writing operation due, and a pass that comes due after an idle longer
+//! than the fill time writes them full (`src/pass.rs` has the timing and its proof). So
+//! with any limiter of the crate, any idle reads its true balance.
 //!
 
 use std::fmt;
@@ -544,8 +543,8 @@ impl Layout {
     /// tokens, then pays): the anchor looks at the highest balance the operation held.
     #[inline]
     pub fn store_after(&self, snapshot: &Snapshot, before: u64, units: u64) -> u64 {
-        if before.max(units) <= self.near_full
-            || snapshot.behind != 0
+        if snapshot.behind != 0
+            || before.max(units) <= self.near_full
             || mutant!(NEAR_FULL_WRITE_KEEPS_TICK)
         {
             snapshot.tick_field | units
@@ -577,6 +576,16 @@ impl Layout {
                 units: units.min(self.max_units),
                 tick_field: stored,
                 behind: 0,
+            };
+        }
+        if stored.wrapping_sub(now) == 1 << self.token_bits {
+            // The next edge, where a write near full anchored: also nothing to add, and
+            // the path of every decision under load near full. A branch of its own, with
+            // a constant `behind`, for the same reason.
+            return Snapshot {
+                units: units.min(self.max_units),
+                tick_field: stored,
+                behind: 1,
             };
         }
         let elapsed = now.wrapping_sub(stored) >> self.token_bits;

@@ -188,42 +188,81 @@ fn slow_policies_wrap_after_twice_their_fill_time_and_keep_their_retry_after() {
     }
 }
 
-/// Idles of any length on a monotonic clock: never an error. An idle that lands the
-/// stored tick in the back window (just short of a multiple of the wrap) once read as a
-/// clock step back for hours: it is the true balance, full. An idle of an exact multiple
-/// of the wrap reads as no time (never more than the truth).
+/// Idles of any length: the true balance, never an error. A drained bucket idle for its
+/// wrap period or longer is full, whatever the idle reads modulo the wrap: at an exact
+/// multiple of the wrap (once read as no time at all), just short of one (once read as
+/// a clock step back for hours), or a few ticks past one. Every limiter re-anchors its
+/// words in passes a fraction of the wrap apart, and a pass that comes due after an idle
+/// longer than the fill time writes them full.
 #[test]
-fn an_idle_of_any_length_is_never_an_error_and_never_more_than_the_truth() {
-    for (capacity, rate) in [(6, 1e8), (100, 20.0), (1_000_000, 1e-3)] {
+fn an_idle_of_any_length_reads_the_true_balance_and_is_never_an_error() {
+    for (capacity, rate) in [(6, 1e8), (166, 3.173e9), (100, 20.0), (1_000_000, 1e-3)] {
         let policy = Policy::new(capacity, rate).unwrap();
         let wrap = policy.wrap_period();
         let tick = policy.tick();
         for idle in [
             wrap - tick * 3,
-            wrap - Duration::from_secs(3600),
+            wrap - Duration::from_secs(3600).min(wrap / 4),
             wrap,
+            wrap + tick,
             wrap * 2 - tick * 5,
+            wrap * 2,
             wrap * 3 + tick * 7,
         ] {
+            let what = format!("B = {capacity}, r = {rate}, idle {idle:?}");
             let clock = ManualClock::new();
+            clock.set(Duration::from_secs(1));
             let bucket = Bucket::with_clock(policy, clock.clone());
-            assert!(bucket.try_acquire(capacity / 2 + 1).unwrap().is_admitted());
-            clock.advance(idle);
-            let d = bucket.try_acquire(1);
+            let leased = LeasedBucket::with_config(
+                policy,
+                clock.clone(),
+                LeaseConfig::new().slots(2).max_lease(1),
+            )
+            .unwrap();
+            let scoped = |lease: bool| {
+                let rule = Rule::new(policy);
+                let rule = if lease {
+                    rule.leased(LeaseConfig::new().slots(2).max_lease(1))
+                } else {
+                    rule
+                };
+                RuleSet::new()
+                    .rule(ScopeKind::Global, rule)
+                    .class(WorkClass::new("all", capacity))
+                    .build_with_clock(clock.clone())
+                    .unwrap()
+            };
+            let (plain_scoped, leased_scoped) = (scoped(false), scoped(true));
+            let request = Request::new();
+            // Drained.
             assert!(
-                d.is_ok(),
-                "B = {capacity}, r = {rate}, idle {idle:?}: {d:?}"
+                bucket.try_acquire(capacity).unwrap().is_admitted(),
+                "{what}"
             );
-            let available = d.unwrap().tokens_remaining() + 1.0;
-            assert!(available <= capacity as f64, "{available}");
-            let layout = policy.layout();
-            let window = u128::from(layout.back_window_ticks()) << layout.tick_shift();
-            let phase = idle.as_nanos() % wrap.as_nanos();
-            let tolerance = u128::from(layout.tolerance_ticks() + 1) << layout.tick_shift();
-            if phase + window >= wrap.as_nanos() && phase + tolerance < wrap.as_nanos() {
-                // Landed in the back window, beyond what a lost race explains: read as the
-                // idle it is, full.
-                assert_eq!(available, capacity as f64, "idle {idle:?}");
+            assert!(
+                leased.try_acquire(capacity).unwrap().is_admitted(),
+                "{what}"
+            );
+            for s in [&plain_scoped, &leased_scoped] {
+                let all = s.class("all").unwrap();
+                assert!(
+                    s.try_acquire(&request, all).unwrap().is_admitted(),
+                    "{what}"
+                );
+            }
+            clock.advance(idle);
+            assert_eq!(bucket.available(), capacity as f64, "bucket: {what}");
+            assert!(
+                bucket.try_acquire(capacity).unwrap().is_admitted(),
+                "bucket: {what}"
+            );
+            assert!(
+                leased.try_acquire(capacity).unwrap().is_admitted(),
+                "leased: {what}"
+            );
+            for (name, s) in [("scoped", &plain_scoped), ("leased scoped", &leased_scoped)] {
+                let got = s.available(&tokengate::scope::Scope::Global).unwrap();
+                assert_eq!(got, capacity as f64, "{name}: {what}");
             }
         }
     }

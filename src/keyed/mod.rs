@@ -932,38 +932,15 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
 /// The longest time a bucket of `policy` may go unwritten before its tick reading could
 /// land in the back window: the wrap period less the back window.
 pub(crate) fn sweep_interval(policy: &Policy) -> Duration {
-    let layout = policy.layout();
-    let back = Duration::from_nanos(
-        layout
-            .back_window_ticks()
-            .saturating_mul(1 << layout.tick_shift()),
-    );
-    layout.wrap_period().saturating_sub(back)
+    Duration::from_nanos(crate::pass::exact_for_nanos(policy.layout()))
 }
 
-/// The re-anchoring pass's timing for `policy`, in nanoseconds: `(period, idle_after)`.
-///
-/// With `tick` the tick length and `fill` the fill time (any balance refills to full
-/// within it), and `M` the [`sweep_interval`] (readings less than `M` after a bucket's
-/// last write read it exactly):
-///
-/// - `idle_after = fill + 2 ticks`: a pass running that long past its due time finds
-///   every bucket written before the due time (at a tick at most one past the due time's,
-///   a write near full anchoring at the next edge), so at least `fill` ticks ago: full.
-/// - `period = (M - fill - 3 ticks) / 2`: a pass running less than `idle_after` past its
-///   due time is less than `period + fill + 2 ticks <= M - tick - period` after the last
-///   one, so it reads every bucket exactly, with `period` to spare for an operation
-///   descheduled between its clock reading and its write. Every layout wraps after at
-///   least twice the fill time plus the back window, so `M >= 2 * fill`, and with wraps of
-///   at least 2^50 ns the period is days at least.
+/// The re-anchoring pass's timing for `policy`, in nanoseconds: `(period, idle_after)`
+/// (see [`Timing::of`](crate::pass::Timing::of) for why passes so far apart read every
+/// bucket exactly).
 fn pass_timing(policy: &Policy) -> (u64, u64) {
-    let layout = policy.layout();
-    let tick = 1u64 << layout.tick_shift();
-    let fill = layout.fill_ticks().saturating_mul(tick);
-    let idle_after = fill.saturating_add(2 * tick);
-    let m = u64::try_from(sweep_interval(policy).as_nanos()).unwrap_or(u64::MAX);
-    let period = (m.saturating_sub(idle_after.saturating_add(tick)) / 2).max(tick);
-    (period, idle_after)
+    let t = crate::pass::Timing::of(policy.layout());
+    (t.period, t.idle_after)
 }
 
 /// Runs `f` on `key`'s entry in `t` under its shard's read lock.

@@ -53,8 +53,11 @@
 //!   pool is full and is re-anchored (see [`LocalPool`] for the argument).
 //! * A slot stamp is a tick modulo `2^T`, as the pool's is: a slot left untouched
 //!   for an exact multiple of the wrap period ([`Policy::wrap_period`], years for
-//!   ordinary policies) would read as current. Any trip to the pool that adds
-//!   credit near the cap, and [`LeasedBucket::reclaim`], empty idle slots.
+//!   ordinary policies) would read as current. The bucket's re-anchoring passes
+//!   (see [`crate::state`]: a fraction of the wrap apart, run by the first operation
+//!   due) take every slot's lease back and re-anchor the pool, or reset it full after
+//!   an idle longer than the fill time; any trip to the pool that adds credit near the
+//!   cap, and [`LeasedBucket::reclaim`], empty idle slots too.
 //! * A [`reset`](LeasedBucket::reset) concurrent with admissions: a lease taken before it
 //!   and published after it is given back after the reset (at most `max_lease` per slot;
 //!   a reset to full is still exact, since giving back is capped).
@@ -67,6 +70,7 @@ use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::error::cost_exceeds_capacity;
 use crate::multi::{Member, sealed};
+use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::state::Layout;
 
@@ -200,6 +204,8 @@ pub struct LeasedBucket<C: Clock = QuantaClock, P: Pool = LocalPool> {
     max_outstanding_units: u64,
     /// `slots * max_lease` in units, saturated: a bound on tokens held in OPEN slots.
     max_held_units: u64,
+    /// When the pool and the slots are next re-anchored against the tick wrap.
+    passes: Passes,
 }
 
 impl<C: Clock, P: Pool> fmt::Debug for LeasedBucket<C, P> {
@@ -439,8 +445,49 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             max_outstanding_units: u64::try_from(outstanding).unwrap_or(u64::MAX),
             max_held_units: u64::try_from(held).unwrap_or(u64::MAX),
             max_lease,
+            passes: Passes::new(layout, clock.now_nanos()),
             policy,
             clock,
+        }
+    }
+
+    /// The clock's reading (through the monotonic guard), after the re-anchoring pass if
+    /// one is due.
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        self.at(self.clock.now_nanos())
+    }
+
+    /// `now` (a guarded reading), after the re-anchoring pass if one is due: one relaxed
+    /// load and a predicted branch otherwise. See [`crate::pass`].
+    #[inline(always)]
+    fn at(&self, now: u64) -> u64 {
+        self.passes.check(
+            now,
+            || self.clock.now_nanos(),
+            |now, idle| self.pass(now, idle),
+        )
+    }
+
+    /// The re-anchoring pass. Slot stamps are ticks modulo the wrap too, so every pass
+    /// takes the slots' leases back; a pool that [`wraps`](Pool::wraps) is then credited
+    /// nothing at `now` (re-anchored), or, after an idle longer than the fill time
+    /// (`idle`), reset full.
+    #[cold]
+    #[inline(never)]
+    fn pass(&self, now: u64, idle: bool) {
+        let layout = self.policy.layout();
+        if idle && self.pool.wraps() {
+            let mut others = self.other_slots(None);
+            self.pool.reset(layout, now, true, &mut others);
+            others.release();
+            return;
+        }
+        self.reclaim();
+        if self.pool.wraps() {
+            let mut others = self.other_slots(None);
+            self.pool.credit(layout, now, 0, &mut others);
+            others.release();
         }
     }
 
@@ -508,7 +555,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// ```
     #[inline]
     pub fn try_acquire_on(&self, slot: usize, cost: u64) -> Result<Decision, AcquireError> {
-        self.acquire_at(slot, cost, self.clock.now_nanos())
+        self.acquire_at(slot, cost, self.now())
     }
 
     #[inline(always)]
@@ -681,7 +728,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         let Some(units) = layout.units_of(cost) else {
             return Err(cost_exceeds_capacity(layout, cost));
         };
-        self.refund_units(units, self.clock.now_nanos());
+        self.refund_units(units, self.now());
         Ok(())
     }
 
@@ -710,7 +757,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         let mut others = self.other_slots(None);
         self.pool.reset(
             self.policy.layout(),
-            self.clock.now_nanos(),
+            self.now(),
             self.policy.starts_full(),
             &mut others,
         );
@@ -760,7 +807,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self) -> f64 {
-        let (units, _) = self.balance_at(self.clock.now_nanos());
+        let (units, _) = self.balance_at(self.now());
         self.policy.layout().units_to_tokens(units)
     }
 
@@ -828,14 +875,14 @@ impl<C: Clock, P: Pool> Member for LeasedBucket<C, P> {
 impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        self.clock.now_nanos()
+        self.now()
     }
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        self.acquire_at(thread_index(), cost, self.clock.observe(now))
+        self.acquire_at(thread_index(), cost, self.at(self.clock.observe(now)))
     }
     fn refund_at(&self, cost: u64, now: u64) {
         let layout = self.policy.layout();
-        let now = self.clock.observe(now);
+        let now = self.at(self.clock.observe(now));
         self.refund_units(layout.units_of(cost).unwrap_or(layout.max_units()), now);
     }
     fn wait_at(&self, cost: u64, now: u64) -> Duration {

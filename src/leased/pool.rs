@@ -190,6 +190,14 @@ pub trait Pool: Send + Sync {
     /// are taken back (the bucket quiesces its slots) and dropped.
     fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees);
 
+    /// Whether the pool's state is a packed word whose tick field wraps, which the
+    /// bucket must re-anchor (see [`crate::state`]: the bucket's re-anchoring passes then
+    /// credit it nothing at their reading, or reset it full after an idle longer than
+    /// the fill time). `false` by default: a pool on a remote store keeps its own time.
+    fn wraps(&self) -> bool {
+        false
+    }
+
     /// The state at `now`, writing nothing. A remote pool answers from what it last
     /// heard (a lower bound, like a slot admission's `tokens_remaining`).
     fn peek(&self, layout: &Layout, now: u64) -> PoolState;
@@ -511,6 +519,10 @@ impl Pool for LocalPool {
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    fn wraps(&self) -> bool {
+        true
     }
 
     fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees) {

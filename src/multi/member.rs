@@ -88,6 +88,32 @@ pub(crate) trait WordBacked: Sync {
     type Clock: Clock;
 
     fn bucket_ref(&self) -> BucketRef<'_, Self::Clock>;
+
+    /// Whether the member's re-anchoring pass is due at `now` (see [`crate::pass`]):
+    /// never for a word whose owner re-anchors it otherwise (a keyed map's, a scoped
+    /// limiter's).
+    #[inline(always)]
+    fn is_due(&self, _now: u64) -> bool {
+        false
+    }
+
+    /// Once due: whether the word reads full after an idle longer than its fill time
+    /// (read-only decisions then decide on a full word).
+    fn idle_at(&self, _now: u64) -> bool {
+        false
+    }
+
+    /// `take_at` once due: a rejection decided read-only, or the pass run first.
+    fn acquire_due(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let b = self.bucket_ref();
+        b.raw.try_acquire(b.layout, b.clock, now, cost)
+    }
+
+    /// `now`, after the pass if one is due: for operations that write.
+    #[inline(always)]
+    fn write_at(&self, now: u64) -> u64 {
+        now
+    }
 }
 
 impl<C: Clock + Sync> WordBacked for BucketRef<'_, C> {
@@ -110,6 +136,24 @@ impl<C: Clock> WordBacked for Bucket<C> {
             clock: self.guarded_clock(),
         }
     }
+
+    #[inline(always)]
+    fn is_due(&self, now: u64) -> bool {
+        self.passes().is_due(now)
+    }
+
+    fn idle_at(&self, now: u64) -> bool {
+        self.passes().idle_at(now)
+    }
+
+    fn acquire_due(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        Bucket::acquire_due(self, now, cost)
+    }
+
+    #[inline(always)]
+    fn write_at(&self, now: u64) -> u64 {
+        self.at(now)
+    }
 }
 
 impl<T: WordBacked> sealed::Sealed for T {
@@ -121,6 +165,10 @@ impl<T: WordBacked> sealed::Sealed for T {
     #[inline]
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         let b = self.bucket_ref();
+        let now = b.clock.observe(now);
+        if self.is_due(now) {
+            return self.acquire_due(cost, now);
+        }
         b.raw.try_acquire(b.layout, b.clock, now, cost)
     }
 
@@ -128,20 +176,30 @@ impl<T: WordBacked> sealed::Sealed for T {
     fn refund_at(&self, cost: u64, now: u64) {
         let b = self.bucket_ref();
         // `acquire_all` checks every cost against its capacity before taking any, so a
-        // cost refunded here has units; a larger one could not have been taken.
-        if let Some(units) = b.layout.units_of(cost) {
+        // cost refunded here has units; a larger one could not have been taken. A zero
+        // cost was never taken: nothing to write.
+        if let Some(units) = b.layout.units_of(cost).filter(|&u| u > 0) {
+            let now = self.write_at(b.clock.observe(now));
             b.raw.refund_units(b.layout, b.clock, now, units);
         }
     }
 
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         let b = self.bucket_ref();
+        let now = b.clock.observe(now);
+        if self.is_due(now) && self.idle_at(now) {
+            return Duration::ZERO;
+        }
         b.raw.wait(b.layout, now, cost)
     }
 
     #[inline]
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
         let b = self.bucket_ref();
+        let now = b.clock.observe(now);
+        if self.is_due(now) && self.idle_at(now) {
+            return None;
+        }
         b.raw.refusal(b.layout, now, cost)
     }
 }

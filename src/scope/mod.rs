@@ -27,6 +27,7 @@ use crate::error::AcquireError;
 use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, reanchor, sweep_interval};
 use crate::leased::LeasedBucket;
 use crate::multi::{Member, MultiError, acquire_all_at, sealed};
+use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
@@ -42,6 +43,9 @@ struct GlobalScope<C: Clock> {
     bucket: GlobalBucket<C>,
     policy: Policy,
     counters: Option<StripedCounters>,
+    /// When a plain word is next re-anchored against the tick wrap (a leased bucket
+    /// runs its own passes).
+    passes: Passes,
 }
 
 /// The global scope's bucket: one word, or leased to per-core slots ([`Rule::leased`]).
@@ -304,6 +308,7 @@ impl RuleSet {
                             .map_err(RuleError::Lease)?,
                     ),
                 },
+                passes: Passes::new(r.policy.layout(), guard.now_nanos()),
                 policy: r.policy,
                 counters: r.options.counters.then(StripedCounters::new),
             }),
@@ -388,7 +393,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             return Err(ScopeError::UnknownClass(class));
         };
         let costs = *class.costs();
-        let now = self.clock.now_nanos();
+        let now = self.now();
         // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
         self.maps.with_slots(request, &costs, now, |slots| {
             self.decide(slots, &costs, request, now)
@@ -603,7 +608,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 match &g.bucket {
                     GlobalBucket::Word(raw) => {
                         let layout = g.policy.layout();
-                        let s = raw.snapshot(layout, self.clock.now_nanos());
+                        let s = raw.snapshot(layout, self.now());
                         layout.units_to_tokens(layout.balance_units(&s))
                     }
                     GlobalBucket::Leased(b) => b.available(),
@@ -613,10 +618,41 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         })
     }
 
+    /// The clock's reading (through the monotonic guard), after the plain global word's
+    /// re-anchoring pass if one is due: one relaxed load and a predicted branch
+    /// otherwise. See [`crate::pass`]; keyed maps and a leased global bucket run their
+    /// own.
+    #[inline(always)]
+    pub(crate) fn now(&self) -> u64 {
+        let now = self.clock.now_nanos();
+        match &self.global {
+            Some(GlobalScope {
+                bucket: GlobalBucket::Word(raw),
+                passes,
+                policy,
+                ..
+            }) => passes.check(
+                now,
+                || self.clock.now_nanos(),
+                |now, idle| {
+                    let layout = policy.layout();
+                    if idle {
+                        raw.fill(layout, now);
+                    } else {
+                        reanchor(raw, layout, &self.clock, now);
+                    }
+                },
+            ),
+            _ => now,
+        }
+    }
+
     /// Sweeps every keyed map ([`KeyedLimiter::sweep`](crate::KeyedLimiter::sweep)) and re-anchors the global bucket
     /// (a leased one also gets its slots' idle tokens back, as
-    /// [`LeasedBucket::reclaim`] does). Run it at least every
-    /// [`max_sweep_interval`](ScopedLimiter::max_sweep_interval).
+    /// [`LeasedBucket::reclaim`] does). Never needed for correctness: the maps and the
+    /// global bucket re-anchor themselves in passes about half
+    /// [`max_sweep_interval`](ScopedLimiter::max_sweep_interval) apart; sweeping frees
+    /// memory sooner.
     pub fn sweep(&self) -> SweepReport {
         let mut report = SweepReport::default();
         if let Some(g) = &self.global {

@@ -131,7 +131,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Reservable for ScopedLimiter<C, S> 
     type Charge = Charge;
 
     fn now_nanos(&self) -> u64 {
-        self.clock.now_nanos()
+        self.now()
     }
 
     fn give_back(&self, charge: &Charge) {
@@ -158,7 +158,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 match &g.bucket {
                     GlobalBucket::Word(raw) => {
                         if let Some(units) = layout.units_of(c[ScopeKind::Global.index()]) {
-                            let now = self.clock.now_nanos();
+                            let now = self.now();
                             raw.refund_units(layout, &self.clock, now, units);
                         }
                     }
@@ -200,7 +200,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         for k in skip {
             costs[k.index()] = 0;
         }
-        let now = self.clock.now_nanos();
+        let now = self.now();
         self.maps.with_slots(request, &costs, now, |slots| {
             self.decide(slots, &costs, request, now)
         })
@@ -261,7 +261,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             return Err(ScopeReserveError::UnknownClass(class));
         };
         let costs = *work.costs();
-        let now = self.clock.now_nanos();
+        let now = self.now();
         let ready_at = self.maps.with_slots(request, &costs, now, |slots| {
             self.reserve_slots(slots, &costs, request, now, max_wait)
         })?;

@@ -486,18 +486,35 @@ fn acquire_all_step(
             }
             continue;
         };
-        let mut snapshot = l.refill(before[i], l.tick_of(now));
-        if snapshot.behind() > l.tolerance_ticks() {
-            // Far behind a monotonic reading: idle past the wrap, full.
-            snapshot = l.reanchor_full(l.tick_of(now));
+        // The word the operation started from: as it was, or as the member's re-anchoring
+        // pass left it when one came due (refilled to `now` at its own tick, or full after
+        // an idle longer than the fill time). Both hold the balance the word reads; the
+        // ideal bound and the model below judge the decisions.
+        let tick = l.tick_of(now);
+        let read = l.refill(before[i], tick);
+        let mut starts = vec![before[i], l.start_word(tick, true)];
+        if read.behind() == 0 {
+            starts.extend(l.encode(read.tick(l), read.units()));
         }
-        let expected = if refused.is_some() || cost == 0 {
-            None
-        } else {
-            l.take(&snapshot, cost << l.frac_bits())
+        let snapshot_of = |w: u64| {
+            let s = l.refill(w, tick);
+            if s.behind() > l.tolerance_ticks() {
+                // Far behind a monotonic reading: idle past the wrap, full.
+                l.reanchor_full(tick)
+            } else {
+                s
+            }
         };
-        match expected {
-            Some(w) if after == w => {}
+        let expected: Vec<u64> = if refused.is_some() || cost == 0 {
+            Vec::new()
+        } else {
+            starts
+                .iter()
+                .filter_map(|&w| l.take(&snapshot_of(w), cost << l.frac_bits()))
+                .collect()
+        };
+        match expected.first() {
+            Some(_) if expected.contains(&after) => {}
             Some(w) => {
                 return Err(violation(
                     step,
@@ -508,11 +525,15 @@ fn acquire_all_step(
                 // Untouched, or written back with exactly its balance at `now`.
                 // A take and its refund: the word holds the balance at `now`, anchored
                 // as any write near full is.
-                let rolled_back = l.take(&snapshot, cost << l.frac_bits()).map(|taken| {
-                    let s = l.refill(taken, l.tick_of(now));
-                    l.refund(&s, cost << l.frac_bits())
-                });
-                if after != before[i] && Some(after) != rolled_back {
+                let rolled_back: Vec<u64> = starts
+                    .iter()
+                    .filter_map(|&w| {
+                        let taken = l.take(&snapshot_of(w), cost << l.frac_bits())?;
+                        let s = l.refill(taken, tick);
+                        Some(l.refund(&s, cost << l.frac_bits()))
+                    })
+                    .collect();
+                if after != before[i] && !rolled_back.contains(&after) {
                     return Err(violation(
                         step,
                         format!(
