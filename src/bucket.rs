@@ -228,25 +228,6 @@ impl RawBucket {
         })
     }
 
-    /// Gives back `cost` tokens taken earlier: `min(B, refill(now) + cost)` (I6).
-    #[inline]
-    pub(crate) fn refund<C: Clock + ?Sized>(
-        &self,
-        layout: &Layout,
-        clock: &Monotonic<C>,
-        now: u64,
-        cost: u64,
-    ) -> Result<(), AcquireError> {
-        let Some(cost_units) = layout.units_of(cost) else {
-            return Err(cost_exceeds_capacity(layout, cost));
-        };
-        if cost_units == 0 {
-            return Ok(());
-        }
-        self.refund_units(layout, clock, now, cost_units);
-        Ok(())
-    }
-
     /// Gives back `units` (already validated): never fails, never creates credit.
     #[inline]
     pub(crate) fn refund_units<C: Clock + ?Sized>(

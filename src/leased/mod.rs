@@ -46,7 +46,7 @@
 //!   time those tokens take to refill. Reading every slot to make it exact would cost a
 //!   cache line per slot on every such rejection.
 //! * Spending from a slot only checks that the clock is in the lease's tick. The bucket
-//!   reads its clock through a [`Monotonic`](crate::clock::Monotonic) guard, as every
+//!   reads its clock through a [`Monotonic`] guard, as every
 //!   limiter does, so a clock that steps back is time standing still; a trip to the
 //!   pool that finds its reading well behind the word reads the clock again after
 //!   loading it, and a reading still far behind can only be an idle past the wrap: the
