@@ -48,12 +48,17 @@
 //!
 //! - **I1** the balance never exceeds the capacity `B`.
 //! - **I2** the stored tick never moves backwards; a `now` older than the stored tick (a
-//!   lost race, or a clock that steps back) adds no credit and never panics. (A full
-//!   bucket read at a clock that stepped back is re-anchored at the new reading: full is
-//!   full at any time, so nothing is added.)
+//!   lost race) adds no credit and never panics, and a clock that steps back, by any
+//!   amount, is time standing still (limiters read clocks through a
+//!   [`Monotonic`](crate::clock::Monotonic) guard): nothing is credited until it passes
+//!   its highest reading again, and nothing twice.
 //! - **I3** refill is exact on the tick grid: nothing is created or lost per update.
-//! - **I4** for every interval, across all threads: tokens admitted ≤ balance at the start
-//!   + `R` × ticks elapsed.
+//! - **I4** for all real times `s <= e` (not only tick edges), across all threads: tokens
+//!   admitted in `[s, e]` ≤ `B + r × (e − s)` at the configured rate `r` (≤ `r × (e − s)`
+//!   from a start-empty creation): never above the ideal token bucket. Refill lags the
+//!   ideal by less than two ticks near full, less than one otherwise (see
+//!   [`state`](crate::state#exact-times-never-above-the-curve-between-tick-edges-too)).
+//!   Any idle, however long, reads its true balance.
 //! - **I5** a rejection is read-only: no store, no CAS.
 //! - **I6** a refund restores exactly the state the bucket would have had without the
 //!   reservation, capped at `B`: `min(B, refill(now) + c)`, whenever it comes, as long as
