@@ -464,7 +464,10 @@ fn a_global_only_request_decides_as_a_bucket_of_its_policy() {
         }
         clock.advance(Duration::from_millis(700));
     }
-    assert!(admitted > 0 && rejected > 0, "{admitted} admitted, {rejected} rejected");
+    assert!(
+        admitted > 0 && rejected > 0,
+        "{admitted} admitted, {rejected} rejected"
+    );
     let c = limiter.counters(&Scope::Global).unwrap();
     assert_eq!(c.original.admitted_tokens, 3 * admitted);
     assert_eq!(c.original.rejected_tokens, 3 * rejected);
