@@ -12,15 +12,16 @@
 //! Same regimes as `benches/engine.rs`: admit = 1e9 tokens/s, burst 1e6; reject = 1
 //! token/s, burst 1 (drained first); `leased_*` are the same regimes on a
 //! `LeasedBucket` (default slots and lease size); `scoped_global` is a `ScopedLimiter` with
-//! only a global rule of the admit policy, paid by a request with no identity. Every
-//! result passes through `black_box` whole.
+//! only a global rule of the admit policy, paid by a request with no identity;
+//! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant.
+//! Every result passes through `black_box` whole.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use governor::RateLimiter;
-use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, WorkClass};
+use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, WorkClass};
 use tokengate::{Bucket, Clock, CoarseClock, LeasedBucket, Policy, QuantaClock, acquire_all};
 
 mod common;
@@ -75,6 +76,14 @@ fn main() {
         .build()
         .expect("valid rules");
     let one = scoped_global.class("one").expect("a class of this limiter");
+    let scoped_tenant = RuleSet::new()
+        .rule(ScopeKind::Global, Rule::new(admit()))
+        .rule(ScopeKind::Tenant, Rule::new(admit()))
+        .class(WorkClass::new("one", 1))
+        .build()
+        .expect("valid rules");
+    let tenant_one = scoped_tenant.class("one").expect("a class of this limiter");
+    let tenant_request = Request::new().tenant(TenantId(1));
     let tg_reject = Bucket::new(reject());
     let _ = tg_reject.try_acquire(1);
     let coarse_admit = Bucket::with_clock(admit(), coarse.clone());
@@ -133,6 +142,13 @@ fn main() {
             "scoped_global",
             Box::new(|| {
                 let _ = black_box(black_box(&scoped_global).try_acquire(&Request::new(), one));
+            }),
+        ),
+        (
+            "scoped_tenant",
+            Box::new(|| {
+                let _ =
+                    black_box(black_box(&scoped_tenant).try_acquire(&tenant_request, tenant_one));
             }),
         ),
         (
