@@ -11,14 +11,17 @@
 //!
 //! Same regimes as `benches/engine.rs`: admit = 1e9 tokens/s, burst 1e6; reject = 1
 //! token/s, burst 1 (drained first); `leased_*` are the same regimes on a
-//! `LeasedBucket` (default slots and lease size). Every result passes through `black_box`
-//! whole.
+//! `LeasedBucket` (default slots and lease size); `scoped_global` is a `ScopedLimiter` with
+//! only a global rule of the admit policy, paid by a request with no identity;
+//! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant.
+//! Every result passes through `black_box` whole.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use governor::RateLimiter;
+use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, WorkClass};
 use tokengate::{Bucket, Clock, CoarseClock, LeasedBucket, Policy, QuantaClock, acquire_all};
 
 mod common;
@@ -67,6 +70,20 @@ fn main() {
     let coarse = CoarseClock::new().expect("coarse clock");
     let word = AtomicU64::new(0);
     let tg_admit = Bucket::new(admit());
+    let scoped_global = RuleSet::new()
+        .rule(ScopeKind::Global, Rule::new(admit()))
+        .class(WorkClass::new("one", 1))
+        .build()
+        .expect("valid rules");
+    let one = scoped_global.class("one").expect("a class of this limiter");
+    let scoped_tenant = RuleSet::new()
+        .rule(ScopeKind::Global, Rule::new(admit()))
+        .rule(ScopeKind::Tenant, Rule::new(admit()))
+        .class(WorkClass::new("one", 1))
+        .build()
+        .expect("valid rules");
+    let tenant_one = scoped_tenant.class("one").expect("a class of this limiter");
+    let tenant_request = Request::new().tenant(TenantId(1));
     let tg_reject = Bucket::new(reject());
     let _ = tg_reject.try_acquire(1);
     let coarse_admit = Bucket::with_clock(admit(), coarse.clone());
@@ -119,6 +136,19 @@ fn main() {
             "tg_admit",
             Box::new(|| {
                 let _ = black_box(black_box(&tg_admit).try_acquire(1));
+            }),
+        ),
+        (
+            "scoped_global",
+            Box::new(|| {
+                let _ = black_box(black_box(&scoped_global).try_acquire(&Request::new(), one));
+            }),
+        ),
+        (
+            "scoped_tenant",
+            Box::new(|| {
+                let _ =
+                    black_box(black_box(&scoped_tenant).try_acquire(&tenant_request, tenant_one));
             }),
         ),
         (

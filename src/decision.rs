@@ -109,6 +109,34 @@ impl Decision {
         }
     }
 
+    /// The parts of this decision that its layout and cost do not give back: the
+    /// balance in units and the lead to the tick edge. [`Decision::from_parts`] rebuilds it.
+    #[inline]
+    pub(crate) fn parts(&self) -> (i64, i64) {
+        (self.balance, self.lead_nanos)
+    }
+
+    /// The decision whose [`parts`](Decision::parts) are `balance` and `lead_nanos`, on
+    /// `layout`, for `cost`.
+    #[inline]
+    pub(crate) fn from_parts(
+        layout: &Layout,
+        balance: i64,
+        lead_nanos: i64,
+        cost: u64,
+        admitted: bool,
+    ) -> Decision {
+        Decision {
+            cost,
+            balance,
+            refill_per_tick: layout.refill_per_tick(),
+            lead_nanos,
+            bits: u64::from(admitted)
+                | u64::from(layout.frac_bits()) << FRAC_SHIFT
+                | u64::from(layout.tick_shift()) << TICK_SHIFT,
+        }
+    }
+
     /// Whether the cost was taken.
     #[inline]
     pub fn is_admitted(&self) -> bool {

@@ -423,3 +423,52 @@ fn a_class_of_another_limiter_is_refused_as_unknown() {
 fn counted(policy: Policy) -> Rule {
     Rule::new(policy).counters(true)
 }
+
+#[test]
+fn a_scope_decision_is_small() {
+    // The request (72 bytes), each kind's balance and tick lead (16 bytes each), the
+    // retry time, two references and four bytes of flags: no whole `Decision` per kind.
+    let size = std::mem::size_of::<tokengate::scope::ScopeDecision<'static>>();
+    assert!(size <= 208, "ScopeDecision takes {size} bytes");
+}
+
+#[test]
+fn a_global_only_request_decides_as_a_bucket_of_its_policy() {
+    use tokengate::Bucket;
+    let clock = ManualClock::new();
+    let policy = p(10, 2.0);
+    let limiter = RuleSet::new()
+        .rule(ScopeKind::Global, counted(policy))
+        .class(WorkClass::new("search", 3))
+        .build_with_clock(clock.clone())
+        .unwrap();
+    let bucket = Bucket::with_clock(policy, clock.clone());
+    let search = limiter.class("search").unwrap();
+    let (mut admitted, mut rejected) = (0, 0);
+    for step in 0..40 {
+        let d = limiter.try_acquire(&Request::new(), search).unwrap();
+        let expected = bucket.try_acquire(3).unwrap();
+        assert_eq!(d.is_admitted(), expected.is_admitted(), "step {step}");
+        assert_eq!(d.decision(Scope::Global), Some(expected), "step {step}");
+        assert_eq!(d.cost(Scope::Global), Some(3));
+        assert_eq!(d.scopes().collect::<Vec<_>>(), [Scope::Global]);
+        if expected.is_admitted() {
+            admitted += 1;
+            assert_eq!(d.retry_after(), None);
+            assert_eq!(d.charge().unwrap().cost(ScopeKind::Global), 3);
+        } else {
+            rejected += 1;
+            assert_eq!(d.refused_scope(), Some(Scope::Global));
+            assert_eq!(d.refusal(), Some(Refusal::RateLimited(expected)));
+            assert_eq!(d.retry_after(), expected.retry_after());
+        }
+        clock.advance(Duration::from_millis(700));
+    }
+    assert!(
+        admitted > 0 && rejected > 0,
+        "{admitted} admitted, {rejected} rejected"
+    );
+    let c = limiter.counters(&Scope::Global).unwrap();
+    assert_eq!(c.original.admitted_tokens, 3 * admitted);
+    assert_eq!(c.original.rejected_tokens, 3 * rejected);
+}

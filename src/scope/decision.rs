@@ -26,26 +26,61 @@ pub enum Refusal {
     },
 }
 
-/// What one scope of a request paid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Paid {
-    pub(crate) cost: u64,
-    /// Whether the cost went to the kind's shared overflow bucket.
-    pub(crate) overflow: bool,
-    /// The scope's own decision: for an admission every scope's, for a rate-limit
-    /// refusal the refusing scope's only.
-    pub(crate) decision: Option<Decision>,
+/// What one scope's bucket decided, less what its policy and the cost give back
+/// ([`Decision::parts`]): 16 bytes where a whole [`Decision`] takes 40.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Parts {
+    balance: i64,
+    lead_nanos: i64,
 }
 
-/// The policies a decision's records are read from.
+impl From<&Decision> for Parts {
+    #[inline]
+    fn from(d: &Decision) -> Parts {
+        let (balance, lead_nanos) = d.parts();
+        Parts {
+            balance,
+            lead_nanos,
+        }
+    }
+}
+
+/// What a decision's scopes are read back with: each kind's policies, and for a keyed
+/// kind the most keys its map holds.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KindPolicies {
     pub(crate) policy: Policy,
     pub(crate) overflow: Option<Policy>,
+    pub(crate) max_keys: usize,
+}
+
+/// Scope kinds as the bits of a byte, by [`ScopeKind::index`].
+pub(crate) type KindSet = u8;
+
+const _: () = assert!(ScopeKind::COUNT <= KindSet::BITS as usize);
+
+/// The bit of `k` in a [`KindSet`].
+#[inline]
+pub(crate) const fn bit(k: usize) -> KindSet {
+    1 << k
+}
+
+/// The scope that refused, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Its bucket did not hold the cost: its parts are the decision's.
+    RateLimited(ScopeKind),
+    /// Its map was full ([`Refusal::KeyLimit`]).
+    KeyLimit(ScopeKind),
 }
 
 /// The outcome of [`ScopedLimiter::try_acquire`](crate::ScopedLimiter::try_acquire):
 /// every scope's cost taken, or none.
+///
+/// A small `Copy` value (about 200 bytes, most of them the [`Request`]): each scope's
+/// own [`Decision`] is kept as its balance and tick lead, and rebuilt from the scope's
+/// policy when [`decision`](ScopeDecision::decision) or
+/// [`records`](ScopeDecision::records) asks for it.
 ///
 /// ```
 /// use tokengate::{ManualClock, Policy, scope::Request, scope::Rule, scope::RuleSet, scope::Scope, scope::ScopeKind, scope::TenantId, scope::WorkClass};
@@ -68,13 +103,83 @@ pub(crate) struct KindPolicies {
 #[derive(Clone, Copy)]
 pub struct ScopeDecision<'a> {
     pub(crate) request: Request,
-    pub(crate) paid: PerKind<Option<Paid>>,
-    pub(crate) refused: Option<(ScopeKind, Refusal)>,
-    pub(crate) retry_after: Duration,
-    pub(crate) policies: &'a PerKind<Option<KindPolicies>>,
+    /// Each decided kind's parts; zero for the others.
+    parts: PerKind<Parts>,
+    /// For a rate-limit refusal, the time until every scope holds its cost.
+    retry_after: Duration,
+    /// The class's cost per kind (a kind outside `paid` paid nothing, whatever it says).
+    costs: &'a PerKind<u64>,
+    policies: &'a PerKind<Option<KindPolicies>>,
+    /// The kinds the request paid (or was refused in).
+    paid: KindSet,
+    /// The paid kinds charged to their kind's shared overflow bucket.
+    overflow: KindSet,
+    /// The kinds whose bucket decided: every paid one for an admission, the refusing one
+    /// for a rate-limit refusal.
+    decided: KindSet,
+    refused: Option<Refused>,
 }
 
 impl<'a> ScopeDecision<'a> {
+    /// An admission paying nothing yet: [`pays`](ScopeDecision::pays),
+    /// [`decides`](ScopeDecision::decides) and the refusals fill it in.
+    #[inline]
+    pub(crate) fn new(
+        request: &Request,
+        costs: &'a PerKind<u64>,
+        policies: &'a PerKind<Option<KindPolicies>>,
+    ) -> ScopeDecision<'a> {
+        ScopeDecision {
+            request: *request,
+            parts: [Parts::default(); ScopeKind::COUNT],
+            retry_after: Duration::ZERO,
+            costs,
+            policies,
+            paid: 0,
+            overflow: 0,
+            decided: 0,
+            refused: None,
+        }
+    }
+
+    /// Records that kind `k` paid (into its overflow bucket if `overflow`).
+    #[inline]
+    pub(crate) fn pays(&mut self, k: usize, overflow: bool) {
+        self.paid |= bit(k);
+        if overflow {
+            self.overflow |= bit(k);
+        }
+    }
+
+    /// Records kind `k`'s bucket decision.
+    #[inline]
+    pub(crate) fn decides(&mut self, k: usize, d: &Decision) {
+        self.parts[k] = Parts::from(d);
+        self.decided |= bit(k);
+    }
+
+    /// Makes this a refusal: kind `k`'s map was full.
+    pub(crate) fn key_limit(mut self, k: usize) -> ScopeDecision<'a> {
+        self.decided = 0;
+        self.refused = Some(Refused::KeyLimit(ScopeKind::ALL[k]));
+        self
+    }
+
+    /// Makes this a rate-limit refusal by kind `k`, whose bucket decided `d`; the other
+    /// kinds' decisions (rolled back) are dropped.
+    pub(crate) fn refuse(
+        mut self,
+        k: usize,
+        d: &Decision,
+        retry_after: Duration,
+    ) -> ScopeDecision<'a> {
+        self.decided = 0;
+        self.decides(k, d);
+        self.refused = Some(Refused::RateLimited(ScopeKind::ALL[k]));
+        self.retry_after = retry_after;
+        self
+    }
+
     /// Whether every scope's cost was taken.
     #[inline]
     pub fn is_admitted(&self) -> bool {
@@ -89,12 +194,20 @@ impl<'a> ScopeDecision<'a> {
 
     /// The scope that refused, for a rejection.
     pub fn refused_scope(&self) -> Option<Scope> {
-        self.refused.and_then(|(k, _)| Scope::of(&self.request, k))
+        let k = match self.refused? {
+            Refused::RateLimited(k) | Refused::KeyLimit(k) => k,
+        };
+        Scope::of(&self.request, k)
     }
 
     /// Why the refusing scope refused, for a rejection.
     pub fn refusal(&self) -> Option<Refusal> {
-        self.refused.map(|(_, r)| r)
+        Some(match self.refused? {
+            Refused::RateLimited(k) => Refusal::RateLimited(self.decision_of(k.index())?),
+            Refused::KeyLimit(k) => Refusal::KeyLimit {
+                max_keys: self.policies[k.index()].as_ref()?.max_keys,
+            },
+        })
     }
 
     /// For a rate-limit rejection, the time until every scope of the request holds its
@@ -102,7 +215,7 @@ impl<'a> ScopeDecision<'a> {
     /// [`Refusal::KeyLimit`], which has no estimate.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.refused {
-            Some((_, Refusal::RateLimited(_))) => Some(self.retry_after),
+            Some(Refused::RateLimited(_)) => Some(self.retry_after),
             _ => None,
         }
     }
@@ -112,25 +225,26 @@ impl<'a> ScopeDecision<'a> {
     pub fn scopes(&self) -> impl Iterator<Item = Scope> + '_ {
         ScopeKind::ALL
             .into_iter()
-            .filter(|k| self.paid[k.index()].is_some())
+            .filter(|k| self.paid & bit(k.index()) != 0)
             .filter_map(|k| Scope::of(&self.request, k))
     }
 
     /// The cost `scope` was asked for, if the request pays it.
     pub fn cost(&self, scope: Scope) -> Option<u64> {
-        self.paid_for(scope).map(|p| p.cost)
+        self.paid_kind(scope).map(|k| self.costs[k])
     }
 
     /// `scope`'s own decision: every scope's for an admission, the refusing scope's for a
-    /// rate-limit rejection.
-    pub fn decision(&self, scope: Scope) -> Option<&Decision> {
-        self.paid_for(scope).and_then(|p| p.decision.as_ref())
+    /// rate-limit rejection. Rebuilt from the scope's policy on each call (no division).
+    pub fn decision(&self, scope: Scope) -> Option<Decision> {
+        self.decision_of(self.paid_kind(scope)?)
     }
 
     /// Whether `scope`'s key found its map full and was charged to the kind's shared
     /// overflow bucket ([`Overflow::Share`](crate::keyed::Overflow::Share)).
     pub fn overflowed(&self, scope: Scope) -> bool {
-        self.paid_for(scope).is_some_and(|p| p.overflow)
+        self.paid_kind(scope)
+            .is_some_and(|k| self.overflow & bit(k) != 0)
     }
 
     /// The request this decision is about.
@@ -142,33 +256,61 @@ impl<'a> ScopeDecision<'a> {
     /// scope's for a rate-limit rejection, none for a key-limit refusal (no bucket
     /// decided). A scope charged to the overflow bucket reports that bucket's policy.
     pub fn records(&self) -> impl Iterator<Item = Record<Scope>> + 'a {
-        let request = self.request;
-        let paid = self.paid;
-        let policies = self.policies;
+        let this = *self;
         ScopeKind::ALL.into_iter().filter_map(move |k| {
-            let p = paid[k.index()]?;
-            let d = p.decision?;
-            let kp = policies[k.index()].as_ref()?;
-            let policy = if p.overflow {
-                kp.overflow.as_ref()?
-            } else {
-                &kp.policy
-            };
+            let d = this.decision_of(k.index())?;
             Some(Record::new(
-                Scope::of(&request, k)?,
-                policy,
+                Scope::of(&this.request, k)?,
+                this.policy_of(k.index())?,
                 &d,
-                request.attempt,
+                this.request.attempt,
             ))
         })
     }
 
-    fn paid_for(&self, scope: Scope) -> Option<&Paid> {
-        let k = scope.kind();
-        if Scope::of(&self.request, k) != Some(scope) {
+    /// The cost paid in kind `k`, for the paid ones not charged to an overflow bucket
+    /// (what a refund reaches).
+    pub(crate) fn own_cost(&self, k: usize) -> u64 {
+        if (self.paid & !self.overflow) & bit(k) != 0 {
+            self.costs[k]
+        } else {
+            0
+        }
+    }
+
+    /// The policy of the bucket kind `k` paid: the overflow bucket's when charged there.
+    fn policy_of(&self, k: usize) -> Option<&'a Policy> {
+        let kp = self.policies[k].as_ref()?;
+        if self.overflow & bit(k) != 0 {
+            kp.overflow.as_ref()
+        } else {
+            Some(&kp.policy)
+        }
+    }
+
+    /// Kind `k`'s bucket decision, if it decided.
+    fn decision_of(&self, k: usize) -> Option<Decision> {
+        if self.decided & bit(k) == 0 {
             return None;
         }
-        self.paid[k.index()].as_ref()
+        let Parts {
+            balance,
+            lead_nanos,
+        } = self.parts[k];
+        Some(Decision::from_parts(
+            self.policy_of(k)?.layout(),
+            balance,
+            lead_nanos,
+            self.costs[k],
+            self.refused.is_none(),
+        ))
+    }
+
+    /// The kind of `scope`, if the request names it and pays it.
+    fn paid_kind(&self, scope: Scope) -> Option<usize> {
+        let k = scope.kind();
+        (Scope::of(&self.request, k) == Some(scope) && self.paid & bit(k.index()) != 0)
+            .then_some(k.index())
     }
 }
 

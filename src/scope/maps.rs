@@ -216,6 +216,15 @@ macro_rules! define_maps {
                 }
             }
 
+            /// Whether `request` pays a keyed kind: one with a map, a key in the request
+            /// and a cost (the kinds [`with_slots`](KeyedMaps::with_slots) holds a slot of).
+            #[inline]
+            pub(super) fn pays_keyed(&self, request: &Request, costs: &PerKind<u64>) -> bool {
+                false $(|| (self.$kind.is_some()
+                    && costs[ScopeKind::$kind.index()] > 0
+                    $(&& request.$field.is_some())+))*
+            }
+
             /// Runs `f` with the slot of every keyed kind `request` pays (at `costs`)
             /// held, taking the maps' shard locks nested in kind order; `None` for the
             /// global kind and for kinds the request does not pay.

@@ -31,7 +31,7 @@ use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
-use decision::{KindPolicies, Paid};
+use decision::KindPolicies;
 pub use decision::{Refusal, ScopeDecision, ScopeError};
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
@@ -287,6 +287,7 @@ impl RuleSet {
                     Overflow::Share(p) if kind != ScopeKind::Global => Some(p),
                     _ => None,
                 },
+                max_keys: r.options.max_keys,
             });
         }
         // A std atomic in a `static` (loom's cannot be one); 2^64 limiters never wrap it.
@@ -392,68 +393,118 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(class) = self.work_class(class) else {
             return Err(ScopeError::UnknownClass(class));
         };
-        let costs = *class.costs();
+        let costs = class.costs();
+        self.pay(request, costs, costs)
+    }
+
+    /// Pays `costs` (the class's `class_costs`, or fewer) for `request` at one reading of
+    /// the clock.
+    #[inline]
+    fn pay<'s>(
+        &'s self,
+        request: &Request,
+        class_costs: &'s PerKind<u64>,
+        costs: &PerKind<u64>,
+    ) -> Result<ScopeDecision<'s>, ScopeError> {
         let now = self.now();
+        if !self.maps.pays_keyed(request, costs) {
+            return self.decide_global(class_costs, costs, request, now);
+        }
         // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
-        self.maps.with_slots(request, &costs, now, |slots| {
-            self.decide(slots, &costs, request, now)
+        self.maps.with_slots(request, costs, now, |slots| {
+            self.decide(slots, class_costs, costs, request, now)
         })
+    }
+
+    /// The global bucket as a payer, when it has a rule and `costs` charge it.
+    #[inline]
+    fn global_payer(&self, costs: &PerKind<u64>) -> Option<Payer<'_, C>> {
+        let g = self.global.as_ref()?;
+        if costs[ScopeKind::Global.index()] == 0 {
+            return None;
+        }
+        let counters = g
+            .counters
+            .as_ref()
+            .map_or(CounterRef::Off, CounterRef::Striped);
+        Some(match &g.bucket {
+            GlobalBucket::Word(raw) => Payer::Word(Handle {
+                raw,
+                layout: g.policy.layout(),
+                clock: &self.clock,
+                counters,
+            }),
+            GlobalBucket::Leased(b) => Payer::Leased(b, counters),
+        })
+    }
+
+    /// [`decide`](ScopedLimiter::decide) for a request that pays no keyed scope: one
+    /// bucket is all-or-nothing by itself, so it is paid directly, without the member
+    /// list, ordering and read-only first pass of a multi-bucket acquisition. The
+    /// outcome is the one that acquisition gives for a set of one.
+    #[inline]
+    fn decide_global<'s>(
+        &'s self,
+        class_costs: &'s PerKind<u64>,
+        costs: &PerKind<u64>,
+        request: &Request,
+        now: u64,
+    ) -> Result<ScopeDecision<'s>, ScopeError> {
+        let mut decision = ScopeDecision::new(request, class_costs, &self.policies);
+        let Some(payer) = self.global_payer(costs) else {
+            return Ok(decision);
+        };
+        let k = ScopeKind::Global.index();
+        let cost = costs[k];
+        decision.pays(k, false);
+        match sealed::Sealed::take_at(&payer, cost, now) {
+            Ok(d) if d.is_admitted() => {
+                payer.counters().record(true, cost, request.attempt);
+                decision.decides(k, &d);
+                Ok(decision)
+            }
+            Ok(d) => {
+                payer.counters().record(false, cost, request.attempt);
+                let retry_after = sealed::Sealed::wait_at(&payer, cost, now);
+                Ok(decision.refuse(k, &d, retry_after))
+            }
+            Err(error) => Err(ScopeError::Acquire {
+                scope: Scope::Global,
+                error,
+            }),
+        }
     }
 
     /// Pays the held slots (and the global scope) all-or-nothing at `now` (the one
     /// reading of the request, taken before its locks: a bucket that finds it well behind
     /// reads the clock again), counts, and builds the decision.
-    fn decide(
-        &self,
+    fn decide<'s>(
+        &'s self,
         slots: Held<'_, C>,
+        class_costs: &'s PerKind<u64>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
-    ) -> Result<ScopeDecision<'_>, ScopeError> {
-        let mut paid = [None; ScopeKind::COUNT];
+    ) -> Result<ScopeDecision<'s>, ScopeError> {
+        let mut decision = ScopeDecision::new(request, class_costs, &self.policies);
         let mut handles: PerKind<Option<Payer<'_, C>>> = [None; ScopeKind::COUNT];
-        if let Some(g) = &self.global {
-            if costs[ScopeKind::Global.index()] > 0 {
-                let counters = g
-                    .counters
-                    .as_ref()
-                    .map_or(CounterRef::Off, CounterRef::Striped);
-                handles[ScopeKind::Global.index()] = Some(match &g.bucket {
-                    GlobalBucket::Word(raw) => Payer::Word(Handle {
-                        raw,
-                        layout: g.policy.layout(),
-                        clock: &self.clock,
-                        counters,
-                    }),
-                    GlobalBucket::Leased(b) => Payer::Leased(b, counters),
-                });
-            }
-        }
+        handles[ScopeKind::Global.index()] = self.global_payer(costs);
         for (k, slot) in slots.into_iter().enumerate() {
             match slot {
                 None => {}
                 Some(Slot::Bucket(h)) => handles[k] = Some(Payer::Word(h)),
                 Some(Slot::Full { max_keys }) => {
                     // Refused before any bucket is touched.
-                    let kind = ScopeKind::ALL[k];
-                    self.key_limit_counts(kind, costs[k], request);
-                    paid[k] = Some(Paid {
-                        cost: costs[k],
-                        overflow: false,
-                        decision: None,
-                    });
-                    return Ok(self.decision(
-                        request,
-                        paid,
-                        Some((kind, Refusal::KeyLimit { max_keys })),
-                        Duration::ZERO,
-                    ));
+                    debug_assert_eq!(self.policies[k].map(|p| p.max_keys), Some(max_keys));
+                    self.key_limit_counts(ScopeKind::ALL[k], costs[k], request);
+                    decision.pays(k, false);
+                    return Ok(decision.key_limit(k));
                 }
             }
         }
         // Compact the held handles into the member list (one per kind: no allocation).
         let Some(filler) = handles.iter().flatten().next() else {
-            return Ok(self.decision(request, paid, None, Duration::ZERO));
+            return Ok(decision);
         };
         let mut members = [(filler, 0u64); ScopeKind::COUNT];
         let mut kinds = [0usize; ScopeKind::COUNT];
@@ -463,19 +514,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 members[n] = (h, costs[k]);
                 kinds[n] = k;
                 n += 1;
-                paid[k] = Some(Paid {
-                    cost: costs[k],
-                    overflow: self.is_overflow(k, h),
-                    decision: None,
-                });
+                decision.pays(k, self.is_overflow(k, h));
             }
         }
         let members = &members[..n];
-        let outcome = acquire_all_at(members, Some(now), |i, d| {
-            if let Some(p) = &mut paid[kinds[i]] {
-                p.decision = Some(*d);
-            }
-        });
+        let outcome = acquire_all_at(members, Some(now), |i, d| decision.decides(kinds[i], d));
         let attempt = request.attempt;
         match outcome {
             Ok(m) if m.is_admitted() => {
@@ -484,7 +527,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         h.counters().record(true, costs[k], attempt);
                     }
                 }
-                Ok(self.decision(request, paid, None, Duration::ZERO))
+                Ok(decision)
             }
             Ok(m) => {
                 let i = m.refused_index().unwrap_or(0);
@@ -492,19 +535,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 let refused = *m
                     .refused_decision()
                     .expect("a rejection names its decision");
-                for (j, p) in paid.iter_mut().enumerate() {
-                    if let Some(p) = p {
-                        // Rolled-back decisions are not the outcome: keep the refuser's.
-                        p.decision = (j == k).then_some(refused);
-                    }
-                }
                 members[i].0.counters().record(false, costs[k], attempt);
-                Ok(self.decision(
-                    request,
-                    paid,
-                    Some((ScopeKind::ALL[k], Refusal::RateLimited(refused))),
-                    m.retry_after().unwrap_or(Duration::ZERO),
-                ))
+                // Rolled-back decisions are not the outcome: keep the refuser's.
+                Ok(decision.refuse(k, &refused, m.retry_after().unwrap_or(Duration::ZERO)))
             }
             Err(MultiError::Bucket { index, error }) => {
                 let kind = ScopeKind::ALL[kinds[index]];
@@ -514,22 +547,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 })
             }
             Err(e) => Err(ScopeError::Multi(e)),
-        }
-    }
-
-    fn decision(
-        &self,
-        request: &Request,
-        paid: PerKind<Option<Paid>>,
-        refused: Option<(ScopeKind, Refusal)>,
-        retry_after: Duration,
-    ) -> ScopeDecision<'_> {
-        ScopeDecision {
-            request: *request,
-            paid,
-            refused,
-            retry_after,
-            policies: &self.policies,
         }
     }
 

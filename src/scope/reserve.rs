@@ -64,17 +64,9 @@ impl ScopeDecision<'_> {
         if self.is_rejected() {
             return None;
         }
-        let mut costs = [0; ScopeKind::COUNT];
-        for (k, p) in self.paid.iter().enumerate() {
-            if let Some(p) = p {
-                if !p.overflow {
-                    costs[k] = p.cost;
-                }
-            }
-        }
         Some(Charge {
             request: self.request,
-            costs,
+            costs: std::array::from_fn(|k| self.own_cost(k)),
         })
     }
 }
@@ -196,14 +188,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(class) = self.work_class(class) else {
             return Err(ScopeError::UnknownClass(class));
         };
-        let mut costs = *class.costs();
+        let class_costs = class.costs();
+        let mut costs = *class_costs;
         for k in skip {
             costs[k.index()] = 0;
         }
-        let now = self.now();
-        self.maps.with_slots(request, &costs, now, |slots| {
-            self.decide(slots, &costs, request, now)
-        })
+        self.pay(request, class_costs, &costs)
     }
 }
 

@@ -353,7 +353,7 @@ fn refusal<B: From<Bytes>, C: Clock>(
         h.insert(RETRY_AFTER, secs.into());
     }
     if let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], d.decision(scope)) {
-        let item = Item::new(kind, q, dec, retry_after);
+        let item = Item::new(kind, q, &dec, retry_after);
         Fields::new(&s.quotas, &[item], s.ietf, s.legacy).write(h);
     }
     r
@@ -385,7 +385,7 @@ fn admitted<C: Clock>(
             s.counts.near_limit(kind);
         }
         if s.admitted_fields {
-            items[n] = Item::new(kind, q, dec, None);
+            items[n] = Item::new(kind, q, &dec, None);
             n += 1;
         }
     }
