@@ -272,7 +272,7 @@ impl RawBucket {
         let snapshot = self.snapshot(layout, now);
         let cost_units = layout.units_of(cost)?;
         if snapshot.behind() > layout.tolerance_ticks()
-            || layout.take(&snapshot, cost_units).is_some()
+            || layout.can_take(&snapshot, cost_units)
         {
             return None;
         }

@@ -633,6 +633,16 @@ impl Layout {
         }
     }
 
+    /// Whether [`take`](Layout::take) would pay `cost_units` from a snapshot, without
+    /// forming the word it would store (for read-only first passes).
+    #[inline]
+    pub fn can_take(&self, snapshot: &Snapshot, cost_units: u64) -> bool {
+        snapshot
+            .units
+            .checked_sub(cost_units)
+            .is_some_and(|left| left >= self.base_units)
+    }
+
     /// Takes `cost_units` from a snapshot: the new word, or `None` when the balance is
     /// below the cost, however large the cost (a rejection writes nothing, I5).
     #[inline]
@@ -812,6 +822,12 @@ mod tests {
         let s = l.refill(l.start_word(7, true), 7);
         for cost in [u64::MAX, u64::MAX - (1 << 40) + 1, l.max_units() + 1] {
             assert_eq!(l.take(&s, cost), None, "cost {cost}");
+            assert!(!l.can_take(&s, cost), "cost {cost}");
+        }
+        // `can_take` agrees with `take` on every cost around the balance.
+        let half = l.refill(l.encode(7, (1 << 40) + (50 << 17)).unwrap(), 7);
+        for cost in [0, 1, 49 << 17, (50 << 17) - 1, 50 << 17, (50 << 17) + 1, 100 << 17] {
+            assert_eq!(l.can_take(&half, cost), l.take(&half, cost).is_some(), "{cost}");
         }
         // Full, anchored at the next edge (tick 8): read at tick 7, the take keeps it.
         assert_eq!(
