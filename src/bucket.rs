@@ -271,9 +271,7 @@ impl RawBucket {
     pub(crate) fn refusal(&self, layout: &Layout, now: u64, cost: u64) -> Option<Decision> {
         let snapshot = self.snapshot(layout, now);
         let cost_units = layout.units_of(cost)?;
-        if snapshot.behind() > layout.tolerance_ticks()
-            || layout.can_take(&snapshot, cost_units)
-        {
+        if snapshot.behind() > layout.tolerance_ticks() || layout.can_take(&snapshot, cost_units) {
             return None;
         }
         Some(Decision::new(

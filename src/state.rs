@@ -826,8 +826,20 @@ mod tests {
         }
         // `can_take` agrees with `take` on every cost around the balance.
         let half = l.refill(l.encode(7, (1 << 40) + (50 << 17)).unwrap(), 7);
-        for cost in [0, 1, 49 << 17, (50 << 17) - 1, 50 << 17, (50 << 17) + 1, 100 << 17] {
-            assert_eq!(l.can_take(&half, cost), l.take(&half, cost).is_some(), "{cost}");
+        for cost in [
+            0,
+            1,
+            49 << 17,
+            (50 << 17) - 1,
+            50 << 17,
+            (50 << 17) + 1,
+            100 << 17,
+        ] {
+            assert_eq!(
+                l.can_take(&half, cost),
+                l.take(&half, cost).is_some(),
+                "{cost}"
+            );
         }
         // Full, anchored at the next edge (tick 8): read at tick 7, the take keeps it.
         assert_eq!(
