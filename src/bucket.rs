@@ -182,7 +182,7 @@ impl RawBucket {
         loop {
             let cur = self.word.load(Ordering::Acquire);
             let now = clock.now_nanos();
-            let (_, snapshot) = reread_snapshot(layout, cur, now);
+            let snapshot = reread_snapshot(layout, cur, now);
             let (next, out) = step(&snapshot, now);
             let Some(next) = next else {
                 return out;
@@ -294,16 +294,16 @@ fn slack(layout: &Layout, strict: bool) -> u64 {
 }
 
 /// The snapshot of `cur` at a reading `now` taken after loading it, from a monotonic
-/// clock, and whether the bucket was found idle past the wrap (re-anchored full). See
+/// clock: still far behind, the bucket idled past the wrap and is re-anchored full. See
 /// [`RawBucket::transition_after_reread`].
 #[inline]
-pub(crate) fn reread_snapshot(layout: &Layout, cur: u64, now: u64) -> (bool, Snapshot) {
+pub(crate) fn reread_snapshot(layout: &Layout, cur: u64, now: u64) -> Snapshot {
     let now_tick = layout.tick_of(now);
     let snapshot = layout.refill(cur, now_tick);
     if snapshot.behind() > layout.tolerance_ticks() {
-        (true, layout.reanchor_full(now_tick))
+        layout.reanchor_full(now_tick)
     } else {
-        (false, snapshot)
+        snapshot
     }
 }
 
@@ -392,11 +392,8 @@ impl<C: Clock> Bucket<C> {
     /// load and a predicted branch otherwise. See [`crate::pass`].
     #[inline(always)]
     pub(crate) fn at(&self, now: u64) -> u64 {
-        self.passes.check(
-            now,
-            || self.clock.now_nanos(),
-            |now, idle| self.pass(now, idle),
-        )
+        self.passes
+            .check(now, &self.clock, |now, idle| self.pass(now, idle))
     }
 
     /// The re-anchoring pass: the word refilled to `now` at its own tick, or, after an

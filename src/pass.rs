@@ -16,11 +16,14 @@
 //! more than the fill time ago: each is full, however it reads after an idle that may
 //! exceed the wrap, and the pass writes it full.
 //!
-//! Operations that write nothing (a rejection, a peek) do not run the pass: they decide
-//! on the same view read-only ([`Passes::idle_at`]): the word as it reads before
-//! `idle_after` past the due time (exact, as the pass would read it), a full word from
-//! then on. So a rejection still writes nothing (I5), and a bucket that only ever
-//! rejects reads its true balance after any idle.
+//! On a plain [`Bucket`](crate::Bucket) (and the buckets of an all-or-nothing
+//! acquisition), operations that write nothing (a rejection, a peek) do not run the
+//! pass: they decide on the same view read-only ([`Passes::idle_at`]): the word as it
+//! reads before `idle_after` past the due time (exact, as the pass would read it), a full
+//! word from then on. So a bucket's rejection still writes nothing (I5), and a bucket
+//! that only ever rejects reads its true balance after any idle. Keyed maps, leased
+//! buckets and scoped limiters run the pass on whatever operation comes first, once per
+//! period.
 //!
 //! The due time is a `std` atomic even under loom: passes are days apart and never come
 //! due in a model, and an extra load in every operation would multiply the interleavings
@@ -28,6 +31,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::clock::Clock;
 use crate::state::Layout;
 
 /// The due time while a pass runs: every reading is at or after it, so operations
@@ -118,10 +122,7 @@ impl Passes {
         loop {
             let due = self.due.load(Ordering::Acquire);
             if due != RUNNING {
-                // Not `due + idle_after`, which saturates at the top of the clock's range.
-                return now
-                    .checked_sub(due)
-                    .is_some_and(|d| d >= self.timing.idle_after);
+                return self.idle_since(due, now);
             }
             std::thread::yield_now();
         }
@@ -129,82 +130,113 @@ impl Passes {
 
     /// Runs the pass first if it is due at `now` (`pass(reading, idle)` rewrites the
     /// limiter's words; `idle`: every word idled for longer than the fill time, write it
-    /// full) and returns the reading to decide on: `now`, or a fresh one from `read`
+    /// full) and returns the reading to decide on: `now`, or a fresh one from `clock`
     /// after waiting for another thread's pass. One relaxed load and a comparison when
     /// nothing is due.
     #[inline(always)]
-    pub(crate) fn check(
+    pub(crate) fn check<C: Clock + ?Sized>(
         &self,
         now: u64,
-        read: impl FnOnce() -> u64,
+        clock: &C,
         pass: impl FnOnce(u64, bool),
     ) -> u64 {
         if now < self.due.load(Ordering::Relaxed) {
             return now;
         }
-        self.due_or_running(now, read, pass)
+        self.due_or_running(now, clock, pass)
     }
 
     #[cold]
     #[inline(never)]
-    fn due_or_running(
+    fn due_or_running<C: Clock + ?Sized>(
         &self,
         now: u64,
-        read: impl FnOnce() -> u64,
+        clock: &C,
         pass: impl FnOnce(u64, bool),
     ) -> u64 {
         let mut due = self.due.load(Ordering::Acquire);
         loop {
             if due == RUNNING {
                 // Another thread runs the pass: wait for it (once per period, for the
-                // microseconds a pass takes), then read the clock again.
+                // time a pass takes), then read the clock again.
                 std::thread::yield_now();
                 due = self.due.load(Ordering::Acquire);
                 if due != RUNNING {
-                    return read().max(now);
+                    return clock.now_nanos().max(now);
                 }
                 continue;
             }
             if now < due {
                 return now;
             }
-            match self
-                .due
-                .compare_exchange(due, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    // Runs even if `pass` panics: the due time must not stay RUNNING.
-                    let reset = Reset {
-                        due: &self.due,
-                        next: now.saturating_add(self.timing.period),
-                    };
-                    pass(now, now - due >= self.timing.idle_after);
-                    drop(reset);
+            match self.claim(due, now) {
+                Ok(_running) => {
+                    pass(now, self.idle_since(due, now));
                     return now;
                 }
                 Err(actual) => due = actual,
             }
         }
     }
+
+    /// Runs the pass now, due or not (after one another thread runs, if any), at a
+    /// reading of `clock` taken once it is claimed: what a limiter's explicit `sweep`
+    /// does. The next pass is then due a period later.
+    pub(crate) fn run_now<C: Clock + ?Sized, R>(
+        &self,
+        clock: &C,
+        pass: impl FnOnce(u64, bool) -> R,
+    ) -> R {
+        loop {
+            let due = self.due.load(Ordering::Acquire);
+            if due == RUNNING {
+                std::thread::yield_now();
+                continue;
+            }
+            let now = clock.now_nanos();
+            if let Ok(_running) = self.claim(due, now) {
+                return pass(now, self.idle_since(due, now));
+            }
+        }
+    }
+
+    /// Whether a pass at `now` for the one due at `due` finds every word idle for longer
+    /// than the fill time. Not `due + idle_after`, which saturates at the top of the
+    /// clock's range (a pass there would then find the words idle again and again).
+    fn idle_since(&self, due: u64, now: u64) -> bool {
+        now.checked_sub(due)
+            .is_some_and(|d| d >= self.timing.idle_after)
+    }
+
+    /// Marks the pass due at `due` as running, for the caller to run at `now`; the next
+    /// one is due a period after `now` once the returned guard is dropped.
+    fn claim(&self, due: u64, now: u64) -> Result<Running<'_>, u64> {
+        self.due
+            .compare_exchange(due, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| Running {
+                due: &self.due,
+                next: now.saturating_add(self.timing.period).max(RUNNING + 1),
+            })
+    }
 }
 
-/// Stores the next due time when dropped.
-struct Reset<'a> {
+/// A claimed pass: stores the next due time when dropped, even if the pass panics (the
+/// due time must not stay `RUNNING`).
+struct Running<'a> {
     due: &'a AtomicU64,
     next: u64,
 }
 
-impl Drop for Reset<'_> {
+impl Drop for Running<'_> {
     fn drop(&mut self) {
-        self.due
-            .store(self.next.max(RUNNING + 1), Ordering::Release);
+        self.due.store(self.next, Ordering::Release);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Policy;
+    use crate::{ManualClock, Policy};
 
     #[test]
     fn a_pass_runs_once_when_due_and_reports_an_idle_past_the_fill_time() {
@@ -215,15 +247,15 @@ mod tests {
         assert!(t.period > t.idle_after, "{t:?}");
         let mut runs = Vec::new();
         assert_eq!(
-            passes.check(t.period - 1, || 0, |n, i| runs.push((n, i))),
+            passes.check(t.period - 1, &ManualClock::new(), |n, i| runs.push((n, i))),
             t.period - 1
         );
         assert!(runs.is_empty());
-        passes.check(t.period, || 0, |n, i| runs.push((n, i)));
-        passes.check(t.period + 1, || 0, |n, i| runs.push((n, i)));
+        passes.check(t.period, &ManualClock::new(), |n, i| runs.push((n, i)));
+        passes.check(t.period + 1, &ManualClock::new(), |n, i| runs.push((n, i)));
         assert_eq!(runs, [(t.period, false)]);
         let late = 2 * t.period + t.idle_after;
-        passes.check(late, || 0, |n, i| runs.push((n, i)));
+        passes.check(late, &ManualClock::new(), |n, i| runs.push((n, i)));
         assert_eq!(runs[1], (late, true));
         // Wrap and timing: a pass on time, and one `idle_after` late, both fall within
         // the span a word reads exactly.

@@ -23,8 +23,8 @@ use crate::bucket::RawBucket;
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
+use crate::pass::Passes;
 use crate::policy::Policy;
-use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
 
 pub(crate) use handle::Handle;
@@ -251,14 +251,9 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
             }),
         };
         let start_full = self.policy.starts_full();
-        let (pass_period, idle_after) = pass_timing(&self.policy);
-        let created = clock.now_nanos();
         Ok(KeyedLimiter {
             store,
-            pass_due: CachePadded::new(AtomicU64::new(created.saturating_add(pass_period))),
-            pass_lock: Mutex::new(()),
-            pass_period,
-            idle_after,
+            passes: Passes::new(self.policy.layout(), clock.now_nanos()),
             evict: start_full || eviction == Eviction::Full,
             policy: self.policy,
             clock,
@@ -405,17 +400,9 @@ pub(crate) enum Slot<'a, C> {
 /// so keep it for keys you trust.
 pub struct KeyedLimiter<K, C: Clock = QuantaClock, S = KeyHasher> {
     store: Store<K, S>,
-    /// The clock reading at or after which the next re-anchoring pass is due. Read
-    /// (one relaxed load) by every operation before it locks a shard; written only by
-    /// the pass, on its own cache line.
-    pass_due: CachePadded<AtomicU64>,
-    /// Serializes passes; operations that find a pass due wait here for it.
-    pass_lock: Mutex<()>,
-    /// Nanoseconds from one pass to the next.
-    pass_period: u64,
-    /// Nanoseconds after `pass_due` from which every bucket has idled for longer than
-    /// the fill time (see [`pass_timing`]).
-    idle_after: u64,
+    /// When the next re-anchoring pass over every shard is due: read (one relaxed load)
+    /// by every operation before it locks a shard (see [`crate::pass`]).
+    passes: Passes,
     evict: bool,
     policy: Policy,
     clock: Monotonic<C>,
@@ -649,7 +636,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// [eviction](KeyedLimiter#bounded-memory-and-eviction)), and a new key at the
     /// maximum evicts what it needs. Calling it frees memory sooner.
     pub fn sweep(&self) -> SweepReport {
-        self.pass(None)
+        self.passes
+            .run_now(&self.clock, |now, idle| self.pass(now, idle))
     }
 
     /// The longest time a bucket may go unwritten and still read its idle time exactly:
@@ -673,39 +661,18 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// comparison on every operation, before it locks a shard.
     #[inline]
     fn reanchor_if_due(&self, now: u64) {
-        if now >= self.pass_due.load(Ordering::Relaxed) {
-            self.due_pass(now);
-        }
+        self.passes.check(now, &self.clock, |now, idle| {
+            self.pass(now, idle);
+        });
     }
 
-    #[cold]
-    #[inline(never)]
-    fn due_pass(&self, now: u64) {
-        self.pass(Some(now));
-    }
-
-    /// The re-anchoring pass: every shard swept in turn at one fresh clock reading, and
-    /// the next pass due a period later. `due_at`: run only if the pass is (still) due at
-    /// this reading, as another thread may have run it while this one waited.
-    ///
-    /// Why a normal sweep reads every bucket exactly: operations check the due time
-    /// before they write (and wait for a due pass), so each bucket was written or
-    /// re-anchored at or after the last pass, less than [`pass_timing`]'s bound ago. When
-    /// the pass runs `idle_after` or more past its due time, every bucket was last written
-    /// before the due time (no operation wrote at or after it without waiting for this
-    /// pass), more than the fill time ago: each is full, however its word reads after an
-    /// idle that may exceed the wrap, and the pass evicts it or rewrites it full.
-    fn pass(&self, due_at: Option<u64>) -> SweepReport {
-        let _serial = self
-            .pass_lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let due = self.pass_due.load(Ordering::Relaxed);
-        if due_at.is_some_and(|now| now < due) {
-            return SweepReport::default();
-        }
-        let now = self.clock.now_nanos();
-        let idle = now >= due.saturating_add(self.idle_after);
+    /// The re-anchoring pass at `now`: every shard swept in turn (evicting what its
+    /// [`Eviction`] mode allows, re-anchoring the rest), or, when the pass runs after an
+    /// idle longer than the fill time (`idle`; see [`crate::pass`]), every bucket full:
+    /// each was last written before the due time, more than the fill time ago, however
+    /// its word reads after an idle that may exceed the wrap, so the pass evicts it or
+    /// rewrites it full.
+    fn pass(&self, now: u64, idle: bool) -> SweepReport {
         let ctx = self.sweep_ctx(now);
         let mut report = SweepReport::default();
         with_table!(&self.store, t => {
@@ -722,8 +689,6 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         if let Some(b) = &self.overflow_bucket {
             reanchor(&b.raw, b.policy.layout(), &self.clock, now);
         }
-        self.pass_due
-            .store(now.saturating_add(self.pass_period), Ordering::Relaxed);
         report
     }
 
@@ -933,14 +898,6 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
 /// land in the back window: the wrap period less the back window.
 pub(crate) fn sweep_interval(policy: &Policy) -> Duration {
     Duration::from_nanos(crate::pass::exact_for_nanos(policy.layout()))
-}
-
-/// The re-anchoring pass's timing for `policy`, in nanoseconds: `(period, idle_after)`
-/// (see [`Timing::of`](crate::pass::Timing::of) for why passes so far apart read every
-/// bucket exactly).
-fn pass_timing(policy: &Policy) -> (u64, u64) {
-    let t = crate::pass::Timing::of(policy.layout());
-    (t.period, t.idle_after)
 }
 
 /// Runs `f` on `key`'s entry in `t` under its shard's read lock.

@@ -462,11 +462,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// load and a predicted branch otherwise. See [`crate::pass`].
     #[inline(always)]
     fn at(&self, now: u64) -> u64 {
-        self.passes.check(
-            now,
-            || self.clock.now_nanos(),
-            |now, idle| self.pass(now, idle),
-        )
+        self.passes
+            .check(now, &self.clock, |now, idle| self.pass(now, idle))
     }
 
     /// The re-anchoring pass. Slot stamps are ticks modulo the wrap too, so every pass

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use super::exchange::{self, Attempt, Step};
+use crate::bucket::reread_snapshot;
 use crate::clock::Clock;
 use crate::error::AcquireError;
 use crate::policy::Policy;
@@ -555,13 +556,7 @@ impl Pool for LocalPool {
         // Load first (acquiring the writers' readings), then read.
         let cur = self.word.load(Ordering::Acquire);
         let now = clock.now_nanos();
-        let now_tick = layout.tick_of(now);
-        let snapshot = layout.refill(cur, now_tick);
-        if snapshot.behind() <= layout.tolerance_ticks() {
-            return Ok((state_of(&snapshot), now));
-        }
-        // Far behind a reading taken after the load: idle past the wrap, full.
-        Ok((state_of(&layout.reanchor_full(now_tick)), now))
+        Ok((state_of(&reread_snapshot(layout, cur, now)), now))
     }
 }
 

@@ -648,18 +648,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 passes,
                 policy,
                 ..
-            }) => passes.check(
-                now,
-                || self.clock.now_nanos(),
-                |now, idle| {
-                    let layout = policy.layout();
-                    if idle {
-                        raw.fill(layout, now);
-                    } else {
-                        reanchor(raw, layout, &self.clock, now);
-                    }
-                },
-            ),
+            }) => passes.check(now, &self.clock, |now, idle| {
+                let layout = policy.layout();
+                if idle {
+                    raw.fill(layout, now);
+                } else {
+                    reanchor(raw, layout, &self.clock, now);
+                }
+            }),
             _ => now,
         }
     }
