@@ -112,7 +112,8 @@
 //! An idle shorter than the wrap period less the back window reads its true balance; a
 //! bucket full when it went idle stays full for any idle. Longer idles are the
 //! limiters' part: each re-anchors its words in passes a fraction of the wrap apart, run
-//! by the first writing operation due, and a pass that comes due after an idle longer
+//! by the first operation due (on a plain bucket, the first that writes), and a pass that
+//! comes due after an idle longer
 //! than the fill time writes them full (`src/pass.rs` has the timing and its proof). So
 //! with any limiter of the crate, any idle reads its true balance.
 //!
