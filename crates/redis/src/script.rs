@@ -2,7 +2,8 @@
 //!
 //! Each script is composed at build time from three Lua sources: a clock prologue, the
 //! refill fragment both scripts share (`lua/refill.lua`: one definition), and its body
-//! (`lua/exchange.lua`, `lua/take.lua`). The production prologue reads Redis `TIME`; the
+//! (`lua/exchange.lua`, `lua/take.lua`); the fleet heartbeat (`lua/fleet.lua`) is a clock
+//! prologue and its body. The production prologue reads Redis `TIME`; the
 //! test prologue reads `now` (µs) from the last argument, so tests drive refill, reclaim
 //! and clock steps exactly.
 
@@ -25,6 +26,14 @@ const EXCHANGE_ON_REDIS_TIME: &str = compose!("clock_redis.lua", "exchange.lua")
 const EXCHANGE_ON_ARGUMENT: &str = compose!("clock_arg.lua", "exchange.lua");
 const TAKE_ON_REDIS_TIME: &str = compose!("clock_redis.lua", "take.lua");
 const TAKE_ON_ARGUMENT: &str = compose!("clock_arg.lua", "take.lua");
+const FLEET_ON_REDIS_TIME: &str = concat!(
+    include_str!("../lua/clock_redis.lua"),
+    include_str!("../lua/fleet.lua")
+);
+const FLEET_ON_ARGUMENT: &str = concat!(
+    include_str!("../lua/clock_arg.lua"),
+    include_str!("../lua/fleet.lua")
+);
 
 /// Where the scripts read the time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +50,7 @@ pub enum TimeSource {
 pub struct Scripts {
     exchange: Script,
     take: Script,
+    fleet: Script,
     time: TimeSource,
 }
 
@@ -205,13 +215,18 @@ pub struct BadReply(pub String);
 impl Scripts {
     /// The scripts reading time from `time`.
     pub fn new(time: TimeSource) -> Self {
-        let (exchange, take) = match time {
-            TimeSource::Redis => (EXCHANGE_ON_REDIS_TIME, TAKE_ON_REDIS_TIME),
-            TimeSource::Argument => (EXCHANGE_ON_ARGUMENT, TAKE_ON_ARGUMENT),
+        let (exchange, take, fleet) = match time {
+            TimeSource::Redis => (
+                EXCHANGE_ON_REDIS_TIME,
+                TAKE_ON_REDIS_TIME,
+                FLEET_ON_REDIS_TIME,
+            ),
+            TimeSource::Argument => (EXCHANGE_ON_ARGUMENT, TAKE_ON_ARGUMENT, FLEET_ON_ARGUMENT),
         };
         Self {
             exchange: Script::new(exchange),
             take: Script::new(take),
+            fleet: Script::new(fleet),
             time,
         }
     }
@@ -228,12 +243,41 @@ impl Scripts {
     /// The connection's error.
     pub fn load(&self, con: &mut dyn ConnectionLike) -> RedisResult<()> {
         self.exchange.prepare_invoke().load(con)?;
-        self.take.prepare_invoke().load(con).map(drop)
+        self.take.prepare_invoke().load(con)?;
+        self.fleet.prepare_invoke().load(con).map(drop)
     }
 
     /// The SHA1 of the exchange script.
     pub fn exchange_sha(&self) -> &str {
         self.exchange.get_hash()
+    }
+
+    /// The `EVALSHA` arguments of the fleet heartbeat after the SHA: key count, the fleet
+    /// key, this instance's id and the window (µs) within which an instance counts as
+    /// seen. It replies `{instances seen, Redis's now (µs)}`, this instance included.
+    /// `now_us` is appended for [`TimeSource::Argument`] scripts and ignored otherwise.
+    pub fn heartbeat_args(
+        &self,
+        fleet_key: &str,
+        instance: &str,
+        window_us: u64,
+        now_us: u64,
+    ) -> Vec<String> {
+        let mut a = vec![
+            "1".to_owned(),
+            fleet_key.to_owned(),
+            instance.to_owned(),
+            window_us.to_string(),
+        ];
+        if self.time == TimeSource::Argument {
+            a.push(now_us.to_string());
+        }
+        a
+    }
+
+    /// The SHA1 of the fleet heartbeat script.
+    pub fn heartbeat_sha(&self) -> &str {
+        self.fleet.get_hash()
     }
 
     /// The `EVALSHA` arguments of one exchange after the SHA: key count, keys, argv.
