@@ -145,6 +145,37 @@ impl RemotePolicy {
         self.start
     }
 
+    /// One instance's share of this policy when `instances` split it with no Redis to
+    /// arbitrate: `B/K` tokens refilled at `r/K`, both rounded down (the capacity to whole
+    /// tokens, the rate to milli-tokens per second and then to what the local bucket
+    /// represents), so `K` shares together never hold more than `B` nor refill faster than
+    /// `r`. This is what [`FailMode::Local`](crate::FailMode::Local) decides on during an
+    /// outage.
+    ///
+    /// `None` when a share would round down to nothing: fewer than one token (`B < K`) or
+    /// a rate below one milli-token per second (`r < K * 0.001`), or when the local
+    /// bucket cannot represent it (see [`tokengate::Policy::per`]). A share of nothing
+    /// cannot admit anything without the fleet exceeding `B` or `r`, so the local bucket
+    /// refuses every decision ([`Refused::Unavailable`](crate::Refused::Unavailable)).
+    ///
+    /// ```
+    /// use tokengate_redis::RemotePolicy;
+    /// let policy = RemotePolicy::new(100, 10.0).unwrap();
+    /// let share = policy.share(3).unwrap();
+    /// assert_eq!(share.capacity(), 33);
+    /// assert!(share.effective_refill_per_second() <= 10.0 / 3.0);
+    /// assert!(policy.share(101).is_none());
+    /// ```
+    pub fn share(&self, instances: u64) -> Option<tokengate::Policy> {
+        let k = instances.max(1);
+        let capacity = self.capacity / k;
+        let rate_milli = self.rate_milli / k;
+        if capacity == 0 || rate_milli == 0 {
+            return None;
+        }
+        tokengate::Policy::per(capacity, rate_milli, std::time::Duration::from_secs(1000)).ok()
+    }
+
     /// The largest capacity, in tokens, that a policy of `tokens_per_second` admits.
     pub fn max_capacity(tokens_per_second: f64) -> u64 {
         let rate_milli = (tokens_per_second.max(0.0) * 1000.0)
