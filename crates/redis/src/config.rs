@@ -19,9 +19,12 @@ pub enum FailMode {
     FailClosed,
     /// Admit, counted ([`crate::BucketStats::fail_open_admitted`]).
     FailOpen,
-    /// Decide on a local bucket of `B/K` tokens refilled at `r/K`, for the `K` instances
-    /// last seen by Redis (at least the configured hint). The default. Built when the
-    /// breaker opens; decisions reach it through a read lock, only during an outage.
+    /// Decide on a local bucket of `B/K` tokens refilled at `r/K`, both rounded down
+    /// ([`RemotePolicy::share`](crate::RemotePolicy::share)), for the `K` instances Redis
+    /// last reported (the configured [`instances`](PoolConfig::instances) only until it
+    /// has reported one). The default. Built when the breaker opens; decisions reach it
+    /// through a read lock, only during an outage. A bucket whose share rounds down to
+    /// nothing (`B < K`) refuses with [`Refused::Unavailable`](crate::Refused::Unavailable).
     #[default]
     Local,
 }
@@ -136,8 +139,10 @@ impl PoolConfig {
         self
     }
 
-    /// The fleet size assumed by [`FailMode::Local`] before Redis has reported one (and
-    /// its floor after).
+    /// The fleet size assumed by [`FailMode::Local`] until Redis has reported one. Redis
+    /// counts the instances that exchanged or sent a heartbeat within two lease
+    /// lifetimes (an idle pool beats every half lifetime); from the first count on, the
+    /// count replaces this hint, up or down.
     #[must_use]
     pub fn instances(mut self, k: u64) -> Self {
         self.instances = k;

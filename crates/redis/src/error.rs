@@ -88,7 +88,9 @@ pub enum Refused {
         retry_after: Duration,
     },
     /// Redis cannot be reached, the lease is spent, and the fail mode is
-    /// [`FailClosed`](crate::FailMode::FailClosed).
+    /// [`FailClosed`](crate::FailMode::FailClosed), or [`Local`](crate::FailMode::Local)
+    /// with a share that rounds down to nothing (fewer than one token per instance: see
+    /// [`RemotePolicy::share`](crate::RemotePolicy::share)).
     Unavailable {
         /// Until the breaker's next probe.
         retry_after: Duration,

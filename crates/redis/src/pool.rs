@@ -230,8 +230,9 @@ impl RedisPool {
         self.shared.health.load(Ordering::Relaxed) == UNAVAILABLE
     }
 
-    /// The fleet size last seen by Redis (instances that exchanged within two lease
-    /// lifetimes), at least the configured hint.
+    /// The fleet size Redis last reported (instances that exchanged or sent a heartbeat
+    /// within two lease lifetimes, this one included), or the configured
+    /// [`instances`](PoolConfig::instances) until it has reported one.
     pub fn instances_seen(&self) -> u64 {
         self.shared.instances_seen.load(Ordering::Relaxed)
     }

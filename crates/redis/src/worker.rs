@@ -186,6 +186,9 @@ pub(crate) struct Worker {
     instance: String,
     seq: u64,
     last_redis_us: u64,
+    /// Pool time (ns) of the last round Redis answered: an idle pool beats every half
+    /// lease lifetime so the fleet keeps counting it.
+    beat_at_ns: u64,
     rng: u64,
     /// Round-trip time, ns (moving average).
     rtt_ns: u64,
@@ -219,6 +222,7 @@ impl Worker {
             instance,
             seq: 0,
             last_redis_us: 0,
+            beat_at_ns: 0,
             rng: nanos | 1,
             rtt_ns: 1_000_000,
         }
@@ -236,7 +240,8 @@ impl Worker {
             self.adopt_new_buckets();
             let now = self.pool.now_ns();
             let plans = self.plan(now, stopping);
-            if !plans.is_empty() && (stopping || self.breaker.may_try(now)) {
+            let beat_due = !stopping && now.saturating_sub(self.beat_at_ns) >= self.ttl_ns() / 2;
+            if (!plans.is_empty() || beat_due) && (stopping || self.breaker.may_try(now)) {
                 self.round(plans, now);
             } else {
                 // Not sent (the breaker is open): the credits and resets wait for the next
@@ -418,6 +423,7 @@ impl Worker {
             Ok(replies) => {
                 let took = self.pool.now_ns().saturating_sub(now);
                 self.rtt_ns = (3 * self.rtt_ns + took) / 4;
+                self.beat_at_ns = now;
                 self.breaker.success();
                 if self.pool.health.swap(HEALTHY, Ordering::Relaxed) != HEALTHY {
                     for t in &self.buckets {
@@ -461,21 +467,16 @@ impl Worker {
         }
     }
 
-    /// Local buckets of B/K and r/K for the fleet last seen.
+    /// Local buckets of `B/K` and `r/K` (rounded down: [`RemotePolicy::share`]) for the `K`
+    /// instances Redis last reported (the configured `instances` until it has reported
+    /// one). A bucket whose share rounds down to nothing gets no local bucket: its
+    /// decisions are refused while Redis is away.
+    ///
+    /// [`RemotePolicy::share`]: crate::RemotePolicy::share
     fn start_local_buckets(&self) {
-        let k = self
-            .pool
-            .instances_seen
-            .load(Ordering::Relaxed)
-            .max(self.pool.config.instances)
-            .max(1);
+        let k = self.pool.instances_seen.load(Ordering::Relaxed);
         for t in &self.buckets {
-            let p = &t.shared.policy;
-            let cap = (p.capacity() / k).max(1);
-            let rate = (p.tokens_per_second() / k as f64).max(1e-6);
-            let local = tokengate::Policy::new(cap, rate)
-                .ok()
-                .map(tokengate::Bucket::new);
+            let local = t.shared.policy.share(k).map(tokengate::Bucket::new);
             *t.shared
                 .local
                 .write()
@@ -483,7 +484,8 @@ impl Worker {
         }
     }
 
-    /// One pipeline: every planned exchange, then the fleet heartbeat. Items answered
+    /// One pipeline: every planned exchange, then the fleet heartbeat (alone when the
+    /// pool is idle). Items answered
     /// `NOSCRIPT` did not run: the script is loaded and they are sent again.
     fn send(&mut self, plans: &[Planned]) -> RedisResult<Vec<Reply>> {
         let mut con = match self.con.take() {
@@ -503,8 +505,12 @@ impl Worker {
         let lease_us = (config.lease_ttl + config.grace).as_micros() as u64;
         let keep_ms = config.key_keep.as_millis() as u64;
         let fleet = format!("tg:{{{}}}:fleet", config.namespace);
-        let window_us = 2 * lease_us;
-        let now_us = self.last_redis_us;
+        // Two lease lifetimes: an instance that exchanges or beats at least every half
+        // lifetime stays counted, and one that stopped is counted a while longer (a
+        // smaller local share), never shorter.
+        let heartbeat =
+            self.scripts
+                .heartbeat_args(&fleet, &self.instance, 2 * lease_us, self.last_redis_us);
         let argv: Vec<Vec<String>> = plans
             .iter()
             .map(|p| {
@@ -522,7 +528,6 @@ impl Worker {
             })
             .collect();
         let sha = self.scripts.exchange_sha().to_owned();
-        let instance = self.instance.clone();
         let mut pipe = redis::pipe();
         let mut dels = 0;
         for p in plans.iter().filter(|p| p.reset) {
@@ -533,15 +538,9 @@ impl Worker {
         for a in &argv {
             pipe.cmd("EVALSHA").arg(&sha).arg(a);
         }
-        if now_us > 0 {
-            pipe.cmd("ZADD").arg(&fleet).arg(now_us).arg(&instance);
-            pipe.cmd("ZREMRANGEBYSCORE")
-                .arg(&fleet)
-                .arg("-inf")
-                .arg(now_us.saturating_sub(window_us));
-            pipe.cmd("ZCARD").arg(&fleet);
-            pipe.cmd("PEXPIRE").arg(&fleet).arg(window_us / 1000 + 1);
-        }
+        pipe.cmd("EVALSHA")
+            .arg(self.scripts.heartbeat_sha())
+            .arg(&heartbeat);
         let raw: Vec<RedisResult<Value>> = pipe.ignore_errors().query(con)?;
         pool.round_trips.fetch_add(1, Ordering::Relaxed);
         let mut replies = Vec::with_capacity(plans.len());
@@ -559,11 +558,25 @@ impl Worker {
                 Ok(v) => replies.push(Some(parse(v)?)),
             }
         }
-        if now_us > 0 {
-            if let Some(Ok(Value::Int(k))) = raw.get(plans.len() + 2) {
-                let k = u64::try_from(*k).unwrap_or(0).max(config.instances);
-                pool.instances_seen.store(k, Ordering::Relaxed);
+        // The fleet as Redis counts it replaces the configured hint; a heartbeat answered
+        // NOSCRIPT loads the scripts and counts next round.
+        let mut beat_missing = false;
+        match raw.get(plans.len()) {
+            Some(Ok(v)) => {
+                let (k, now_us): (u64, u64) = redis::from_redis_value_ref(v)?;
+                pool.instances_seen.store(k.max(1), Ordering::Relaxed);
+                self.last_redis_us = now_us;
             }
+            Some(Err(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                beat_missing = true;
+            }
+            Some(Err(e)) => return Err(e.clone()),
+            None => {}
+        }
+        if beat_missing && missing.is_empty() {
+            self.scripts.load(con)?;
         }
         if !missing.is_empty() {
             self.scripts.load(con)?;

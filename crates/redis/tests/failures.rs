@@ -417,3 +417,101 @@ fn a_refund_during_an_outage_is_credited_once_redis_is_back() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Spends `bucket` in one burst, counting what its local bucket admits (bounded).
+fn local_burst(bucket: &tokengate_redis::RemoteBucket) -> u64 {
+    let mut n = 0;
+    while let Ok(how) = bucket.try_acquire(1) {
+        assert_eq!(how, Admitted::Local, "a lease outlived its lifetime");
+        n += 1;
+        assert!(n <= bucket.policy().capacity(), "{n} admitted locally");
+    }
+    n
+}
+
+#[test]
+fn local_fail_mode_splits_the_budget_by_the_fleet_redis_last_reported() {
+    let mut server = common::Server::start();
+    let ns = common::namespace("fleetk");
+    let config = PoolConfig::new(server.url(), &ns)
+        .max_lease(5)
+        .lease_ttl(Duration::from_millis(200))
+        .exchange_timeout(Duration::from_millis(30))
+        .connect_timeout(Duration::from_millis(30))
+        .probe_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .fail_mode(FailMode::Local)
+        // The hint: 8 instances. Redis will count 3, and 3 is what the shares use.
+        .instances(8);
+    let pools: Vec<RedisPool> = (0..3)
+        .map(|_| RedisPool::connect(config.clone()).unwrap())
+        .collect();
+    // B = 100, r = 0.5/s: a share is floor(100/3) = 33 tokens (33 under the hint's 8 would
+    // be 12), and a burst gains nothing from refill.
+    let policy = RemotePolicy::new(100, 0.5).unwrap();
+    // B = 2 < K: a share rounds down to nothing, so its decisions are refused.
+    let tiny = RemotePolicy::new(2, 0.5).unwrap();
+    let buckets: Vec<_> = pools
+        .iter()
+        .map(|p| (p.bucket("g", policy).unwrap(), p.bucket("t", tiny).unwrap()))
+        .collect();
+    let start = Instant::now();
+    while pools.iter().any(|p| p.instances_seen() != 3) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "Redis never reported three instances: {:?}",
+            pools
+                .iter()
+                .map(RedisPool::instances_seen)
+                .collect::<Vec<_>>()
+        );
+        for (b, _) in &buckets {
+            let _ = b.try_acquire(1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.stop();
+    let start = Instant::now();
+    while pools.iter().any(|p| !p.is_unavailable()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "breaker never opened"
+        );
+        for (b, t) in &buckets {
+            let _ = b.try_acquire(1);
+            let _ = t.try_acquire(1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Every lease has expired (ttl 200 ms): only the local buckets decide now.
+    std::thread::sleep(Duration::from_millis(250));
+    for ((bucket, tiny), pool) in buckets.iter().zip(&pools) {
+        assert!(pool.is_unavailable());
+        assert_eq!(pool.instances_seen(), 3);
+        assert_eq!(bucket.leased_tokens(), 0);
+        assert_eq!(local_burst(bucket), 100 / 3);
+        assert!(matches!(
+            tiny.try_acquire(1),
+            Err(Refused::Unavailable { .. })
+        ));
+    }
+}
+
+#[test]
+fn the_configured_fleet_size_holds_until_redis_reports_one() {
+    let pool = RedisPool::connect(
+        PoolConfig::new(common::url(), common::namespace("fleethint")).instances(8),
+    )
+    .unwrap();
+    // No bucket, so no exchange: the first heartbeat comes half a lease lifetime (1 s)
+    // after the start.
+    assert_eq!(pool.instances_seen(), 8);
+    let start = Instant::now();
+    while pool.instances_seen() != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "an idle pool never reported itself"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(start.elapsed() >= Duration::from_millis(500));
+}
