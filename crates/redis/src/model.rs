@@ -35,6 +35,24 @@ pub struct ModelState {
     pub ep: u64,
 }
 
+impl ModelState {
+    /// The state both scripts create for a missing key at `now` (µs): full or empty per
+    /// the policy's start, no remainder, nothing out, the epoch `now`.
+    fn created(policy: &RemotePolicy, now: u64) -> Self {
+        Self {
+            u: if policy.start() == Start::Full {
+                policy.capacity_units()
+            } else {
+                0
+            },
+            ts: now,
+            rem: 0,
+            out: 0,
+            ep: now,
+        }
+    }
+}
+
 impl ModelBucket {
     /// A bucket missing from Redis.
     pub fn new() -> Self {
@@ -62,17 +80,7 @@ impl ModelBucket {
             Some(s) => s,
             None => {
                 write = true;
-                ModelState {
-                    u: if policy.start() == Start::Full {
-                        cap
-                    } else {
-                        0
-                    },
-                    ts: now,
-                    rem: 0,
-                    out: 0,
-                    ep: now,
-                }
+                ModelState::created(policy, now)
             }
         };
         let mut gone: BTreeSet<String> = BTreeSet::new();
@@ -235,17 +243,9 @@ pub fn take_all(
         let rate = policy.rate_milli();
         let cost = cost.saturating_mul(UNITS_PER_TOKEN);
         let created = bucket.state.is_none();
-        let mut s = bucket.state.unwrap_or(ModelState {
-            u: if policy.start() == Start::Full {
-                cap
-            } else {
-                0
-            },
-            ts: now,
-            rem: 0,
-            out: 0,
-            ep: now,
-        });
+        let mut s = bucket
+            .state
+            .unwrap_or_else(|| ModelState::created(policy, now));
         let start = s;
         let limit = cap.saturating_sub(s.out.saturating_mul(UNITS_PER_TOKEN));
         refill(&mut s, limit, rate, now);
