@@ -89,14 +89,12 @@ fn instance_killed_holding_leases_strands_them_until_reclaim() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while !out.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the holder never reported"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_until(
+        "the holder never reported",
+        Duration::from_secs(30),
+        || out.exists(),
+        || std::thread::sleep(Duration::from_millis(5)),
+    );
     child.kill().unwrap(); // SIGKILL: nothing settled.
     child.wait().unwrap();
     let _ = std::fs::remove_file(&out);
@@ -127,10 +125,12 @@ fn instance_killed_holding_leases_strands_them_until_reclaim() {
         held,
         "reclaimed before its time"
     );
-    while peek_outstanding(&mut con, &keys, &policy) > 0 {
-        assert!(start.elapsed() < Duration::from_secs(30), "never reclaimed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_until(
+        "never reclaimed",
+        Duration::from_secs(30),
+        || peek_outstanding(&mut con, &keys, &policy) == 0,
+        || std::thread::sleep(Duration::from_millis(20)),
+    );
     // Reclaim credits nothing, but lifts the cap: refill brings the budget back to B, and a
     // survivor spends it (at most its own 2 L early-rejection slack short of B).
     std::thread::sleep(Duration::from_millis(40 * 1000 / 20 + 200));
@@ -158,15 +158,15 @@ fn redis_restart_recreates_the_bucket_and_decisions_resume() {
     let bucket = pool.bucket("g", policy).unwrap();
     assert!(drive(&bucket, Duration::from_millis(300)) >= 30);
     server.stop();
-    let start = Instant::now();
-    while !pool.is_unavailable() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "breaker never opened"
-        );
-        let _ = bucket.try_acquire(1);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_until(
+        "breaker never opened",
+        Duration::from_secs(10),
+        || pool.is_unavailable(),
+        || {
+            let _ = bucket.try_acquire(1);
+            std::thread::sleep(Duration::from_millis(5));
+        },
+    );
     assert!(matches!(
         bucket.try_acquire(1),
         Err(Refused::Unavailable { .. })
@@ -198,11 +198,14 @@ fn client_pause_opens_the_breaker_and_decisions_never_wait_for_it() {
     let bucket = pool
         .bucket("g", RemotePolicy::new(100_000, 1.0).unwrap())
         .unwrap();
-    let start = Instant::now();
-    while bucket.leased_tokens() < 1000 {
-        assert!(start.elapsed() < Duration::from_secs(10));
-        let _ = bucket.try_acquire(1);
-    }
+    common::wait_until(
+        "no lease of 1000",
+        Duration::from_secs(10),
+        || bucket.leased_tokens() >= 1000,
+        || {
+            let _ = bucket.try_acquire(1);
+        },
+    );
     let mut con = server.connect();
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -217,15 +220,15 @@ fn client_pause_opens_the_breaker_and_decisions_never_wait_for_it() {
     for _ in 0..live {
         assert_eq!(bucket.try_acquire(1), Ok(Admitted::Leased));
     }
-    let start = Instant::now();
-    while !pool.is_unavailable() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "breaker never opened"
-        );
-        let _ = bucket.try_acquire(1);
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_until(
+        "breaker never opened",
+        Duration::from_secs(10),
+        || pool.is_unavailable(),
+        || {
+            let _ = bucket.try_acquire(1);
+            std::thread::sleep(Duration::from_millis(2));
+        },
+    );
     assert_eq!(
         pool.round_trips(),
         before,
@@ -291,11 +294,12 @@ fn a_lost_grant_reply_retried_with_the_same_id_is_granted_once() {
     arm.store(true, Ordering::SeqCst);
     let policy = RemotePolicy::new(100, 0.001).unwrap();
     let bucket = pool.bucket("g", policy).unwrap();
-    let start = Instant::now();
-    while bucket.leased_tokens() == 0 {
-        assert!(start.elapsed() < Duration::from_secs(10), "no grant");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    common::wait_until(
+        "no grant",
+        Duration::from_secs(10),
+        || bucket.leased_tokens() > 0,
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
     assert!(!arm.load(Ordering::SeqCst), "the reply was not dropped");
     let keys = BucketKeys::new("lost", "g").unwrap();
     let mut con = server.connect();
@@ -327,11 +331,12 @@ fn live_leases_are_registered_again_after_redis_lost_its_state() {
     .unwrap();
     let policy = RemotePolicy::new(3000, 0.001).unwrap();
     let bucket = pool.bucket("g", policy).unwrap();
-    let start = Instant::now();
-    while bucket.leased_tokens() < 1000 {
-        assert!(start.elapsed() < Duration::from_secs(10), "no lease");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    common::wait_until(
+        "no lease",
+        Duration::from_secs(10),
+        || bucket.leased_tokens() >= 1000,
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
     for _ in 0..10 {
         assert_eq!(bucket.try_acquire(1), Ok(Admitted::Leased));
     }
@@ -392,14 +397,12 @@ fn a_refund_during_an_outage_is_credited_once_redis_is_back() {
     server.stop();
     let bucket = pool.bucket("g", policy).unwrap();
     bucket.refund(5);
-    let start = Instant::now();
-    while !pool.is_unavailable() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "breaker never opened"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_until(
+        "breaker never opened",
+        Duration::from_secs(5),
+        || pool.is_unavailable(),
+        || std::thread::sleep(Duration::from_millis(2)),
+    );
     // Several rounds planned while the breaker holds them back.
     std::thread::sleep(Duration::from_millis(60));
     server.ensure_running();
@@ -454,34 +457,30 @@ fn local_fail_mode_splits_the_budget_by_the_fleet_redis_last_reported() {
         .iter()
         .map(|p| (p.bucket("g", policy).unwrap(), p.bucket("t", tiny).unwrap()))
         .collect();
-    let start = Instant::now();
-    while pools.iter().any(|p| p.instances_seen() != 3) {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "Redis never reported three instances: {:?}",
-            pools
-                .iter()
-                .map(RedisPool::instances_seen)
-                .collect::<Vec<_>>()
-        );
-        for (b, _) in &buckets {
-            let _ = b.try_acquire(1);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_until(
+        "Redis never reported three instances",
+        Duration::from_secs(5),
+        || pools.iter().all(|p| p.instances_seen() == 3),
+        || {
+            for (b, _) in &buckets {
+                let _ = b.try_acquire(1);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        },
+    );
     server.stop();
-    let start = Instant::now();
-    while pools.iter().any(|p| !p.is_unavailable()) {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "breaker never opened"
-        );
-        for (b, t) in &buckets {
-            let _ = b.try_acquire(1);
-            let _ = t.try_acquire(1);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_until(
+        "breaker never opened",
+        Duration::from_secs(5),
+        || pools.iter().all(RedisPool::is_unavailable),
+        || {
+            for (b, t) in &buckets {
+                let _ = b.try_acquire(1);
+                let _ = t.try_acquire(1);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        },
+    );
     // Every lease has expired (ttl 200 ms): only the local buckets decide now.
     std::thread::sleep(Duration::from_millis(250));
     for ((bucket, tiny), pool) in buckets.iter().zip(&pools) {
@@ -506,12 +505,11 @@ fn the_configured_fleet_size_holds_until_redis_reports_one() {
     // after the start.
     assert_eq!(pool.instances_seen(), 8);
     let start = Instant::now();
-    while pool.instances_seen() != 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "an idle pool never reported itself"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_until(
+        "an idle pool never reported itself",
+        Duration::from_secs(5),
+        || pool.instances_seen() == 1,
+        || std::thread::sleep(Duration::from_millis(10)),
+    );
     assert!(start.elapsed() >= Duration::from_millis(500));
 }

@@ -122,11 +122,12 @@ fn two_pools_share_one_budget() {
     );
     // Both hold their first lease before the drive: a thread spending as fast as it can
     // could otherwise take the whole burst before the other pool's first round.
-    let start = Instant::now();
-    while ba.leased_tokens() == 0 || bb.leased_tokens() == 0 {
-        assert!(start.elapsed() < Duration::from_secs(5), "no first lease");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    common::wait_until(
+        "no first lease",
+        Duration::from_secs(5),
+        || ba.leased_tokens() > 0 && bb.leased_tokens() > 0,
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
     let (na, nb) = std::thread::scope(|s| {
         let ha = s.spawn(|| drive(&ba, Duration::from_millis(500)));
         let hb = s.spawn(|| drive(&bb, Duration::from_millis(500)));
@@ -245,15 +246,15 @@ fn fail_modes_answer_once_the_breaker_opens() {
             .unwrap();
         assert!(drive(&bucket, Duration::from_millis(100)) > 0);
         server.stop();
-        let start = Instant::now();
-        while !pool.is_unavailable() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "breaker never opened"
-            );
-            let _ = bucket.try_acquire(1);
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        common::wait_until(
+            "breaker never opened",
+            Duration::from_secs(5),
+            || pool.is_unavailable(),
+            || {
+                let _ = bucket.try_acquire(1);
+                std::thread::sleep(Duration::from_millis(5));
+            },
+        );
         // The lease has expired (ttl 100 ms) by the time three rounds failed.
         std::thread::sleep(Duration::from_millis(120));
         let got = bucket.try_acquire(1);

@@ -156,3 +156,18 @@ impl Drop for Server {
         self.stop();
     }
 }
+
+/// Waits until `done` holds, calling `between` after each miss (a decision that keeps the
+/// pool busy, a sleep); fails the test with `what` once `within` has passed.
+pub fn wait_until(
+    what: &str,
+    within: std::time::Duration,
+    mut done: impl FnMut() -> bool,
+    mut between: impl FnMut(),
+) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < within, "{what} within {within:?}");
+        between();
+    }
+}
