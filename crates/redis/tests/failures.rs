@@ -158,15 +158,7 @@ fn redis_restart_recreates_the_bucket_and_decisions_resume() {
     let bucket = pool.bucket("g", policy).unwrap();
     assert!(drive(&bucket, Duration::from_millis(300)) >= 30);
     server.stop();
-    common::wait_until(
-        "breaker never opened",
-        Duration::from_secs(10),
-        || pool.is_unavailable(),
-        || {
-            let _ = bucket.try_acquire(1);
-            std::thread::sleep(Duration::from_millis(5));
-        },
-    );
+    common::wait_unavailable(&pool, &bucket, Duration::from_secs(10));
     assert!(matches!(
         bucket.try_acquire(1),
         Err(Refused::Unavailable { .. })
@@ -220,15 +212,7 @@ fn client_pause_opens_the_breaker_and_decisions_never_wait_for_it() {
     for _ in 0..live {
         assert_eq!(bucket.try_acquire(1), Ok(Admitted::Leased));
     }
-    common::wait_until(
-        "breaker never opened",
-        Duration::from_secs(10),
-        || pool.is_unavailable(),
-        || {
-            let _ = bucket.try_acquire(1);
-            std::thread::sleep(Duration::from_millis(2));
-        },
-    );
+    common::wait_unavailable(&pool, &bucket, Duration::from_secs(10));
     assert_eq!(
         pool.round_trips(),
         before,

@@ -246,15 +246,7 @@ fn fail_modes_answer_once_the_breaker_opens() {
             .unwrap();
         assert!(drive(&bucket, Duration::from_millis(100)) > 0);
         server.stop();
-        common::wait_until(
-            "breaker never opened",
-            Duration::from_secs(5),
-            || pool.is_unavailable(),
-            || {
-                let _ = bucket.try_acquire(1);
-                std::thread::sleep(Duration::from_millis(5));
-            },
-        );
+        common::wait_unavailable(&pool, &bucket, Duration::from_secs(5));
         // The lease has expired (ttl 100 ms) by the time three rounds failed.
         std::thread::sleep(Duration::from_millis(120));
         let got = bucket.try_acquire(1);

@@ -171,3 +171,21 @@ pub fn wait_until(
         between();
     }
 }
+
+/// Waits until `pool`'s breaker opens, deciding on `bucket` every 5 ms meanwhile (the
+/// decisions wake the pool's thread, whose failed rounds open the breaker).
+pub fn wait_unavailable(
+    pool: &tokengate_redis::RedisPool,
+    bucket: &tokengate_redis::RemoteBucket,
+    within: std::time::Duration,
+) {
+    wait_until(
+        "breaker never opened",
+        within,
+        || pool.is_unavailable(),
+        || {
+            let _ = bucket.try_acquire(1);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        },
+    );
+}
