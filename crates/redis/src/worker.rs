@@ -90,13 +90,11 @@ impl Tracked {
     /// Empties word `i` and queues its leases for settlement. The leftover is unspent:
     /// it is split over the word's leases newest first, each at most its grant.
     fn retire(&mut self, i: usize, now: u64) {
-        let mut left = self.shared.reservoir.retire(i);
+        let left = self.shared.reservoir.retire(i);
         self.supplied = self.supplied.saturating_sub(left);
-        for h in self.held[i].drain(..).rev() {
-            let back = left.min(h.granted);
-            left -= back;
-            self.pending.push((h.id, back));
-        }
+        let unspent = split_newest_first(&self.held[i], left);
+        self.pending.extend(unspent);
+        self.held[i].clear();
         self.pending_since_ns.get_or_insert(now);
     }
 
@@ -138,16 +136,7 @@ impl Tracked {
     /// The leases of word `i` with what each can still spend (the word's tokens split
     /// newest first).
     fn live_leases(&self, i: usize) -> Vec<(String, u64)> {
-        let mut left = tokens(self.shared.reservoir.load(i));
-        self.held[i]
-            .iter()
-            .rev()
-            .map(|h| {
-                let back = left.min(h.granted);
-                left -= back;
-                (h.id.clone(), back)
-            })
-            .collect()
+        split_newest_first(&self.held[i], tokens(self.shared.reservoir.load(i)))
     }
 
     /// Samples the local spending rate, at most once per `every_ns`.
@@ -164,6 +153,19 @@ impl Tracked {
         self.rate_at_ns = now;
         self.spent_at = spent;
     }
+}
+
+/// Splits `left` tokens of one reservoir word over its leases newest first, each at most
+/// its grant: (lease id, its part), newest first.
+fn split_newest_first(held: &[Held], mut left: u64) -> Vec<(String, u64)> {
+    held.iter()
+        .rev()
+        .map(|h| {
+            let part = left.min(h.granted);
+            left -= part;
+            (h.id.clone(), part)
+        })
+        .collect()
 }
 
 /// What one round sends for one bucket.
@@ -244,18 +246,9 @@ impl Worker {
             if (!plans.is_empty() || beat_due) && (stopping || self.breaker.may_try(now)) {
                 self.round(plans, now);
             } else {
-                // Not sent (the breaker is open): the credits and resets wait for the next
-                // round; the grants stay in flight and the settlements pending.
-                for p in &plans {
-                    let shared = &self.buckets[p.index].shared;
-                    let credit = p.exchange.credit_units / UNITS_PER_TOKEN;
-                    if credit > 0 {
-                        shared.returned.fetch_add(credit, Ordering::Relaxed);
-                    }
-                    if p.reset {
-                        shared.reset.store(true, Ordering::Relaxed);
-                    }
-                }
+                // Not sent (the breaker is open): the grants stay in flight and the
+                // settlements pending.
+                self.keep_for_next_round(&plans, false);
             }
             if stopping {
                 return;
@@ -440,18 +433,7 @@ impl Worker {
             Err(_) => {
                 self.con = None;
                 self.pool.failed_rounds.fetch_add(1, Ordering::Relaxed);
-                // Credits and resets not sent are kept for the next round.
-                for plan in &plans {
-                    let t = &self.buckets[plan.index];
-                    let credit = plan.exchange.credit_units / UNITS_PER_TOKEN;
-                    t.shared.returned.fetch_add(credit, Ordering::Relaxed);
-                    if plan.exchange.request_id.is_some() {
-                        t.shared.demand.store(true, Ordering::Relaxed);
-                    }
-                    if plan.reset {
-                        t.shared.reset.store(true, Ordering::Relaxed);
-                    }
-                }
+                self.keep_for_next_round(&plans, true);
                 let now = self.pool.now_ns();
                 if self.breaker.failure(now) {
                     self.pool
@@ -463,6 +445,24 @@ impl Worker {
                         self.start_local_buckets();
                     }
                 }
+            }
+        }
+    }
+
+    /// Puts back what unsent (or failed) `plans` carried, for the next round: their
+    /// credits and resets; with `ask_again`, a bucket that asked for a grant asks again.
+    fn keep_for_next_round(&self, plans: &[Planned], ask_again: bool) {
+        for p in plans {
+            let shared = &self.buckets[p.index].shared;
+            let credit = p.exchange.credit_units / UNITS_PER_TOKEN;
+            if credit > 0 {
+                shared.returned.fetch_add(credit, Ordering::Relaxed);
+            }
+            if ask_again && p.exchange.request_id.is_some() {
+                shared.demand.store(true, Ordering::Relaxed);
+            }
+            if p.reset {
+                shared.reset.store(true, Ordering::Relaxed);
             }
         }
     }
