@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokengate::leased::LeaseConfig;
 use tokengate::{LeasedBucket, Policy};
-use tokengate_redis::{PoolConfig, RedisPool, RemotePolicy};
+use tokengate_redis::{PoolConfig, RedisPool, RemoteBucket, RemotePolicy};
 
 const RUN: Duration = Duration::from_millis(1500);
 
@@ -119,23 +119,21 @@ fn depth() -> u64 {
         .unwrap_or(32)
 }
 
-fn leased(lease: u64) -> Row {
-    let pool = RedisPool::connect(
-        PoolConfig::new(url(), format!("bench-{}", std::process::id()))
-            .max_lease(lease)
-            .lease_depth(depth()),
-    )
-    .unwrap();
+/// A hot bucket (far more budget than a run spends) on a pool of `config`.
+fn hot_bucket(config: PoolConfig, scope: &str) -> (RedisPool, RemoteBucket) {
+    let pool = RedisPool::connect(config).unwrap();
     let bucket = pool
-        .bucket(
-            &format!("l{lease}"),
-            RemotePolicy::new(9_000_000, 1_000_000.0).unwrap(),
-        )
+        .bucket(scope, RemotePolicy::new(9_000_000, 1_000_000.0).unwrap())
         .unwrap();
+    (pool, bucket)
+}
+
+/// Times `decide` as [`time_loop`] does, counting `pool`'s round trips meanwhile.
+fn pooled_row(name: String, pool: &RedisPool, decide: impl FnMut() -> bool) -> Row {
     let before = pool.round_trips();
-    let (n, secs, lat) = time_loop(|| bucket.try_acquire(1).is_ok());
+    let (n, secs, lat) = time_loop(decide);
     Row {
-        name: format!("RemoteBucket, lease {lease}"),
+        name,
         decisions: n,
         secs,
         round_trips: pool.round_trips() - before,
@@ -143,27 +141,29 @@ fn leased(lease: u64) -> Row {
     }
 }
 
+fn leased(lease: u64) -> Row {
+    let (pool, bucket) = hot_bucket(
+        PoolConfig::new(url(), format!("bench-{}", std::process::id()))
+            .max_lease(lease)
+            .lease_depth(depth()),
+        &format!("l{lease}"),
+    );
+    pooled_row(format!("RemoteBucket, lease {lease}"), &pool, || {
+        bucket.try_acquire(1).is_ok()
+    })
+}
+
 fn engine_over_redis(lease: u64) -> Row {
-    let pool = RedisPool::connect(
+    let (pool, remote) = hot_bucket(
         PoolConfig::new(url(), format!("bench-{}", std::process::id())).max_lease(lease),
-    )
-    .unwrap();
-    let remote = pool
-        .bucket(
-            &format!("e{lease}"),
-            RemotePolicy::new(9_000_000, 1_000_000.0).unwrap(),
-        )
-        .unwrap();
+        &format!("e{lease}"),
+    );
     let bucket = remote.leased(LeaseConfig::new()).unwrap();
-    let before = pool.round_trips();
-    let (n, secs, lat) = time_loop(|| bucket.try_acquire(1).is_ok_and(|d| d.is_admitted()));
-    Row {
-        name: format!("LeasedBucket over Redis, lease {lease}"),
-        decisions: n,
-        secs,
-        round_trips: pool.round_trips() - before,
-        lat,
-    }
+    pooled_row(
+        format!("LeasedBucket over Redis, lease {lease}"),
+        &pool,
+        || bucket.try_acquire(1).is_ok_and(|d| d.is_admitted()),
+    )
 }
 
 fn local() -> Row {
