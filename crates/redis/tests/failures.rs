@@ -13,16 +13,7 @@ use tokengate_redis::script::{BucketKeys, Exchange, Scripts, Target, TimeSource}
 use tokengate_redis::{Admitted, FailMode, PoolConfig, RedisPool, Refused, RemotePolicy};
 
 fn drive(bucket: &tokengate_redis::RemoteBucket, d: Duration) -> u64 {
-    let end = Instant::now() + d;
-    let mut n = 0;
-    while Instant::now() < end {
-        if bucket.try_acquire(1).is_ok() {
-            n += 1;
-        } else {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    n
+    common::drive(bucket, d, || std::thread::sleep(Duration::from_micros(200)))
 }
 
 /// A peek (writes nothing) on Redis's clock: outstanding tokens, with expired leases

@@ -15,16 +15,7 @@ fn config(test: &str) -> PoolConfig {
 
 /// Spins on `try_acquire(1)` for `d`, counting admissions.
 fn drive(bucket: &tokengate_redis::RemoteBucket, d: Duration) -> u64 {
-    let end = Instant::now() + d;
-    let mut n = 0;
-    while Instant::now() < end {
-        if bucket.try_acquire(1).is_ok() {
-            n += 1;
-        } else {
-            std::thread::yield_now();
-        }
-    }
-    n
+    common::drive(bucket, d, std::thread::yield_now)
 }
 
 #[test]

@@ -189,3 +189,22 @@ pub fn wait_unavailable(
         },
     );
 }
+
+/// Decides `try_acquire(1)` on `bucket` for `d`, calling `refused` after each refusal (a
+/// yield, a short sleep); returns how many were admitted.
+pub fn drive(
+    bucket: &tokengate_redis::RemoteBucket,
+    d: std::time::Duration,
+    mut refused: impl FnMut(),
+) -> u64 {
+    let end = std::time::Instant::now() + d;
+    let mut n = 0;
+    while std::time::Instant::now() < end {
+        if bucket.try_acquire(1).is_ok() {
+            n += 1;
+        } else {
+            refused();
+        }
+    }
+    n
+}
