@@ -15,6 +15,7 @@
 //! atomics (the manual clock) cannot then read earlier than the writer did. On x86 both
 //! orderings compile to the same instructions as `Relaxed`.
 
+use std::convert::Infallible;
 use std::fmt;
 
 use crossbeam_utils::CachePadded;
@@ -22,14 +23,51 @@ use crossbeam_utils::CachePadded;
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{AcquireError, cost_exceeds_capacity};
-use crate::keyed::reanchor;
 use crate::pass::Passes;
 use crate::policy::Policy;
-use crate::state::{Layout, Snapshot};
+use crate::state::{Layout, SEALED, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
 
 /// What a transition step decided: the word to write (if any) and the result.
 pub(crate) type Step<T> = (Option<u64>, T);
+
+/// Whether a word may be [`SEALED`] under an operation, and what the operation then
+/// returns instead of deciding.
+pub(crate) trait Seal {
+    /// What an operation stops with on a sealed word.
+    type Stop;
+    /// `Err` when `word` is sealed.
+    fn check(word: u64) -> Result<(), Self::Stop>;
+}
+
+/// The words of a bucket that is never reconfigured ([`Bucket`], keyed maps): never
+/// sealed, and the check compiles away.
+pub(crate) enum Fixed {}
+
+impl Seal for Fixed {
+    type Stop = Infallible;
+    #[inline(always)]
+    fn check(_: u64) -> Result<(), Infallible> {
+        Ok(())
+    }
+}
+
+/// The words of a [`LiveBucket`](crate::LiveBucket)'s policies: sealed when a
+/// reconfiguration replaces the policy, after which every operation on it stops and
+/// starts again on the new one.
+pub(crate) enum Sealable {}
+
+/// An operation found its word sealed: nothing was decided or written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sealed;
+
+impl Seal for Sealable {
+    type Stop = Sealed;
+    #[inline(always)]
+    fn check(word: u64) -> Result<(), Sealed> {
+        if word == SEALED { Err(Sealed) } else { Ok(()) }
+    }
+}
 
 /// The bare atomic word of a bucket, without padding, policy or clock: what keyed maps
 /// store per key and what [`Bucket`] pads.
@@ -64,6 +102,29 @@ impl RawBucket {
         );
     }
 
+    /// [`fill`](Self::fill) on a word that may be sealed: a CAS that leaves a sealed
+    /// word as it is.
+    pub(crate) fn fill_in<S: Seal>(&self, layout: &Layout, now: u64) -> Result<(), S::Stop> {
+        let full = layout.start_word(layout.tick_of(now), true);
+        let mut cur = self.word.load(Ordering::Relaxed);
+        loop {
+            S::check(cur)?;
+            match self
+                .word
+                .compare_exchange(cur, full, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Seals the word (see [`SEALED`]) and returns what it held: every later operation
+    /// on it stops with [`Sealed`].
+    pub(crate) fn seal(&self) -> u64 {
+        self.word.swap(SEALED, Ordering::AcqRel)
+    }
+
     /// A stable identity while the bucket is borrowed: its address.
     #[inline]
     pub(crate) fn id(&self) -> usize {
@@ -95,15 +156,31 @@ impl RawBucket {
         clock: &Monotonic<C>,
         now: u64,
         strict: bool,
-        mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
+        step: impl FnMut(&Snapshot, u64) -> Step<T>,
     ) -> Result<T, AcquireError> {
+        let Ok(out) = self.transition_in::<Fixed, C, T>(layout, clock, now, strict, step);
+        Ok(out)
+    }
+
+    /// [`transition`](Self::transition) on a word that may be sealed (`S`): stops with
+    /// `S::Stop`, deciding and writing nothing, when it finds the word sealed.
+    #[inline(always)]
+    pub(crate) fn transition_in<S: Seal, C: Clock + ?Sized, T>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        strict: bool,
+        mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
+    ) -> Result<T, S::Stop> {
         // A reading from another guard (an all-or-nothing acquisition's one reading) is
         // brought up to this bucket's own: a no-op for a monotonic clock.
         let now = clock.observe(now);
         let cur = self.word.load(Ordering::Relaxed);
+        S::check(cur)?;
         let snapshot = layout.refill(cur, layout.tick_of(now));
         if snapshot.behind() > slack(layout, strict) {
-            return Ok(self.transition_after_reread(layout, clock, step));
+            return self.transition_after_reread::<S, C, T>(layout, clock, step);
         }
         let (next, out) = step(&snapshot, now);
         let Some(next) = next else {
@@ -114,7 +191,9 @@ impl RawBucket {
             .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
         {
             Ok(_) => Ok(out),
-            Err(actual) => Ok(self.transition_contended(layout, clock, now, strict, actual, step)),
+            Err(actual) => {
+                self.transition_contended::<S, C, T>(layout, clock, now, strict, actual, step)
+            }
         }
     }
 
@@ -128,7 +207,7 @@ impl RawBucket {
     /// bucket that hot wants [`LeasedBucket`](crate::LeasedBucket).
     #[cold]
     #[inline(never)]
-    fn transition_contended<C: Clock + ?Sized, T>(
+    fn transition_contended<S: Seal, C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -136,22 +215,23 @@ impl RawBucket {
         strict: bool,
         mut cur: u64,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
-    ) -> T {
+    ) -> Result<T, S::Stop> {
         let now_tick = layout.tick_of(now);
         loop {
+            S::check(cur)?;
             let snapshot = layout.refill(cur, now_tick);
             if snapshot.behind() > slack(layout, strict) {
-                return self.transition_after_reread(layout, clock, step);
+                return self.transition_after_reread::<S, C, T>(layout, clock, step);
             }
             let (next, out) = step(&snapshot, now);
             let Some(next) = next else {
-                return out;
+                return Ok(out);
             };
             match self
                 .word
                 .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => return out,
+                Ok(_) => return Ok(out),
                 Err(actual) => cur = actual,
             }
         }
@@ -173,26 +253,27 @@ impl RawBucket {
     /// another thread made progress. Out of line, so that the hot loop stays small.
     #[cold]
     #[inline(never)]
-    fn transition_after_reread<C: Clock + ?Sized, T>(
+    fn transition_after_reread<S: Seal, C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
-    ) -> T {
+    ) -> Result<T, S::Stop> {
         loop {
             let cur = self.word.load(Ordering::Acquire);
+            S::check(cur)?;
             let now = clock.now_nanos();
             let snapshot = reread_snapshot(layout, cur, now);
             let (next, out) = step(&snapshot, now);
             let Some(next) = next else {
-                return out;
+                return Ok(out);
             };
             if self
                 .word
                 .compare_exchange(cur, next, Ordering::Release, Ordering::Relaxed)
                 .is_ok()
             {
-                return out;
+                return Ok(out);
             }
         }
     }
@@ -206,15 +287,28 @@ impl RawBucket {
         now: u64,
         cost: u64,
     ) -> Result<Decision, AcquireError> {
+        let Ok(out) = self.try_acquire_in::<Fixed, C>(layout, clock, now, cost);
+        out
+    }
+
+    /// [`try_acquire`](Self::try_acquire) on a word that may be sealed.
+    #[inline(always)]
+    pub(crate) fn try_acquire_in<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+    ) -> Result<Result<Decision, AcquireError>, S::Stop> {
         let Some(cost_units) = layout.units_of(cost) else {
-            return Err(cost_exceeds_capacity(layout, cost));
+            return Ok(Err(cost_exceeds_capacity(layout, cost)));
         };
         if cost_units == 0 {
             // Nothing to take: admitted whatever the balance or the clock, nothing written.
-            let snapshot = self.snapshot(layout, now);
-            return Ok(Decision::new(layout, &snapshot, now, cost, 0, true));
+            let snapshot = self.snapshot_in::<S>(layout, now)?;
+            return Ok(Ok(Decision::new(layout, &snapshot, now, cost, 0, true)));
         }
-        self.transition(layout, clock, now, true, |snapshot, now| {
+        self.transition_in::<S, C, _>(layout, clock, now, true, |snapshot, now| {
             match layout.take(snapshot, cost_units) {
                 Some(next) => (
                     Some(next),
@@ -226,6 +320,7 @@ impl RawBucket {
                 ),
             }
         })
+        .map(Ok)
     }
 
     /// Gives back `units` (already validated): never fails, never creates credit.
@@ -237,24 +332,54 @@ impl RawBucket {
         now: u64,
         units: u64,
     ) {
-        let done = self.transition(layout, clock, now, false, |snapshot, _| {
+        let Ok(()) = self.refund_units_in::<Fixed, C>(layout, clock, now, units);
+    }
+
+    /// [`refund_units`](Self::refund_units) on a word that may be sealed.
+    #[inline]
+    pub(crate) fn refund_units_in<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        units: u64,
+    ) -> Result<(), S::Stop> {
+        self.transition_in::<S, C, _>(layout, clock, now, false, |snapshot, _| {
             (Some(layout.refund(snapshot, units)), ())
-        });
-        debug_assert!(done.is_ok(), "a non-strict transition cannot fail");
+        })
     }
 
     /// Back to the start state, at `now` or at the stored tick if `now` is behind it.
-    pub(crate) fn reset<C: Clock + ?Sized>(
+    pub(crate) fn reset_in<S: Seal, C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
         now: u64,
         full: bool,
-    ) {
-        let done = self.transition(layout, clock, now, false, |snapshot, _| {
+    ) -> Result<(), S::Stop> {
+        self.transition_in::<S, C, _>(layout, clock, now, false, |snapshot, _| {
             (Some(layout.restart(snapshot, full)), ())
-        });
-        debug_assert!(done.is_ok(), "a non-strict transition cannot fail");
+        })
+    }
+
+    /// Rewrites the word refilled to `now` (exact on the tick grid, so nothing changes
+    /// but the anchor): a re-anchoring pass's write. A reading behind the stored tick
+    /// leaves it as it is.
+    pub(crate) fn reanchor_in<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+    ) -> Result<(), S::Stop> {
+        self.transition_in::<S, C, _>(layout, clock, now, false, |s, _| {
+            if s.behind() > 0 {
+                (None, ())
+            } else {
+                // The refilled state at its own tick, not anchored at the next edge as a
+                // write near full is: the word then refills exactly as the old one would.
+                (Some(s.with_units(s.units())), ())
+            }
+        })
     }
 
     /// Time from `now` until `cost` tokens are there (zero if they are), writing nothing.
@@ -269,20 +394,46 @@ impl RawBucket {
     /// can tell a lost race from a clock stepping back). Writes nothing.
     #[inline]
     pub(crate) fn refusal(&self, layout: &Layout, now: u64, cost: u64) -> Option<Decision> {
-        let snapshot = self.snapshot(layout, now);
-        let cost_units = layout.units_of(cost)?;
+        let Ok(out) = self.refusal_in::<Fixed>(layout, now, cost);
+        out
+    }
+
+    /// [`refusal`](Self::refusal) on a word that may be sealed.
+    #[inline]
+    pub(crate) fn refusal_in<S: Seal>(
+        &self,
+        layout: &Layout,
+        now: u64,
+        cost: u64,
+    ) -> Result<Option<Decision>, S::Stop> {
+        let snapshot = self.snapshot_in::<S>(layout, now)?;
+        let Some(cost_units) = layout.units_of(cost) else {
+            return Ok(None);
+        };
         if snapshot.behind() > layout.tolerance_ticks() || layout.can_take(&snapshot, cost_units) {
-            return None;
+            return Ok(None);
         }
-        Some(Decision::new(
+        Ok(Some(Decision::new(
             layout, &snapshot, now, cost, cost_units, false,
-        ))
+        )))
     }
 
     /// The refilled snapshot at `now`, writing nothing.
     #[inline]
     pub(crate) fn snapshot(&self, layout: &Layout, now: u64) -> Snapshot {
         layout.refill(self.word.load(Ordering::Relaxed), layout.tick_of(now))
+    }
+
+    /// [`snapshot`](Self::snapshot) of a word that may be sealed.
+    #[inline]
+    pub(crate) fn snapshot_in<S: Seal>(
+        &self,
+        layout: &Layout,
+        now: u64,
+    ) -> Result<Snapshot, S::Stop> {
+        let word = self.word.load(Ordering::Relaxed);
+        S::check(word)?;
+        Ok(layout.refill(word, layout.tick_of(now)))
     }
 }
 
@@ -304,6 +455,170 @@ pub(crate) fn reread_snapshot(layout: &Layout, cur: u64, now: u64) -> Snapshot {
         layout.reanchor_full(now_tick)
     } else {
         snapshot
+    }
+}
+
+/// One policy and its word: a [`Bucket`]'s state, and one policy epoch of a
+/// [`LiveBucket`](crate::LiveBucket). Its operations take the limiter's clock and say
+/// with `S` whether the word may be sealed (see [`Seal`]).
+// `repr(C)`: the due time of the next pass sits right after the word's padded line, on
+// the line that holds the layout every operation reads.
+#[repr(C)]
+pub(crate) struct Core {
+    raw: CachePadded<RawBucket>,
+    /// When the word is next re-anchored against the tick wrap (see [`crate::pass`]).
+    passes: Passes,
+    policy: Policy,
+}
+
+impl Core {
+    /// A policy's state at `created`: `word`, or the policy's start state.
+    pub(crate) fn new(policy: Policy, created: u64, word: Option<u64>) -> Core {
+        let layout = policy.layout();
+        let raw = match word {
+            Some(word) => RawBucket {
+                word: AtomicU64::new(word),
+            },
+            None => RawBucket::new(layout, created, policy.starts_full()),
+        };
+        Core {
+            raw: CachePadded::new(raw),
+            passes: Passes::new(layout, created),
+            policy,
+        }
+    }
+
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub(crate) fn raw(&self) -> &RawBucket {
+        &self.raw
+    }
+
+    pub(crate) fn passes(&self) -> &Passes {
+        &self.passes
+    }
+
+    /// `now` (a guarded reading), after the re-anchoring pass if one is due: one relaxed
+    /// load and a predicted branch otherwise. See [`crate::pass`]. A pass on a sealed
+    /// word writes nothing: the operation then finds it sealed.
+    #[inline(always)]
+    pub(crate) fn at<S: Seal, C: Clock + ?Sized>(&self, clock: &Monotonic<C>, now: u64) -> u64 {
+        self.passes
+            .check(now, clock, |now, idle| self.pass::<S, C>(clock, now, idle))
+    }
+
+    /// The re-anchoring pass: the word refilled to `now` at its own tick, or, after an
+    /// idle longer than the fill time (`idle`), full.
+    #[cold]
+    #[inline(never)]
+    fn pass<S: Seal, C: Clock + ?Sized>(&self, clock: &Monotonic<C>, now: u64, idle: bool) {
+        let layout = self.policy.layout();
+        // A sealed word is left as it is: its policy has been replaced.
+        let _sealed = if idle {
+            self.raw.fill_in::<S>(layout, now)
+        } else {
+            self.raw.reanchor_in::<S, C>(layout, clock, now)
+        };
+    }
+
+    /// [`Bucket::try_acquire`] at the guarded reading `now`.
+    #[inline(always)]
+    pub(crate) fn try_acquire<S: Seal, C: Clock + ?Sized>(
+        &self,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+    ) -> Result<Result<Decision, AcquireError>, S::Stop> {
+        if self.passes.is_due(now) {
+            return self.acquire_due::<S, C>(clock, now, cost);
+        }
+        self.raw
+            .try_acquire_in::<S, C>(self.policy.layout(), clock, now, cost)
+    }
+
+    /// [`try_acquire`](Core::try_acquire) at a reading at or after the re-anchoring
+    /// pass's due time: a decision that writes nothing (a rejection, a zero cost) is
+    /// made read-only on the pass's view (see [`crate::pass`]), so it still writes
+    /// nothing; an admission runs the pass first.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn acquire_due<S: Seal, C: Clock + ?Sized>(
+        &self,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+    ) -> Result<Result<Decision, AcquireError>, S::Stop> {
+        let layout = self.policy.layout();
+        let Some(cost_units) = layout.units_of(cost) else {
+            return Ok(Err(cost_exceeds_capacity(layout, cost)));
+        };
+        if !self.passes.idle_at(now) {
+            // The word reads exactly.
+            if cost_units == 0 {
+                return self.raw.try_acquire_in::<S, C>(layout, clock, now, cost);
+            }
+            if let Some(refusal) = self.raw.refusal_in::<S>(layout, now, cost)? {
+                return Ok(Ok(refusal));
+            }
+        } else if cost_units == 0 {
+            S::check(self.raw.load())?;
+            let full = layout.reanchor_full(layout.tick_of(now));
+            return Ok(Ok(Decision::new(layout, &full, now, cost, 0, true)));
+        }
+        let now = self.at::<S, C>(clock, now);
+        self.raw.try_acquire_in::<S, C>(layout, clock, now, cost)
+    }
+
+    /// [`Bucket::refund`].
+    pub(crate) fn refund<S: Seal, C: Clock + ?Sized>(
+        &self,
+        clock: &Monotonic<C>,
+        cost: u64,
+    ) -> Result<Result<(), AcquireError>, S::Stop> {
+        let layout = self.policy.layout();
+        let Some(units) = layout.units_of(cost) else {
+            return Ok(Err(cost_exceeds_capacity(layout, cost)));
+        };
+        if units == 0 {
+            return Ok(Ok(()));
+        }
+        let now = self.at::<S, C>(clock, clock.now_nanos());
+        self.raw
+            .refund_units_in::<S, C>(layout, clock, now, units)
+            .map(Ok)
+    }
+
+    /// [`Bucket::reset`].
+    pub(crate) fn reset<S: Seal, C: Clock + ?Sized>(
+        &self,
+        clock: &Monotonic<C>,
+    ) -> Result<(), S::Stop> {
+        let now = self.at::<S, C>(clock, clock.now_nanos());
+        self.raw
+            .reset_in::<S, C>(self.policy.layout(), clock, now, self.policy.starts_full())
+    }
+
+    /// The snapshot a decision at the guarded reading `now` sees, writing nothing: the
+    /// pass's view once one is due (full after an idle longer than the fill time).
+    pub(crate) fn view<S: Seal>(&self, now: u64) -> Result<Snapshot, S::Stop> {
+        let layout = self.policy.layout();
+        let snapshot = self.raw.snapshot_in::<S>(layout, now)?;
+        if self.passes.is_due(now) && self.passes.idle_at(now) {
+            return Ok(layout.reanchor_full(layout.tick_of(now)));
+        }
+        Ok(snapshot)
+    }
+
+    /// [`Bucket::available`].
+    pub(crate) fn available<S: Seal, C: Clock + ?Sized>(
+        &self,
+        clock: &Monotonic<C>,
+    ) -> Result<f64, S::Stop> {
+        let layout = self.policy.layout();
+        let snapshot = self.view::<S>(clock.now_nanos())?;
+        Ok(layout.units_to_tokens(layout.balance_units(&snapshot)))
     }
 }
 
@@ -333,21 +648,16 @@ pub(crate) fn reread_snapshot(layout: &Layout, cur: u64, now: u64) -> Snapshot {
 /// assert_eq!(next, 19); // 20/s less the 0.01% rounding down, which never adds credit
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-// `repr(C)`: the due time of the next pass sits right after the word's padded line, on
-// the line that holds the layout every operation reads.
 #[repr(C)]
 pub struct Bucket<C: Clock = QuantaClock> {
-    raw: CachePadded<RawBucket>,
-    /// When the word is next re-anchored against the tick wrap (see [`crate::pass`]).
-    passes: Passes,
-    policy: Policy,
+    core: Core,
     clock: Monotonic<C>,
 }
 
 impl<C: Clock> fmt::Debug for Bucket<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Bucket")
-            .field("policy", &self.policy)
+            .field("policy", self.policy())
             .field("available", &self.available())
             .finish()
     }
@@ -372,11 +682,8 @@ impl<C: Clock> Bucket<C> {
     pub fn with_clock(policy: Policy, clock: C) -> Bucket<C> {
         let clock = Monotonic::new(clock);
         let created = clock.now_nanos();
-        let raw = RawBucket::new(policy.layout(), created, policy.starts_full());
         Bucket {
-            raw: CachePadded::new(raw),
-            passes: Passes::new(policy.layout(), created),
-            policy,
+            core: Core::new(policy, created, None),
             clock,
         }
     }
@@ -392,21 +699,7 @@ impl<C: Clock> Bucket<C> {
     /// load and a predicted branch otherwise. See [`crate::pass`].
     #[inline(always)]
     pub(crate) fn at(&self, now: u64) -> u64 {
-        self.passes
-            .check(now, &self.clock, |now, idle| self.pass(now, idle))
-    }
-
-    /// The re-anchoring pass: the word refilled to `now` at its own tick, or, after an
-    /// idle longer than the fill time (`idle`), full.
-    #[cold]
-    #[inline(never)]
-    fn pass(&self, now: u64, idle: bool) {
-        let layout = self.policy.layout();
-        if idle {
-            self.raw.fill(layout, now);
-        } else {
-            reanchor(&self.raw, layout, &self.clock, now);
-        }
+        self.core.at::<Fixed, C>(&self.clock, now)
     }
 
     /// Takes `cost` tokens if the balance covers them.
@@ -437,42 +730,19 @@ impl<C: Clock> Bucket<C> {
     #[inline]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
         let now = self.clock.now_nanos();
-        if self.passes.is_due(now) {
-            return self.acquire_due(now, cost);
-        }
-        self.raw
-            .try_acquire(self.policy.layout(), &self.clock, now, cost)
+        let Ok(out) = self.core.try_acquire::<Fixed, C>(&self.clock, now, cost);
+        out
     }
 
-    /// [`try_acquire`](Bucket::try_acquire) at a reading at or after the re-anchoring
-    /// pass's due time: a decision that writes nothing (a rejection, a zero cost) is
-    /// made read-only on the pass's view (see [`crate::pass`]), so it still writes
-    /// nothing; an admission runs the pass first.
-    #[cold]
-    #[inline(never)]
+    /// [`try_acquire`](Bucket::try_acquire) at a guarded reading at or after the
+    /// re-anchoring pass's due time (see [`Core::acquire_due`]).
     pub(crate) fn acquire_due(&self, now: u64, cost: u64) -> Result<Decision, AcquireError> {
-        let layout = self.policy.layout();
-        let Some(cost_units) = layout.units_of(cost) else {
-            return Err(cost_exceeds_capacity(layout, cost));
-        };
-        if !self.passes.idle_at(now) {
-            // The word reads exactly.
-            if cost_units == 0 {
-                return self.raw.try_acquire(layout, &self.clock, now, cost);
-            }
-            if let Some(refusal) = self.raw.refusal(layout, now, cost) {
-                return Ok(refusal);
-            }
-        } else if cost_units == 0 {
-            let full = layout.reanchor_full(layout.tick_of(now));
-            return Ok(Decision::new(layout, &full, now, cost, 0, true));
-        }
-        let now = self.at(now);
-        self.raw.try_acquire(layout, &self.clock, now, cost)
+        let Ok(out) = self.core.acquire_due::<Fixed, C>(&self.clock, now, cost);
+        out
     }
 
     pub(crate) fn passes(&self) -> &Passes {
-        &self.passes
+        self.core.passes()
     }
 
     /// Gives back `cost` tokens of an earlier admission, exactly as if it had never been
@@ -497,16 +767,8 @@ impl<C: Clock> Bucket<C> {
     /// [`AcquireError::CostExceedsCapacity`] for a cost above the capacity (nothing
     /// changes).
     pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
-        let layout = self.policy.layout();
-        let Some(units) = layout.units_of(cost) else {
-            return Err(cost_exceeds_capacity(layout, cost));
-        };
-        if units == 0 {
-            return Ok(());
-        }
-        let now = self.now();
-        self.raw.refund_units(layout, &self.clock, now, units);
-        Ok(())
+        let Ok(out) = self.core.refund::<Fixed, C>(&self.clock, cost);
+        out
     }
 
     /// Puts the bucket back in the policy's start state (full or empty).
@@ -520,13 +782,7 @@ impl<C: Clock> Bucket<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reset(&self) {
-        let now = self.now();
-        self.raw.reset(
-            self.policy.layout(),
-            &self.clock,
-            now,
-            self.policy.starts_full(),
-        );
+        let Ok(()) = self.core.reset::<Fixed, C>(&self.clock);
     }
 
     /// Tokens available now (fractional; negative while reservations are owed). A
@@ -545,18 +801,13 @@ impl<C: Clock> Bucket<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self) -> f64 {
-        let layout = self.policy.layout();
-        let now = self.clock.now_nanos();
-        if self.passes.is_due(now) && self.passes.idle_at(now) {
-            return layout.capacity() as f64;
-        }
-        let snapshot = self.raw.snapshot(layout, now);
-        layout.units_to_tokens(layout.balance_units(&snapshot))
+        let Ok(out) = self.core.available::<Fixed, C>(&self.clock);
+        out
     }
 
     /// The policy this bucket enforces.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        self.core.policy()
     }
 
     /// The clock this bucket reads.
@@ -574,11 +825,11 @@ impl<C: Clock> Bucket<C> {
     /// acquisition to take buckets in one global order.
     #[inline]
     pub fn id(&self) -> usize {
-        self.raw.id()
+        self.core.raw().id()
     }
 
     pub(crate) fn raw(&self) -> &RawBucket {
-        &self.raw
+        self.core.raw()
     }
 
     /// The packed word as stored, before any refill: decode it with the policy's
@@ -598,7 +849,7 @@ impl<C: Clock> Bucket<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stored_word(&self) -> u64 {
-        self.raw.load()
+        self.core.raw().load()
     }
 }
 

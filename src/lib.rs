@@ -83,8 +83,10 @@ mod decision;
 mod error;
 pub mod guide;
 pub mod http;
+pub mod inherit;
 pub mod keyed;
 pub mod leased;
+mod live;
 pub mod multi;
 #[cfg(loom)]
 #[doc(hidden)]
@@ -111,8 +113,10 @@ pub use bucket::Bucket;
 pub use clock::{Clock, CoarseClock, ManualClock, QuantaClock};
 pub use decision::Decision;
 pub use error::AcquireError;
+pub use inherit::Inherit;
 pub use keyed::KeyedLimiter;
 pub use leased::LeasedBucket;
+pub use live::{EPOCH_BYTES, LiveBucket, Reconfigured};
 pub use multi::acquire_all;
 pub use policy::{Policy, PolicyBuilder, PolicyError, Start};
 pub use reservation::Reservation;

@@ -39,6 +39,11 @@ pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);
 /// clock again after the load: a lost race credited as a full bucket.
 pub static LEASE_SKIPS_REREAD: AtomicBool = AtomicBool::new(false);
 
+/// A `LiveBucket` reconfiguration that reads the old word instead of sealing it: an
+/// operation holding the old policy can still write it after the switch (an admission
+/// lost, or tokens counted twice).
+pub static RECONFIGURE_SKIPS_SEAL: AtomicBool = AtomicBool::new(false);
+
 /// Whether `flag` is on.
 pub fn on(flag: &AtomicBool) -> bool {
     flag.load(Ordering::Relaxed)

@@ -143,7 +143,13 @@ pub const MAX_TICK_SHIFT: u32 = 40;
 pub const MAX_REFILL_PER_TICK: u64 = 1 << 62;
 
 /// The largest `max_units`: at least two tick bits always remain.
-pub const MAX_UNITS: u64 = (1 << 62) - 1;
+pub const MAX_UNITS: u64 = (1 << 62) - 2;
+
+/// A word no layout ever stores: every layout's token field has room for
+/// `max_units + 1`, so a token field of all ones is never a balance. A
+/// [`LiveBucket`](crate::LiveBucket) seals the word of a policy it replaces with it, so
+/// that no operation still holding the old policy can write that word again.
+pub const SEALED: u64 = u64::MAX;
 
 /// Why a set of layout parameters cannot describe a packed word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,7 +289,8 @@ impl Snapshot {
 
 impl Layout {
     /// Builds a layout from its free parameters, deriving the tick width: the token field
-    /// gets exactly the bits `base_units + capacity * 2^frac_bits` needs, and the tick
+    /// gets the bits `base_units + capacity * 2^frac_bits + 1` needs (so that a field of
+    /// all ones is never a balance: [`SEALED`]), and the tick
     /// field the rest.
     ///
     /// # Errors
@@ -314,7 +321,9 @@ impl Layout {
             .checked_add(base_units)
             .filter(|&u| u <= MAX_UNITS)
             .ok_or(LayoutError::TokensDoNotFit)?;
-        let token_bits = WORD_BITS - max_units.leading_zeros();
+        // Room for `max_units + 1`: a token field of all ones is never a balance, so
+        // `SEALED` is never a valid word.
+        let token_bits = WORD_BITS - (max_units + 1).leading_zeros();
         let tick_bits = WORD_BITS - token_bits;
         let half_ticks = 1u64 << (tick_bits - 1);
         // Two ticks at least: a write near full stores the next tick edge (one tick ahead
@@ -865,6 +874,6 @@ mod tests {
     fn elapsed_refill_saturates_without_overflow() {
         let l = Layout::new(1, 0, 0, MAX_REFILL_PER_TICK, 0).unwrap();
         let w = l.start_word(0, false);
-        assert_eq!(l.refill(w, (1 << 62) - 1).units(), l.max_units());
+        assert_eq!(l.refill(w, (1 << 61) - 1).units(), l.max_units());
     }
 }

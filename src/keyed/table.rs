@@ -19,7 +19,7 @@ use std::sync::PoisonError;
 
 use hashbrown::HashTable;
 
-use crate::bucket::RawBucket;
+use crate::bucket::{Fixed, RawBucket};
 use crate::clock::{Clock, Monotonic};
 use crate::state::{Layout, Snapshot};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering, ShardLock, ShardReadGuard, ShardWriteGuard};
@@ -451,16 +451,7 @@ pub(crate) fn reanchor<C: Clock + ?Sized>(
     clock: &Monotonic<C>,
     now: u64,
 ) {
-    let done = bucket.transition(layout, clock, now, false, |s, _| {
-        if s.behind() > 0 {
-            (None, ())
-        } else {
-            // The refilled state at its own tick, not anchored at the next edge as a
-            // write near full is: the word then refills exactly as the old one would.
-            (Some(s.with_units(s.units())), ())
-        }
-    });
-    debug_assert!(done.is_ok(), "a non-strict transition cannot fail");
+    let Ok(()) = bucket.reanchor_in::<Fixed, C>(layout, clock, now);
 }
 
 /// Clock nanoseconds from which a bucket in state `s`, read at `now`, is full if nothing

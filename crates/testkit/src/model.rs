@@ -286,6 +286,23 @@ impl Ideal {
         Some(ideal)
     }
 
+    /// An ideal bucket for `policy` holding `units / 2^frac_bits` tokens (at least zero,
+    /// at most the capacity) at `now_nanos`: the state a reconfiguration leaves. Rounded
+    /// up to the model's resolution (`1 / den` tokens), so it never holds less than the
+    /// engine; `None` as for [`new`](Ideal::new).
+    pub fn with_balance(
+        policy: &Policy,
+        now_nanos: u64,
+        units: i128,
+        frac_bits: u32,
+    ) -> Option<Ideal> {
+        let mut ideal = Ideal::new(policy, now_nanos)?;
+        let units = u128::try_from(units.max(0)).ok()?;
+        let scaled = units.checked_mul(ideal.den)?.div_ceil(1u128 << frac_bits);
+        ideal.scaled = scaled.min(ideal.capacity);
+        Some(ideal)
+    }
+
     /// The balance at `now_nanos` and the time it is at, without updating.
     fn refilled(&self, now_nanos: u64) -> (u128, u128) {
         let now = u128::from(now_nanos);

@@ -180,7 +180,7 @@ impl Reference {
             return Err(reasons);
         }
         let max = max.expect("checked above");
-        let token_bits = 128 - max.leading_zeros();
+        let token_bits = 128 - (max + 1).leading_zeros();
         let wrap = 1u128 << (64 - token_bits);
         let half = wrap / 2;
         // At least two ticks (a write near full anchors one tick ahead), when the field

@@ -1,0 +1,293 @@
+//! A bucket whose policy changes while it runs, carrying its tokens over exactly.
+//!
+//! # How a switch stays consistent without a lock
+//!
+//! A [`LiveBucket`] holds a pointer to its current *epoch*: one policy and its own
+//! word, exactly a [`Bucket`](crate::Bucket)'s state. Every operation loads the pointer
+//! and works on that epoch's word as a plain bucket does. A reconfiguration:
+//!
+//! 1. allocates the new epoch (nothing else allocates or waits afterwards);
+//! 2. *seals* the old word: swaps in [`SEALED`], a word no layout ever stores, and gets
+//!    the state it held;
+//! 3. reads the clock (after the seal, so not earlier than any reading stored in the
+//!    word), converts the state to the new layout ([`inherit::convert`]) and publishes
+//!    the new epoch.
+//!
+//! An operation that loads a sealed word, or loses its CAS to the seal, decides and
+//! writes nothing, and starts again on the new epoch (waiting, if it came between steps
+//! 2 and 3, for the few instructions of the conversion). A sealed word never changes
+//! again, so no operation holding the old policy can write it: no admission against the
+//! old state lands after the switch, and none is lost or counted twice at it (the loom
+//! model `live_reconfigure` checks both, and catches a switch that skips the seal).
+//! Every decision is made on one epoch's word alone, with that epoch's policy.
+//!
+//! Epochs are kept until the bucket is dropped (an operation may still hold a replaced
+//! one): each reconfiguration holds [`EPOCH_BYTES`] more. Reconfiguring once a minute
+//! for a year holds about 130 MiB; a bucket reconfigured that often is better rebuilt.
+//!
+//! # Cost
+//!
+//! One pointer load more than a [`Bucket`](crate::Bucket) per operation, and one
+//! comparison with the sealed word (`BENCHMARKS.md`, "Live reconfiguration").
+
+use std::fmt;
+use std::ptr;
+
+use crate::bucket::reread_snapshot;
+use crate::bucket::{Core, Sealable, Sealed};
+use crate::clock::{Clock, Monotonic, QuantaClock};
+use crate::decision::Decision;
+use crate::error::AcquireError;
+use crate::inherit::{self, Inherit};
+use crate::policy::Policy;
+use crate::state::SEALED;
+use crate::sync::{AtomicPtr, Ordering};
+
+/// Bytes each reconfiguration keeps until the bucket is dropped: one epoch.
+pub const EPOCH_BYTES: usize = std::mem::size_of::<Epoch>();
+
+/// One policy of a [`LiveBucket`] and its word, and the epoch it replaced.
+struct Epoch {
+    core: Core,
+    /// The epoch this one replaced (owned: freed when the bucket is dropped), or null.
+    prev: *mut Epoch,
+}
+
+/// What a [`LiveBucket::reconfigure`] did to the balance.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reconfigured {
+    /// Tokens the bucket held under the old policy at the switch (negative while
+    /// reservations were owed): what it would have decided on then.
+    pub before: f64,
+    /// Tokens it holds under the new policy.
+    pub after: f64,
+    /// Debt beyond what the new policy may owe, forgiven, in tokens (zero unless
+    /// reservations were owed).
+    pub forgiven: f64,
+    /// The strategy applied.
+    pub inherit: Inherit,
+}
+
+/// A token bucket whose policy can be replaced while it runs
+/// ([`reconfigure`](LiveBucket::reconfigure)), carrying its tokens over with a chosen
+/// [`Inherit`] strategy. Otherwise a [`Bucket`](crate::Bucket): the same decisions, the
+/// same exact-time bound for each policy, no lock on any operation.
+///
+/// ```
+/// use tokengate::{Inherit, LiveBucket, ManualClock, Policy};
+///
+/// let bucket = LiveBucket::with_clock(Policy::new(100, 10.0)?, ManualClock::new());
+/// assert!(bucket.try_acquire(60)?.is_admitted()); // 40 left of 100
+///
+/// // Ten times the capacity, the same fraction of it: 400 of 1000.
+/// let switch = bucket.reconfigure(Policy::new(1000, 100.0)?, Inherit::Proportional);
+/// assert_eq!((switch.before, switch.after), (40.0, 400.0));
+/// assert_eq!(bucket.policy().capacity(), 1000);
+/// assert!(bucket.try_acquire(400)?.is_admitted());
+/// assert!(bucket.try_acquire(1)?.is_rejected());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LiveBucket<C: Clock = QuantaClock> {
+    current: AtomicPtr<Epoch>,
+    clock: Monotonic<C>,
+}
+
+// SAFETY: the epochs are shared through `&LiveBucket` only as `&Core` (atomics and a
+// `Copy` policy); `prev` is read and freed only by `Drop`, which has `&mut self`.
+unsafe impl<C: Clock + Send> Send for LiveBucket<C> {}
+// SAFETY: as above; every shared access to an epoch goes through its atomics.
+unsafe impl<C: Clock + Sync> Sync for LiveBucket<C> {}
+
+impl<C: Clock> fmt::Debug for LiveBucket<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveBucket")
+            .field("policy", self.policy())
+            .field("available", &self.available())
+            .finish()
+    }
+}
+
+impl LiveBucket<QuantaClock> {
+    /// A bucket on the default clock ([`QuantaClock`]), in the policy's start state.
+    pub fn new(policy: Policy) -> LiveBucket<QuantaClock> {
+        LiveBucket::with_clock(policy, QuantaClock::new())
+    }
+}
+
+impl<C: Clock> LiveBucket<C> {
+    /// A bucket on `clock`, in the policy's start state at the clock's current time.
+    pub fn with_clock(policy: Policy, clock: C) -> LiveBucket<C> {
+        let clock = Monotonic::new(clock);
+        let created = clock.now_nanos();
+        let first = Box::new(Epoch {
+            core: Core::new(policy, created, None),
+            prev: ptr::null_mut(),
+        });
+        LiveBucket {
+            current: AtomicPtr::new(Box::into_raw(first)),
+            clock,
+        }
+    }
+
+    /// The current epoch.
+    #[inline(always)]
+    fn epoch(&self) -> &Epoch {
+        // SAFETY: `current` always points to a live epoch (set from `Box::into_raw`),
+        // and epochs are freed only when the bucket is dropped, which `&self` prevents.
+        // The acquire load pairs with the release store that published it.
+        unsafe { &*self.current.load(Ordering::Acquire) }
+    }
+
+    /// Waits until `sealed`, whose word an operation found sealed, is replaced: the
+    /// reconfiguration that sealed it publishes its successor a few instructions later.
+    #[cold]
+    #[inline(never)]
+    fn await_successor(&self, sealed: &Epoch) {
+        let mut spins = 0u32;
+        while ptr::eq(self.current.load(Ordering::Acquire), sealed) {
+            crate::sync::spin(&mut spins);
+        }
+    }
+
+    /// Runs `op` on the current epoch until it finds its word unsealed.
+    #[inline(always)]
+    fn on_epoch<T>(&self, mut op: impl FnMut(&Core) -> Result<T, Sealed>) -> T {
+        loop {
+            let epoch = self.epoch();
+            match op(&epoch.core) {
+                Ok(out) => return out,
+                Err(Sealed) => self.await_successor(epoch),
+            }
+        }
+    }
+
+    /// Takes `cost` tokens if the balance covers them, as
+    /// [`Bucket::try_acquire`](crate::Bucket::try_acquire) does, under the current
+    /// policy.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::CostExceedsCapacity`] for a cost above the current capacity.
+    #[inline]
+    pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
+        self.on_epoch(|core| {
+            let now = self.clock.now_nanos();
+            core.try_acquire::<Sealable, C>(&self.clock, now, cost)
+        })
+    }
+
+    /// Gives back `cost` tokens, as [`Bucket::refund`](crate::Bucket::refund) does, to
+    /// the current policy: capped at its capacity. A refund after a switch gives the
+    /// tokens to the new policy as they are, whatever strategy the switch used.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::CostExceedsCapacity`] for a cost above the current capacity.
+    pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
+        self.on_epoch(|core| core.refund::<Sealable, C>(&self.clock, cost))
+    }
+
+    /// Puts the bucket back in the current policy's start state.
+    pub fn reset(&self) {
+        self.on_epoch(|core| core.reset::<Sealable, C>(&self.clock));
+    }
+
+    /// Tokens available now under the current policy (fractional; negative while
+    /// reservations are owed). Writes nothing.
+    pub fn available(&self) -> f64 {
+        self.on_epoch(|core| core.available::<Sealable, C>(&self.clock))
+    }
+
+    /// The policy enforced now.
+    pub fn policy(&self) -> &Policy {
+        self.epoch().core.policy()
+    }
+
+    /// The clock this bucket reads.
+    pub fn clock(&self) -> &C {
+        self.clock.get_ref()
+    }
+
+    /// Replaces the policy, carrying the tokens over with `inherit` (module
+    /// [`inherit`](crate::inherit) states each strategy's exact guarantee). Operations
+    /// racing the switch decide either wholly before it, on the old policy and state, or
+    /// wholly after it, on the new; none is lost or counted twice.
+    ///
+    /// Concurrent reconfigurations are applied one after the other, each converting
+    /// what the previous one left.
+    pub fn reconfigure(&self, policy: Policy, inherit: Inherit) -> Reconfigured {
+        // Allocated before the seal: between the seal and the publication, only
+        // arithmetic, so that operations waiting on the switch wait for nothing else.
+        let mut next = Box::new(Epoch {
+            core: Core::new(policy, 0, Some(0)),
+            prev: ptr::null_mut(),
+        });
+        loop {
+            let epoch = self.epoch();
+            let word = if mutant!(RECONFIGURE_SKIPS_SEAL) {
+                epoch.core.raw().load()
+            } else {
+                epoch.core.raw().seal()
+            };
+            if word == SEALED {
+                // Another reconfiguration sealed it first: convert what it leaves.
+                self.await_successor(epoch);
+                continue;
+            }
+            // Read after the seal: not earlier than any reading stored in `word`.
+            let now = self.clock.now_nanos();
+            let old = epoch.core.policy();
+            let from = old.layout();
+            let passes = epoch.core.passes();
+            let snapshot = if passes.is_due(now) && passes.idle_at(now) {
+                from.reanchor_full(from.tick_of(now))
+            } else {
+                reread_snapshot(from, word, now)
+            };
+            let to = policy.layout();
+            let converted =
+                inherit::convert(from, &snapshot, now, to, inherit, policy.starts_full());
+            next.core = Core::new(policy, now, Some(converted.word));
+            next.prev = ptr::from_ref(epoch).cast_mut();
+            self.current.store(Box::into_raw(next), Ordering::Release);
+            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
+            return Reconfigured {
+                before: tokens(converted.from_units, from.frac_bits()),
+                after: tokens(converted.to_units, to.frac_bits()),
+                forgiven: converted.forgiven_units as f64 / (1u128 << to.frac_bits()) as f64,
+                inherit,
+            };
+        }
+    }
+
+    /// The policies this bucket has enforced, the current one included: each holds
+    /// [`EPOCH_BYTES`] until the bucket is dropped.
+    pub fn epochs(&self) -> usize {
+        let mut count = 0;
+        let mut p: *const Epoch = self.epoch();
+        while !p.is_null() {
+            count += 1;
+            // SAFETY: every `prev` is null or a live epoch, freed only by `Drop`.
+            p = unsafe { (*p).prev };
+        }
+        count
+    }
+
+    /// The packed word of the current policy as stored, for diagnostics.
+    pub fn stored_word(&self) -> u64 {
+        self.epoch().core.raw().load()
+    }
+}
+
+impl<C: Clock> Drop for LiveBucket<C> {
+    fn drop(&mut self) {
+        let mut p = self.current.load(Ordering::Acquire);
+        while !p.is_null() {
+            // SAFETY: each epoch was made by `Box::into_raw` and is reachable once, from
+            // `current` or from its successor's `prev`; `&mut self` excludes every
+            // other access.
+            let epoch = unsafe { Box::from_raw(p) };
+            p = epoch.prev;
+        }
+    }
+}
