@@ -22,7 +22,9 @@ use std::time::Instant;
 
 use governor::RateLimiter;
 use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, WorkClass};
-use tokengate::{Bucket, Clock, CoarseClock, LeasedBucket, Policy, QuantaClock, acquire_all};
+use tokengate::{
+    Bucket, Clock, CoarseClock, Inherit, LeasedBucket, LiveBucket, Policy, QuantaClock, acquire_all,
+};
 
 mod common;
 #[path = "../crates/cli/src/mutex_bucket.rs"]
@@ -86,6 +88,12 @@ fn main() {
     let tenant_request = Request::new().tenant(TenantId(1));
     let tg_reject = Bucket::new(reject());
     let _ = tg_reject.try_acquire(1);
+    // Reconfigured once, so that every decision goes through a replaced epoch's successor.
+    let live_admit = LiveBucket::new(admit());
+    live_admit.reconfigure(admit(), Inherit::AsIs);
+    let live_reject = LiveBucket::new(reject());
+    live_reject.reconfigure(reject(), Inherit::AsIs);
+    let _ = live_reject.try_acquire(1);
     let coarse_admit = Bucket::with_clock(admit(), coarse.clone());
     let coarse_reject = Bucket::with_clock(reject(), coarse.clone());
     let _ = coarse_reject.try_acquire(1);
@@ -136,6 +144,18 @@ fn main() {
             "tg_admit",
             Box::new(|| {
                 let _ = black_box(black_box(&tg_admit).try_acquire(1));
+            }),
+        ),
+        (
+            "live_admit",
+            Box::new(|| {
+                let _ = black_box(black_box(&live_admit).try_acquire(1));
+            }),
+        ),
+        (
+            "live_reject",
+            Box::new(|| {
+                let _ = black_box(black_box(&live_reject).try_acquire(1));
             }),
         ),
         (

@@ -34,7 +34,7 @@ use std::fmt;
 use std::ptr;
 
 use crate::bucket::reread_snapshot;
-use crate::bucket::{Core, Sealable, Sealed};
+use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -170,10 +170,20 @@ impl<C: Clock> LiveBucket<C> {
     /// [`AcquireError::CostExceedsCapacity`] for a cost above the current capacity.
     #[inline]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
-        self.on_epoch(|core| {
+        loop {
+            let epoch = self.epoch();
             let now = self.clock.now_nanos();
-            core.try_acquire::<Sealable, C>(&self.clock, now, cost)
-        })
+            let out = epoch
+                .core
+                .try_acquire::<Sealable, C>(&self.clock, now, cost);
+            // No pool here: a `PoolUnavailable` is only ever `SEALED_ERROR`. Returned as
+            // it is otherwise (no wrapper to unwrap on the hot path).
+            if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {
+                return out;
+            }
+            debug_assert_eq!(out, Err(SEALED_ERROR));
+            self.await_successor(epoch);
+        }
     }
 
     /// Gives back `cost` tokens, as [`Bucket::refund`](crate::Bucket::refund) does, to
