@@ -884,7 +884,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     }
 
     /// The packed word of `scope`'s bucket as stored, before any refill (`None` when the
-    /// scope has no rule or no bucket yet; for a leased global scope, its global word):
+    /// scope has no rule or no bucket yet; for a leased global scope, its global word;
+    /// for a rule with several policies, its first policy's word):
     /// decode it with the rule's [`Layout`](crate::state::Layout). For diagnostics, and
     /// to check that an operation wrote nothing.
     pub fn stored_word(&self, scope: &Scope) -> Option<u64> {
