@@ -8,7 +8,7 @@ use crate::error::AcquireError;
 use crate::multi::MultiError;
 use crate::policy::Policy;
 use crate::scope::kind::{PerKind, Scope, ScopeKind};
-use crate::scope::rules::Request;
+use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request};
 use crate::telemetry::Record;
 
 /// Why a scope refused a request.
@@ -49,7 +49,11 @@ impl From<&Decision> for Parts {
 /// kind the most keys its map holds.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KindPolicies {
-    pub(crate) policy: Policy,
+    /// The rule's policies (its [`Rule::policies`](crate::scope::Rule::policies), padded
+    /// with copies of the first).
+    pub(crate) policies: [Policy; MAX_POLICIES_PER_RULE],
+    /// How many of `policies` are the rule's (at least one).
+    pub(crate) len: usize,
     pub(crate) overflow: Option<Policy>,
     pub(crate) max_keys: usize,
 }
@@ -65,11 +69,25 @@ pub(crate) const fn bit(k: usize) -> KindSet {
     1 << k
 }
 
+impl KindPolicies {
+    /// The first policy: the one an admission reports.
+    #[inline]
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policies[0]
+    }
+
+    /// The rule's policies.
+    pub(crate) fn as_slice(&self) -> &[Policy] {
+        &self.policies[..self.len.clamp(1, MAX_POLICIES_PER_RULE)]
+    }
+}
+
 /// The scope that refused, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refused {
-    /// Its bucket did not hold the cost: its parts are the decision's.
-    RateLimited(ScopeKind),
+    /// The bucket of its limit (the policy's index in the rule) did not hold the cost:
+    /// its parts are the decision's.
+    RateLimited(ScopeKind, u8),
     /// Its map was full ([`Refusal::KeyLimit`]).
     KeyLimit(ScopeKind),
 }
@@ -81,6 +99,12 @@ pub(crate) enum Refused {
 /// own [`Decision`] is kept as its balance and tick lead, and rebuilt from the scope's
 /// policy when [`decision`](ScopeDecision::decision) or
 /// [`records`](ScopeDecision::records) asks for it.
+///
+/// A scope whose rule holds several policies ([`Rule::with_policies`](crate::scope::Rule::with_policies))
+/// reports, for an admission, the decision of its first policy's bucket; for a
+/// rate-limit refusal, that of the limit that refused
+/// ([`refused_limit`](ScopeDecision::refused_limit)): when several of its limits
+/// refuse, the one with the longest wait.
 ///
 /// ```
 /// use tokengate::{ManualClock, Policy, scope::Request, scope::Rule, scope::RuleSet, scope::Scope, scope::ScopeKind, scope::TenantId, scope::WorkClass};
@@ -151,7 +175,8 @@ impl<'a> ScopeDecision<'a> {
         }
     }
 
-    /// Records kind `k`'s bucket decision.
+    /// Records kind `k`'s bucket decision (its first limit's: the one an admission
+    /// reports).
     #[inline]
     pub(crate) fn decides(&mut self, k: usize, d: &Decision) {
         self.parts[k] = Parts::from(d);
@@ -165,17 +190,19 @@ impl<'a> ScopeDecision<'a> {
         self
     }
 
-    /// Makes this a rate-limit refusal by kind `k`, whose bucket decided `d`; the other
-    /// kinds' decisions (rolled back) are dropped.
+    /// Makes this a rate-limit refusal by limit `limit` of kind `k`, whose bucket
+    /// decided `d`; the other decisions (rolled back) are dropped.
     pub(crate) fn refuse(
         mut self,
         k: usize,
+        limit: usize,
         d: &Decision,
         retry_after: Duration,
     ) -> ScopeDecision<'a> {
         self.decided = 0;
         self.decides(k, d);
-        self.refused = Some(Refused::RateLimited(ScopeKind::ALL[k]));
+        // At most MAX_POLICIES_PER_RULE limits: the index fits a byte.
+        self.refused = Some(Refused::RateLimited(ScopeKind::ALL[k], limit as u8));
         self.retry_after = retry_after;
         self
     }
@@ -195,15 +222,36 @@ impl<'a> ScopeDecision<'a> {
     /// The scope that refused, for a rejection.
     pub fn refused_scope(&self) -> Option<Scope> {
         let k = match self.refused? {
-            Refused::RateLimited(k) | Refused::KeyLimit(k) => k,
+            Refused::RateLimited(k, _) | Refused::KeyLimit(k) => k,
         };
         Scope::of(&self.request, k)
+    }
+
+    /// For a rate-limit rejection, which limit of the refusing scope refused: the index
+    /// of its policy in the rule's [`policies`](crate::scope::Rule::policies) (0 for a
+    /// single-policy rule). When several of the scope's limits could not pay, the one
+    /// with the longest wait. `None` for an admission and a [`Refusal::KeyLimit`].
+    pub fn refused_limit(&self) -> Option<usize> {
+        match self.refused? {
+            Refused::RateLimited(_, l) => Some(usize::from(l)),
+            Refused::KeyLimit(_) => None,
+        }
+    }
+
+    /// For a rate-limit rejection, the policy of the limit that refused
+    /// ([`refused_limit`](ScopeDecision::refused_limit)); the overflow bucket's for a
+    /// scope charged there.
+    pub fn refused_policy(&self) -> Option<&'a Policy> {
+        match self.refused? {
+            Refused::RateLimited(k, _) => self.policy_of(k.index()),
+            Refused::KeyLimit(_) => None,
+        }
     }
 
     /// Why the refusing scope refused, for a rejection.
     pub fn refusal(&self) -> Option<Refusal> {
         Some(match self.refused? {
-            Refused::RateLimited(k) => Refusal::RateLimited(self.decision_of(k.index())?),
+            Refused::RateLimited(k, _) => Refusal::RateLimited(self.decision_of(k.index())?),
             Refused::KeyLimit(k) => Refusal::KeyLimit {
                 max_keys: self.policies[k.index()].as_ref()?.max_keys,
             },
@@ -215,7 +263,7 @@ impl<'a> ScopeDecision<'a> {
     /// [`Refusal::KeyLimit`], which has no estimate.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.refused {
-            Some(Refused::RateLimited(_)) => Some(self.retry_after),
+            Some(Refused::RateLimited(..)) => Some(self.retry_after),
             _ => None,
         }
     }
@@ -278,13 +326,16 @@ impl<'a> ScopeDecision<'a> {
         }
     }
 
-    /// The policy of the bucket kind `k` paid: the overflow bucket's when charged there.
+    /// The policy of the bucket whose decision kind `k` reports: the overflow bucket's
+    /// when charged there, the refusing limit's for the refusing kind, else the first.
     fn policy_of(&self, k: usize) -> Option<&'a Policy> {
         let kp = self.policies[k].as_ref()?;
         if self.overflow & bit(k) != 0 {
-            kp.overflow.as_ref()
-        } else {
-            Some(&kp.policy)
+            return kp.overflow.as_ref();
+        }
+        match self.refused {
+            Some(Refused::RateLimited(r, l)) if r.index() == k => kp.as_slice().get(usize::from(l)),
+            _ => Some(kp.policy()),
         }
     }
 
@@ -319,6 +370,7 @@ impl fmt::Debug for ScopeDecision<'_> {
         f.debug_struct("ScopeDecision")
             .field("admitted", &self.is_admitted())
             .field("refused_scope", &self.refused_scope())
+            .field("refused_limit", &self.refused_limit())
             .field("refusal", &self.refusal())
             .field("retry_after", &self.retry_after())
             .finish()

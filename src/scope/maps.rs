@@ -9,12 +9,23 @@ use crate::keyed::{KeyedLimiter, Slot, SweepReport};
 use crate::scope::kind::{
     ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
-use crate::scope::rules::{Request, Rule, RuleError};
+use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Rule, RuleError};
 use crate::telemetry::{Attempt, CounterSnapshot};
 
-/// One keyed kind's map, with the conversions between its keys and [`Scope`]s.
+/// The slot of each limit (policy) of one keyed kind while its locks are held: `None`
+/// past the rule's policies, and for every limit when the request does not pay the kind.
+pub(super) type LimitSlots<'a, C> = [Option<Slot<'a, C>>; MAX_POLICIES_PER_RULE];
+
+// `with` nests one lock per limit, written out for each count up to this maximum.
+const _: () = assert!(MAX_POLICIES_PER_RULE == 4);
+
+/// One keyed kind's maps, one per policy of its rule, with the conversions between its
+/// keys and [`Scope`]s.
 pub(super) struct KindMap<K, C: Clock, S> {
+    /// The first policy's map: it alone keeps counters, and names the kind's keys.
     pub(super) map: KeyedLimiter<K, C, S>,
+    /// The other policies' maps, in the rule's order (empty for a single policy).
+    extra: Vec<KeyedLimiter<K, C, S>>,
     key_of: fn(&Scope) -> Option<K>,
     scope_of: fn(&K) -> Scope,
 }
@@ -32,6 +43,9 @@ pub(super) trait KindMapOps {
     fn counters(&self, scope: &Scope) -> Option<CounterSnapshot>;
     /// `None` when `scope` is not of this kind.
     fn available(&self, scope: &Scope) -> Option<f64>;
+    /// The tokens of `scope`'s bucket of limit `limit`; `None` when `scope` is not of
+    /// this kind or the rule has no such limit.
+    fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64>;
     /// `None` when `scope` is not of this kind or has no bucket.
     fn stored_word(&self, scope: &Scope) -> Option<u64>;
     fn for_each_counters(&self, f: &mut dyn FnMut(Scope, CounterSnapshot));
@@ -67,11 +81,18 @@ where
     }
 
     fn sweep(&self) -> SweepReport {
-        self.map.sweep()
+        let mut report = self.map.sweep();
+        for m in &self.extra {
+            report += m.sweep();
+        }
+        report
     }
 
     fn max_sweep_interval(&self) -> Duration {
-        self.map.max_sweep_interval()
+        self.extra
+            .iter()
+            .map(|m| m.max_sweep_interval())
+            .fold(self.map.max_sweep_interval(), Duration::min)
     }
 
     fn counters(&self, scope: &Scope) -> Option<CounterSnapshot> {
@@ -80,6 +101,15 @@ where
 
     fn available(&self, scope: &Scope) -> Option<f64> {
         Some(self.map.available(&(self.key_of)(scope)?))
+    }
+
+    fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64> {
+        let key = (self.key_of)(scope)?;
+        let map = match limit {
+            0 => &self.map,
+            l => self.extra.get(l - 1)?,
+        };
+        Some(map.available(&key))
     }
 
     fn stored_word(&self, scope: &Scope) -> Option<u64> {
@@ -94,6 +124,9 @@ where
         if let Some(k) = (self.key_of)(scope) {
             // A cost within the capacity (it was paid); an evicted key gets nothing.
             let _ = self.map.refund(&k, cost);
+            for m in &self.extra {
+                let _ = m.refund(&k, cost);
+            }
         }
     }
 }
@@ -114,30 +147,38 @@ where
     let Some(r) = rules[kind.index()] else {
         return Ok(None);
     };
-    KeyedLimiter::builder(r.policy, r.options.max_keys)
-        .options(r.options)
-        .clock(clock.clone())
-        .hasher(hasher.clone())
-        .build()
-        .map(|map| {
-            Some(KindMap {
-                map,
-                key_of,
-                scope_of,
-            })
-        })
-        .map_err(|error| RuleError::Keyed { kind, error })
+    let build = |policy, options| {
+        KeyedLimiter::builder(policy, r.options.max_keys)
+            .options(options)
+            .clock(clock.clone())
+            .hasher(hasher.clone())
+            .build()
+            .map_err(|error| RuleError::Keyed { kind, error })
+    };
+    let map = build(*r.policy(), r.options)?;
+    // The first map alone counts: the other limits' maps hold a word per key.
+    let extra = r.policies()[1..]
+        .iter()
+        .map(|&p| build(p, r.options.counters(false)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(KindMap {
+        map,
+        extra,
+        key_of,
+        scope_of,
+    }))
 }
 
-/// Runs `f` with the slot of `key` in `map` held, or with `None` when the request does
-/// not pay this kind (no rule, no key, or a zero cost).
+/// Runs `f` with the slot of `key` in each of the kind's maps held (taken in the rule's
+/// policy order), or with none when the request does not pay this kind (no rule, no
+/// key, or a zero cost).
 #[inline]
 fn with<K, C, S, R>(
     map: &Option<KindMap<K, C, S>>,
     key: Option<K>,
     cost: u64,
     now: u64,
-    f: impl FnOnce(Option<Slot<'_, C>>) -> R,
+    f: impl FnOnce(LimitSlots<'_, C>) -> R,
 ) -> R
 where
     K: Hash + Eq + Clone + Send + Sync,
@@ -145,8 +186,28 @@ where
     S: BuildHasher,
 {
     match (map, key) {
-        (Some(m), Some(k)) if cost > 0 => m.map.with_slot(&k, now, |s| f(Some(s))),
-        _ => f(None),
+        (Some(m), Some(k)) if cost > 0 => {
+            let k = &k;
+            match m.extra.as_slice() {
+                [] => m.map.with_slot(k, now, |a| f([Some(a), None, None, None])),
+                [b] => m.map.with_slot(k, now, |a| {
+                    b.with_slot(k, now, |b| f([Some(a), Some(b), None, None]))
+                }),
+                [b, c] => m.map.with_slot(k, now, |a| {
+                    b.with_slot(k, now, |b| {
+                        c.with_slot(k, now, |c| f([Some(a), Some(b), Some(c), None]))
+                    })
+                }),
+                [b, c, d, ..] => m.map.with_slot(k, now, |a| {
+                    b.with_slot(k, now, |b| {
+                        c.with_slot(k, now, |c| {
+                            d.with_slot(k, now, |d| f([Some(a), Some(b), Some(c), Some(d)]))
+                        })
+                    })
+                }),
+            }
+        }
+        _ => f([None, None, None, None]),
     }
 }
 
@@ -154,7 +215,7 @@ where
 /// every kind's slot.
 macro_rules! nest {
     ($maps:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
-        $f([None $(, $held)*])
+        $f([[None, None, None, None] $(, $held)*])
     };
     (
         $maps:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
@@ -225,9 +286,10 @@ macro_rules! define_maps {
                     $(&& request.$field.is_some())+))*
             }
 
-            /// Runs `f` with the slot of every keyed kind `request` pays (at `costs`)
-            /// held, taking the maps' shard locks nested in kind order; `None` for the
-            /// global kind and for kinds the request does not pay.
+            /// Runs `f` with the slots of every keyed kind `request` pays (at `costs`)
+            /// held, taking the maps' shard locks nested in kind order, and within a
+            /// kind in policy order; `None`s for the global kind and for kinds the
+            /// request does not pay.
             #[inline]
             #[allow(non_snake_case)]
             pub(super) fn with_slots<R>(
@@ -235,7 +297,7 @@ macro_rules! define_maps {
                 request: &Request,
                 costs: &PerKind<u64>,
                 now: u64,
-                f: impl FnOnce(PerKind<Option<Slot<'_, C>>>) -> R,
+                f: impl FnOnce(PerKind<LimitSlots<'_, C>>) -> R,
             ) -> R {
                 nest!(self, request, costs, now, f, [], [$($kind ($($field),+)),*])
             }

@@ -7,6 +7,10 @@
 //! (at the one clock reading of the request); the [`ScopeDecision`] names the scope that
 //! refused. The global scope's bucket may be a [`LeasedBucket`] ([`Rule::leased`]).
 //!
+//! A rule may hold several policies ([`Rule::with_policies`]): each scope of its kind
+//! then has one bucket per policy, all paid in the same acquisition, and a refusal
+//! names the limit that refused ([`ScopeDecision::refused_limit`]).
+//!
 
 mod decision;
 mod kind;
@@ -35,9 +39,12 @@ use decision::KindPolicies;
 pub use decision::{Refusal, ScopeDecision, ScopeError};
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
-use maps::{KeyedMaps, KindMapOps};
+use maps::{KeyedMaps, KindMapOps, LimitSlots};
 pub use reserve::{Charge, ScopeReserveError};
-pub use rules::{ClassId, Request, Rule, RuleError, RuleSet, WorkClass};
+pub use rules::{ClassId, MAX_POLICIES_PER_RULE, Request, Rule, RuleError, RuleSet, WorkClass};
+
+/// Buckets one request may pay: every limit of every kind.
+const MAX_PAYERS: usize = ScopeKind::COUNT * MAX_POLICIES_PER_RULE;
 
 struct GlobalScope<C: Clock> {
     bucket: GlobalBucket<C>,
@@ -45,6 +52,16 @@ struct GlobalScope<C: Clock> {
     counters: Option<StripedCounters>,
     /// When a plain word is next re-anchored against the tick wrap (a leased bucket
     /// runs its own passes).
+    passes: Passes,
+    /// The words of the rule's other policies, in its order (empty for one policy; a
+    /// leased bucket has none).
+    extra: Box<[ExtraWord]>,
+}
+
+/// The global scope's word for one of its rule's policies after the first.
+struct ExtraWord {
+    raw: CachePadded<RawBucket>,
+    policy: Policy,
     passes: Passes,
 }
 
@@ -196,6 +213,9 @@ pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     maps: KeyedMaps<C, S>,
     classes: Vec<WorkClass>,
     policies: PerKind<Option<KindPolicies>>,
+    /// Whether the global scope has one bucket: a request paying no keyed scope then
+    /// pays it directly, without the multi-bucket path.
+    global_single: bool,
 }
 
 impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
@@ -215,8 +235,9 @@ impl RuleSet {
     /// # Errors
     ///
     /// [`RuleError`] for an invalid map configuration, a class that could never be
-    /// admitted in some scope, a duplicate class name, or leasing asked for a keyed kind
-    /// or with a configuration that does not fit the global policy.
+    /// admitted in some scope, a duplicate class name, leasing asked for a keyed kind
+    /// or with a configuration that does not fit the global policy, or leasing or a
+    /// shared overflow bucket on a rule with several policies.
     pub fn build(self) -> Result<ScopedLimiter, RuleError> {
         self.build_with(QuantaClock::new(), KeyHasher::new())
     }
@@ -245,9 +266,19 @@ impl RuleSet {
         hasher: S,
     ) -> Result<ScopedLimiter<C, S>, RuleError> {
         for kind in ScopeKind::ALL {
-            if let (Some(r), true) = (&self.rules[kind.index()], kind != ScopeKind::Global) {
+            let Some(r) = &self.rules[kind.index()] else {
+                continue;
+            };
+            let keyed = kind != ScopeKind::Global;
+            if keyed && r.lease.is_some() {
+                return Err(RuleError::LeasedNotGlobal { kind });
+            }
+            if r.policies().len() > 1 {
                 if r.lease.is_some() {
-                    return Err(RuleError::LeasedNotGlobal { kind });
+                    return Err(RuleError::MultiPolicyLease);
+                }
+                if keyed && matches!(r.options.overflow, Overflow::Share(_)) {
+                    return Err(RuleError::MultiPolicyOverflow { kind });
                 }
             }
         }
@@ -263,7 +294,12 @@ impl RuleSet {
                     continue;
                 };
                 let cost = c.cost_in(kind);
-                let mut capacity = rule.policy.capacity();
+                let mut capacity = rule
+                    .policies()
+                    .iter()
+                    .map(Policy::capacity)
+                    .min()
+                    .unwrap_or(0);
                 if let (Overflow::Share(p), true) =
                     (rule.options.overflow, kind != ScopeKind::Global)
                 {
@@ -282,7 +318,8 @@ impl RuleSet {
         let mut policies = [None; ScopeKind::COUNT];
         for kind in ScopeKind::ALL {
             policies[kind.index()] = self.rules[kind.index()].map(|r| KindPolicies {
-                policy: r.policy,
+                policies: r.policies,
+                len: r.policies().len(),
                 overflow: match r.options.overflow {
                     Overflow::Share(p) if kind != ScopeKind::Global => Some(p),
                     _ => None,
@@ -295,27 +332,39 @@ impl RuleSet {
         let guard = Monotonic::new(clock.clone());
         // The guard's first mark: the limiter counts time from its creation.
         guard.now_nanos();
+        let word = |p: &Policy| {
+            CachePadded::new(RawBucket::new(
+                p.layout(),
+                guard.now_nanos(),
+                p.starts_full(),
+            ))
+        };
         let global = match self.rules[ScopeKind::Global.index()] {
             None => None,
             Some(r) => Some(GlobalScope {
                 bucket: match r.lease {
-                    None => GlobalBucket::Word(CachePadded::new(RawBucket::new(
-                        r.policy.layout(),
-                        guard.now_nanos(),
-                        r.policy.starts_full(),
-                    ))),
+                    None => GlobalBucket::Word(word(r.policy())),
                     Some(config) => GlobalBucket::Leased(
-                        LeasedBucket::with_config(r.policy, clock.clone(), config)
+                        LeasedBucket::with_config(*r.policy(), clock.clone(), config)
                             .map_err(RuleError::Lease)?,
                     ),
                 },
-                passes: Passes::new(r.policy.layout(), guard.now_nanos()),
-                policy: r.policy,
+                passes: Passes::new(r.policy().layout(), guard.now_nanos()),
+                policy: *r.policy(),
                 counters: r.options.counters.then(StripedCounters::new),
+                extra: r.policies()[1..]
+                    .iter()
+                    .map(|p| ExtraWord {
+                        raw: word(p),
+                        policy: *p,
+                        passes: Passes::new(p.layout(), guard.now_nanos()),
+                    })
+                    .collect(),
             }),
         };
         Ok(ScopedLimiter {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            global_single: global.as_ref().is_none_or(|g| g.extra.is_empty()),
             global,
             maps: KeyedMaps::build(&self.rules, &clock, &hasher)?,
             classes: self.classes,
@@ -344,9 +393,9 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
     }
 }
 
-/// The slot of each keyed kind while its lock is held: `None` when the request does not
-/// pay that kind.
-type Held<'a, C> = PerKind<Option<Slot<'a, C>>>;
+/// The slots of each keyed kind's limits while their locks are held: `None` when the
+/// request does not pay that kind.
+type Held<'a, C> = PerKind<LimitSlots<'a, C>>;
 
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire) of
@@ -407,7 +456,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         costs: &PerKind<u64>,
     ) -> Result<ScopeDecision<'s>, ScopeError> {
         let now = self.now();
-        if !self.maps.pays_keyed(request, costs) {
+        if self.global_single && !self.maps.pays_keyed(request, costs) {
             return self.decide_global(class_costs, costs, request, now);
         }
         // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
@@ -416,7 +465,26 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         })
     }
 
-    /// The global bucket as a payer, when it has a rule and `costs` charge it.
+    /// The global scope's buckets as payers, one per limit, when it has a rule and
+    /// `costs` charge it. Only the first counts.
+    fn global_payers(&self, costs: &PerKind<u64>) -> [Option<Payer<'_, C>>; MAX_POLICIES_PER_RULE] {
+        let mut payers = [None; MAX_POLICIES_PER_RULE];
+        payers[0] = self.global_payer(costs);
+        if let (Some(g), Some(_)) = (&self.global, payers[0]) {
+            for (p, e) in payers[1..].iter_mut().zip(g.extra.iter()) {
+                *p = Some(Payer::Word(Handle {
+                    raw: &e.raw,
+                    layout: e.policy.layout(),
+                    clock: &self.clock,
+                    counters: CounterRef::Off,
+                }));
+            }
+        }
+        payers
+    }
+
+    /// The global bucket (its first limit's) as a payer, when it has a rule and `costs`
+    /// charge it.
     #[inline]
     fn global_payer(&self, costs: &PerKind<u64>) -> Option<Payer<'_, C>> {
         let g = self.global.as_ref()?;
@@ -466,7 +534,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Ok(d) => {
                 payer.counters().record(false, cost, request.attempt);
                 let retry_after = sealed::Sealed::wait_at(&payer, cost, now);
-                Ok(decision.refuse(k, &d, retry_after))
+                Ok(decision.refuse(k, 0, &d, retry_after))
             }
             Err(error) => Err(ScopeError::Acquire {
                 scope: Scope::Global,
@@ -487,60 +555,79 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         now: u64,
     ) -> Result<ScopeDecision<'s>, ScopeError> {
         let mut decision = ScopeDecision::new(request, class_costs, &self.policies);
-        let mut handles: PerKind<Option<Payer<'_, C>>> = [None; ScopeKind::COUNT];
-        handles[ScopeKind::Global.index()] = self.global_payer(costs);
-        for (k, slot) in slots.into_iter().enumerate() {
-            match slot {
-                None => {}
-                Some(Slot::Bucket(h)) => handles[k] = Some(Payer::Word(h)),
-                Some(Slot::Full { max_keys }) => {
-                    // Refused before any bucket is touched.
-                    debug_assert_eq!(self.policies[k].map(|p| p.max_keys), Some(max_keys));
-                    self.key_limit_counts(ScopeKind::ALL[k], costs[k], request);
-                    decision.pays(k, false);
-                    return Ok(decision.key_limit(k));
+        // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l`.
+        let mut handles: [Option<Payer<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
+        handles[..MAX_POLICIES_PER_RULE].copy_from_slice(&self.global_payers(costs));
+        for (k, limits) in slots.into_iter().enumerate() {
+            for (l, slot) in limits.into_iter().enumerate() {
+                match slot {
+                    None => {}
+                    Some(Slot::Bucket(h)) => {
+                        handles[k * MAX_POLICIES_PER_RULE + l] = Some(Payer::Word(h))
+                    }
+                    Some(Slot::Full { max_keys }) => {
+                        // Refused before any bucket is touched.
+                        debug_assert_eq!(self.policies[k].map(|p| p.max_keys), Some(max_keys));
+                        self.key_limit_counts(ScopeKind::ALL[k], costs[k], request);
+                        decision.pays(k, false);
+                        return Ok(decision.key_limit(k));
+                    }
                 }
             }
         }
-        // Compact the held handles into the member list (one per kind: no allocation).
+        // Compact the held handles into the member list (no allocation).
         let Some(filler) = handles.iter().flatten().next() else {
             return Ok(decision);
         };
-        let mut members = [(filler, 0u64); ScopeKind::COUNT];
-        let mut kinds = [0usize; ScopeKind::COUNT];
+        let mut members = [(filler, 0u64); MAX_PAYERS];
+        // Each member's kind and limit.
+        let mut at = [(0usize, 0usize); MAX_PAYERS];
         let mut n = 0;
-        for (k, h) in handles.iter().enumerate() {
+        for (i, h) in handles.iter().enumerate() {
             if let Some(h) = h {
+                let (k, l) = (i / MAX_POLICIES_PER_RULE, i % MAX_POLICIES_PER_RULE);
                 members[n] = (h, costs[k]);
-                kinds[n] = k;
+                at[n] = (k, l);
                 n += 1;
-                decision.pays(k, self.is_overflow(k, h));
+                if l == 0 {
+                    decision.pays(k, self.is_overflow(k, h));
+                }
             }
         }
         let members = &members[..n];
-        let outcome = acquire_all_at(members, Some(now), |i, d| decision.decides(kinds[i], d));
+        let at = &at[..n];
+        let outcome = acquire_all_at(members, Some(now), |i, d| {
+            // A scope reports its first limit's decision when admitted.
+            if at[i].1 == 0 {
+                decision.decides(at[i].0, d)
+            }
+        });
         let attempt = request.attempt;
         match outcome {
             Ok(m) if m.is_admitted() => {
-                for (k, h) in handles.iter().enumerate() {
-                    if let Some(h) = h {
-                        h.counters().record(true, costs[k], attempt);
+                for (&(h, cost), &(_, l)) in members.iter().zip(at) {
+                    if l == 0 {
+                        h.counters().record(true, cost, attempt);
                     }
                 }
                 Ok(decision)
             }
             Ok(m) => {
                 let i = m.refused_index().unwrap_or(0);
-                let k = kinds[i];
                 let refused = *m
                     .refused_decision()
                     .expect("a rejection names its decision");
-                members[i].0.counters().record(false, costs[k], attempt);
+                let k = at[i].0;
+                let (l, refused) = self.longest_refusal(members, at, i, refused, now);
+                // The kind's counters are its first limit's.
+                if let Some(h) = &handles[k * MAX_POLICIES_PER_RULE] {
+                    h.counters().record(false, costs[k], attempt);
+                }
                 // Rolled-back decisions are not the outcome: keep the refuser's.
-                Ok(decision.refuse(k, &refused, m.retry_after().unwrap_or(Duration::ZERO)))
+                Ok(decision.refuse(k, l, &refused, m.retry_after().unwrap_or(Duration::ZERO)))
             }
             Err(MultiError::Bucket { index, error }) => {
-                let kind = ScopeKind::ALL[kinds[index]];
+                let kind = ScopeKind::ALL[at.get(index).map_or(0, |a| a.0)];
                 Err(ScopeError::Acquire {
                     scope: Scope::of(request, kind).unwrap_or(Scope::Global),
                     error,
@@ -548,6 +635,40 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             }
             Err(e) => Err(ScopeError::Multi(e)),
         }
+    }
+
+    /// The limit of the refusing member `i`'s kind to name, and its decision: of the
+    /// kind's limits that cannot pay at `now`, the one with the longest wait (the first
+    /// listed among equals), so that the limit named is the one that keeps the request
+    /// out longest. Reads only.
+    fn longest_refusal(
+        &self,
+        members: &[(&Payer<'_, C>, u64)],
+        at: &[(usize, usize)],
+        i: usize,
+        refused: Decision,
+        now: u64,
+    ) -> (usize, Decision) {
+        let k = at[i].0;
+        let mut best = (at[i].1, refused);
+        if self.policies[k].is_none_or(|p| p.len <= 1) {
+            return best;
+        }
+        let (m, c) = members[i];
+        let mut wait = sealed::Sealed::wait_at(m, c, now);
+        for (&(m, c), &(kind, l)) in members.iter().zip(at) {
+            if kind != k || l == best.0 {
+                continue;
+            }
+            let w = sealed::Sealed::wait_at(m, c, now);
+            if w > wait {
+                if let Some(d) = sealed::Sealed::refusal_at(m, c, now) {
+                    best = (l, d);
+                    wait = w;
+                }
+            }
+        }
+        best
     }
 
     /// Whether a bucket of kind `k` is that kind's overflow bucket rather than a key's.
@@ -616,8 +737,39 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         self.map(kind).map_or(0, |m| m.len())
     }
 
-    /// Tokens `scope` has now (a fresh bucket's balance for a key not in its map);
-    /// `None` when its kind has no rule. Writes nothing.
+    /// Tokens `scope`'s bucket of limit `limit` (the index of its policy in the rule's
+    /// [`policies`](Rule::policies)) has now; `None` when its kind has no rule or the
+    /// rule no such limit. Writes nothing.
+    ///
+    /// ```
+    /// use tokengate::{ManualClock, Policy, scope::*};
+    /// let limiter = RuleSet::new()
+    ///     .rule(ScopeKind::Global, Rule::with_policies(vec![Policy::new(10, 1.0)?, Policy::new(4, 1.0)?])?)
+    ///     .class(WorkClass::new("one", 1))
+    ///     .build_with_clock(ManualClock::new())?;
+    /// limiter.try_acquire(&Request::new(), limiter.class("one").unwrap())?;
+    /// assert_eq!(limiter.available_in(&Scope::Global, 0), Some(9.0));
+    /// assert_eq!(limiter.available_in(&Scope::Global, 1), Some(3.0));
+    /// assert_eq!(limiter.available_in(&Scope::Global, 2), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64> {
+        match (scope, limit) {
+            (_, 0) => self.available(scope),
+            (Scope::Global, l) => {
+                let e = self.global.as_ref()?.extra.get(l - 1)?;
+                let layout = e.policy.layout();
+                let s = e.raw.snapshot(layout, self.now());
+                Some(layout.units_to_tokens(layout.balance_units(&s)))
+            }
+            (_, l) => self.map(scope.kind())?.available_in(scope, l),
+        }
+    }
+
+    /// Tokens `scope` has now (a fresh bucket's balance for a key not in its map; its
+    /// first limit's for a rule with several policies, see
+    /// [`available_in`](ScopedLimiter::available_in)); `None` when its kind has no rule.
+    /// Writes nothing.
     pub fn available(&self, scope: &Scope) -> Option<f64> {
         Some(match scope {
             Scope::Global => {
@@ -647,16 +799,30 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 bucket: GlobalBucket::Word(raw),
                 passes,
                 policy,
+                extra,
                 ..
-            }) => passes.check(now, &self.clock, |now, idle| {
-                let layout = policy.layout();
-                if idle {
-                    raw.fill(layout, now);
-                } else {
-                    reanchor(raw, layout, &self.clock, now);
-                }
-            }),
+            }) => {
+                let now = passes.check(now, &self.clock, |now, idle| {
+                    self.pass(raw, policy, now, idle)
+                });
+                extra.iter().fold(now, |now, e| {
+                    e.passes.check(now, &self.clock, |now, idle| {
+                        self.pass(&e.raw, &e.policy, now, idle)
+                    })
+                })
+            }
             _ => now,
+        }
+    }
+
+    /// One re-anchoring pass of a plain global word (see [`Passes::check`]).
+    #[cold]
+    fn pass(&self, raw: &RawBucket, policy: &Policy, now: u64, idle: bool) {
+        let layout = policy.layout();
+        if idle {
+            raw.fill(layout, now);
+        } else {
+            reanchor(raw, layout, &self.clock, now);
         }
     }
 
@@ -679,6 +845,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 }
             }
         }
+        for e in self.global.iter().flat_map(|g| g.extra.iter()) {
+            reanchor(
+                &e.raw,
+                e.policy.layout(),
+                &self.clock,
+                self.clock.now_nanos(),
+            );
+        }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
                 report += m.sweep();
@@ -690,7 +864,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The shortest of the maps' [`KeyedLimiter::max_sweep_interval`](crate::KeyedLimiter::max_sweep_interval)s (and the global
     /// bucket's).
     pub fn max_sweep_interval(&self) -> Duration {
-        let global = self.global.as_ref().map(|g| sweep_interval(&g.policy));
+        let global = self.global.as_ref().map(|g| {
+            g.extra
+                .iter()
+                .map(|e| sweep_interval(&e.policy))
+                .fold(sweep_interval(&g.policy), Duration::min)
+        });
         ScopeKind::ALL
             .into_iter()
             .filter_map(|k| self.map(k).map(|m| m.max_sweep_interval()))
@@ -705,7 +884,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     }
 
     /// The packed word of `scope`'s bucket as stored, before any refill (`None` when the
-    /// scope has no rule or no bucket yet; for a leased global scope, its global word):
+    /// scope has no rule or no bucket yet; for a leased global scope, its global word;
+    /// for a rule with several policies, its first policy's word):
     /// decode it with the rule's [`Layout`](crate::state::Layout). For diagnostics, and
     /// to check that an operation wrote nothing.
     pub fn stored_word(&self, scope: &Scope) -> Option<u64> {

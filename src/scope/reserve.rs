@@ -12,8 +12,10 @@ use crate::owned::{OwnedReservation, Reservable, reserve_on, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
 use crate::scope::kind::PerKind;
+use crate::scope::maps::LimitSlots;
 use crate::scope::{
-    ClassId, GlobalBucket, Request, Scope, ScopeDecision, ScopeError, ScopeKind, ScopedLimiter,
+    ClassId, GlobalBucket, MAX_PAYERS, MAX_POLICIES_PER_RULE, Request, Scope, ScopeDecision,
+    ScopeError, ScopeKind, ScopedLimiter,
 };
 use crate::telemetry::CounterRef;
 
@@ -132,9 +134,15 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Reservable for ScopedLimiter<C, S> 
 }
 
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
-    /// The policy of `kind`'s buckets, if it has a rule.
+    /// The policy of `kind`'s buckets, if it has a rule (its first, for a rule with
+    /// several: see [`policies`](ScopedLimiter::policies)).
     pub fn policy(&self, kind: ScopeKind) -> Option<&Policy> {
-        self.policies[kind.index()].as_ref().map(|p| &p.policy)
+        self.policies[kind.index()].as_ref().map(|p| p.policy())
+    }
+
+    /// Every policy of `kind`'s rule, in its order, if it has a rule.
+    pub fn policies(&self, kind: ScopeKind) -> Option<&[Policy]> {
+        self.policies[kind.index()].as_ref().map(|p| p.as_slice())
     }
 
     /// Gives every scope of `charge` its cost back, with the exact refund of
@@ -149,9 +157,16 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 let layout = g.policy.layout();
                 match &g.bucket {
                     GlobalBucket::Word(raw) => {
-                        if let Some(units) = layout.units_of(c[ScopeKind::Global.index()]) {
-                            let now = self.now();
+                        let cost = c[ScopeKind::Global.index()];
+                        let now = self.now();
+                        if let Some(units) = layout.units_of(cost) {
                             raw.refund_units(layout, &self.clock, now, units);
+                        }
+                        for e in g.extra.iter() {
+                            let layout = e.policy.layout();
+                            if let Some(units) = layout.units_of(cost) {
+                                e.raw.refund_units(layout, &self.clock, now, units);
+                            }
                         }
                     }
                     GlobalBucket::Leased(b) => {
@@ -280,17 +295,18 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
         paid
     }
 
-    /// Reserves on the held slots and the global word at `now`, rolling back on a
-    /// refusal; the latest ready time.
+    /// Reserves on the held slots and the global words at `now` (every limit of every
+    /// kind), rolling back on a refusal; the latest ready time.
     fn reserve_slots(
         &self,
-        slots: PerKind<Option<Slot<'_, C>>>,
+        slots: PerKind<LimitSlots<'_, C>>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
         max_wait: Duration,
     ) -> Result<u64, ScopeReserveError> {
-        let mut handles: PerKind<Option<Handle<'_, C>>> = [None; ScopeKind::COUNT];
+        // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l`.
+        let mut handles: [Option<Handle<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
         if let (Some(g), true) = (&self.global, costs[ScopeKind::Global.index()] > 0) {
             match &g.bucket {
                 GlobalBucket::Word(raw) => {
@@ -302,35 +318,50 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                             .counters
                             .as_ref()
                             .map_or(CounterRef::Off, CounterRef::Striped),
-                    })
+                    });
+                    for (h, e) in handles[1..MAX_POLICIES_PER_RULE]
+                        .iter_mut()
+                        .zip(g.extra.iter())
+                    {
+                        *h = Some(Handle {
+                            raw: &e.raw,
+                            layout: e.policy.layout(),
+                            clock: &self.clock,
+                            counters: CounterRef::Off,
+                        });
+                    }
                 }
                 GlobalBucket::Leased(_) => return Err(ScopeReserveError::LeasedGlobal),
             }
         }
-        for (k, slot) in slots.into_iter().enumerate() {
-            match slot {
-                None => {}
-                Some(Slot::Bucket(h)) => handles[k] = Some(h),
-                Some(Slot::Full { max_keys }) => {
-                    let kind = ScopeKind::ALL[k];
-                    return Err(ScopeReserveError::KeyLimit {
-                        scope: Scope::of(request, kind).unwrap_or(Scope::Global),
-                        max_keys,
-                    });
+        for (k, limits) in slots.into_iter().enumerate() {
+            for (l, slot) in limits.into_iter().enumerate() {
+                match slot {
+                    None => {}
+                    Some(Slot::Bucket(h)) => handles[k * MAX_POLICIES_PER_RULE + l] = Some(h),
+                    Some(Slot::Full { max_keys }) => {
+                        let kind = ScopeKind::ALL[k];
+                        return Err(ScopeReserveError::KeyLimit {
+                            scope: Scope::of(request, kind).unwrap_or(Scope::Global),
+                            max_keys,
+                        });
+                    }
                 }
             }
         }
         let mut ready_at = now;
-        for k in 0..ScopeKind::COUNT {
-            let Some(h) = handles[k] else { continue };
+        for i in 0..MAX_PAYERS {
+            let Some(h) = handles[i] else { continue };
+            let (k, l) = (i / MAX_POLICIES_PER_RULE, i % MAX_POLICIES_PER_RULE);
             let kind = ScopeKind::ALL[k];
             let refused = |error| {
                 // Give back what this request reserved so far, at the same reading.
-                for (j, done) in handles[..k].iter().enumerate() {
-                    if let (Some(d), Some(units)) =
-                        (done, handles[j].and_then(|h| h.layout.units_of(costs[j])))
-                    {
-                        d.raw.refund_units(d.layout, d.clock, now, units);
+                for (j, done) in handles[..i].iter().enumerate() {
+                    let cost = costs[j / MAX_POLICIES_PER_RULE];
+                    if let Some(d) = done {
+                        if let Some(units) = d.layout.units_of(cost) {
+                            d.raw.refund_units(d.layout, d.clock, now, units);
+                        }
                     }
                 }
                 ScopeReserveError::Reserve {
@@ -346,16 +377,18 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             };
             let horizon = self.policies[k]
                 .as_ref()
-                .map_or(Duration::ZERO, |p| p.policy.max_reservation());
+                .and_then(|p| p.as_slice().get(l))
+                .map_or(Duration::ZERO, |p| p.max_reservation());
             let limits = Limits { max_wait, horizon };
             match reserve_on(h.raw, h.layout, h.clock, now, units, &limits) {
                 Ok((_, ready)) => ready_at = ready_at.max(ready),
                 Err(e) => return Err(refused(e)),
             }
         }
-        for (k, h) in handles.iter().enumerate() {
-            if let Some(h) = h {
-                h.counters.record(true, costs[k], request.attempt);
+        for (i, h) in handles.iter().enumerate() {
+            if let (Some(h), 0) = (h, i % MAX_POLICIES_PER_RULE) {
+                h.counters
+                    .record(true, costs[i / MAX_POLICIES_PER_RULE], request.attempt);
             }
         }
         Ok(ready_at)

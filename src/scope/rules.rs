@@ -8,8 +8,26 @@ use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
 use crate::scope::kind::{ApiKeyId, PerKind, RouteId, ScopeKind, TenantId, UserId};
 
-/// How one scope kind is limited: the policy of each of its buckets, and for keyed kinds
-/// the bounds of their map.
+/// The most policies one [`Rule`] holds ([`Rule::with_policies`]): each costs every
+/// request of the kind one more bucket to pay, and every key one more map entry.
+pub const MAX_POLICIES_PER_RULE: usize = 4;
+
+/// How one scope kind is limited: the policies of each of its scopes (one bucket per
+/// policy, all paid or none), and for keyed kinds the bounds of their maps.
+///
+/// A rule usually holds one policy ([`Rule::new`]); [`Rule::with_policies`] gives it up
+/// to [`MAX_POLICIES_PER_RULE`] (say "10/s burst 20" and "100/min"): every request of
+/// the kind pays each of them, in the same all-or-nothing acquisition as its other
+/// scopes and at the same clock reading, and a refusal names the limit that refused
+/// ([`ScopeDecision::refused_limit`](crate::scope::ScopeDecision::refused_limit)).
+///
+/// A keyed kind with `n` policies keeps `n` maps, one per policy, all with the rule's
+/// [`KeyedOptions`] (the first one alone keeps the counters): a key then costs about `n`
+/// times a single-policy key's memory (`n` entries of its key and an 8-byte word, see
+/// [`KeyedLimiter`](crate::KeyedLimiter)'s memory section), plus its counters once, and
+/// at most `max_keys` keys are held in each map. Such a rule cannot use
+/// [`Overflow::Share`] or [`Rule::leased`]: [`RuleSet::build`] refuses them with
+/// [`RuleError::MultiPolicyOverflow`] and [`RuleError::MultiPolicyLease`].
 ///
 /// ```
 /// use tokengate::{keyed::Overflow, Policy, scope::Rule};
@@ -22,7 +40,9 @@ use crate::scope::kind::{ApiKeyId, PerKind, RouteId, ScopeKind, TenantId, UserId
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rule {
-    pub(crate) policy: Policy,
+    /// The policies; the first `len` are the rule's, the others copies of the first.
+    pub(crate) policies: [Policy; MAX_POLICIES_PER_RULE],
+    pub(crate) len: u8,
     pub(crate) options: KeyedOptions,
     pub(crate) lease: Option<LeaseConfig>,
 }
@@ -32,10 +52,43 @@ impl Rule {
     /// most [`DEFAULT_MAX_KEYS`] keys.
     pub fn new(policy: Policy) -> Rule {
         Rule {
-            policy,
+            policies: [policy; MAX_POLICIES_PER_RULE],
+            len: 1,
             options: KeyedOptions::new(DEFAULT_MAX_KEYS),
             lease: None,
         }
+    }
+
+    /// Buckets of every policy of `policies`, all paid by each request (all or none); for
+    /// keyed kinds one map per policy, each with [`KeyedOptions`]' defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::NoPolicies`] for an empty list, [`RuleError::TooManyPolicies`] for
+    /// more than [`MAX_POLICIES_PER_RULE`].
+    ///
+    /// ```
+    /// use tokengate::{Policy, scope::Rule, scope::RuleError};
+    /// let rule = Rule::with_policies(vec![Policy::new(20, 10.0)?, Policy::new(100, 100.0 / 60.0)?])?;
+    /// assert_eq!(rule.policies().len(), 2);
+    /// assert_eq!(rule.policy().capacity(), 20); // the first
+    /// assert_eq!(Rule::with_policies(vec![]).unwrap_err(), RuleError::NoPolicies);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_policies(policies: Vec<Policy>) -> Result<Rule, RuleError> {
+        let Some(&first) = policies.first() else {
+            return Err(RuleError::NoPolicies);
+        };
+        if policies.len() > MAX_POLICIES_PER_RULE {
+            return Err(RuleError::TooManyPolicies {
+                count: policies.len(),
+                max: MAX_POLICIES_PER_RULE,
+            });
+        }
+        let mut rule = Rule::new(first);
+        rule.policies[..policies.len()].copy_from_slice(&policies);
+        rule.len = policies.len() as u8;
+        Ok(rule)
     }
 
     /// Replaces the keyed map's options (ignored for the global scope but for
@@ -106,9 +159,14 @@ impl Rule {
         self
     }
 
-    /// The policy of this kind's buckets.
+    /// The policy of this kind's buckets: the first, for a rule with several.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        &self.policies[0]
+    }
+
+    /// Every policy of the rule, in the order given (at least one).
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies[..usize::from(self.len).clamp(1, MAX_POLICIES_PER_RULE)]
     }
 }
 
@@ -327,6 +385,25 @@ pub enum RuleError {
     },
     /// The global rule's [`LeaseConfig`] is invalid for its policy.
     Lease(LeaseConfigError),
+    /// [`Rule::with_policies`] with no policy.
+    NoPolicies,
+    /// [`Rule::with_policies`] with more than [`MAX_POLICIES_PER_RULE`] policies.
+    TooManyPolicies {
+        /// The number given.
+        count: usize,
+        /// The most a rule holds.
+        max: usize,
+    },
+    /// [`Rule::leased`] on a rule with several policies: a leased bucket holds one
+    /// policy, and leasing only one of them would let the others' buckets meet on one
+    /// cache line anyway (or, leasing none, silently ignore the setting).
+    MultiPolicyLease,
+    /// [`Overflow::Share`] on a keyed rule with several policies: the overflow bucket
+    /// holds one policy, and a key charged to it would skip the rule's other limits.
+    MultiPolicyOverflow {
+        /// The keyed kind whose rule asked for it.
+        kind: ScopeKind,
+    },
 }
 
 impl fmt::Display for RuleError {
@@ -351,6 +428,19 @@ impl fmt::Display for RuleError {
                  can be leased"
             ),
             RuleError::Lease(error) => write!(f, "rule for global scopes: {error}"),
+            RuleError::NoPolicies => f.write_str("a rule needs at least one policy, got none"),
+            RuleError::TooManyPolicies { count, max } => {
+                write!(f, "a rule holds at most {max} policies, got {count}")
+            }
+            RuleError::MultiPolicyLease => f.write_str(
+                "rule for global scopes asks for leasing with several policies: only a \
+                 single-policy global rule can be leased",
+            ),
+            RuleError::MultiPolicyOverflow { kind } => write!(
+                f,
+                "rule for {kind} scopes has several policies and a shared overflow bucket: \
+                 overflow must be Reject for a rule with several policies"
+            ),
         }
     }
 }

@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use tokengate::scope::{Rule, RuleSet};
+use tokengate::keyed::Overflow;
+use tokengate::scope::{MAX_POLICIES_PER_RULE, Rule, RuleSet, ScopeKind};
 
 use crate::model::Config;
 
@@ -24,23 +25,40 @@ impl fmt::Display for Unsupported {
 impl std::error::Error for Unsupported {}
 
 impl Config {
-    /// The parts of this configuration the engine does not enforce yet: rules with
-    /// several policies, and per-key overrides (tiers). Empty when [`rule_set`] builds.
+    /// The parts of this configuration the engine does not enforce yet: rules with more
+    /// than [`MAX_POLICIES_PER_RULE`] policies, leasing or a shared overflow bucket on a
+    /// rule with several policies, and per-key overrides (tiers). Empty when
+    /// [`rule_set`] builds.
     ///
     /// [`rule_set`]: Config::rule_set
     pub fn unsupported(&self) -> Vec<String> {
-        let mut parts: Vec<String> = self
-            .rules
-            .iter()
-            .filter(|r| r.policies.len() > 1)
-            .map(|r| {
-                format!(
-                    "rule {:?} has {} policies (one bucket per key holds one)",
-                    r.name,
-                    r.policies.len()
-                )
-            })
-            .collect();
+        let mut parts = Vec::new();
+        for r in self.rules.iter().filter(|r| r.policies.len() > 1) {
+            let n = r.policies.len();
+            if n > MAX_POLICIES_PER_RULE {
+                parts.push(format!(
+                    "rule {:?} has {n} policies (the engine holds at most \
+                     {MAX_POLICIES_PER_RULE} per rule)",
+                    r.name
+                ));
+            }
+            if r.lease.is_some() {
+                parts.push(format!(
+                    "rule {:?} is leased with {n} policies (only a single-policy global \
+                     rule can be leased)",
+                    r.name
+                ));
+            }
+            if r.kind != ScopeKind::Global
+                && matches!(r.options.overflow_value(), Overflow::Share(_))
+            {
+                parts.push(format!(
+                    "rule {:?} shares an overflow bucket with {n} policies (a key charged \
+                     there would skip the rule's other limits)",
+                    r.name
+                ));
+            }
+        }
         if !self.overrides.is_empty() {
             parts.push(format!(
                 "{} per-key overrides (keys get their rule's policy)",
@@ -50,8 +68,9 @@ impl Config {
         parts
     }
 
-    /// The engine's [`RuleSet`]: each rule's policy, map options and lease settings, and
-    /// the work classes. Shadow rules are included: pass [`shadow_kinds`] to the layer
+    /// The engine's [`RuleSet`]: each rule's policies (all paid, all or nothing, with a
+    /// refusal naming the limit that refused), map options and lease settings, and the
+    /// work classes. Shadow rules are included: pass [`shadow_kinds`] to the layer
     /// (or skip them with `ScopedLimiter::try_acquire_without`), which decides them
     /// without refusing. The inheritance strategies and evidence figures are not part
     /// of a rule set.
@@ -62,7 +81,7 @@ impl Config {
     /// [`unsupported`](Config::unsupported)): nothing half-applies.
     ///
     /// ```
-    /// use tokengate::scope::{Request, TenantId};
+    /// use tokengate::scope::{Request, ScopeKind, TenantId};
     /// use tokengate_config::Config;
     ///
     /// let config = Config::from_toml(r#"
@@ -78,6 +97,16 @@ impl Config {
     /// let limiter = config.rule_set()?.build()?;
     /// let search = limiter.class("search").unwrap();
     /// assert!(limiter.try_acquire(&Request::new().tenant(TenantId(1)), search)?.is_admitted());
+    ///
+    /// // Several policies: every request pays both.
+    /// let config = Config::from_toml(r#"
+    ///     [[rule]]
+    ///     name = "per-tenant"
+    ///     scope = "tenant"
+    ///     policies = ["10/s burst 20", "100/m"]
+    /// "#)?;
+    /// let limiter = config.rule_set()?.build()?;
+    /// assert_eq!(limiter.policies(ScopeKind::Tenant).map(<[_]>::len), Some(2));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -89,14 +118,17 @@ impl Config {
         }
         let mut set = RuleSet::new();
         for r in &self.rules {
-            // Validation guarantees exactly one policy here.
-            if let Some(&p) = r.policies.first() {
-                let mut rule = Rule::new(p).options(r.options);
-                if let Some(lease) = r.lease {
-                    rule = rule.leased(lease.to_lease_config());
-                }
-                set = set.rule(r.kind, rule);
+            // Validation guarantees at least one policy, and `unsupported` at most the
+            // engine's maximum; should either fail, the file is refused, not half-built.
+            let mut rule = Rule::with_policies(r.policies.clone())
+                .map_err(|e| Unsupported {
+                    parts: vec![format!("rule {:?}: {e}", r.name)],
+                })?
+                .options(r.options);
+            if let Some(lease) = r.lease {
+                rule = rule.leased(lease.to_lease_config());
             }
+            set = set.rule(r.kind, rule);
         }
         for class in &self.classes {
             set = set.class(class.clone());

@@ -10,16 +10,21 @@
 //!   are refused; every problem of the file is listed, each with its line, column and
 //!   field ([`ConfigError`]); a file with any problem is refused whole.
 //! - [`Config::rule_set`]: the engine's [`RuleSet`](tokengate::scope::RuleSet) for what
-//!   it enforces today (one policy per rule, no overrides); a file using more is refused
-//!   with [`Unsupported`] rather than half-applied.
+//!   it enforces today (up to [`MAX_POLICIES_PER_RULE`](tokengate::scope::MAX_POLICIES_PER_RULE)
+//!   policies per rule, no overrides); a file using more is refused with
+//!   [`Unsupported`] rather than half-applied.
 //! - [`ConfigWatcher`]: reload on change, debounced, published atomically.
 //!
 //! # What the engine does not consume yet
 //!
-//! The validated model keeps them, so that an applier can: rules with several policies
-//! ([`RuleConfig::policies`]), tiers and per-key overrides ([`Config::policies_for`]),
-//! and the inheritance strategy of each rule ([`Inheritance`]): applying a reload to
-//! live buckets is the engine's part. Shadow flags are consumed by the tower layer
+//! The validated model keeps them, so that an applier can: tiers and per-key overrides
+//! ([`Config::policies_for`]), and the inheritance strategy of each rule
+//! ([`Inheritance`]): applying a reload to live buckets is the engine's part. Rules with
+//! several policies ([`RuleConfig::policies`]) are built, each scope paying every one of
+//! them all-or-nothing, except where the engine cannot hold them: more than
+//! [`MAX_POLICIES_PER_RULE`](tokengate::scope::MAX_POLICIES_PER_RULE) policies, a leased
+//! global rule, or a keyed rule with a shared overflow bucket ([`Config::unsupported`]
+//! lists them, and [`Config::rule_set`] refuses the file). Shadow flags are consumed by the tower layer
 //! ([`Config::shadow_kinds`]); the evidence figures (`normal_rate`,
 //! `downstream_queue`) by `tokengate check-config`.
 //!

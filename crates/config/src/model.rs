@@ -97,7 +97,8 @@ pub const COUNTER_BYTES: usize = 64;
 pub struct MemoryBound {
     /// The most keys the map holds.
     pub max_keys: usize,
-    /// Bytes of one entry: key, bucket word, counters when on.
+    /// Bytes of one key's entries: key and bucket word per policy's map, counters
+    /// (once) when on.
     pub entry_bytes: usize,
     /// The most bytes a key costs in a hashbrown table: the entry and its control byte,
     /// over the lowest load a table has just after growing (7/16).
@@ -131,19 +132,22 @@ impl RuleConfig {
     /// (plus 64 bytes of counters), in hashbrown tables at most 7/8 and, just after
     /// growing, 7/16 full, one control byte per slot: at most `(entry + 1) * 16 / 7`
     /// bytes per key (38.9 for `u64` keys), excluding the fixed cost of the shards. With
-    /// several policies per rule, each policy's word adds 8 bytes to the entry.
+    /// several policies per rule the engine keeps one map per policy: each further
+    /// policy adds an entry of the key and its word (the counters are kept once), and
+    /// `entry_bytes` is the sum over the maps.
     pub fn memory_bound(&self) -> Option<MemoryBound> {
         if self.kind == ScopeKind::Global {
             return None;
         }
-        let words = self.policies.len().max(1) * WORD_BYTES;
+        let maps = self.policies.len().max(1);
         let counters = if self.options.counters_on() {
             COUNTER_BYTES
         } else {
             0
         };
-        let entry_bytes = self.key_bytes() + words + counters;
-        let bytes_per_key = (entry_bytes + 1) as f64 * 16.0 / 7.0;
+        let entry_bytes = maps * (self.key_bytes() + WORD_BYTES) + counters;
+        // One control byte per map's slot.
+        let bytes_per_key = (entry_bytes + maps) as f64 * 16.0 / 7.0;
         let max_keys = self.options.max_keys_value();
         Some(MemoryBound {
             max_keys,

@@ -72,6 +72,8 @@ fn the_sample_names_what_the_engine_does_not_enforce_yet() {
     let config = Config::from_toml(&sample()).unwrap();
     let parts = config.rule_set().unwrap_err().parts;
     assert_eq!(parts.len(), 2, "{parts:?}");
+    // Its per-tenant rule has two policies (built) and a shared overflow bucket (not).
     assert!(parts[0].contains("per-tenant"), "{parts:?}");
+    assert!(parts[0].contains("overflow"), "{parts:?}");
     assert!(parts[1].contains("2 per-key overrides"), "{parts:?}");
 }
