@@ -22,8 +22,9 @@
 //! Every decision is made on one epoch's word alone, with that epoch's policy.
 //!
 //! Epochs are kept until the bucket is dropped (an operation may still hold a replaced
-//! one): each reconfiguration holds [`EPOCH_BYTES`] more. Reconfiguring once a minute
-//! for a year holds about 130 MiB; a bucket reconfigured that often is better rebuilt.
+//! one): each reconfiguration holds [`EPOCH_BYTES`] (512) more. Reconfiguring once a
+//! minute for a year holds about 257 MiB; a bucket reconfigured that often is better
+//! rebuilt now and then.
 //!
 //! # Cost
 //!
