@@ -33,6 +33,7 @@
 
 use std::fmt;
 use std::ptr;
+use std::time::Duration;
 
 use crate::bucket::reread_snapshot;
 use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
@@ -40,6 +41,7 @@ use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::inherit::{self, Inherit};
+use crate::multi::member::{self, Member};
 use crate::policy::Policy;
 use crate::state::SEALED;
 use crate::sync::{AtomicPtr, Ordering};
@@ -287,6 +289,78 @@ impl<C: Clock> LiveBucket<C> {
     /// The packed word of the current policy as stored, for diagnostics.
     pub fn stored_word(&self) -> u64 {
         self.epoch().core.raw().load()
+    }
+}
+
+/// A live bucket takes part in [`acquire_all`](crate::acquire_all) like a plain one: each
+/// take, refund, wait or refusal runs on one policy's word, starting again on the new
+/// policy when it meets a switch. Its identity (the global order of acquisition) is the
+/// live bucket's own address, the same across switches.
+impl<C: Clock> Member for LiveBucket<C> {
+    fn member_id(&self) -> usize {
+        ptr::from_ref(&self.current) as usize
+    }
+
+    fn capacity(&self) -> u64 {
+        self.policy().capacity()
+    }
+}
+
+impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
+    fn now_nanos(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let now = self.clock.observe(now);
+        loop {
+            let epoch = self.epoch();
+            let out = epoch
+                .core
+                .try_acquire::<Sealable, C>(&self.clock, now, cost);
+            if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {
+                return out;
+            }
+            self.await_successor(epoch);
+        }
+    }
+
+    fn refund_at(&self, cost: u64, now: u64) {
+        let now = self.clock.observe(now);
+        self.on_epoch(|core| {
+            let layout = core.policy().layout();
+            // A switch between the take and this refund may have lowered the capacity:
+            // the refund is capped there, as any refund is.
+            let units = layout.units_of(cost.min(layout.capacity())).unwrap_or(0);
+            if units == 0 {
+                return Ok(());
+            }
+            let now = core.at::<Sealable, C>(&self.clock, now);
+            core.raw()
+                .refund_units_in::<Sealable, C>(layout, &self.clock, now, units)
+        });
+    }
+
+    fn wait_at(&self, cost: u64, now: u64) -> Duration {
+        let now = self.clock.observe(now);
+        self.on_epoch(|core| {
+            let layout = core.policy().layout();
+            let snapshot = core.view::<Sealable>(now)?;
+            Ok(Decision::new(layout, &snapshot, now, cost, 0, false).wait_for(cost))
+        })
+    }
+
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        let now = self.clock.observe(now);
+        let core = &self.epoch().core;
+        let passes = core.passes();
+        if passes.is_due(now) && passes.idle_at(now) {
+            return None;
+        }
+        // A sealed word: no refusal known; the take decides on the new policy.
+        core.raw()
+            .refusal_in::<Sealable>(core.policy().layout(), now, cost)
+            .unwrap_or(None)
     }
 }
 

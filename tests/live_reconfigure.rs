@@ -311,3 +311,45 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_live_bucket_takes_part_in_all_or_nothing_acquisitions_across_switches() {
+    use tokengate::{Bucket, acquire_all};
+    // A live bucket of 100 (switched between capacities 100 and 300 with `AsIs`, so never
+    // capped and never added to) and a plain bucket of 60, time frozen: whatever the
+    // interleaving, each acquisition took 1 from both or from neither.
+    let clock = ManualClock::new();
+    let live = LiveBucket::with_clock(Policy::new(100, 1.0).unwrap(), clock.clone());
+    let plain = Bucket::with_clock(Policy::new(60, 1.0).unwrap(), clock.clone());
+    let admitted = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..100 {
+                    let members: [(&dyn tokengate::multi::Member, u64); 2] =
+                        [(&live, 1), (&plain, 1)];
+                    if acquire_all(&members).unwrap().is_admitted() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        s.spawn(|| {
+            for i in 0..200 {
+                let capacity = if i % 2 == 0 { 300 } else { 100 };
+                live.reconfigure(Policy::new(capacity, 1.0).unwrap(), Inherit::AsIs);
+            }
+        });
+    });
+    let admitted = admitted.load(Ordering::Relaxed);
+    assert_eq!(
+        admitted, 60,
+        "the plain bucket's 60 tokens bound the acquisitions"
+    );
+    assert_eq!(plain.available(), 0.0);
+    assert_eq!(live.available(), 100.0 - admitted as f64);
+    // A cost above the live bucket's current capacity is refused up front.
+    live.reconfigure(Policy::new(10, 1.0).unwrap(), Inherit::AsIs);
+    let members: [(&dyn tokengate::multi::Member, u64); 2] = [(&live, 20), (&plain, 0)];
+    assert!(acquire_all(&members).is_err());
+}

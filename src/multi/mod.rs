@@ -27,7 +27,7 @@ use crate::error::AcquireError;
 /// Sets up to this size are ordered on the stack, without allocating.
 pub const INLINE_MEMBERS: usize = 8;
 
-mod member;
+pub(crate) mod member;
 
 pub use member::Member;
 /// The members' operations at a given clock reading, for the loom models only (which
