@@ -121,6 +121,28 @@ fn multi_seeds_replay_clean() {
     assert!(get(&t, "admitted") > 0 && get(&t, "rejected") > 0, "{t:?}");
 }
 
+#[test]
+fn reconfigure_seeds_replay_clean() {
+    let t = replay(Target::Reconfigure);
+    assert!(get(&t, "conversions") > 0 && get(&t, "switches") > 0, "{t:?}");
+}
+
+#[test]
+fn reconfigure_random_sweep_holds() {
+    let t = sweep(Target::Reconfigure, 600, 20_000);
+    for key in [
+        "conversions",
+        "debts",
+        "forgiven",
+        "capped",
+        "switches",
+        "admitted",
+        "rejected",
+    ] {
+        assert!(get(&t, key) > 0, "the sweep never reached {key}: {t:?}");
+    }
+}
+
 /// The sweep must reach every kind of outcome, or it checks little.
 #[test]
 fn rounding_random_sweep_holds() {

@@ -17,6 +17,7 @@ use arbitrary::{Arbitrary, Result, Unstructured};
 use crate::check::{Op, PolicySpec, Scenario};
 use crate::multi::{MultiOp, MultiScenario};
 use crate::packing::{LayoutParams, PackingCase, Probe, TickSpec, UnitsSpec, WordSpec};
+use crate::reconfigure::{ConvertProbe, LiveOp, ReconfigureCase};
 
 /// Longest operation list decoded from one input: keeps every execution short.
 const MAX_OPS: usize = 256;
@@ -322,4 +323,46 @@ fn multi_head(u: &mut Unstructured<'_>) -> Result<(u64, Vec<PolicySpec>)> {
         .map(|_| PolicySpec::arbitrary(u))
         .collect::<Result<_>>()?;
     Ok((start, buckets))
+}
+
+impl<'a> Arbitrary<'a> for LiveOp {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        Ok(match u.int_in_range(0u8..=15)? {
+            0..=4 => LiveOp::Advance(magnitude(u, 40)?),
+            5..=10 => LiveOp::Acquire(cost(u)?),
+            11..=12 => LiveOp::Refund(cost(u)?),
+            _ => LiveOp::Switch(u.arbitrary()?),
+        })
+    }
+}
+
+impl<'a> Arbitrary<'a> for ConvertProbe {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        Ok(ConvertProbe {
+            units: u.arbitrary()?,
+            now: u.arbitrary()?,
+            how: u.arbitrary()?,
+            backwards: u.arbitrary()?,
+        })
+    }
+}
+
+impl<'a> Arbitrary<'a> for ReconfigureCase {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        let start_nanos = start_nanos(u)?;
+        let first = u.arbitrary()?;
+        let second = u.arbitrary()?;
+        let n = u.int_in_range(0u8..=8)?;
+        let mut probes = Vec::with_capacity(usize::from(n));
+        for _ in 0..n {
+            probes.push(u.arbitrary()?);
+        }
+        Ok(ReconfigureCase {
+            first,
+            second,
+            start_nanos,
+            probes,
+            ops: rest(u, MAX_OPS)?,
+        })
+    }
 }

@@ -28,6 +28,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use crate::check::{Scenario, Violation, check, violation};
 use crate::multi::{MultiScenario, check_multi};
 use crate::packing::{PackingCase, check_packing};
+use crate::reconfigure::{ReconfigureCase, check_reconfigure};
 
 /// A fuzz target: which input type the bytes decode to and which check runs on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,6 +39,8 @@ pub enum Target {
     Packing,
     /// [`MultiScenario`] through [`check_multi`].
     Multi,
+    /// [`ReconfigureCase`] through [`check_reconfigure`].
+    Reconfigure,
 }
 
 /// Counters of what runs exercised, by name (summed over a sweep).
@@ -87,7 +90,12 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 3] = [Target::Rounding, Target::Packing, Target::Multi];
+    pub const ALL: [Target; 4] = [
+        Target::Rounding,
+        Target::Packing,
+        Target::Multi,
+        Target::Reconfigure,
+    ];
 
     /// The fuzz target's name (`fuzz/fuzz_targets/<name>.rs`, `fuzz/seeds/<name>/`).
     pub fn name(self) -> &'static str {
@@ -95,6 +103,7 @@ impl Target {
             Target::Rounding => "rounding",
             Target::Packing => "packing",
             Target::Multi => "multi",
+            Target::Reconfigure => "reconfigure",
         }
     }
 
@@ -109,6 +118,7 @@ impl Target {
             Target::Rounding => decode::<Scenario>(bytes).map(|s| format!("{s:#?}")),
             Target::Packing => decode::<PackingCase>(bytes).map(|c| format!("{c:#?}")),
             Target::Multi => decode::<MultiScenario>(bytes).map(|s| format!("{s:#?}")),
+            Target::Reconfigure => decode::<ReconfigureCase>(bytes).map(|c| format!("{c:#?}")),
         }
     }
 
@@ -174,6 +184,20 @@ impl Target {
                 t.insert("over_capacity", r.over_capacity);
                 t.insert("clock_errors", r.clock_errors);
                 t.insert("ambiguous_steps", r.ambiguous_steps);
+            }
+            Target::Reconfigure => {
+                let Some(c) = decode::<ReconfigureCase>(bytes) else {
+                    return Ok(t);
+                };
+                let r = check_reconfigure(&c)?;
+                t.insert("invalid_policy", r.invalid_policy.into());
+                t.insert("conversions", r.conversions);
+                t.insert("debts", r.debts);
+                t.insert("forgiven", r.forgiven);
+                t.insert("capped", r.capped);
+                t.insert("switches", r.switches);
+                t.insert("admitted", r.admitted);
+                t.insert("rejected", r.rejected);
             }
         }
         t.insert("runs", 1);
