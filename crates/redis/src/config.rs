@@ -141,9 +141,9 @@ impl PoolConfig {
 
     /// The fleet size assumed by [`FailMode::Local`] until Redis has reported one. Redis
     /// counts the instances that exchanged or sent a heartbeat within two lease
-    /// lifetimes (an idle pool beats every half lifetime); from the first count on, the
-    /// count replaces this hint, up or down. [`RedisScopes`](crate::RedisScopes) sends no
-    /// heartbeat: its `Local` fail mode always divides by this value.
+    /// lifetimes (an idle pool beats every half lifetime, a
+    /// [`RedisScopes`](crate::RedisScopes) at connect and then with a take at most every
+    /// half lifetime); from the first count on, the count replaces this hint, up or down.
     #[must_use]
     pub fn instances(mut self, k: u64) -> Self {
         self.instances = k;
