@@ -204,8 +204,9 @@ impl std::error::Error for StrictRefused {}
 /// per key of `B/K` tokens refilled at `r/K`, both rounded down
 /// ([`RemotePolicy::share`]), `K` the fleet size Redis last reported
 /// ([`instances_seen`](RedisScopes::instances_seen)); a scope whose share rounds down to
-/// nothing (`B < K`) refuses with [`StrictRefused::Unavailable`]. A call is not retried: a
-/// take whose reply was lost may have been charged, so the fleet admits less, never more.
+/// nothing (`B < K`, or `r` below `K` milli-tokens per second) refuses with
+/// [`StrictRefused::Unavailable`]. A call is not retried: a take whose reply was lost may
+/// have been charged, so the fleet admits less, never more.
 ///
 /// The count comes from the fleet heartbeat on `tg:{namespace}:fleet`, shared with every
 /// [`RedisPool`](crate::RedisPool) of the namespace: sent at connect and then after a take
