@@ -141,9 +141,9 @@ impl PoolConfig {
 
     /// The fleet size assumed by [`FailMode::Local`] until Redis has reported one. Redis
     /// counts the instances that exchanged or sent a heartbeat within two lease
-    /// lifetimes (an idle pool beats every half lifetime); from the first count on, the
-    /// count replaces this hint, up or down. [`RedisScopes`](crate::RedisScopes) sends no
-    /// heartbeat: its `Local` fail mode always divides by this value.
+    /// lifetimes (an idle pool beats every half lifetime, a
+    /// [`RedisScopes`](crate::RedisScopes) at connect and then with a take at most every
+    /// half lifetime); from the first count on, the count replaces this hint, up or down.
     #[must_use]
     pub fn instances(mut self, k: u64) -> Self {
         self.instances = k;
@@ -189,6 +189,24 @@ impl PoolConfig {
     }
 
     /// Checks every setting.
+    /// The fleet heartbeat's sorted set (`lua/fleet.lua`): `tg:{namespace}:fleet`.
+    pub(crate) fn fleet_key(&self) -> String {
+        format!("tg:{{{}}}:fleet", self.namespace)
+    }
+
+    /// How long, µs, an instance stays counted after its last heartbeat: two lease
+    /// lifetimes, `2*(ttl + grace)`. An instance that beats at least every half lifetime
+    /// stays counted, and one that stopped is counted a while longer (a smaller local
+    /// share), never shorter.
+    pub(crate) fn fleet_window_us(&self) -> u64 {
+        2 * (self.lease_ttl + self.grace).as_micros() as u64
+    }
+
+    /// How often an instance sends the fleet heartbeat: every half lease lifetime.
+    pub(crate) fn heartbeat_every(&self) -> Duration {
+        self.lease_ttl / 2
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let ms = |d: Duration| d.as_millis() as u64;
         if self.lease_ttl < Duration::from_millis(10) || self.lease_ttl > Duration::from_secs(3600)

@@ -280,6 +280,34 @@ impl Scripts {
         self.fleet.get_hash()
     }
 
+    /// Runs the fleet heartbeat alone by `EVALSHA` (loading the scripts on `NOSCRIPT`),
+    /// with the arguments of [`Scripts::heartbeat_args`]; returns `(instances seen,
+    /// Redis's now in µs)`.
+    ///
+    /// # Errors
+    ///
+    /// The connection's or server's error; a reply of the wrong shape is a
+    /// [`redis::ErrorKind::Parse`] error.
+    pub fn heartbeat(
+        &self,
+        con: &mut dyn ConnectionLike,
+        fleet_key: &str,
+        instance: &str,
+        window_us: u64,
+        now_us: u64,
+    ) -> RedisResult<(u64, u64)> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.heartbeat_sha())
+            .arg(self.heartbeat_args(fleet_key, instance, window_us, now_us));
+        match cmd.query(con) {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load(con)?;
+                cmd.query(con)
+            }
+            r => r,
+        }
+    }
+
     /// The `EVALSHA` arguments of one exchange after the SHA: key count, keys, argv.
     /// `now_us` is appended for [`TimeSource::Argument`] scripts and ignored otherwise.
     pub fn exchange_args(&self, target: &Target<'_>, ex: &Exchange, now_us: u64) -> Vec<String> {

@@ -6,9 +6,14 @@
 //!
 //! Every key of one call is `tg:{namespace:tag}:s:scope:key`: one hash tag per request, so
 //! Redis Cluster keeps them in one slot and never refuses the script (`CROSSSLOT`).
+//!
+//! A `RedisScopes` is a member of its namespace's fleet like a [`RedisPool`](crate::RedisPool):
+//! it sends the fleet heartbeat (`lua/fleet.lua`, on Redis `TIME`) when it connects and then
+//! after a take at most every half lease lifetime, and keeps the count Redis replies for
+//! [`FailMode::Local`]'s shares.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Connection;
@@ -35,8 +40,17 @@ const LOCAL_KEYS: usize = 100_000;
 pub struct StrictScope {
     name: String,
     policy: RemotePolicy,
-    /// [`FailMode::Local`]'s buckets, built on the first outage.
-    local: Arc<OnceLock<Option<KeyedLimiter<String>>>>,
+    /// [`FailMode::Local`]'s buckets, built during an outage for the fleet size of the
+    /// time (and built again when a later outage sees another).
+    local: Arc<RwLock<Option<LocalShares>>>,
+}
+
+/// A scope's local buckets for a fleet of `instances`: `None` when a share rounds down to
+/// nothing ([`RemotePolicy::share`]).
+#[derive(Debug)]
+struct LocalShares {
+    instances: u64,
+    limiter: Option<KeyedLimiter<String>>,
 }
 
 impl StrictScope {
@@ -48,6 +62,29 @@ impl StrictScope {
     /// The policy of each of its keys.
     pub fn policy(&self) -> &RemotePolicy {
         &self.policy
+    }
+
+    /// Runs `f` on the local buckets for a fleet of `k` instances, built (again) when the
+    /// ones held were built for another `k`.
+    fn on_local<R>(&self, k: u64, f: impl FnOnce(Option<&KeyedLimiter<String>>) -> R) -> R {
+        {
+            let held = self.local.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(l) = held.as_ref().filter(|l| l.instances == k) {
+                return f(l.limiter.as_ref());
+            }
+        }
+        let mut held = self.local.write().unwrap_or_else(PoisonError::into_inner);
+        if held.as_ref().is_none_or(|l| l.instances != k) {
+            let limiter = self
+                .policy
+                .share(k)
+                .and_then(|p| KeyedLimiter::new(p, LOCAL_KEYS).ok());
+            *held = Some(LocalShares {
+                instances: k,
+                limiter,
+            });
+        }
+        f(held.as_ref().and_then(|l| l.limiter.as_ref()))
     }
 }
 
@@ -164,9 +201,19 @@ impl std::error::Error for StrictRefused {}
 /// it; probes after a full-jitter backoff); while it is open, decisions follow the fail
 /// mode at once, without touching the network: [`FailMode::FailClosed`] refuses,
 /// [`FailMode::FailOpen`] admits (counted), [`FailMode::Local`] decides on a local bucket
-/// per key of `B/K` tokens refilled at `r/K`, `K` the configured
-/// [`instances`](PoolConfig::instances). A call is not retried: a take whose reply was lost
-/// may have been charged, so the fleet admits less, never more.
+/// per key of `B/K` tokens refilled at `r/K`, both rounded down
+/// ([`RemotePolicy::share`]), `K` the fleet size Redis last reported
+/// ([`instances_seen`](RedisScopes::instances_seen)); a scope whose share rounds down to
+/// nothing (`B < K`, or `r` below `K` milli-tokens per second) refuses with
+/// [`StrictRefused::Unavailable`]. A call is not retried: a take whose reply was lost may
+/// have been charged, so the fleet admits less, never more.
+///
+/// The count comes from the fleet heartbeat on `tg:{namespace}:fleet`, shared with every
+/// [`RedisPool`](crate::RedisPool) of the namespace: sent at connect and then after a take
+/// once half a lease lifetime has passed since the last (one more round trip, on that
+/// call's connection). An instance counts for two lease lifetimes after its last beat, so
+/// a `RedisScopes` silent for longer drops out of the others' count: the fleet's local
+/// shares then hold its part of `B` as well, which it may spend in an outage.
 ///
 /// ```no_run
 /// use tokengate_redis::{PoolConfig, RedisScopes, RemotePolicy, StrictRefused};
@@ -193,6 +240,12 @@ pub struct RedisScopes {
     start: quanta::Instant,
     fail_open: AtomicU64,
     local: AtomicU64,
+    /// This instance's id in the fleet heartbeat's set.
+    instance: String,
+    /// The fleet size Redis last reported, the configured `instances` until then.
+    instances_seen: AtomicU64,
+    /// Time (ns, since `start`) from which the next take sends the heartbeat.
+    beat_due_ns: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisScopes {
@@ -219,12 +272,9 @@ impl RedisScopes {
         connections[0] = Mutex::new(Some(first));
         let clock = quanta::Clock::new();
         let start = clock.now();
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Ok(Self {
+        let (instance, seed) = worker::instance_id();
+        let scopes = Self {
             breaker: Mutex::new(Breaker::new(config.probe_min, config.probe_max, seed)),
-            config,
             scripts,
             connections,
             next: AtomicUsize::new(0),
@@ -232,7 +282,22 @@ impl RedisScopes {
             start,
             fail_open: AtomicU64::new(0),
             local: AtomicU64::new(0),
-        })
+            instance,
+            instances_seen: AtomicU64::new(config.instances),
+            beat_due_ns: AtomicU64::new(0),
+            config,
+        };
+        // Counted from the start; a beat that fails here is sent again with the next take.
+        let mut slot = scopes.connections[0]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(con) = slot.as_mut() {
+            if !scopes.beat_if_due(con, now_us()) {
+                *slot = None;
+            }
+        }
+        drop(slot);
+        Ok(scopes)
     }
 
     /// A keyed scope named `name` whose every key has `policy`.
@@ -249,7 +314,7 @@ impl RedisScopes {
         Ok(StrictScope {
             name: name.to_owned(),
             policy,
-            local: Arc::new(OnceLock::new()),
+            local: Arc::new(RwLock::new(None)),
         })
     }
 
@@ -319,14 +384,14 @@ impl RedisScopes {
         let may_try = self
             .breaker
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .may_try(now);
         if may_try {
             match self.take(tag, items) {
                 Ok(Take::Taken(_)) => {
                     self.breaker
                         .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .unwrap_or_else(PoisonError::into_inner)
                         .success();
                     return Ok(StrictAdmitted::Taken);
                 }
@@ -336,7 +401,7 @@ impl RedisScopes {
                 }) => {
                     self.breaker
                         .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .unwrap_or_else(PoisonError::into_inner)
                         .success();
                     // Checked above: a cost never exceeds the capacity, so a retry time
                     // is always given; a missing one is a key whose state has leases out.
@@ -348,7 +413,7 @@ impl RedisScopes {
                     let now = self.now_ns();
                     self.breaker
                         .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .unwrap_or_else(PoisonError::into_inner)
                         .failure(now);
                 }
             }
@@ -366,11 +431,18 @@ impl RedisScopes {
         self.local.load(Ordering::Relaxed)
     }
 
+    /// The fleet size Redis last reported (the instances of the namespace, pools and
+    /// scopes, that sent a heartbeat within two lease lifetimes, this one included), or
+    /// the configured [`instances`](PoolConfig::instances) until it has reported one.
+    pub fn instances_seen(&self) -> u64 {
+        self.instances_seen.load(Ordering::Relaxed)
+    }
+
     /// Whether the breaker is open (Redis unreachable).
     pub fn is_unavailable(&self) -> bool {
         self.breaker
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .is_open()
     }
 
@@ -399,20 +471,54 @@ impl RedisScopes {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         let mut slot = self.connections[i]
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner);
         let mut con = match slot.take() {
             Some(con) => con,
             None => worker::open(&self.config, &self.scripts).map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "connect failed", e.to_string()))
             })?,
         };
-        let now_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        let now_us = now_us();
         let keep_ms = self.config.key_keep.as_millis() as u64;
         let taken = self.scripts.take(&mut con, &args, keep_ms, now_us)?;
-        *slot = Some(con);
+        if self.beat_if_due(&mut con, now_us) {
+            *slot = Some(con);
+        }
         Ok(taken)
+    }
+
+    /// Sends the fleet heartbeat on `con` when it is due (one caller at a time) and keeps
+    /// the count Redis replies. False when the beat failed: the connection is dropped and
+    /// the next take beats again.
+    fn beat_if_due(&self, con: &mut Connection, now_us: u64) -> bool {
+        let now = self.now_ns();
+        let due = self.beat_due_ns.load(Ordering::Relaxed);
+        let next = now + self.config.heartbeat_every().as_nanos() as u64;
+        if now < due
+            || self
+                .beat_due_ns
+                .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return true;
+        }
+        let beat = self.scripts.heartbeat(
+            con,
+            &self.config.fleet_key(),
+            &self.instance,
+            self.config.fleet_window_us(),
+            now_us,
+        );
+        match beat {
+            Ok((k, _)) => {
+                self.instances_seen.store(k.max(1), Ordering::Relaxed);
+                true
+            }
+            Err(_) => {
+                self.beat_due_ns.store(0, Ordering::Relaxed);
+                false
+            }
+        }
     }
 
     /// The fail mode's decision while Redis is unreachable.
@@ -420,7 +526,7 @@ impl RedisScopes {
         let probe = self
             .breaker
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .probe_at()
             .unwrap_or(0);
         let retry_after = Duration::from_nanos(probe.saturating_sub(self.now_ns()))
@@ -442,31 +548,22 @@ impl RedisScopes {
         items: &[(&StrictScope, &str, u64)],
         retry_after: Duration,
     ) -> Result<StrictAdmitted, StrictRefused> {
-        let k = self.config.instances.max(1);
+        let k = self.instances_seen();
         for (index, (scope, key, cost)) in items.iter().enumerate() {
-            let limiter = scope.local.get_or_init(|| {
-                let p = &scope.policy;
-                let policy = tokengate::Policy::new(
-                    (p.capacity() / k).max(1),
-                    (p.tokens_per_second() / k as f64).max(1e-6),
-                )
-                .ok()?;
-                KeyedLimiter::new(policy, LOCAL_KEYS).ok()
-            });
-            let refused = match limiter.as_ref().map(|l| l.try_acquire(*key, *cost)) {
+            let decided = scope.on_local(k, |l| l.map(|l| l.try_acquire(*key, *cost)));
+            let refused = match decided {
                 Some(Ok(d)) if d.is_admitted() => None,
                 Some(Ok(d)) => Some(StrictRefused::Rejected {
                     index,
                     retry_after: d.retry_after().unwrap_or(retry_after),
                 }),
-                // No local bucket for it (a cost above B/K, a full map): unavailable.
+                // No local bucket for it (a share of nothing, a cost above B/K, a full
+                // map): unavailable.
                 _ => Some(StrictRefused::Unavailable { retry_after }),
             };
             if let Some(refused) = refused {
                 for (scope, key, cost) in &items[..index] {
-                    if let Some(Some(l)) = scope.local.get() {
-                        let _ = l.refund(*key, *cost);
-                    }
+                    scope.on_local(k, |l| l.map(|l| l.refund(*key, *cost)));
                 }
                 return Err(refused);
             }
@@ -474,4 +571,12 @@ impl RedisScopes {
         self.local.fetch_add(1, Ordering::Relaxed);
         Ok(StrictAdmitted::Local)
     }
+}
+
+/// Wall-clock µs since the epoch: the time the scripts read under
+/// [`TimeSource::Argument`](crate::script::TimeSource::Argument).
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }

@@ -46,6 +46,15 @@ pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection,
     Ok(con)
 }
 
+/// A fleet member's id in the heartbeat's set (process id and start time, hex), and the
+/// start time (ns since the epoch) it was made from, a seed for the caller's jitter.
+pub(crate) fn instance_id() -> (String, u64) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (format!("{:x}-{:x}", std::process::id(), nanos), nanos)
+}
+
 /// A lease this instance holds in one reservoir word.
 #[derive(Debug)]
 struct Held {
@@ -206,10 +215,7 @@ impl std::fmt::Debug for Worker {
 
 impl Worker {
     pub(crate) fn new(pool: Arc<PoolShared>, scripts: Scripts, con: Connection) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let instance = format!("{:x}-{:x}", std::process::id(), nanos);
+        let (instance, nanos) = instance_id();
         let breaker = Breaker::new(
             pool.config.probe_min,
             pool.config.probe_max,
@@ -242,7 +248,8 @@ impl Worker {
             self.adopt_new_buckets();
             let now = self.pool.now_ns();
             let plans = self.plan(now, stopping);
-            let beat_due = !stopping && now.saturating_sub(self.beat_at_ns) >= self.ttl_ns() / 2;
+            let every = self.pool.config.heartbeat_every().as_nanos() as u64;
+            let beat_due = !stopping && now.saturating_sub(self.beat_at_ns) >= every;
             if (!plans.is_empty() || beat_due) && (stopping || self.breaker.may_try(now)) {
                 self.round(plans, now);
             } else {
@@ -504,13 +511,12 @@ impl Worker {
         let config = &pool.config;
         let lease_us = (config.lease_ttl + config.grace).as_micros() as u64;
         let keep_ms = config.key_keep.as_millis() as u64;
-        let fleet = format!("tg:{{{}}}:fleet", config.namespace);
-        // Two lease lifetimes: an instance that exchanges or beats at least every half
-        // lifetime stays counted, and one that stopped is counted a while longer (a
-        // smaller local share), never shorter.
-        let heartbeat =
-            self.scripts
-                .heartbeat_args(&fleet, &self.instance, 2 * lease_us, self.last_redis_us);
+        let heartbeat = self.scripts.heartbeat_args(
+            &config.fleet_key(),
+            &self.instance,
+            config.fleet_window_us(),
+            self.last_redis_us,
+        );
         let argv: Vec<Vec<String>> = plans
             .iter()
             .map(|p| {

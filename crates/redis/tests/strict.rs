@@ -295,18 +295,101 @@ fn each_fail_mode_decides_once_redis_is_gone() {
             }
             FailMode::Local => {
                 assert_eq!(got, Ok(StrictAdmitted::Local));
-                // B/K = 5 tokens per key locally, then rejections naming the scope.
+                // Redis counted this one instance, not the configured 2: B/K = 10 tokens
+                // per key locally, then rejections naming the scope.
+                assert_eq!(s.instances_seen(), 1);
                 let mut n = 1;
                 while s.try_acquire("t", &[(&user, "bob", 1)]).is_ok() {
                     n += 1;
                     assert!(n < 100);
                 }
-                assert_eq!(n, 5);
+                assert_eq!(n, 10);
                 assert!(matches!(
                     s.try_acquire("t", &[(&user, "bob", 1)]),
                     Err(StrictRefused::Rejected { index: 0, .. })
                 ));
             }
         }
+    }
+}
+
+/// Spends `scope`'s key `key` on `s` in one burst, counting what the local buckets admit
+/// (bounded).
+fn local_burst(s: &RedisScopes, scope: &tokengate_redis::StrictScope, key: &str) -> u64 {
+    let mut n = 0;
+    while let Ok(how) = s.try_acquire("t", &[(scope, key, 1)]) {
+        assert_eq!(how, StrictAdmitted::Local);
+        n += 1;
+        assert!(n <= scope.policy().capacity(), "{n} admitted locally");
+    }
+    n
+}
+
+#[test]
+fn local_fail_mode_splits_each_key_by_the_fleet_redis_last_reported() {
+    let mut server = common::Server::start();
+    let config = PoolConfig::new(server.url(), common::namespace("strict-fleetk"))
+        .lease_ttl(Duration::from_millis(200))
+        .exchange_timeout(Duration::from_millis(30))
+        .connect_timeout(Duration::from_millis(30))
+        .probe_backoff(Duration::from_secs(10), Duration::from_secs(20))
+        .fail_mode(FailMode::Local)
+        // The hint: 8 instances. Redis will count 3, and 3 is what the shares use.
+        .instances(8);
+    let fleet: Vec<RedisScopes> = (0..3)
+        .map(|_| RedisScopes::connect(config.clone()).unwrap())
+        .collect();
+    // B = 100, r = 0.3/s: a share is floor(100/3) = 33 tokens per key (12 under the hint's
+    // 8) refilled at 0.1/s, nothing within a burst. B = 2 < K: a share rounds down to
+    // nothing.
+    let user_policy = RemotePolicy::new(100, 0.3).unwrap();
+    let tiny_policy = RemotePolicy::new(2, 0.3).unwrap();
+    let scopes: Vec<_> = fleet
+        .iter()
+        .map(|s| {
+            (
+                s.scope("user", user_policy).unwrap(),
+                s.scope("tiny", tiny_policy).unwrap(),
+            )
+        })
+        .collect();
+    let poke = |key: &str| {
+        for (s, (user, _)) in fleet.iter().zip(&scopes) {
+            let _ = s.try_acquire("t", &[(user, key, 1)]);
+        }
+    };
+    // Each beat at connect; the first two learn of the later ones with a take half a
+    // lease lifetime on.
+    common::wait_until(
+        "Redis never reported three instances",
+        Duration::from_secs(5),
+        || fleet.iter().all(|s| s.instances_seen() == 3),
+        || {
+            poke("warm");
+            std::thread::sleep(Duration::from_millis(20));
+        },
+    );
+    server.stop();
+    common::wait_until(
+        "breaker never opened",
+        Duration::from_secs(5),
+        || fleet.iter().all(RedisScopes::is_unavailable),
+        || poke("warm"),
+    );
+    for (s, (user, tiny)) in fleet.iter().zip(&scopes) {
+        assert_eq!(s.instances_seen(), 3);
+        assert_eq!(local_burst(s, user, "alice"), 100 / 3);
+        assert_eq!(local_burst(s, user, "bob"), 100 / 3);
+        assert!(matches!(
+            s.try_acquire("t", &[(tiny, "alice", 1)]),
+            Err(StrictRefused::Unavailable { .. })
+        ));
+        // All or nothing: the share of nothing refuses the request, the user's token
+        // taken before it is given back.
+        assert!(matches!(
+            s.try_acquire("t", &[(user, "carol", 1), (tiny, "carol", 1)]),
+            Err(StrictRefused::Unavailable { .. })
+        ));
+        assert_eq!(local_burst(s, user, "carol"), 100 / 3);
     }
 }
