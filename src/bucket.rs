@@ -138,6 +138,12 @@ impl RawBucket {
         &self.word as *const AtomicU64 as usize
     }
 
+    /// Stores `word`: only where no other thread can reach the bucket (a keyed shard's
+    /// words under its write lock).
+    pub(crate) fn set(&self, word: u64) {
+        self.word.store(word, Ordering::Relaxed);
+    }
+
     /// The packed word, for tests and diagnostics.
     #[inline]
     pub(crate) fn load(&self) -> u64 {

@@ -44,6 +44,15 @@ pub static LEASE_SKIPS_REREAD: AtomicBool = AtomicBool::new(false);
 /// lost, or tokens counted twice).
 pub static RECONFIGURE_SKIPS_SEAL: AtomicBool = AtomicBool::new(false);
 
+/// A keyed shard moved to a new policy without converting its words: the old words are
+/// read in the new policy's layout (no strategy applied).
+pub static KEYED_SHARD_NOT_CONVERTED: AtomicBool = AtomicBool::new(false);
+
+/// A keyed map's switch that reads its switch reading and publishes the new policy
+/// without holding every shard's lock: an admission on the old policy can refill past
+/// the switch reading, and the conversion credits that time again.
+pub static KEYED_SWITCH_SKIPS_BARRIER: AtomicBool = AtomicBool::new(false);
+
 /// Whether `flag` is on.
 pub fn on(flag: &AtomicBool) -> bool {
     flag.load(Ordering::Relaxed)

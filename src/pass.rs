@@ -70,6 +70,16 @@ impl Timing {
         let period = (m.saturating_sub(idle_after.saturating_add(tick)) / 2).max(tick);
         Timing { period, idle_after }
     }
+
+    /// The timing that serves words of both `self`'s layout and `other`'s (a keyed map
+    /// between a reconfiguration and the conversion of its last shard): the shorter
+    /// period, the longer idle time.
+    pub(crate) fn merge(self, other: Timing) -> Timing {
+        Timing {
+            period: self.period.min(other.period),
+            idle_after: self.idle_after.max(other.idle_after),
+        }
+    }
 }
 
 /// The longest time a word of `layout` may go unwritten and still read its idle time
@@ -104,6 +114,24 @@ impl Passes {
         let timing = Timing::of(layout);
         Passes {
             due: AtomicU64::new(created.saturating_add(timing.period).max(RUNNING + 1)),
+            timing,
+        }
+    }
+
+    /// The passes after a reconfiguration at `at` of a limiter whose passes were `old`:
+    /// with `timing`, due a period after `at` or at `old`'s due time, whichever comes
+    /// first (now, if `old`'s pass is running).
+    pub(crate) fn continuing(old: &Passes, timing: Timing, at: u64) -> Passes {
+        let old_due = match old.due.load(Ordering::Acquire) {
+            RUNNING => at,
+            due => due,
+        };
+        Passes {
+            due: AtomicU64::new(
+                old_due
+                    .min(at.saturating_add(timing.period))
+                    .max(RUNNING + 1),
+            ),
             timing,
         }
     }

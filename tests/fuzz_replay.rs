@@ -124,7 +124,10 @@ fn multi_seeds_replay_clean() {
 #[test]
 fn reconfigure_seeds_replay_clean() {
     let t = replay(Target::Reconfigure);
-    assert!(get(&t, "conversions") > 0 && get(&t, "switches") > 0, "{t:?}");
+    assert!(
+        get(&t, "conversions") > 0 && get(&t, "switches") > 0,
+        "{t:?}"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Keyed limiters: one bucket per key, in a sharded hash map with a hard maximum number of
 //! keys. The design is documented on [`KeyedLimiter`].
 
+mod epoch;
 mod handle;
 mod options;
 mod reserve;
@@ -23,10 +24,11 @@ use crate::bucket::RawBucket;
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
-use crate::pass::Passes;
+use crate::inherit::Inherit;
 use crate::policy::Policy;
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
 
+use epoch::{Epochs, MapEpoch};
 pub(crate) use handle::Handle;
 pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
 pub use reserve::{KeyedCharge, KeyedReserveError};
@@ -250,12 +252,12 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
                 policy: p,
             }),
         };
-        let start_full = self.policy.starts_full();
+        let evict = self.policy.starts_full() || eviction == Eviction::Full;
         Ok(KeyedLimiter {
             store,
-            passes: Passes::new(self.policy.layout(), clock.now_nanos()),
-            evict: start_full || eviction == Eviction::Full,
-            policy: self.policy,
+            epochs: Epochs::new(MapEpoch::first(self.policy, clock.now_nanos(), evict)),
+            switching: std::sync::Mutex::new(()),
+            eviction,
             clock,
             overflow,
             overflow_bucket,
@@ -400,22 +402,24 @@ pub(crate) enum Slot<'a, C> {
 /// so keep it for keys you trust.
 pub struct KeyedLimiter<K, C: Clock = QuantaClock, S = KeyHasher> {
     store: Store<K, S>,
-    /// When the next re-anchoring pass over every shard is due: read (one relaxed load)
-    /// by every operation before it locks a shard (see [`crate::pass`]).
-    passes: Passes,
-    evict: bool,
-    policy: Policy,
+    /// The map's policies over time ([`reconfigure`](KeyedLimiter::reconfigure)); the
+    /// current one holds the re-anchoring passes every operation checks (one relaxed
+    /// load) before it locks a shard (see [`crate::pass`]).
+    epochs: Epochs,
+    /// Serializes reconfigurations; no operation takes it.
+    switching: std::sync::Mutex<()>,
     clock: Monotonic<C>,
     overflow: Overflow,
     overflow_bucket: Option<SharedBucket>,
     overflow_counts: StripedCounters,
     evicted_counts: CounterCells,
+    eviction: Eviction,
 }
 
 impl<K, C: Clock + fmt::Debug, S> fmt::Debug for KeyedLimiter<K, C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
-            .field("policy", &self.policy)
+            .field("policy", self.policy())
             .field("len", &self.len())
             .field("max_keys", &self.max_keys())
             .field("overflow", &self.overflow)
@@ -494,8 +498,9 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if cost > self.policy.capacity() {
-            return Err(crate::error::cost_exceeds_capacity(self.policy.layout(), cost).into());
+        let policy = self.policy();
+        if cost > policy.capacity() {
+            return Err(crate::error::cost_exceeds_capacity(policy.layout(), cost).into());
         }
         let now = self.clock.now_nanos();
         self.with_slot(key, now, |slot| match slot {
@@ -546,18 +551,20 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let layout = self.policy.layout();
-        let Some(units) = layout.units_of(cost) else {
-            return Err(crate::error::cost_exceeds_capacity(layout, cost));
-        };
+        let policy = self.policy();
+        if policy.layout().units_of(cost).is_none() {
+            return Err(crate::error::cost_exceeds_capacity(policy.layout(), cost));
+        }
         let now = self.clock.now_nanos();
         self.reanchor_if_due(now);
-        let evict = self.evict;
-        with_table!(&self.store, t => refund_in(t, key, |bucket, hint| {
+        with_table!(&self.store, t => self.refund_in(t, key, |epoch, bucket, hint| {
+            let layout = epoch.policy.layout();
+            // Capped at the capacity of the policy the bucket is in now.
+            let units = layout.units_of(cost.min(layout.capacity())).unwrap_or(0);
             bucket.refund_units(layout, &self.clock, now, units);
             // A refund brings the time the bucket is full forward: the shard's hint must
             // follow, or a new key at the maximum would be refused until the old time.
-            if !evict || hint <= now {
+            if !epoch.evict || hint <= now {
                 return None;
             }
             Some(full_at(layout, &bucket.snapshot(layout, now), now))
@@ -573,16 +580,19 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let layout = self.policy.layout();
-        let units = self.find(key, |bucket, _| {
-            layout.balance_units(&bucket.snapshot(layout, self.clock.now_nanos()))
+        let found = self.find(key, |epoch, bucket, _| {
+            let layout = epoch.policy.layout();
+            let units = layout.balance_units(&bucket.snapshot(layout, self.clock.now_nanos()));
+            layout.units_to_tokens(units)
         });
-        let units = units.unwrap_or(if self.policy.starts_full() {
-            (layout.max_units() - layout.base_units()) as i64
-        } else {
-            0
-        });
-        layout.units_to_tokens(units)
+        found.unwrap_or_else(|| {
+            let policy = self.policy();
+            if policy.starts_full() {
+                policy.capacity() as f64
+            } else {
+                0.0
+            }
+        })
     }
 
     /// Whether `key` has a bucket in the map.
@@ -591,7 +601,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.find(key, |_, _| ()).is_some()
+        self.find(key, |_, _, _| ()).is_some()
     }
 
     /// `key`'s counters, when the map keeps counters and the key is in the map. Counts of
@@ -601,7 +611,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.find(key, |_, counters| counters.snapshot()).flatten()
+        self.find(key, |_, _, counters| counters.snapshot())
+            .flatten()
     }
 
     /// Calls `f` with every key in the map and its counters (when counters are on), one
@@ -626,6 +637,67 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         self.overflow_counts.snapshot()
     }
 
+    /// Replaces the policy of every key, carrying each key's tokens over with `inherit`
+    /// (see [`crate::inherit`] for each strategy's exact guarantee), in constant time
+    /// in the number of keys: with every shard's write lock held for a moment (one lock
+    /// per shard; operations wait that long), the map reads the switch reading and
+    /// publishes the new policy; each shard's words are converted by the first operation
+    /// that meets the shard afterwards (or the next re-anchoring pass), under the
+    /// shard's write lock, as of the switch reading. A key untouched for an hour after the switch holds what
+    /// it would have held had it been converted at the switch: the old policy's refill
+    /// up to it, the new one's after. Operations racing the switch decide wholly on the
+    /// old policy or wholly on the new.
+    ///
+    /// Keys created from now on get the new policy; [`Eviction::Lossless`] evicts only
+    /// under start-full policies, so a switch to a start-empty policy stops it. Each
+    /// switch keeps a few hundred bytes until the map is dropped.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokengate::{Inherit, KeyedLimiter, ManualClock, Policy};
+    ///
+    /// let clock = ManualClock::new();
+    /// let map = KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0)?, 1000)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// map.try_acquire(&7, 10)?; // key 7 drained
+    /// map.reconfigure(Policy::new(100, 50.0)?, Inherit::Additive);
+    /// assert_eq!(map.policy().capacity(), 100);
+    /// assert_eq!(map.available(&7), 90.0); // 0 + what the capacity grew by
+    /// assert_eq!(map.available(&8), 100.0); // a new key: the new policy's start
+    /// clock.advance(Duration::from_millis(100)); // 5 tokens at 50/s, less the lag
+    /// let seven = map.available(&7);
+    /// assert!(seven > 94.9 && seven <= 95.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reconfigure(&self, policy: Policy, inherit: Inherit) {
+        let _one = self
+            .switching
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A pass due now runs first, on the old policy (it may find the map idle).
+        self.reanchor_if_due(self.clock.now_nanos());
+        let evict = policy.starts_full() || self.eviction == Eviction::Full;
+        with_table!(&self.store, t => {
+            // The barrier: with every shard locked, no operation is between reading the
+            // epoch and writing a word, so each word of the old epoch was written before
+            // the switch reading (see `epoch`).
+            let all = if mutant!(KEYED_SWITCH_SKIPS_BARRIER) {
+                Vec::new()
+            } else {
+                t.write_all()
+            };
+            let at = self.clock.now_nanos();
+            self.epochs.push(policy, at, inherit, evict);
+            drop(all);
+        });
+    }
+
+    /// How many times the map was reconfigured.
+    pub fn reconfigurations(&self) -> u64 {
+        self.epochs.current().number
+    }
+
     /// Evicts every bucket that has refilled to full (when the [`Eviction`] mode allows),
     /// re-anchors every bucket it keeps, and gives back table memory a flood left behind:
     /// the map's re-anchoring pass, run now (the next automatic one is then a period
@@ -636,7 +708,9 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// [eviction](KeyedLimiter#bounded-memory-and-eviction)), and a new key at the
     /// maximum evicts what it needs. Calling it frees memory sooner.
     pub fn sweep(&self) -> SweepReport {
-        self.passes
+        self.epochs
+            .current()
+            .passes
             .run_now(&self.clock, |now, idle| self.pass(now, idle))
     }
 
@@ -654,16 +728,19 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn max_sweep_interval(&self) -> Duration {
-        sweep_interval(&self.policy)
+        sweep_interval(self.policy())
     }
 
     /// Runs the re-anchoring pass first if it is due at `now`: one relaxed load and a
     /// comparison on every operation, before it locks a shard.
     #[inline]
     fn reanchor_if_due(&self, now: u64) {
-        self.passes.check(now, &self.clock, |now, idle| {
-            self.pass(now, idle);
-        });
+        self.epochs
+            .current()
+            .passes
+            .check(now, &self.clock, |now, idle| {
+                self.pass(now, idle);
+            });
     }
 
     /// The re-anchoring pass at `now`: every shard swept in turn (evicting what its
@@ -673,14 +750,17 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// its word reads after an idle that may exceed the wrap, so the pass evicts it or
     /// rewrites it full.
     fn pass(&self, now: u64, idle: bool) -> SweepReport {
-        let ctx = self.sweep_ctx(now);
         let mut report = SweepReport::default();
         with_table!(&self.store, t => {
             for i in 0..t.shard_count() {
                 let mut guard = t.write(i);
+                // Each shard in the epoch current when it is locked: converted first
+                // (an idle pass rewrites every word anyway).
+                let ctx = self.sweep_ctx(self.epochs.current(), now);
                 report += if idle {
                     t.fill_shard(i, &mut guard, &ctx)
                 } else {
+                    t.bring_up(i, &mut guard, &ctx);
                     t.sweep_shard(i, &mut guard, &ctx, false)
                 };
                 t.shrink_shard(&mut guard);
@@ -702,26 +782,109 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         self.overflow_bucket.as_ref().map(|b| b.raw.id())
     }
 
-    fn sweep_ctx(&self, now: u64) -> SweepCtx<'_> {
+    fn sweep_ctx<'a>(&'a self, epoch: &'a MapEpoch, now: u64) -> SweepCtx<'a> {
         SweepCtx {
-            layout: self.policy.layout(),
+            epochs: &self.epochs,
+            epoch,
+            layout: epoch.policy.layout(),
             clock: &self.clock,
             now,
-            evict: self.evict,
-            start_full: self.policy.starts_full(),
+            evict: epoch.evict,
+            start_full: epoch.policy.starts_full(),
             evicted_counts: &self.evicted_counts,
+        }
+    }
+
+    /// Converts shard `i`'s words to the current epoch (under its write lock), if they
+    /// are in an older one.
+    #[cold]
+    #[inline(never)]
+    fn convert_shard<V: Extra>(&self, t: &Table<K, V, S>, i: usize) {
+        let mut guard = t.write(i);
+        let ctx = self.sweep_ctx(self.epochs.current(), self.clock.now_nanos());
+        t.bring_up(i, &mut guard, &ctx);
+    }
+
+    /// Runs `f` with shard `i` read-locked and its words in the current epoch (given to
+    /// `f`), converting the shard first if it is in an older one.
+    #[inline(always)]
+    fn read_current<V: Extra, R>(
+        &self,
+        t: &Table<K, V, S>,
+        i: usize,
+        f: impl FnOnce(&MapEpoch, &table::Shard<K, V>) -> R,
+    ) -> R {
+        let mut f = Some(f);
+        loop {
+            {
+                let guard = t.read(i);
+                // Read under the lock: a switch publishes with every shard locked.
+                let epoch = self.epochs.current();
+                if guard.epoch == epoch.number {
+                    let f = f.take().expect("called once: the loop returns after");
+                    return f(epoch, &guard);
+                }
+            }
+            self.convert_shard(t, i);
         }
     }
 
     /// Runs `f` on `key`'s bucket and counters under its shard's read lock, if the key is
     /// in the map.
-    fn find<Q, R>(&self, key: &Q, f: impl FnOnce(&RawBucket, CounterRef<'_>) -> R) -> Option<R>
+    fn find<Q, R>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&MapEpoch, &RawBucket, CounterRef<'_>) -> R,
+    ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         self.reanchor_if_due(self.clock.now_nanos());
-        with_table!(&self.store, t => find_in(t, key, f))
+        with_table!(&self.store, t => self.find_in(t, key, f))
+    }
+
+    /// [`find`](Self::find) in the map's table.
+    fn find_in<V: Extra, Q, R>(
+        &self,
+        t: &Table<K, V, S>,
+        key: &Q,
+        f: impl FnOnce(&MapEpoch, &RawBucket, CounterRef<'_>) -> R,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = t.hash_of(key);
+        self.read_current(t, t.shard_index(hash), |epoch, shard| {
+            shard
+                .table
+                .find(hash, |e| e.key.borrow() == key)
+                .map(|entry| f(epoch, &entry.bucket, entry.extra.counter_ref()))
+        })
+    }
+
+    /// Refunds `key`'s bucket, if it is in the map, with `refund`, which is given the
+    /// shard's epoch and hint and returns the time the bucket is now full when that may
+    /// be earlier.
+    fn refund_in<V: Extra, Q>(
+        &self,
+        t: &Table<K, V, S>,
+        key: &Q,
+        refund: impl FnOnce(&MapEpoch, &RawBucket, u64) -> Option<u64>,
+    ) where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = t.hash_of(key);
+        let i = t.shard_index(hash);
+        self.read_current(t, i, |epoch, shard| {
+            if let Some(entry) = shard.table.find(hash, |e| e.key.borrow() == key) {
+                if let Some(at) = refund(epoch, &entry.bucket, t.hint(i)) {
+                    t.lower_hint(i, at);
+                }
+            }
+        });
     }
 
     /// Runs `f` on `key`'s slot with the slot's shard locked (read side for an existing
@@ -755,11 +918,23 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     {
         let hash = t.hash_of(key);
         let shard = t.shard_index(hash);
-        {
-            let guard = t.read(shard);
-            if let Some(e) = guard.table.find(hash, |e| e.key.borrow() == key) {
-                return f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())));
+        loop {
+            {
+                let guard = t.read(shard);
+                // Read under the lock: a switch publishes with every shard locked.
+                let epoch = self.epochs.current();
+                if guard.epoch == epoch.number {
+                    if let Some(e) = guard.table.find(hash, |e| e.key.borrow() == key) {
+                        return f(Slot::Bucket(self.handle(
+                            epoch,
+                            &e.bucket,
+                            e.extra.counter_ref(),
+                        )));
+                    }
+                    break;
+                }
             }
+            self.convert_shard(t, shard);
         }
         self.slot_slow(t, shard, hash, key, now, f)
     }
@@ -783,24 +958,35 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let ctx = self.sweep_ctx(now);
         let mut claimed = false;
         loop {
             let mut guard = t.write(shard);
+            // The epoch current under the lock, the shard converted to it.
+            let epoch = self.epochs.current();
+            let ctx = self.sweep_ctx(epoch, now);
+            t.bring_up(shard, &mut guard, &ctx);
             match t.find_or_insert(shard, &mut guard, hash, key, &ctx, claimed) {
                 Found::Present(i) => {
                     let e = guard
                         .table
                         .get_bucket(i)
                         .expect("find_or_insert returns the index of an entry");
-                    return f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())));
+                    return f(Slot::Bucket(self.handle(
+                        epoch,
+                        &e.bucket,
+                        e.extra.counter_ref(),
+                    )));
                 }
                 Found::Inserted(i) => {
                     let e = guard
                         .table
                         .get_bucket(i)
                         .expect("find_or_insert returns the index of an entry");
-                    let out = f(Slot::Bucket(self.handle(&e.bucket, e.extra.counter_ref())));
+                    let out = f(Slot::Bucket(self.handle(
+                        epoch,
+                        &e.bucket,
+                        e.extra.counter_ref(),
+                    )));
                     t.note_inserted(shard, &guard, i, &ctx);
                     return out;
                 }
@@ -827,10 +1013,15 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     }
 
     #[inline]
-    fn handle<'a>(&'a self, raw: &'a RawBucket, counters: CounterRef<'a>) -> Handle<'a, C> {
+    fn handle<'a>(
+        &'a self,
+        epoch: &'a MapEpoch,
+        raw: &'a RawBucket,
+        counters: CounterRef<'a>,
+    ) -> Handle<'a, C> {
         Handle {
             raw,
-            layout: self.policy.layout(),
+            layout: epoch.policy.layout(),
             clock: &self.clock,
             counters,
         }
@@ -858,9 +1049,10 @@ impl<K, C: Clock, S> KeyedLimiter<K, C, S> {
         with_table!(&self.store, t => t.shard_count())
     }
 
-    /// The policy of every key's bucket.
+    /// The policy of every key's bucket (the current one, after a
+    /// [`reconfigure`](KeyedLimiter::reconfigure)).
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        &self.epochs.current().policy
     }
 
     /// The clock the map reads.
@@ -890,7 +1082,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.find(key, |bucket, _| bucket.load())
+        self.find(key, |_, bucket, _| bucket.load())
     }
 }
 
@@ -898,46 +1090,6 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
 /// land in the back window: the wrap period less the back window.
 pub(crate) fn sweep_interval(policy: &Policy) -> Duration {
     Duration::from_nanos(crate::pass::exact_for_nanos(policy.layout()))
-}
-
-/// Runs `f` on `key`'s entry in `t` under its shard's read lock.
-fn find_in<K, V, S, Q, R>(
-    t: &Table<K, V, S>,
-    key: &Q,
-    f: impl FnOnce(&RawBucket, CounterRef<'_>) -> R,
-) -> Option<R>
-where
-    K: Hash + Eq + Borrow<Q>,
-    V: Extra,
-    S: BuildHasher,
-    Q: Hash + Eq + ?Sized,
-{
-    let hash = t.hash_of(key);
-    let guard = t.read(t.shard_index(hash));
-    let entry = guard.table.find(hash, |e| e.key.borrow() == key)?;
-    Some(f(&entry.bucket, entry.extra.counter_ref()))
-}
-
-/// Refunds `key`'s bucket, if it is in the map, with `refund`, which is given the shard's
-/// hint and returns the time the bucket is now full when that may be earlier.
-fn refund_in<K, V, S, Q>(
-    t: &Table<K, V, S>,
-    key: &Q,
-    refund: impl FnOnce(&RawBucket, u64) -> Option<u64>,
-) where
-    K: Hash + Eq + Borrow<Q>,
-    V: Extra,
-    S: BuildHasher,
-    Q: Hash + Eq + ?Sized,
-{
-    let hash = t.hash_of(key);
-    let shard = t.shard_index(hash);
-    let guard = t.read(shard);
-    if let Some(entry) = guard.table.find(hash, |e| e.key.borrow() == key) {
-        if let Some(at) = refund(&entry.bucket, t.hint(shard)) {
-            t.lower_hint(shard, at);
-        }
-    }
 }
 
 /// Calls `f` on every entry of `t`, one shard at a time under its read lock.

@@ -19,6 +19,7 @@ use std::sync::PoisonError;
 
 use hashbrown::HashTable;
 
+use super::epoch::{Epochs, MapEpoch};
 use crate::bucket::{Fixed, RawBucket};
 use crate::clock::{Clock, Monotonic};
 use crate::state::{Layout, Snapshot};
@@ -72,6 +73,8 @@ pub(crate) struct Entry<K, V> {
 /// the lock, so that a search for room can skip the shard without locking it.
 pub(crate) struct Shard<K, V> {
     pub(crate) table: HashTable<Entry<K, V>>,
+    /// The number of the map's epoch (policy) its words are in (see [`super::epoch`]).
+    pub(crate) epoch: u64,
 }
 
 /// What [`Table::find_or_insert`] found.
@@ -86,6 +89,9 @@ pub(crate) enum Found {
 
 /// What a sweep needs to know about the map.
 pub(crate) struct SweepCtx<'a> {
+    /// The map's epochs, and the one this sweep works in.
+    pub(crate) epochs: &'a Epochs,
+    pub(crate) epoch: &'a MapEpoch,
     pub(crate) layout: &'a Layout,
     pub(crate) clock: &'a Monotonic<dyn Clock + 'a>,
     pub(crate) now: u64,
@@ -151,6 +157,7 @@ impl<K, V, S> Table<K, V, S> {
             shards: (0..1usize << shard_bits)
                 .map(|_| {
                     ShardLock::new(Shard {
+                        epoch: 0,
                         table: HashTable::new(),
                     })
                 })
@@ -192,6 +199,12 @@ impl<K, V, S> Table<K, V, S> {
         self.shards[i]
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every shard's write lock, in shard order: no operation runs on the map while they
+    /// are held (a reconfiguration's barrier).
+    pub(crate) fn write_all(&self) -> Vec<ShardWriteGuard<'_, Shard<K, V>>> {
+        (0..self.shards.len()).map(|i| self.write(i)).collect()
     }
 
     /// Write lock on shard `i` (see [`read`](Table::read) on poisoning).
@@ -240,6 +253,31 @@ impl<K, V, S> Table<K, V, S> {
     /// Whether shard `i` may hold a bucket that is full at `now`.
     fn may_evict(&self, i: usize, now: u64) -> bool {
         now >= self.hint(i)
+    }
+
+    /// Under shard `i`'s write lock: converts its words to `ctx`'s epoch if they are in
+    /// an older one (see [`super::epoch`]); `false` when the shard is in a newer epoch
+    /// than `ctx`'s (another operation converted it after `ctx` was made), which `ctx`
+    /// cannot read.
+    pub(crate) fn bring_up(&self, i: usize, shard: &mut Shard<K, V>, ctx: &SweepCtx<'_>) -> bool {
+        if shard.epoch == ctx.epoch.number {
+            return true;
+        }
+        if shard.epoch > ctx.epoch.number {
+            return false;
+        }
+        for e in shard.table.iter_mut() {
+            if mutant!(KEYED_SHARD_NOT_CONVERTED) {
+                break;
+            }
+            let word = e.bucket.load();
+            e.bucket
+                .set(ctx.epochs.convert(word, shard.epoch, ctx.epoch));
+        }
+        shard.epoch = ctx.epoch.number;
+        // Any bucket may now be full: the next search for room sweeps this shard.
+        self.hints[i].store(0, Ordering::Relaxed);
+        true
     }
 }
 
@@ -335,6 +373,9 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
                     continue;
                 }
                 let mut guard = self.write(i);
+                if !self.bring_up(i, &mut guard, ctx) {
+                    continue;
+                }
                 if self.sweep_shard(i, &mut guard, ctx, true).evicted > 0 {
                     return true;
                 }
@@ -416,6 +457,7 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
             }
             report.reanchored = report.examined;
         }
+        shard.epoch = ctx.epoch.number;
         report
     }
 

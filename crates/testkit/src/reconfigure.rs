@@ -257,7 +257,9 @@ fn history(
                 }
                 let mut expected =
                     inherit::convert(from, &snapshot, now, to, how, other.starts_full());
-                if bucket.stored_word() != expected.word && switch.before == policy.capacity() as f64 {
+                if bucket.stored_word() != expected.word
+                    && switch.before == policy.capacity() as f64
+                {
                     snapshot = from.reanchor_full(tick);
                     expected = inherit::convert(from, &snapshot, now, to, how, other.starts_full());
                 }
@@ -276,7 +278,10 @@ fn history(
                 let frac = to.frac_bits();
                 let after = expected.to_units as f64 / (1u128 << frac) as f64;
                 if switch.after != after {
-                    return Err(violation(step, format!("{switch:?} reports, {expected:?} converted")));
+                    return Err(violation(
+                        step,
+                        format!("{switch:?} reports, {expected:?} converted"),
+                    ));
                 }
                 std::mem::swap(&mut policy, &mut other);
                 let Some(next) = Ideal::with_balance(&policy, now, expected.to_units, frac) else {
