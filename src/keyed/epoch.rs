@@ -103,37 +103,34 @@ impl Epochs {
         self.current.store(Box::into_raw(next), Ordering::Release);
     }
 
-    /// The epoch numbered `number` (at most the current one's), found from the current
-    /// one back.
-    pub(crate) fn get(&self, number: u64) -> &MapEpoch {
-        let mut e = self.current();
-        while e.number > number && !e.prev.is_null() {
-            // SAFETY: a live epoch, freed only by `Drop`.
-            e = unsafe { &*e.prev };
-        }
-        e
-    }
-
-    /// Brings `word`, in epoch `from`'s layout, to epoch `to`'s (a later one), one switch
-    /// at a time, each as of its switch reading.
-    pub(crate) fn convert(&self, mut word: u64, from: u64, to: &MapEpoch) -> u64 {
-        let mut steps: Vec<&MapEpoch> = Vec::new();
+    /// The switches from epoch `from` to `to` (a later one), oldest first, each with the
+    /// epoch it starts from: what [`convert()`] applies to each word of a shard.
+    pub(crate) fn steps<'a>(
+        &'a self,
+        from: u64,
+        to: &'a MapEpoch,
+    ) -> Vec<(&'a MapEpoch, &'a MapEpoch)> {
+        let mut chain: Vec<&MapEpoch> = Vec::new();
         let mut e = to;
-        while e.number > from {
-            steps.push(e);
-            if e.prev.is_null() {
+        loop {
+            chain.push(e);
+            if e.number <= from || e.prev.is_null() {
                 break;
             }
             // SAFETY: a live epoch, freed only by `Drop`.
             e = unsafe { &*e.prev };
         }
-        let mut old = self.get(from);
-        for next in steps.into_iter().rev() {
-            word = convert_word(old, next, word);
-            old = next;
-        }
-        word
+        chain.reverse();
+        chain.windows(2).map(|w| (w[0], w[1])).collect()
     }
+}
+
+/// Brings `word` through `steps` (from [`Epochs::steps`]), one switch at a time, each as
+/// of its switch reading.
+pub(crate) fn convert(steps: &[(&MapEpoch, &MapEpoch)], word: u64) -> u64 {
+    steps
+        .iter()
+        .fold(word, |word, &(old, next)| convert_word(old, next, word))
 }
 
 impl Drop for Epochs {

@@ -266,13 +266,12 @@ impl<K, V, S> Table<K, V, S> {
         if shard.epoch > ctx.epoch.number {
             return false;
         }
+        let steps = ctx.epochs.steps(shard.epoch, ctx.epoch);
         for e in shard.table.iter_mut() {
             if mutant!(KEYED_SHARD_NOT_CONVERTED) {
                 break;
             }
-            let word = e.bucket.load();
-            e.bucket
-                .set(ctx.epochs.convert(word, shard.epoch, ctx.epoch));
+            e.bucket.set(super::epoch::convert(&steps, e.bucket.load()));
         }
         shard.epoch = ctx.epoch.number;
         // Any bucket may now be full: the next search for room sweeps this shard.
