@@ -362,3 +362,24 @@ fn a_later_tier_or_override_replaces_an_earlier_one() {
         Some(15)
     );
 }
+
+#[test]
+fn a_tier_of_many_keys_holds_every_one_of_them() {
+    // More keys than a small tier map has shards: none is refused for room.
+    let mut set = RuleSet::new()
+        .rule(ScopeKind::Tenant, Rule::new(p(1, 1.0)).shards(8))
+        .tier("gold", vec![p(3, 1.0)])
+        .class(WorkClass::new("one", 1));
+    for t in 0..100 {
+        set = set.override_key(Scope::Tenant(TenantId(t)), "gold");
+    }
+    let limiter = set.build_with_clock(ManualClock::new()).unwrap();
+    for t in 0..100 {
+        assert_eq!(
+            admitted_in_a_row(&limiter, &Request::new().tenant(TenantId(t))),
+            3,
+            "tenant {t}"
+        );
+    }
+    assert_eq!(limiter.len(ScopeKind::Tenant), 100);
+}

@@ -251,14 +251,19 @@ where
         })
     };
     let rule = limits(r.policies(), r.options)?;
-    // A tier's maps hold exactly its overridden keys: they never need an overflow.
+    // A tier's maps hold exactly its overridden keys: they never need an overflow, nor
+    // more shards than keys (a tier of a few keys costs a few shards, not the rule's).
     let tier_maps = tiers
         .tiers
         .iter()
         .map(|(_, p)| {
+            let shards = rule.map.shards().min(p.max_keys.max(1).next_power_of_two());
             limits(
                 p.as_slice(),
-                r.options.max_keys(p.max_keys).overflow(Overflow::Reject),
+                r.options
+                    .max_keys(p.max_keys)
+                    .overflow(Overflow::Reject)
+                    .shards(shards),
             )
         })
         .collect::<Result<Vec<_>, _>>()?;

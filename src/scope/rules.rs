@@ -361,7 +361,7 @@ impl RuleSet {
     ///
     /// A tier holds policies only: its keys live in maps of their own, bounded by the
     /// number of keys overridden to it (they never overflow, and lease nothing), with
-    /// the map options of their kind's rule otherwise. [`build`](RuleSet::build) checks
+    /// the map options of their kind's rule otherwise (but no more shards than keys). [`build`](RuleSet::build) checks
     /// the policy count ([`RuleError::TierPolicies`]), at most [`MAX_TIERS`](crate::scope::MAX_TIERS) tiers, and
     /// that every class fits the buckets of each tier its kinds use
     /// ([`RuleError::TierCostExceedsCapacity`]).
