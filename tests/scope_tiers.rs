@@ -383,3 +383,31 @@ fn a_tier_of_many_keys_holds_every_one_of_them() {
     }
     assert_eq!(limiter.len(ScopeKind::Tenant), 100);
 }
+
+#[test]
+fn an_overridden_key_reserves_within_its_tiers_allowance() {
+    let tier = Policy::builder(2, 1.0)
+        .max_reservation(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let limiter = std::sync::Arc::new(
+        RuleSet::new()
+            .rule(ScopeKind::Tenant, Rule::new(p(2, 1.0)))
+            .tier("patient", vec![tier])
+            .override_key(Scope::Tenant(TenantId(1)), "patient")
+            .class(WorkClass::new("two", 2))
+            .build_with_clock(ManualClock::new())
+            .unwrap(),
+    );
+    let two = limiter.class("two").unwrap();
+    let wait = Duration::from_secs(5);
+    for t in [1, 2] {
+        let r = Request::new().tenant(TenantId(t));
+        limiter.reserve_owned(&r, two, wait).unwrap().consume();
+    }
+    // The tier allows a reservation into the future; the rule allows none.
+    let patient = limiter.reserve_owned(&Request::new().tenant(TenantId(1)), two, wait);
+    assert!(patient.is_ok_and(|r| r.wait() >= Duration::from_secs(1)));
+    let plain = limiter.reserve_owned(&Request::new().tenant(TenantId(2)), two, wait);
+    assert!(plain.is_err());
+}
