@@ -58,6 +58,25 @@ pub(crate) struct KindPolicies {
     pub(crate) max_keys: usize,
 }
 
+/// Every policy a decision's scopes may be held to: each kind's rule's, and the tiers
+/// its overridden keys use (a kind's local tier `t`, from 1, at `tiers[kind][t - 1]`).
+#[derive(Debug, Default)]
+pub(crate) struct Policies {
+    pub(crate) rules: PerKind<Option<KindPolicies>>,
+    pub(crate) tiers: PerKind<Box<[KindPolicies]>>,
+}
+
+impl Policies {
+    /// The policies of kind `k`'s local tier `tier` (0: the rule's).
+    #[inline]
+    pub(crate) fn get(&self, k: usize, tier: u8) -> Option<&KindPolicies> {
+        match tier {
+            0 => self.rules.get(k)?.as_ref(),
+            t => self.tiers.get(k)?.get(usize::from(t) - 1),
+        }
+    }
+}
+
 /// Scope kinds as the bits of a byte, by [`ScopeKind::index`].
 pub(crate) type KindSet = u8;
 
@@ -96,8 +115,8 @@ pub(crate) enum Refused {
 /// every scope's cost taken, or none.
 ///
 /// A small `Copy` value (about 200 bytes, most of them the [`Request`]): each scope's
-/// own [`Decision`] is kept as its balance and tick lead, and rebuilt from the scope's
-/// policy when [`decision`](ScopeDecision::decision) or
+/// own [`Decision`] is kept as its balance and tick lead (and its tier, for an
+/// overridden key), and rebuilt from the scope's policy when [`decision`](ScopeDecision::decision) or
 /// [`records`](ScopeDecision::records) asks for it.
 ///
 /// A scope whose rule holds several policies ([`Rule::with_policies`](crate::scope::Rule::with_policies))
@@ -129,11 +148,14 @@ pub struct ScopeDecision<'a> {
     pub(crate) request: Request,
     /// Each decided kind's parts; zero for the others.
     parts: PerKind<Parts>,
-    /// For a rate-limit refusal, the time until every scope holds its cost.
-    retry_after: Duration,
+    /// For a rate-limit refusal, the time until every scope holds its cost, in
+    /// nanoseconds (`u64::MAX` for longer: [`Duration::MAX`]).
+    retry_after_nanos: u64,
     /// The class's cost per kind (a kind outside `paid` paid nothing, whatever it says).
     costs: &'a PerKind<u64>,
-    policies: &'a PerKind<Option<KindPolicies>>,
+    policies: &'a Policies,
+    /// Each kind's local tier (0: its rule's policies).
+    tiers: PerKind<u8>,
     /// The kinds the request paid (or was refused in).
     paid: KindSet,
     /// The paid kinds charged to their kind's shared overflow bucket.
@@ -151,14 +173,15 @@ impl<'a> ScopeDecision<'a> {
     pub(crate) fn new(
         request: &Request,
         costs: &'a PerKind<u64>,
-        policies: &'a PerKind<Option<KindPolicies>>,
+        policies: &'a Policies,
     ) -> ScopeDecision<'a> {
         ScopeDecision {
             request: *request,
             parts: [Parts::default(); ScopeKind::COUNT],
-            retry_after: Duration::ZERO,
+            retry_after_nanos: 0,
             costs,
             policies,
+            tiers: [0; ScopeKind::COUNT],
             paid: 0,
             overflow: 0,
             decided: 0,
@@ -173,6 +196,13 @@ impl<'a> ScopeDecision<'a> {
         if overflow {
             self.overflow |= bit(k);
         }
+    }
+
+    /// Records that kind `k`'s key holds the policies of its local tier `tier` (0: the
+    /// rule's).
+    #[inline]
+    pub(crate) fn in_tier(&mut self, k: usize, tier: u8) {
+        self.tiers[k] = tier;
     }
 
     /// Records kind `k`'s bucket decision (its first limit's: the one an admission
@@ -203,7 +233,7 @@ impl<'a> ScopeDecision<'a> {
         self.decides(k, d);
         // At most MAX_POLICIES_PER_RULE limits: the index fits a byte.
         self.refused = Some(Refused::RateLimited(ScopeKind::ALL[k], limit as u8));
-        self.retry_after = retry_after;
+        self.retry_after_nanos = u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX);
         self
     }
 
@@ -253,7 +283,7 @@ impl<'a> ScopeDecision<'a> {
         Some(match self.refused? {
             Refused::RateLimited(k, _) => Refusal::RateLimited(self.decision_of(k.index())?),
             Refused::KeyLimit(k) => Refusal::KeyLimit {
-                max_keys: self.policies[k.index()].as_ref()?.max_keys,
+                max_keys: self.kind_policies(k.index())?.max_keys,
             },
         })
     }
@@ -261,9 +291,13 @@ impl<'a> ScopeDecision<'a> {
     /// For a rate-limit rejection, the time until every scope of the request holds its
     /// cost (the basis of a `Retry-After`); `None` for an admission and for a
     /// [`Refusal::KeyLimit`], which has no estimate.
+    /// Waits beyond `u64::MAX` nanoseconds (about 584 years) read as [`Duration::MAX`].
     pub fn retry_after(&self) -> Option<Duration> {
         match self.refused {
-            Some(Refused::RateLimited(..)) => Some(self.retry_after),
+            Some(Refused::RateLimited(..)) => Some(match self.retry_after_nanos {
+                u64::MAX => Duration::MAX,
+                n => Duration::from_nanos(n),
+            }),
             _ => None,
         }
     }
@@ -329,7 +363,7 @@ impl<'a> ScopeDecision<'a> {
     /// The policy of the bucket whose decision kind `k` reports: the overflow bucket's
     /// when charged there, the refusing limit's for the refusing kind, else the first.
     fn policy_of(&self, k: usize) -> Option<&'a Policy> {
-        let kp = self.policies[k].as_ref()?;
+        let kp = self.kind_policies(k)?;
         if self.overflow & bit(k) != 0 {
             return kp.overflow.as_ref();
         }
@@ -337,6 +371,11 @@ impl<'a> ScopeDecision<'a> {
             Some(Refused::RateLimited(r, l)) if r.index() == k => kp.as_slice().get(usize::from(l)),
             _ => Some(kp.policy()),
         }
+    }
+
+    /// The policies kind `k`'s key is held to: its tier's or its rule's.
+    fn kind_policies(&self, k: usize) -> Option<&'a KindPolicies> {
+        self.policies.get(k, *self.tiers.get(k)?)
     }
 
     /// Kind `k`'s bucket decision, if it decided.

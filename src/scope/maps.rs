@@ -1,33 +1,101 @@
 //! The keyed maps of a scoped limiter, one per keyed kind, generated from the one list of
 //! kinds ([`with_keyed_kinds`]), and the type-erased view the limiter reads them through.
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::keyed::{KeyedLimiter, Slot, SweepReport};
+use crate::keyed::{KeyedLimiter, KeyedOptions, Overflow, Slot, SweepReport};
+use crate::policy::Policy;
 use crate::scope::kind::{
     ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Rule, RuleError};
+use crate::scope::tiers::KindTiers;
 use crate::telemetry::{Attempt, CounterSnapshot};
 
 /// The slot of each limit (policy) of one keyed kind while its locks are held: `None`
 /// past the rule's policies, and for every limit when the request does not pay the kind.
 pub(super) type LimitSlots<'a, C> = [Option<Slot<'a, C>>; MAX_POLICIES_PER_RULE];
 
+/// One keyed kind's local tier (0: its rule's policies) and the slot of each of its
+/// limits while their locks are held.
+pub(super) type KindSlots<'a, C> = (u8, LimitSlots<'a, C>);
+
 // `with` nests one lock per limit, written out for each count up to this maximum.
 const _: () = assert!(MAX_POLICIES_PER_RULE == 4);
 
-/// One keyed kind's maps, one per policy of its rule, with the conversions between its
-/// keys and [`Scope`]s.
-pub(super) struct KindMap<K, C: Clock, S> {
+/// The maps of one set of policies (a rule's or a tier's) of a keyed kind: one per
+/// policy.
+pub(super) struct Limits<K, C: Clock, S> {
     /// The first policy's map: it alone keeps counters, and names the kind's keys.
-    pub(super) map: KeyedLimiter<K, C, S>,
-    /// The other policies' maps, in the rule's order (empty for a single policy).
+    map: KeyedLimiter<K, C, S>,
+    /// The other policies' maps, in their order (empty for a single policy).
     extra: Vec<KeyedLimiter<K, C, S>>,
+}
+
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Limits<K, C, S> {
+    /// The map of limit `limit`, if the policies have one.
+    fn limit(&self, limit: usize) -> Option<&KeyedLimiter<K, C, S>> {
+        match limit {
+            0 => Some(&self.map),
+            l => self.extra.get(l - 1),
+        }
+    }
+
+    fn maps(&self) -> impl Iterator<Item = &KeyedLimiter<K, C, S>> {
+        std::iter::once(&self.map).chain(&self.extra)
+    }
+}
+
+/// One keyed kind's maps: its rule's, one per policy, and those of each tier its
+/// overridden keys use, with the table from overridden key to tier and the conversions
+/// between its keys and [`Scope`]s.
+pub(super) struct KindMap<K, C: Clock, S> {
+    rule: Limits<K, C, S>,
+    /// Each used tier's maps, by local tier from 1 (`tiers[t - 1]`), each holding at
+    /// most the keys overridden to it.
+    tiers: Vec<Limits<K, C, S>>,
+    /// Overridden keys and their local tier (from 1); fixed at build, often empty.
+    overrides: HashMap<K, u8, S>,
     key_of: fn(&Scope) -> Option<K>,
     scope_of: fn(&K) -> Scope,
+}
+
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KindMap<K, C, S> {
+    /// The local tier of `key` (0: the rule's) and the maps it pays. A kind without
+    /// overrides costs one predicted branch.
+    #[inline]
+    fn limits_of(&self, key: &K) -> (u8, &Limits<K, C, S>) {
+        if self.overrides.is_empty() {
+            return (0, &self.rule);
+        }
+        self.tier_limits(key)
+    }
+
+    #[inline(never)]
+    fn tier_limits(&self, key: &K) -> (u8, &Limits<K, C, S>) {
+        match self.overrides.get(key) {
+            Some(&t) => match self.tiers.get(usize::from(t).wrapping_sub(1)) {
+                Some(limits) => (t, limits),
+                None => (0, &self.rule),
+            },
+            None => (0, &self.rule),
+        }
+    }
+
+    /// The key of `scope` and the maps it pays, when `scope` is of this kind.
+    fn scope_limits(&self, scope: &Scope) -> Option<(K, &Limits<K, C, S>)> {
+        let key = (self.key_of)(scope)?;
+        let limits = self.limits_of(&key).1;
+        Some((key, limits))
+    }
+
+    /// Every set of maps: the rule's, then the tiers'.
+    fn all(&self) -> impl Iterator<Item = &Limits<K, C, S>> {
+        std::iter::once(&self.rule).chain(&self.tiers)
+    }
 }
 
 /// What the scoped limiter reads from a keyed kind's map, whatever its key type.
@@ -35,7 +103,8 @@ pub(super) trait KindMapOps {
     fn len(&self) -> usize;
     fn evicted(&self) -> CounterSnapshot;
     fn overflowed(&self) -> CounterSnapshot;
-    fn count_key_limit(&self, cost: u64, attempt: Attempt);
+    /// Counts a request refused because the map `scope`'s key goes to was full.
+    fn count_key_limit(&self, scope: &Scope, cost: u64, attempt: Attempt);
     fn overflow_id(&self) -> Option<usize>;
     fn sweep(&self) -> SweepReport;
     fn max_sweep_interval(&self) -> Duration;
@@ -44,7 +113,7 @@ pub(super) trait KindMapOps {
     /// `None` when `scope` is not of this kind.
     fn available(&self, scope: &Scope) -> Option<f64>;
     /// The tokens of `scope`'s bucket of limit `limit`; `None` when `scope` is not of
-    /// this kind or the rule has no such limit.
+    /// this kind or its policies have no such limit.
     fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64>;
     /// `None` when `scope` is not of this kind or has no bucket.
     fn stored_word(&self, scope: &Scope) -> Option<u64>;
@@ -52,6 +121,9 @@ pub(super) trait KindMapOps {
     /// Gives `scope`'s bucket `cost` back (nothing when `scope` is not of this kind or
     /// its key is not in the map).
     fn refund(&self, scope: &Scope, cost: u64);
+    /// The local tier of `scope`'s key (0: the rule's); `None` when `scope` is not of
+    /// this kind.
+    fn tier_of(&self, scope: &Scope) -> Option<u8>;
 }
 
 impl<K, C, S> KindMapOps for KindMap<K, C, S>
@@ -61,79 +133,91 @@ where
     S: BuildHasher,
 {
     fn len(&self) -> usize {
-        self.map.len()
+        self.all().map(|l| l.map.len()).sum()
     }
 
     fn evicted(&self) -> CounterSnapshot {
-        self.map.evicted_counters()
+        self.all()
+            .map(|l| l.map.evicted_counters())
+            .fold(CounterSnapshot::default(), |a, b| a + b)
     }
 
     fn overflowed(&self) -> CounterSnapshot {
-        self.map.overflow_counters()
+        self.all()
+            .map(|l| l.map.overflow_counters())
+            .fold(CounterSnapshot::default(), |a, b| a + b)
     }
 
-    fn count_key_limit(&self, cost: u64, attempt: Attempt) {
-        self.map.count_key_limit(cost, attempt);
+    fn count_key_limit(&self, scope: &Scope, cost: u64, attempt: Attempt) {
+        if let Some((_, l)) = self.scope_limits(scope) {
+            l.map.count_key_limit(cost, attempt);
+        }
     }
 
     fn overflow_id(&self) -> Option<usize> {
-        self.map.overflow_id()
+        self.rule.map.overflow_id()
     }
 
     fn sweep(&self) -> SweepReport {
-        let mut report = self.map.sweep();
-        for m in &self.extra {
+        let mut report = SweepReport::default();
+        for m in self.all().flat_map(Limits::maps) {
             report += m.sweep();
         }
         report
     }
 
     fn max_sweep_interval(&self) -> Duration {
-        self.extra
-            .iter()
+        self.all()
+            .flat_map(Limits::maps)
             .map(|m| m.max_sweep_interval())
-            .fold(self.map.max_sweep_interval(), Duration::min)
+            .fold(Duration::MAX, Duration::min)
     }
 
     fn counters(&self, scope: &Scope) -> Option<CounterSnapshot> {
-        self.map.counters(&(self.key_of)(scope)?)
+        let (key, l) = self.scope_limits(scope)?;
+        l.map.counters(&key)
     }
 
     fn available(&self, scope: &Scope) -> Option<f64> {
-        Some(self.map.available(&(self.key_of)(scope)?))
+        let (key, l) = self.scope_limits(scope)?;
+        Some(l.map.available(&key))
     }
 
     fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64> {
-        let key = (self.key_of)(scope)?;
-        let map = match limit {
-            0 => &self.map,
-            l => self.extra.get(l - 1)?,
-        };
-        Some(map.available(&key))
+        let (key, l) = self.scope_limits(scope)?;
+        Some(l.limit(limit)?.available(&key))
     }
 
     fn stored_word(&self, scope: &Scope) -> Option<u64> {
-        self.map.stored_word(&(self.key_of)(scope)?)
+        let (key, l) = self.scope_limits(scope)?;
+        l.map.stored_word(&key)
     }
 
     fn for_each_counters(&self, f: &mut dyn FnMut(Scope, CounterSnapshot)) {
-        self.map.for_each_counters(|k, c| f((self.scope_of)(k), c));
+        for l in self.all() {
+            l.map.for_each_counters(|k, c| f((self.scope_of)(k), c));
+        }
     }
 
     fn refund(&self, scope: &Scope, cost: u64) {
-        if let Some(k) = (self.key_of)(scope) {
+        if let Some((k, l)) = self.scope_limits(scope) {
             // A cost within the capacity (it was paid); an evicted key gets nothing.
-            let _ = self.map.refund(&k, cost);
-            for m in &self.extra {
+            for m in l.maps() {
                 let _ = m.refund(&k, cost);
             }
         }
     }
+
+    fn tier_of(&self, scope: &Scope) -> Option<u8> {
+        Some(self.limits_of(&(self.key_of)(scope)?).0)
+    }
 }
 
-/// The map of `kind` under its rule, if it has one.
+/// The map of `kind` under its rule, if it has one, with the maps of the tiers its
+/// overridden keys use (`tiers`, laid out by [`lay_out`](crate::scope::tiers::lay_out)).
 fn kind_map<K, C, S>(
     rules: &PerKind<Option<Rule>>,
+    tiers: &KindTiers,
     kind: ScopeKind,
     clock: &C,
     hasher: &S,
@@ -141,6 +225,7 @@ fn kind_map<K, C, S>(
     scope_of: fn(&K) -> Scope,
 ) -> Result<Option<KindMap<K, C, S>>, RuleError>
 where
+    K: Hash + Eq,
     C: Clock + Clone,
     S: BuildHasher + Clone,
 {
@@ -155,15 +240,43 @@ where
             .build()
             .map_err(|error| RuleError::Keyed { kind, error })
     };
-    let map = build(*r.policy(), r.options)?;
-    // The first map alone counts: the other limits' maps hold a word per key.
-    let extra = r.policies()[1..]
+    let limits = |policies: &[Policy], options: KeyedOptions| {
+        Ok::<_, RuleError>(Limits {
+            map: build(policies[0], options)?,
+            // The first map alone counts: the other limits' maps hold a word per key.
+            extra: policies[1..]
+                .iter()
+                .map(|&p| build(p, options.counters(false)))
+                .collect::<Result<Vec<_>, _>>()?,
+        })
+    };
+    let rule = limits(r.policies(), r.options)?;
+    // A tier's maps hold exactly its overridden keys: they never need an overflow, nor
+    // more shards than keys (a tier of a few keys costs a few shards, not the rule's).
+    let tier_maps = tiers
+        .tiers
         .iter()
-        .map(|&p| build(p, r.options.counters(false)))
+        .map(|(_, p)| {
+            let shards = rule.map.shards().min(p.max_keys.max(1).next_power_of_two());
+            limits(
+                p.as_slice(),
+                r.options
+                    .max_keys(p.max_keys)
+                    .overflow(Overflow::Reject)
+                    .shards(shards),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
+    let mut overrides = HashMap::with_capacity_and_hasher(tiers.keys.len(), hasher.clone());
+    for (scope, t) in &tiers.keys {
+        if let Some(key) = key_of(scope) {
+            overrides.insert(key, *t);
+        }
+    }
     Ok(Some(KindMap {
-        map,
-        extra,
+        rule,
+        tiers: tier_maps,
+        overrides,
         key_of,
         scope_of,
     }))
@@ -178,7 +291,7 @@ fn with<K, C, S, R>(
     key: Option<K>,
     cost: u64,
     now: u64,
-    f: impl FnOnce(LimitSlots<'_, C>) -> R,
+    f: impl FnOnce(KindSlots<'_, C>) -> R,
 ) -> R
 where
     K: Hash + Eq + Clone + Send + Sync,
@@ -188,26 +301,29 @@ where
     match (map, key) {
         (Some(m), Some(k)) if cost > 0 => {
             let k = &k;
-            match m.extra.as_slice() {
-                [] => m.map.with_slot(k, now, |a| f([Some(a), None, None, None])),
-                [b] => m.map.with_slot(k, now, |a| {
-                    b.with_slot(k, now, |b| f([Some(a), Some(b), None, None]))
+            let (t, l) = m.limits_of(k);
+            match l.extra.as_slice() {
+                [] => l
+                    .map
+                    .with_slot(k, now, |a| f((t, [Some(a), None, None, None]))),
+                [b] => l.map.with_slot(k, now, |a| {
+                    b.with_slot(k, now, |b| f((t, [Some(a), Some(b), None, None])))
                 }),
-                [b, c] => m.map.with_slot(k, now, |a| {
+                [b, c] => l.map.with_slot(k, now, |a| {
                     b.with_slot(k, now, |b| {
-                        c.with_slot(k, now, |c| f([Some(a), Some(b), Some(c), None]))
+                        c.with_slot(k, now, |c| f((t, [Some(a), Some(b), Some(c), None])))
                     })
                 }),
-                [b, c, d, ..] => m.map.with_slot(k, now, |a| {
+                [b, c, d, ..] => l.map.with_slot(k, now, |a| {
                     b.with_slot(k, now, |b| {
                         c.with_slot(k, now, |c| {
-                            d.with_slot(k, now, |d| f([Some(a), Some(b), Some(c), Some(d)]))
+                            d.with_slot(k, now, |d| f((t, [Some(a), Some(b), Some(c), Some(d)])))
                         })
                     })
                 }),
             }
         }
-        _ => f([None, None, None, None]),
+        _ => f((0, [None, None, None, None])),
     }
 }
 
@@ -215,7 +331,7 @@ where
 /// every kind's slot.
 macro_rules! nest {
     ($maps:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
-        $f([[None, None, None, None] $(, $held)*])
+        $f([(0, [None, None, None, None]) $(, $held)*])
     };
     (
         $maps:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
@@ -248,12 +364,14 @@ macro_rules! define_maps {
             /// A map for every keyed kind that has a rule.
             pub(super) fn build(
                 rules: &PerKind<Option<Rule>>,
+                tiers: &PerKind<KindTiers>,
                 clock: &C,
                 hasher: &S,
             ) -> Result<KeyedMaps<C, S>, RuleError> {
                 Ok(KeyedMaps {
                     $($kind: kind_map(
                         rules,
+                        &tiers[ScopeKind::$kind.index()],
                         ScopeKind::$kind,
                         clock,
                         hasher,
@@ -297,7 +415,7 @@ macro_rules! define_maps {
                 request: &Request,
                 costs: &PerKind<u64>,
                 now: u64,
-                f: impl FnOnce(PerKind<LimitSlots<'_, C>>) -> R,
+                f: impl FnOnce(PerKind<KindSlots<'_, C>>) -> R,
             ) -> R {
                 nest!(self, request, costs, now, f, [], [$($kind ($($field),+)),*])
             }

@@ -11,12 +11,21 @@
 //! then has one bucket per policy, all paid in the same acquisition, and a refusal
 //! names the limit that refused ([`ScopeDecision::refused_limit`]).
 //!
+//! Tiers give some keys other policies than their rule's: [`RuleSet::tier`] names a set
+//! of policies and [`RuleSet::override_key`] gives a key one (tenant 42 gets ten times
+//! the rule). An overridden key pays its tier's buckets, in maps of its own bounded by
+//! the number of overrides, all or none with the request's other scopes; a kind without
+//! overrides pays what it paid without them. The table is fixed when the limiter is
+//! built: a key's tier changes by rebuilding the limiter. See
+//! [`ScopedLimiter::policies_for`].
+//!
 
 mod decision;
 mod kind;
 mod maps;
 mod reserve;
 mod rules;
+mod tiers;
 
 use std::fmt;
 use std::hash::BuildHasher;
@@ -35,13 +44,14 @@ use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
-use decision::KindPolicies;
+use decision::{KindPolicies, Policies};
 pub use decision::{Refusal, ScopeDecision, ScopeError};
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
-use maps::{KeyedMaps, KindMapOps, LimitSlots};
+use maps::{KeyedMaps, KindMapOps, KindSlots};
 pub use reserve::{Charge, ScopeReserveError};
 pub use rules::{ClassId, MAX_POLICIES_PER_RULE, Request, Rule, RuleError, RuleSet, WorkClass};
+pub use tiers::{MAX_OVERRIDES, MAX_TIERS};
 
 /// Buckets one request may pay: every limit of every kind.
 const MAX_PAYERS: usize = ScopeKind::COUNT * MAX_POLICIES_PER_RULE;
@@ -212,7 +222,7 @@ pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     global: Option<GlobalScope<C>>,
     maps: KeyedMaps<C, S>,
     classes: Vec<WorkClass>,
-    policies: PerKind<Option<KindPolicies>>,
+    policies: Policies,
     /// Whether the global scope has one bucket: a request paying no keyed scope then
     /// pays it directly, without the multi-bucket path.
     global_single: bool,
@@ -236,8 +246,11 @@ impl RuleSet {
     ///
     /// [`RuleError`] for an invalid map configuration, a class that could never be
     /// admitted in some scope, a duplicate class name, leasing asked for a keyed kind
-    /// or with a configuration that does not fit the global policy, or leasing or a
-    /// shared overflow bucket on a rule with several policies.
+    /// or with a configuration that does not fit the global policy, leasing or a
+    /// shared overflow bucket on a rule with several policies, or invalid tiers and
+    /// overrides (an unknown tier, a key of the global kind or of a kind without a
+    /// rule, too many tiers, overrides or policies in a tier, a class above a used
+    /// tier's capacity: see [`RuleSet::tier`] and [`RuleSet::override_key`]).
     pub fn build(self) -> Result<ScopedLimiter, RuleError> {
         self.build_with(QuantaClock::new(), KeyHasher::new())
     }
@@ -315,9 +328,12 @@ impl RuleSet {
                 }
             }
         }
-        let mut policies = [None; ScopeKind::COUNT];
+        let tiers = tiers::lay_out(&self)?;
+        let mut policies = Policies::default();
         for kind in ScopeKind::ALL {
-            policies[kind.index()] = self.rules[kind.index()].map(|r| KindPolicies {
+            policies.tiers[kind.index()] =
+                tiers[kind.index()].tiers.iter().map(|(_, p)| *p).collect();
+            policies.rules[kind.index()] = self.rules[kind.index()].map(|r| KindPolicies {
                 policies: r.policies,
                 len: r.policies().len(),
                 overflow: match r.options.overflow {
@@ -366,7 +382,7 @@ impl RuleSet {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             global_single: global.as_ref().is_none_or(|g| g.extra.is_empty()),
             global,
-            maps: KeyedMaps::build(&self.rules, &clock, &hasher)?,
+            maps: KeyedMaps::build(&self.rules, &tiers, &clock, &hasher)?,
             classes: self.classes,
             policies,
             clock: guard,
@@ -395,7 +411,7 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
 
 /// The slots of each keyed kind's limits while their locks are held: `None` when the
 /// request does not pay that kind.
-type Held<'a, C> = PerKind<LimitSlots<'a, C>>;
+type Held<'a, C> = PerKind<KindSlots<'a, C>>;
 
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire) of
@@ -558,7 +574,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l`.
         let mut handles: [Option<Payer<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
         handles[..MAX_POLICIES_PER_RULE].copy_from_slice(&self.global_payers(costs));
-        for (k, limits) in slots.into_iter().enumerate() {
+        for (k, (tier, limits)) in slots.into_iter().enumerate() {
+            decision.in_tier(k, tier);
             for (l, slot) in limits.into_iter().enumerate() {
                 match slot {
                     None => {}
@@ -567,7 +584,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     }
                     Some(Slot::Full { max_keys }) => {
                         // Refused before any bucket is touched.
-                        debug_assert_eq!(self.policies[k].map(|p| p.max_keys), Some(max_keys));
+                        debug_assert_eq!(
+                            self.policies.get(k, tier).map(|p| p.max_keys),
+                            Some(max_keys)
+                        );
                         self.key_limit_counts(ScopeKind::ALL[k], costs[k], request);
                         decision.pays(k, false);
                         return Ok(decision.key_limit(k));
@@ -651,7 +671,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     ) -> (usize, Decision) {
         let k = at[i].0;
         let mut best = (at[i].1, refused);
-        if self.policies[k].is_none_or(|p| p.len <= 1) {
+        if at.iter().filter(|a| a.0 == k).count() <= 1 {
             return best;
         }
         let (m, c) = members[i];
@@ -679,8 +699,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     }
 
     fn key_limit_counts(&self, kind: ScopeKind, cost: u64, request: &Request) {
-        if let Some(m) = self.map(kind) {
-            m.count_key_limit(cost, request.attempt);
+        if let (Some(m), Some(scope)) = (self.map(kind), Scope::of(request, kind)) {
+            m.count_key_limit(&scope, cost, request.attempt);
         }
     }
 

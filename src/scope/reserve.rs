@@ -12,7 +12,7 @@ use crate::owned::{OwnedReservation, Reservable, reserve_on, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
 use crate::scope::kind::PerKind;
-use crate::scope::maps::LimitSlots;
+use crate::scope::maps::KindSlots;
 use crate::scope::{
     ClassId, GlobalBucket, MAX_PAYERS, MAX_POLICIES_PER_RULE, Request, Scope, ScopeDecision,
     ScopeError, ScopeKind, ScopedLimiter,
@@ -137,12 +137,42 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The policy of `kind`'s buckets, if it has a rule (its first, for a rule with
     /// several: see [`policies`](ScopedLimiter::policies)).
     pub fn policy(&self, kind: ScopeKind) -> Option<&Policy> {
-        self.policies[kind.index()].as_ref().map(|p| p.policy())
+        self.policies.rules[kind.index()]
+            .as_ref()
+            .map(|p| p.policy())
     }
 
-    /// Every policy of `kind`'s rule, in its order, if it has a rule.
+    /// Every policy of `kind`'s rule, in its order, if it has a rule (what keys
+    /// without an override are held to: see [`policies_for`](ScopedLimiter::policies_for)).
     pub fn policies(&self, kind: ScopeKind) -> Option<&[Policy]> {
-        self.policies[kind.index()].as_ref().map(|p| p.as_slice())
+        self.policies.rules[kind.index()]
+            .as_ref()
+            .map(|p| p.as_slice())
+    }
+
+    /// The policies `scope` is held to, in their order: its tier's when the key has an
+    /// override ([`RuleSet::override_key`](crate::scope::RuleSet::override_key)), else
+    /// its kind's rule's; `None` when its kind has no rule.
+    ///
+    /// ```
+    /// use tokengate::{Policy, scope::*};
+    /// let limiter = RuleSet::new()
+    ///     .rule(ScopeKind::User, Rule::new(Policy::new(10, 1.0)?))
+    ///     .tier("bulk", vec![Policy::new(50, 5.0)?, Policy::new(500, 1.0)?])
+    ///     .override_key(Scope::User(UserId(7)), "bulk")
+    ///     .build()?;
+    /// assert_eq!(limiter.policies_for(&Scope::User(UserId(7))).map(<[_]>::len), Some(2));
+    /// assert_eq!(limiter.policies_for(&Scope::User(UserId(8))).map(<[_]>::len), Some(1));
+    /// assert_eq!(limiter.policies_for(&Scope::Tenant(TenantId(1))), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policies_for(&self, scope: &Scope) -> Option<&[Policy]> {
+        let kind = scope.kind();
+        let tier = match self.maps.get(kind) {
+            Some(m) => m.tier_of(scope)?,
+            None => 0,
+        };
+        self.policies.get(kind.index(), tier).map(|p| p.as_slice())
     }
 
     /// Gives every scope of `charge` its cost back, with the exact refund of
@@ -287,7 +317,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     fn paid_costs(&self, costs: &PerKind<u64>, request: &Request) -> PerKind<u64> {
         let mut paid = [0; ScopeKind::COUNT];
         for k in ScopeKind::ALL {
-            let has_rule = self.policies[k.index()].is_some();
+            let has_rule = self.policies.rules[k.index()].is_some();
             if has_rule && Scope::of(request, k).is_some() {
                 paid[k.index()] = costs[k.index()];
             }
@@ -299,7 +329,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     /// kind), rolling back on a refusal; the latest ready time.
     fn reserve_slots(
         &self,
-        slots: PerKind<LimitSlots<'_, C>>,
+        slots: PerKind<KindSlots<'_, C>>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
@@ -334,7 +364,9 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 GlobalBucket::Leased(_) => return Err(ScopeReserveError::LeasedGlobal),
             }
         }
-        for (k, limits) in slots.into_iter().enumerate() {
+        let mut tiers = [0u8; ScopeKind::COUNT];
+        for (k, (tier, limits)) in slots.into_iter().enumerate() {
+            tiers[k] = tier;
             for (l, slot) in limits.into_iter().enumerate() {
                 match slot {
                     None => {}
@@ -375,8 +407,9 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                     capacity: h.layout.capacity(),
                 }));
             };
-            let horizon = self.policies[k]
-                .as_ref()
+            let horizon = self
+                .policies
+                .get(k, tiers[k])
                 .and_then(|p| p.as_slice().get(l))
                 .map_or(Duration::ZERO, |p| p.max_reservation());
             let limits = Limits { max_wait, horizon };

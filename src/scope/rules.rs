@@ -1,12 +1,14 @@
 //! The configuration of a scoped limiter: a rule per scope kind, and work classes.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::attempt::Attempt;
 use crate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedConfigError, KeyedOptions, Overflow};
 use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
-use crate::scope::kind::{ApiKeyId, PerKind, RouteId, ScopeKind, TenantId, UserId};
+use crate::scope::kind::{ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId};
+use crate::scope::tiers::TierDef;
 
 /// The most policies one [`Rule`] holds ([`Rule::with_policies`]): each costs every
 /// request of the kind one more bucket to pay, and every key one more map entry.
@@ -330,6 +332,8 @@ impl Request {
 pub struct RuleSet {
     pub(crate) rules: PerKind<Option<Rule>>,
     pub(crate) classes: Vec<WorkClass>,
+    pub(crate) tiers: Vec<TierDef>,
+    pub(crate) overrides: BTreeMap<Scope, String>,
 }
 
 impl RuleSet {
@@ -347,6 +351,67 @@ impl RuleSet {
     /// Adds a work class.
     pub fn class(mut self, class: WorkClass) -> RuleSet {
         self.classes.push(class);
+        self
+    }
+
+    /// Defines the tier `name`: `policies` (one to [`MAX_POLICIES_PER_RULE`], all paid
+    /// or none, as a rule's) that the keys given it by
+    /// [`override_key`](RuleSet::override_key) get instead of their rule's. Replaces an
+    /// earlier tier of the same name.
+    ///
+    /// A tier holds policies only: its keys live in maps of their own, bounded by the
+    /// number of keys overridden to it (they never overflow, and lease nothing), with
+    /// the map options of their kind's rule otherwise (but no more shards than keys). [`build`](RuleSet::build) checks
+    /// the policy count ([`RuleError::TierPolicies`]), at most [`MAX_TIERS`](crate::scope::MAX_TIERS) tiers, and
+    /// that every class fits the buckets of each tier its kinds use
+    /// ([`RuleError::TierCostExceedsCapacity`]).
+    ///
+    /// ```
+    /// use tokengate::{ManualClock, Policy, scope::*};
+    /// let limiter = RuleSet::new()
+    ///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(10, 1.0)?))
+    ///     .tier("gold", vec![Policy::new(100, 10.0)?])
+    ///     .override_key(Scope::Tenant(TenantId(42)), "gold")
+    ///     .class(WorkClass::new("one", 1))
+    ///     .build_with_clock(ManualClock::new())?;
+    /// assert_eq!(limiter.policies_for(&Scope::Tenant(TenantId(42))).unwrap()[0].capacity(), 100);
+    /// assert_eq!(limiter.policies_for(&Scope::Tenant(TenantId(7))).unwrap()[0].capacity(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tier(mut self, name: impl Into<String>, policies: Vec<Policy>) -> RuleSet {
+        let name = name.into();
+        match self.tiers.iter_mut().find(|t| t.name == name) {
+            Some(t) => t.policies = policies,
+            None => self.tiers.push(TierDef { name, policies }),
+        }
+        self
+    }
+
+    /// Gives the key `scope` the tier named `tier` ([`tier`](RuleSet::tier)): its
+    /// requests pay the tier's buckets instead of its rule's, all or none with the
+    /// request's other scopes, and a refusal names `scope` and the limit of the tier
+    /// that refused. Replaces an earlier override of the same key.
+    ///
+    /// The table is fixed when the limiter is built: a key's tier changes by rebuilding
+    /// the limiter (its buckets then start afresh). [`build`](RuleSet::build) refuses an
+    /// unknown tier ([`RuleError::UnknownTier`]), a key of the global scope
+    /// ([`RuleError::OverrideOnGlobal`]) or of a kind without a rule
+    /// ([`RuleError::OverrideWithoutRule`]), and more than [`MAX_OVERRIDES`](crate::scope::MAX_OVERRIDES) keys
+    /// ([`RuleError::TooManyOverrides`]).
+    ///
+    /// ```
+    /// use tokengate::{Policy, scope::*};
+    /// let set = RuleSet::new()
+    ///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(10, 1.0)?))
+    ///     .override_key(Scope::Tenant(TenantId(42)), "gold");
+    /// assert_eq!(
+    ///     set.build().unwrap_err(),
+    ///     RuleError::UnknownTier { scope: Scope::Tenant(TenantId(42)), tier: "gold".into() }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn override_key(mut self, scope: Scope, tier: impl Into<String>) -> RuleSet {
+        self.overrides.insert(scope, tier.into());
         self
     }
 }
@@ -404,6 +469,57 @@ pub enum RuleError {
         /// The keyed kind whose rule asked for it.
         kind: ScopeKind,
     },
+    /// More than [`MAX_TIERS`](crate::scope::MAX_TIERS) tiers ([`RuleSet::tier`]).
+    TooManyTiers {
+        /// The number given.
+        count: usize,
+        /// The most a rule set holds.
+        max: usize,
+    },
+    /// A tier with no policy, or more than [`MAX_POLICIES_PER_RULE`].
+    TierPolicies {
+        /// The tier.
+        tier: String,
+        /// Its number of policies.
+        count: usize,
+        /// The most a tier holds.
+        max: usize,
+    },
+    /// More than [`MAX_OVERRIDES`](crate::scope::MAX_OVERRIDES) overridden keys ([`RuleSet::override_key`]).
+    TooManyOverrides {
+        /// The number given.
+        count: usize,
+        /// The most a rule set holds.
+        max: usize,
+    },
+    /// An override of the global scope, which has no keys: change its rule instead.
+    OverrideOnGlobal,
+    /// An override of a key whose kind has no rule.
+    OverrideWithoutRule {
+        /// The key.
+        scope: Scope,
+    },
+    /// An override naming a tier that is not defined.
+    UnknownTier {
+        /// The key.
+        scope: Scope,
+        /// The tier it names.
+        tier: String,
+    },
+    /// A class costs more in a scope kind than the buckets of a tier given to keys of
+    /// that kind can hold: an overridden key could never be admitted.
+    TierCostExceedsCapacity {
+        /// The class.
+        class: String,
+        /// The tier.
+        tier: String,
+        /// The scope kind.
+        kind: ScopeKind,
+        /// The class's cost there, in tokens.
+        cost: u64,
+        /// The smallest capacity among the tier's policies, in tokens.
+        capacity: u64,
+    },
 }
 
 impl fmt::Display for RuleError {
@@ -440,6 +556,41 @@ impl fmt::Display for RuleError {
                 f,
                 "rule for {kind} scopes has several policies and a shared overflow bucket: \
                  overflow must be Reject for a rule with several policies"
+            ),
+            RuleError::TooManyTiers { count, max } => {
+                write!(f, "a rule set holds at most {max} tiers, got {count}")
+            }
+            RuleError::TierPolicies { tier, count, max } => write!(
+                f,
+                "tier {tier:?} holds {count} policies: a tier holds 1 to {max}"
+            ),
+            RuleError::TooManyOverrides { count, max } => {
+                write!(f, "a rule set holds at most {max} overrides, got {count}")
+            }
+            RuleError::OverrideOnGlobal => {
+                f.write_str("the global scope has no keys to override: change its rule instead")
+            }
+            RuleError::OverrideWithoutRule { scope } => write!(
+                f,
+                "override of {scope}, whose kind has no rule: add a rule for {} scopes first",
+                scope.kind()
+            ),
+            RuleError::UnknownTier { scope, tier } => {
+                write!(
+                    f,
+                    "override of {scope} names tier {tier:?}, which is not defined"
+                )
+            }
+            RuleError::TierCostExceedsCapacity {
+                class,
+                tier,
+                kind,
+                cost,
+                capacity,
+            } => write!(
+                f,
+                "class {class:?} costs {cost} tokens in {kind} scopes, above the capacity \
+                 of tier {tier:?}, {capacity}: an overridden key could never be admitted"
             ),
         }
     }

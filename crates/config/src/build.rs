@@ -3,7 +3,7 @@
 use std::fmt;
 
 use tokengate::keyed::Overflow;
-use tokengate::scope::{MAX_POLICIES_PER_RULE, Rule, RuleSet, ScopeKind};
+use tokengate::scope::{MAX_POLICIES_PER_RULE, MAX_TIERS, Rule, RuleSet, ScopeKind};
 
 use crate::model::Config;
 
@@ -25,10 +25,10 @@ impl fmt::Display for Unsupported {
 impl std::error::Error for Unsupported {}
 
 impl Config {
-    /// The parts of this configuration the engine does not enforce yet: rules with more
-    /// than [`MAX_POLICIES_PER_RULE`] policies, leasing or a shared overflow bucket on a
-    /// rule with several policies, and per-key overrides (tiers). Empty when
-    /// [`rule_set`] builds.
+    /// The parts of this configuration the engine does not enforce yet: rules or tiers
+    /// with more than [`MAX_POLICIES_PER_RULE`] policies, more than [`MAX_TIERS`] tiers,
+    /// and leasing or a shared overflow bucket on a rule with several policies. Empty
+    /// when [`rule_set`] builds.
     ///
     /// [`rule_set`]: Config::rule_set
     pub fn unsupported(&self) -> Vec<String> {
@@ -59,18 +59,30 @@ impl Config {
                 ));
             }
         }
-        if !self.overrides.is_empty() {
+        for t in self.tiers.values() {
+            let n = t.policies.len();
+            if n > MAX_POLICIES_PER_RULE {
+                parts.push(format!(
+                    "tier {:?} has {n} policies (the engine holds at most \
+                     {MAX_POLICIES_PER_RULE} per tier)",
+                    t.name
+                ));
+            }
+        }
+        if self.tiers.len() > MAX_TIERS {
             parts.push(format!(
-                "{} per-key overrides (keys get their rule's policy)",
-                self.overrides.len()
+                "{} tiers (the engine holds at most {MAX_TIERS})",
+                self.tiers.len()
             ));
         }
         parts
     }
 
     /// The engine's [`RuleSet`]: each rule's policies (all paid, all or nothing, with a
-    /// refusal naming the limit that refused), map options and lease settings, and the
-    /// work classes. Shadow rules are included: pass [`shadow_kinds`] to the layer
+    /// refusal naming the limit that refused), map options and lease settings, the
+    /// work classes, and the tiers with the per-key overrides (an overridden key pays
+    /// its tier's policies instead of its rule's; a tier change takes effect when the
+    /// limiter is rebuilt from the new file). Shadow rules are included: pass [`shadow_kinds`] to the layer
     /// (or skip them with `ScopedLimiter::try_acquire_without`), which decides them
     /// without refusing. The inheritance strategies and evidence figures are not part
     /// of a rule set.
@@ -81,7 +93,7 @@ impl Config {
     /// [`unsupported`](Config::unsupported)): nothing half-applies.
     ///
     /// ```
-    /// use tokengate::scope::{Request, ScopeKind, TenantId};
+    /// use tokengate::scope::{Request, Scope, ScopeKind, TenantId};
     /// use tokengate_config::Config;
     ///
     /// let config = Config::from_toml(r#"
@@ -107,6 +119,25 @@ impl Config {
     /// "#)?;
     /// let limiter = config.rule_set()?.build()?;
     /// assert_eq!(limiter.policies(ScopeKind::Tenant).map(<[_]>::len), Some(2));
+    ///
+    /// // A tier for one tenant: it pays "100/s burst 200" instead.
+    /// let config = Config::from_toml(r#"
+    ///     [[rule]]
+    ///     name = "per-tenant"
+    ///     scope = "tenant"
+    ///     policies = ["10/s burst 20"]
+    ///
+    ///     [tier.gold]
+    ///     policies = ["100/s burst 200"]
+    ///
+    ///     [[override]]
+    ///     scope = "tenant"
+    ///     key = 42
+    ///     tier = "gold"
+    /// "#)?;
+    /// let limiter = config.rule_set()?.build()?;
+    /// let gold = limiter.policies_for(&Scope::Tenant(TenantId(42))).unwrap();
+    /// assert_eq!(gold[0].capacity(), 200);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -132,6 +163,12 @@ impl Config {
         }
         for class in &self.classes {
             set = set.class(class.clone());
+        }
+        for t in self.tiers.values() {
+            set = set.tier(t.name.clone(), t.policies.clone());
+        }
+        for (scope, tier) in &self.overrides {
+            set = set.override_key(*scope, tier.clone());
         }
         Ok(set)
     }

@@ -11,15 +11,17 @@
 //!   field ([`ConfigError`]); a file with any problem is refused whole.
 //! - [`Config::rule_set`]: the engine's [`RuleSet`](tokengate::scope::RuleSet) for what
 //!   it enforces today (up to [`MAX_POLICIES_PER_RULE`](tokengate::scope::MAX_POLICIES_PER_RULE)
-//!   policies per rule, no overrides); a file using more is refused with
-//!   [`Unsupported`] rather than half-applied.
+//!   policies per rule or tier, tiers and per-key overrides); a file using more is
+//!   refused with [`Unsupported`] rather than half-applied.
 //! - [`ConfigWatcher`]: reload on change, debounced, published atomically.
 //!
 //! # What the engine does not consume yet
 //!
-//! The validated model keeps them, so that an applier can: tiers and per-key overrides
-//! ([`Config::policies_for`]), and the inheritance strategy of each rule
-//! ([`Inheritance`]): applying a reload to live buckets is the engine's part. Rules with
+//! The validated model keeps it, so that an applier can: the inheritance strategy of
+//! each rule ([`Inheritance`]): applying a reload to live buckets is the engine's part.
+//! Tiers and per-key overrides are built into the engine's rules (an overridden key pays
+//! its tier's policies, [`Config::policies_for`]); the table is fixed for the life of a
+//! limiter, so a key's tier changes by rebuilding the limiter from the new file. Rules with
 //! several policies ([`RuleConfig::policies`]) are built, each scope paying every one of
 //! them all-or-nothing, except where the engine cannot hold them: more than
 //! [`MAX_POLICIES_PER_RULE`](tokengate::scope::MAX_POLICIES_PER_RULE) policies, a leased

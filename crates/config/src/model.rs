@@ -168,9 +168,10 @@ pub struct Tier {
     pub policies: Vec<Policy>,
 }
 
-/// The most overrides one file may hold: the table is consulted at key creation, and a
-/// bound keeps it from growing into a database.
-pub const MAX_OVERRIDES: usize = 100_000;
+/// The most overrides one file may hold: the engine's bound
+/// ([`tokengate::scope::MAX_OVERRIDES`]). The table is built whole with the limiter and
+/// bounds the memory of the tiers' maps; a bound keeps it from growing into a database.
+pub const MAX_OVERRIDES: usize = tokengate::scope::MAX_OVERRIDES;
 
 /// A validated deployment configuration: every check passed, nothing left to refuse.
 ///
