@@ -15,13 +15,14 @@
 //! |---|---|
 //! | [`Inherit::Proportional`] | `b * B' / B` (the same fraction of the new capacity) |
 //! | [`Inherit::AsIs`] | `min(b, B')` |
-//! | [`Inherit::Additive`] | `min(b + max(0, B' - B), B')` (capacity grown by `d` adds `d`) |
+//! | [`Inherit::Additive`] | `min(b + (B' - B), B')`, at least zero when `b` was (the capacity's change added or removed) |
 //! | [`Inherit::Reset`] | the new policy's start state (full, or empty with `start_empty`) |
 //!
 //! and at least that less one unit (`2^-F'` tokens): each is rounded down to the new
 //! layout's units, never up. A balance below zero (reservations owed) is carried as
 //! the same debt in tokens, rounded up, by every strategy but `Reset` (`Additive` adds
-//! `max(0, B' - B)` to it): granted reservations keep their place in the queue. Debt
+//! a grown capacity's `B' - B` to it, and keeps it under a shrunk one): granted
+//! reservations keep their place in the queue. Debt
 //! beyond what the new policy may owe (its reservation allowance) is forgiven, and
 //! reported ([`Converted::forgiven_units`]).
 //!
@@ -47,7 +48,8 @@ pub enum Inherit {
     AsIs,
     /// The new policy's start state, whatever the bucket held.
     Reset,
-    /// The same tokens plus what the capacity grew by: `min(b + max(0, B' - B), B')`.
+    /// The same tokens changed by what the capacity changed by: `b + (B' - B)`, capped at
+    /// `B'`, and down to zero at most (a debt is kept) when the capacity shrinks.
     Additive,
 }
 
@@ -101,8 +103,10 @@ pub fn convert(
         }
         Inherit::Proportional | Inherit::AsIs => rescale_down(from_units, from, to),
         Inherit::Additive => {
-            let grown = (i128::from(to.capacity()) - i128::from(from.capacity())).max(0);
-            rescale_down(from_units, from, to) + (grown << to.frac_bits())
+            let d = (i128::from(to.capacity()) - i128::from(from.capacity())) << to.frac_bits();
+            let b = rescale_down(from_units, from, to);
+            // Grown by `d`: `d` more. Shrunk: `|d|` fewer, down to zero (a debt is kept).
+            if d >= 0 { b + d } else { (b + d).max(b.min(0)) }
         }
     };
     let target = target.min(to_cap);
@@ -174,13 +178,20 @@ mod tests {
             tokens(convert(&from, &s, now, &to, Inherit::Reset, false)),
             0.0
         );
+        // Shrunk from 100 to 40: 60 fewer, down to zero.
         assert_eq!(
             tokens(convert(&from, &s, now, &to, Inherit::Additive, true)),
-            40.0
+            0.0
         );
         let grown = layout(130, 12, 5, 0);
         let c = convert(&from, &s, now, &grown, Inherit::Additive, true);
         assert_eq!(tokens(c), 80.0);
+        // Shrunk from 100 to 80: 20 fewer.
+        let shrunk = layout(80, 12, 5, 0);
+        assert_eq!(
+            tokens(convert(&from, &s, now, &shrunk, Inherit::Additive, true)),
+            30.0
+        );
         let (tick, units) = grown.decode(c.word).unwrap();
         assert_eq!(units, 80 << 12);
         assert_eq!(tick, grown.tick_of(now) + 1, "anchored at the next edge");

@@ -68,9 +68,10 @@ fn reconfigure_racing(
         let promised = match how {
             Inherit::Proportional => switch.before * to.capacity() as f64 / 2.0,
             Inherit::AsIs => switch.before.min(to.capacity() as f64),
-            Inherit::Additive => {
-                (switch.before + (to.capacity() as f64 - 2.0).max(0.0)).min(to.capacity() as f64)
+            Inherit::Additive if to.capacity() >= 2 => {
+                (switch.before + to.capacity() as f64 - 2.0).min(to.capacity() as f64)
             }
+            Inherit::Additive => (switch.before + to.capacity() as f64 - 2.0).max(0.0),
             _ => to.capacity() as f64,
         };
         assert_eq!(switch.after, promised, "{how:?}: {switch:?}");
@@ -116,7 +117,14 @@ fn two_switches_racing_an_admission_apply_one_after_the_other() {
         } else {
             (reports[1], reports[0], [2.0, 5.0, 3.0])
         };
-        let additive = |b: f64, from: f64, to: f64| (b + (to - from).max(0.0)).min(to);
+        // Grown: what it grew by added; shrunk: what it lost taken, down to zero.
+        let additive = |b: f64, from: f64, to: f64| {
+            if to >= from {
+                (b + to - from).min(to)
+            } else {
+                (b + to - from).max(0.0)
+            }
+        };
         assert_eq!(
             first.after,
             additive(first.before, caps[0], caps[1]),

@@ -9,8 +9,9 @@ use tokengate::scope::{Scope, ScopeKind, WorkClass};
 
 /// How a bucket's tokens carry over when its policy changes on reload.
 ///
-/// The file names the strategy (`[reload] inheritance`, or per rule); applying it to live
-/// buckets is the engine's part (see the crate docs for what it consumes today).
+/// The file names the strategy (`[reload] inheritance`, or per rule); the engine applies
+/// it ([`tokengate::Inherit`], through `From`) to a `LiveBucket` or a `KeyedLimiter` it
+/// reconfigures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Inheritance {
@@ -24,6 +25,17 @@ pub enum Inheritance {
     /// A capacity grown by `d` adds `d` tokens (and a shrunk one removes them, down to
     /// zero).
     Additive,
+}
+
+impl From<Inheritance> for tokengate::Inherit {
+    fn from(i: Inheritance) -> tokengate::Inherit {
+        match i {
+            Inheritance::Proportional => tokengate::Inherit::Proportional,
+            Inheritance::AsIs => tokengate::Inherit::AsIs,
+            Inheritance::Reset => tokengate::Inherit::Reset,
+            Inheritance::Additive => tokengate::Inherit::Additive,
+        }
+    }
 }
 
 impl Inheritance {

@@ -117,7 +117,10 @@ pub fn check_conversion(
     let (num, den): (i128, i128) = match how {
         Inherit::Reset => ((if to_starts_full { cap2 } else { 0 }) << f1, 1),
         Inherit::Proportional if b > 0 => (b * cap2, cap1),
-        Inherit::Additive => (b + ((cap2 - cap1).max(0) << f1), 1),
+        Inherit::Additive => {
+            let d = (cap2 - cap1) << f1;
+            (if d >= 0 { b + d } else { (b + d).max(b.min(0)) }, 1)
+        }
         _ => (b, 1),
     };
     // units / 2^f2 <= num / (den * 2^f1)
