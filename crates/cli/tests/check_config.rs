@@ -53,10 +53,11 @@ fn the_sample_is_valid_and_its_figures_are_printed() {
     assert!(stdout.contains("effective 4999.8"), "{stdout}");
     assert!(stdout.contains("rate error 0.004%"), "{stdout}");
     assert!(stdout.contains("wraps after 9.1 years"), "{stdout}");
-    // 100,000 tenant keys of 88-byte entries (8 key, 2 x 8 words, 64 counters).
+    // 100,000 tenant keys, one map per policy: 80-byte entries in the first (8 key, 8
+    // word, 64 counters) and 16-byte ones in the second (8 key, 8 word).
     assert!(
         stdout.contains(
-            "memory bound: 100000 keys x 203.4 B = 19.4 MiB (entries of 88 B with counters"
+            "memory bound: 100000 keys x 224 B = 21.4 MiB (entries of 96 B with counters"
         ),
         "{stdout}"
     );
