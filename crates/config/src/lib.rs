@@ -17,9 +17,11 @@
 //!
 //! # What the engine does not consume yet
 //!
-//! The validated model keeps it, so that an applier can: the inheritance strategy of
-//! each rule ([`Inheritance`]): applying a reload to live buckets is the engine's part.
-//! Tiers and per-key overrides are built into the engine's rules (an overridden key pays
+//! The inheritance strategy of each rule ([`Inheritance`]) converts into the engine's
+//! [`tokengate::Inherit`], which a [`tokengate::LiveBucket`] and a
+//! [`tokengate::KeyedLimiter`] apply when reconfigured; a [`tokengate::ScopedLimiter`]
+//! built from [`Config::rule_set`] is not reconfigured in place yet: a reload builds a new
+//! one, whose buckets start in their policies' start states. Tiers and per-key overrides are built into the engine's rules (an overridden key pays
 //! its tier's policies, [`Config::policies_for`]); the table is fixed for the life of a
 //! limiter, so a key's tier changes by rebuilding the limiter from the new file. Rules with
 //! several policies ([`RuleConfig::policies`]) are built, each scope paying every one of
