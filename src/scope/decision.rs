@@ -24,6 +24,13 @@ pub enum Refusal {
         /// The map's maximum number of keys.
         max_keys: usize,
     },
+    /// The scope is kept in the limiter's remote store
+    /// ([`Rule::remote`](crate::scope::Rule::remote)), which refused it; the local scopes
+    /// were given their costs back. No local bucket decided.
+    Remote {
+        /// When the store says the scope could pay ([`Duration::MAX`]: never).
+        retry_after: Duration,
+    },
 }
 
 /// What one scope's bucket decided, less what its policy and the cost give back
@@ -109,6 +116,8 @@ pub(crate) enum Refused {
     RateLimited(ScopeKind, u8),
     /// Its map was full ([`Refusal::KeyLimit`]).
     KeyLimit(ScopeKind),
+    /// The remote store refused it ([`Refusal::Remote`]).
+    Remote(ScopeKind),
 }
 
 /// The outcome of [`ScopedLimiter::try_acquire`](crate::ScopedLimiter::try_acquire):
@@ -220,6 +229,15 @@ impl<'a> ScopeDecision<'a> {
         self
     }
 
+    /// Makes this a refusal by the remote store of kind `k`'s scope, which could pay
+    /// after `retry_after`; the local decisions (given back) are dropped.
+    pub(crate) fn remote_refusal(mut self, k: usize, retry_after: Duration) -> ScopeDecision<'a> {
+        self.decided = 0;
+        self.refused = Some(Refused::Remote(ScopeKind::ALL[k]));
+        self.retry_after_nanos = u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX);
+        self
+    }
+
     /// Makes this a rate-limit refusal by limit `limit` of kind `k`, whose bucket
     /// decided `d`; the other decisions (rolled back) are dropped.
     pub(crate) fn refuse(
@@ -252,7 +270,7 @@ impl<'a> ScopeDecision<'a> {
     /// The scope that refused, for a rejection.
     pub fn refused_scope(&self) -> Option<Scope> {
         let k = match self.refused? {
-            Refused::RateLimited(k, _) | Refused::KeyLimit(k) => k,
+            Refused::RateLimited(k, _) | Refused::KeyLimit(k) | Refused::Remote(k) => k,
         };
         Scope::of(&self.request, k)
     }
@@ -260,11 +278,12 @@ impl<'a> ScopeDecision<'a> {
     /// For a rate-limit rejection, which limit of the refusing scope refused: the index
     /// of its policy in the rule's [`policies`](crate::scope::Rule::policies) (0 for a
     /// single-policy rule). When several of the scope's limits could not pay, the one
-    /// with the longest wait. `None` for an admission and a [`Refusal::KeyLimit`].
+    /// with the longest wait. `None` for an admission, a [`Refusal::KeyLimit`] and a
+    /// [`Refusal::Remote`].
     pub fn refused_limit(&self) -> Option<usize> {
         match self.refused? {
             Refused::RateLimited(_, l) => Some(usize::from(l)),
-            Refused::KeyLimit(_) => None,
+            Refused::KeyLimit(_) | Refused::Remote(_) => None,
         }
     }
 
@@ -274,7 +293,7 @@ impl<'a> ScopeDecision<'a> {
     pub fn refused_policy(&self) -> Option<&'a Policy> {
         match self.refused? {
             Refused::RateLimited(k, _) => self.policy_of(k.index()),
-            Refused::KeyLimit(_) => None,
+            Refused::KeyLimit(_) | Refused::Remote(_) => None,
         }
     }
 
@@ -285,20 +304,28 @@ impl<'a> ScopeDecision<'a> {
             Refused::KeyLimit(k) => Refusal::KeyLimit {
                 max_keys: self.kind_policies(k.index())?.max_keys,
             },
+            Refused::Remote(_) => Refusal::Remote {
+                retry_after: self.retry_after_nanos(),
+            },
         })
     }
 
     /// For a rate-limit rejection, the time until every scope of the request holds its
-    /// cost (the basis of a `Retry-After`); `None` for an admission and for a
-    /// [`Refusal::KeyLimit`], which has no estimate.
+    /// cost (the basis of a `Retry-After`); for a [`Refusal::Remote`], the store's time
+    /// for its scope (the local scopes were given their costs back); `None` for an
+    /// admission and for a [`Refusal::KeyLimit`], which has no estimate.
     /// Waits beyond `u64::MAX` nanoseconds (about 584 years) read as [`Duration::MAX`].
     pub fn retry_after(&self) -> Option<Duration> {
         match self.refused {
-            Some(Refused::RateLimited(..)) => Some(match self.retry_after_nanos {
-                u64::MAX => Duration::MAX,
-                n => Duration::from_nanos(n),
-            }),
+            Some(Refused::RateLimited(..) | Refused::Remote(_)) => Some(self.retry_after_nanos()),
             _ => None,
+        }
+    }
+
+    fn retry_after_nanos(&self) -> Duration {
+        match self.retry_after_nanos {
+            u64::MAX => Duration::MAX,
+            n => Duration::from_nanos(n),
         }
     }
 
@@ -316,8 +343,9 @@ impl<'a> ScopeDecision<'a> {
         self.paid_kind(scope).map(|k| self.costs[k])
     }
 
-    /// `scope`'s own decision: every scope's for an admission, the refusing scope's for a
-    /// rate-limit rejection. Rebuilt from the scope's policy on each call (no division).
+    /// `scope`'s own decision: every local scope's for an admission, the refusing scope's
+    /// for a rate-limit rejection (none for a scope of a remote kind, which no local
+    /// bucket decides). Rebuilt from the scope's policy on each call (no division).
     pub fn decision(&self, scope: Scope) -> Option<Decision> {
         self.decision_of(self.paid_kind(scope)?)
     }
@@ -334,9 +362,9 @@ impl<'a> ScopeDecision<'a> {
         &self.request
     }
 
-    /// The decision as telemetry records: one per scope for an admission, the refusing
-    /// scope's for a rate-limit rejection, none for a key-limit refusal (no bucket
-    /// decided). A scope charged to the overflow bucket reports that bucket's policy.
+    /// The decision as telemetry records: one per local scope for an admission, the
+    /// refusing scope's for a rate-limit rejection, none for a key-limit or remote
+    /// refusal (no local bucket decided). A scope charged to the overflow bucket reports that bucket's policy.
     pub fn records(&self) -> impl Iterator<Item = Record<Scope>> + 'a {
         let this = *self;
         ScopeKind::ALL.into_iter().filter_map(move |k| {
@@ -432,6 +460,13 @@ pub enum ScopeError {
     },
     /// The multi-bucket acquisition refused for another reason.
     Multi(MultiError),
+    /// The remote store of the request's remote scopes
+    /// ([`Rule::remote`](crate::scope::Rule::remote)) cannot decide now; the local scopes
+    /// were given their costs back. The caller chooses whether to serve anyway.
+    RemoteUnavailable {
+        /// When the store says to ask again.
+        retry_after: Duration,
+    },
 }
 
 impl fmt::Display for ScopeError {
@@ -447,6 +482,11 @@ impl fmt::Display for ScopeError {
             }
             ScopeError::Acquire { scope, error } => write!(f, "scope {scope}: {error}"),
             ScopeError::Multi(e) => e.fmt(f),
+            ScopeError::RemoteUnavailable { retry_after } => write!(
+                f,
+                "the remote scopes are unavailable; nothing was taken; retry after \
+                 {retry_after:?}"
+            ),
         }
     }
 }
@@ -456,7 +496,7 @@ impl std::error::Error for ScopeError {
         match self {
             ScopeError::Acquire { error, .. } => Some(error),
             ScopeError::Multi(e) => Some(e),
-            ScopeError::UnknownClass(_) => None,
+            ScopeError::UnknownClass(_) | ScopeError::RemoteUnavailable { .. } => None,
         }
     }
 }

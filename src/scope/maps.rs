@@ -213,7 +213,7 @@ where
     }
 }
 
-/// The map of `kind` under its rule, if it has one, with the maps of the tiers its
+/// The map of `kind` under its rule, if it has one and is not remote, with the maps of the tiers its
 /// overridden keys use (`tiers`, laid out by [`lay_out`](crate::scope::tiers::lay_out)).
 fn kind_map<K, C, S>(
     rules: &PerKind<Option<Rule>>,
@@ -229,7 +229,8 @@ where
     C: Clock + Clone,
     S: BuildHasher + Clone,
 {
-    let Some(r) = rules[kind.index()] else {
+    // A remote kind's scopes are kept in the limiter's remote store: no local map.
+    let Some(r) = rules[kind.index()].filter(|r| !r.remote) else {
         return Ok(None);
     };
     let build = |policy, options| {

@@ -19,16 +19,24 @@
 //! built: a key's tier changes by rebuilding the limiter. See
 //! [`ScopedLimiter::policies_for`].
 //!
+//! Chosen keyed kinds may live in a remote store shared by several limiters
+//! ([`Rule::remote`], [`RemoteScopes`]), while the global scope and the other kinds stay
+//! local: a request pays its local scopes first, then its remote ones in one call to the
+//! store, and a refusal there gives every local scope its cost back. The engine holds no
+//! network client: `tokengate-redis` implements the store on Redis.
+//!
 
 mod decision;
 mod kind;
 mod maps;
+mod remote;
 mod reserve;
 mod rules;
 mod tiers;
 
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -49,6 +57,8 @@ pub use decision::{Refusal, ScopeDecision, ScopeError};
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
 use maps::{KeyedMaps, KindMapOps, KindSlots};
+use remote::Remote;
+pub use remote::{RemoteRefusal, RemoteScopes};
 pub use reserve::{Charge, ScopeReserveError};
 pub use rules::{ClassId, MAX_POLICIES_PER_RULE, Request, Rule, RuleError, RuleSet, WorkClass};
 pub use tiers::{MAX_OVERRIDES, MAX_TIERS};
@@ -204,6 +214,17 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
 /// turn, the global word's balance alone (see
 /// [what is approximate](crate::leased#what-is-approximate)).
 ///
+/// # Remote scopes
+///
+/// A keyed kind whose rule is [`remote`](Rule::remote) keeps no local map: its scopes
+/// live in the [`RemoteScopes`] given at build ([`RuleSet::build_with_remote`],
+/// [`RuleSet::remote_scopes`]), which several limiters (several processes) share. A
+/// request pays its local scopes first, all or none at one clock reading, and only then,
+/// outside every lock, its remote scopes in one call to the store; a refusal there gives
+/// every local scope its cost back. The global scope (plain or leased) and the other
+/// kinds stay local, and a request that names no remote scope never reaches the store.
+/// See the `RemoteScopes` example; `tokengate-redis` implements the store on Redis.
+///
 /// # Locking
 ///
 /// Each keyed kind has its own [`KeyedLimiter`](crate::KeyedLimiter) (its own shards and locks), and a request
@@ -226,6 +247,8 @@ pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     /// Whether the global scope has one bucket: a request paying no keyed scope then
     /// pays it directly, without the multi-bucket path.
     global_single: bool,
+    /// The store of the remote kinds ([`Rule::remote`]); `None` when no kind is remote.
+    remote: Option<Remote>,
 }
 
 impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
@@ -234,6 +257,7 @@ impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
             .field("clock", &self.clock)
             .field("policies", &self.policies)
             .field("global_leased", &self.global_is_leased())
+            .field("remote_kinds", &self.remote.as_ref().map_or(0, |r| r.kinds))
             .field("classes", &self.classes)
             .finish()
     }
@@ -250,9 +274,24 @@ impl RuleSet {
     /// shared overflow bucket on a rule with several policies, or invalid tiers and
     /// overrides (an unknown tier, a key of the global kind or of a kind without a
     /// rule, too many tiers, overrides or policies in a tier, a class above a used
-    /// tier's capacity: see [`RuleSet::tier`] and [`RuleSet::override_key`]).
+    /// tier's capacity: see [`RuleSet::tier`] and [`RuleSet::override_key`]), or remote
+    /// kinds that cannot be kept remote (see [`Rule::remote`]).
     pub fn build(self) -> Result<ScopedLimiter, RuleError> {
         self.build_with(QuantaClock::new(), KeyHasher::new())
+    }
+
+    /// Builds the limiter on the default clock and hasher, with `store` keeping the
+    /// kinds whose rule is [`remote`](Rule::remote): as
+    /// [`remote_scopes`](RuleSet::remote_scopes) then [`build`](RuleSet::build).
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](RuleSet::build).
+    pub fn build_with_remote(
+        self,
+        store: Arc<dyn RemoteScopes>,
+    ) -> Result<ScopedLimiter, RuleError> {
+        self.remote_scopes(store).build()
     }
 
     /// Builds the limiter on `clock` (shared by every scope: an all-or-nothing
@@ -283,6 +322,17 @@ impl RuleSet {
                 continue;
             };
             let keyed = kind != ScopeKind::Global;
+            if r.remote {
+                if !keyed {
+                    return Err(RuleError::RemoteGlobal);
+                }
+                if self.remote.is_none() {
+                    return Err(RuleError::RemoteWithoutStore { kind });
+                }
+                if let Some(scope) = self.overrides.keys().find(|s| s.kind() == kind) {
+                    return Err(RuleError::RemoteOverride { scope: *scope });
+                }
+            }
             if keyed && r.lease.is_some() {
                 return Err(RuleError::LeasedNotGlobal { kind });
             }
@@ -378,8 +428,20 @@ impl RuleSet {
                     .collect(),
             }),
         };
+        let remote_kinds = ScopeKind::ALL
+            .into_iter()
+            .filter(|k| self.rules[k.index()].is_some_and(|r| r.remote))
+            .fold(0, |set, k| set | decision::bit(k.index()));
+        let remote = match (&self.remote, remote_kinds) {
+            (Some(store), kinds) if kinds != 0 => Some(Remote {
+                store: Arc::clone(&store.0),
+                kinds,
+            }),
+            _ => None,
+        };
         Ok(ScopedLimiter {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            remote,
             global_single: global.as_ref().is_none_or(|g| g.extra.is_empty()),
             global,
             maps: KeyedMaps::build(&self.rules, &tiers, &clock, &hasher)?,
@@ -445,11 +507,20 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// path); at its map's maximum it may evict full buckets of its shard, then meets the
     /// kind's [`Overflow`] policy.
     ///
+    /// Scopes of remote kinds ([`Rule::remote`]) are paid after the local ones admitted
+    /// the request, in one call to the limiter's [`RemoteScopes`] outside every lock; a
+    /// request naming none never calls it. When the store refuses, every local scope is
+    /// given its cost back (as [`refund`](ScopedLimiter::refund) does: a key charged to
+    /// its kind's shared overflow bucket is not reached, and the local counters keep the
+    /// admission they counted) and the decision is a [`Refusal::Remote`] naming the
+    /// store's scope and its [`retry_after`](ScopeDecision::retry_after).
+    ///
     /// # Errors
     ///
     /// [`ScopeError::UnknownClass`] for a class this limiter did not give (from another
     /// limiter, even one built from the same rules); [`ScopeError::Acquire`] when a
-    /// scope's clock went backwards. Nothing is taken.
+    /// scope's clock went backwards; [`ScopeError::RemoteUnavailable`] when the remote
+    /// store cannot decide (the local scopes given their costs back). Nothing is taken.
     pub fn try_acquire(
         &self,
         request: &Request,
@@ -472,13 +543,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         costs: &PerKind<u64>,
     ) -> Result<ScopeDecision<'s>, ScopeError> {
         let now = self.now();
-        if self.global_single && !self.maps.pays_keyed(request, costs) {
-            return self.decide_global(class_costs, costs, request, now);
+        let decision = if self.global_single && !self.maps.pays_keyed(request, costs) {
+            self.decide_global(class_costs, costs, request, now)
+        } else {
+            // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
+            self.maps.with_slots(request, costs, now, |slots| {
+                self.decide(slots, class_costs, costs, request, now)
+            })
+        }?;
+        // The remote kinds after the local ones, outside every lock.
+        match &self.remote {
+            Some(remote) if decision.is_admitted() => self.pay_remote(remote, decision, costs),
+            _ => Ok(decision),
         }
-        // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
-        self.maps.with_slots(request, costs, now, |slots| {
-            self.decide(slots, class_costs, costs, request, now)
-        })
     }
 
     /// The global scope's buckets as payers, one per limit, when it has a rule and

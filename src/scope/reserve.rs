@@ -97,6 +97,13 @@ pub enum ScopeReserveError {
     /// The global scope is leased ([`Rule::leased`](crate::scope::Rule::leased)): its slots
     /// cannot hold debt, so it does not reserve ahead.
     LeasedGlobal,
+    /// The request pays a scope kept in the remote store
+    /// ([`Rule::remote`](crate::scope::Rule::remote)), which takes now or refuses: it does
+    /// not reserve ahead.
+    RemoteScope {
+        /// The first remote scope of the request.
+        scope: Scope,
+    },
 }
 
 impl fmt::Display for ScopeReserveError {
@@ -112,6 +119,11 @@ impl fmt::Display for ScopeReserveError {
             ScopeReserveError::LeasedGlobal => f.write_str(
                 "the global scope is leased to per-core slots, which do not reserve ahead; \
                  nothing was taken",
+            ),
+            ScopeReserveError::RemoteScope { scope } => write!(
+                f,
+                "scope {scope} is kept in the remote store, which does not reserve ahead; \
+                 nothing was taken"
             ),
         }
     }
@@ -178,7 +190,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Gives every scope of `charge` its cost back, with the exact refund of
     /// [`Bucket::refund`](crate::Bucket::refund) (capped at capacity). A key evicted
     /// meanwhile had refilled to full: its refund would be capped away and is dropped.
-    /// Counters are not changed (the request was admitted).
+    /// Counters are not changed (the request was admitted). Scopes of remote kinds
+    /// ([`Rule::remote`](crate::scope::Rule::remote)) are given back through the store's
+    /// [`give_back`](crate::scope::RemoteScopes::give_back), in one call.
     pub fn refund(&self, charge: &Charge) {
         let r = &charge.request;
         let c = &charge.costs;
@@ -213,6 +227,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 m.refund(&scope, cost);
             }
         }
+        self.give_back_remote(r, c);
     }
 
     /// [`try_acquire`](ScopedLimiter::try_acquire) paying only the scopes whose kind is
@@ -257,8 +272,9 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     /// # Errors
     ///
     /// [`ScopeReserveError`]: a scope whose wait exceeds `max_wait` or its policy's
-    /// horizon, a full map, a cost above a capacity, a leased global scope. The scopes
-    /// reserved before the refusing one are given back; nothing is taken.
+    /// horizon, a full map, a cost above a capacity, a leased global scope, a scope kept
+    /// in the remote store. The scopes reserved before the refusing one are given back;
+    /// nothing is taken.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -296,6 +312,9 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             return Err(ScopeReserveError::UnknownClass(class));
         };
         let costs = *work.costs();
+        if let Some(scope) = self.pays_remote(request, &costs) {
+            return Err(ScopeReserveError::RemoteScope { scope });
+        }
         let now = self.now();
         let ready_at = self.maps.with_slots(request, &costs, now, |slots| {
             self.reserve_slots(slots, &costs, request, now, max_wait)

@@ -2,12 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::attempt::Attempt;
 use crate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedConfigError, KeyedOptions, Overflow};
 use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
 use crate::scope::kind::{ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId};
+use crate::scope::remote::{RemoteScopes, RemoteStore};
 use crate::scope::tiers::TierDef;
 
 /// The most policies one [`Rule`] holds ([`Rule::with_policies`]): each costs every
@@ -47,6 +49,8 @@ pub struct Rule {
     pub(crate) len: u8,
     pub(crate) options: KeyedOptions,
     pub(crate) lease: Option<LeaseConfig>,
+    /// Whether the kind's scopes are kept in the limiter's [`RemoteScopes`].
+    pub(crate) remote: bool,
 }
 
 impl Rule {
@@ -58,6 +62,7 @@ impl Rule {
             len: 1,
             options: KeyedOptions::new(DEFAULT_MAX_KEYS),
             lease: None,
+            remote: false,
         }
     }
 
@@ -159,6 +164,38 @@ impl Rule {
     pub fn leased(mut self, config: LeaseConfig) -> Rule {
         self.lease = Some(config);
         self
+    }
+
+    /// Keeps this keyed kind's scopes in the limiter's remote store
+    /// ([`RuleSet::remote_scopes`]) instead of a local map: every request naming such a
+    /// scope pays it there, after its local scopes, all or none (see [`RemoteScopes`]).
+    /// The rule's policies still bound the classes' costs at build, and
+    /// [`ScopedLimiter::policies`](crate::ScopedLimiter::policies) reports them; the
+    /// store enforces its own. Its map options are unused.
+    ///
+    /// [`RuleSet::build`] refuses it on the global scope ([`RuleError::RemoteGlobal`]),
+    /// for a kind with overridden keys ([`RuleError::RemoteOverride`]), and without a
+    /// store ([`RuleError::RemoteWithoutStore`]).
+    ///
+    /// ```
+    /// use tokengate::{Policy, scope::*};
+    /// let set = RuleSet::new()
+    ///     .rule(ScopeKind::Global, Rule::new(Policy::new(1000, 500.0)?))
+    ///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(100, 20.0)?).remote());
+    /// assert_eq!(
+    ///     set.build().unwrap_err(),
+    ///     RuleError::RemoteWithoutStore { kind: ScopeKind::Tenant }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remote(mut self) -> Rule {
+        self.remote = true;
+        self
+    }
+
+    /// Whether this kind's scopes are kept in the remote store ([`Rule::remote`]).
+    pub fn is_remote(&self) -> bool {
+        self.remote
     }
 
     /// The policy of this kind's buckets: the first, for a rule with several.
@@ -334,6 +371,7 @@ pub struct RuleSet {
     pub(crate) classes: Vec<WorkClass>,
     pub(crate) tiers: Vec<TierDef>,
     pub(crate) overrides: BTreeMap<Scope, String>,
+    pub(crate) remote: Option<RemoteStore>,
 }
 
 impl RuleSet {
@@ -351,6 +389,13 @@ impl RuleSet {
     /// Adds a work class.
     pub fn class(mut self, class: WorkClass) -> RuleSet {
         self.classes.push(class);
+        self
+    }
+
+    /// Gives the limiter `store` for the kinds whose rule is [`remote`](Rule::remote)
+    /// (replacing an earlier one). Unused when no rule is remote.
+    pub fn remote_scopes(mut self, store: Arc<dyn RemoteScopes>) -> RuleSet {
+        self.remote = Some(RemoteStore(store));
         self
     }
 
@@ -520,6 +565,21 @@ pub enum RuleError {
         /// The smallest capacity among the tier's policies, in tokens.
         capacity: u64,
     },
+    /// [`Rule::remote`] on the global scope: it is paid by every request, and stays
+    /// local (plain or [`leased`](Rule::leased)).
+    RemoteGlobal,
+    /// A kind's rule is [`remote`](Rule::remote) but the rule set has no store
+    /// ([`RuleSet::remote_scopes`], [`RuleSet::build_with_remote`]).
+    RemoteWithoutStore {
+        /// The first remote kind.
+        kind: ScopeKind,
+    },
+    /// An override of a key whose kind is [`remote`](Rule::remote): tiers are local
+    /// buckets, and the store holds the kind's keys.
+    RemoteOverride {
+        /// The key.
+        scope: Scope,
+    },
 }
 
 impl fmt::Display for RuleError {
@@ -591,6 +651,20 @@ impl fmt::Display for RuleError {
                 f,
                 "class {class:?} costs {cost} tokens in {kind} scopes, above the capacity \
                  of tier {tier:?}, {capacity}: an overridden key could never be admitted"
+            ),
+            RuleError::RemoteGlobal => f.write_str(
+                "rule for global scopes asks to be remote: the global scope stays local \
+                 (plain or leased); only keyed kinds can be remote",
+            ),
+            RuleError::RemoteWithoutStore { kind } => write!(
+                f,
+                "rule for {kind} scopes is remote but no remote store was given: pass one \
+                 with RuleSet::remote_scopes or build_with_remote"
+            ),
+            RuleError::RemoteOverride { scope } => write!(
+                f,
+                "override of {scope}, whose kind is remote: tiers are local, so a remote \
+                 kind's keys cannot be overridden"
             ),
         }
     }
