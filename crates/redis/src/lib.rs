@@ -19,6 +19,7 @@ pub mod model;
 mod policy;
 mod pool;
 mod reservoir;
+mod scoped;
 pub mod script;
 mod sizing;
 mod strict;
@@ -38,6 +39,7 @@ pub use policy::{
 };
 pub use pool::{Admitted, BucketStats, RedisPool, RemoteBucket};
 pub use reservoir::MAX_LEASE_TOKENS;
+pub use scoped::RedisScopeKinds;
 pub use strict::{
     InvalidRequest, MAX_KEY_BYTES, MAX_STRICT_SCOPES, RedisScopes, StrictAdmitted, StrictRefused,
     StrictScope,

@@ -22,8 +22,8 @@ use tokengate::KeyedLimiter;
 use crate::breaker::Breaker;
 use crate::config::{FailMode, PoolConfig};
 use crate::error::PoolError;
-use crate::policy::RemotePolicy;
-use crate::script::{BucketKeys, Scripts, Take};
+use crate::policy::{RemotePolicy, UNITS_PER_TOKEN};
+use crate::script::{BucketKeys, Exchange, Scripts, Take, Target};
 use crate::worker;
 
 /// The most scopes one call decides.
@@ -450,24 +450,62 @@ impl RedisScopes {
         self.clock.now().duration_since(self.start).as_nanos() as u64
     }
 
-    /// One script call on one of the connections (opened again when it failed before).
-    fn take(&self, tag: &str, items: &[(&StrictScope, &str, u64)]) -> redis::RedisResult<Take> {
-        let keys: Vec<BucketKeys> = items
-            .iter()
-            .map(|(scope, key, _)| {
-                let state = self.key(tag, scope, key);
-                BucketKeys {
-                    leases: format!("{state}:l"),
-                    expiry: format!("{state}:x"),
-                    state,
-                }
-            })
-            .collect();
-        let args: Vec<(&BucketKeys, &RemotePolicy, u64)> = keys
-            .iter()
-            .zip(items)
-            .map(|(k, (scope, _, cost))| (k, &scope.policy, *cost))
-            .collect();
+    /// Gives back each item's cost, taken by an earlier
+    /// [`try_acquire`](RedisScopes::try_acquire) tagged `tag` and not used: credited to
+    /// its key's bucket (capped at the capacity), one exchange per item on one
+    /// connection. Best effort: nothing is sent for a malformed request or while the
+    /// breaker is open, and a failed call is not retried; a give back that is lost makes
+    /// the fleet admit less, never more. A cost admitted by a fail mode (open, or local
+    /// buckets) is given to Redis all the same.
+    pub fn give_back(&self, tag: &str, items: &[(&StrictScope, &str, u64)]) {
+        if self.check(tag, items).is_err() || self.is_unavailable() {
+            return;
+        }
+        let lease_us = (self.config.lease_ttl + self.config.grace).as_micros() as u64;
+        let keep_ms = self.config.key_keep.as_millis() as u64;
+        let sent = self.on_connection(|con, now_us| {
+            for (scope, key, cost) in items {
+                let keys = self.bucket_keys(tag, scope, key);
+                let target = Target {
+                    keys: &keys,
+                    policy: &scope.policy,
+                    lease_us,
+                    keep_ms,
+                };
+                let credit = Exchange {
+                    credit_units: cost.saturating_mul(UNITS_PER_TOKEN),
+                    ..Exchange::default()
+                };
+                self.scripts.exchange(con, &target, &credit, now_us)?;
+            }
+            Ok(())
+        });
+        if sent.is_err() {
+            let now = self.now_ns();
+            self.breaker
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .failure(now);
+        }
+    }
+
+    /// The keys of `scope`'s bucket for `key` in calls tagged `tag`.
+    fn bucket_keys(&self, tag: &str, scope: &StrictScope, key: &str) -> BucketKeys {
+        let state = self.key(tag, scope, key);
+        BucketKeys {
+            leases: format!("{state}:l"),
+            expiry: format!("{state}:x"),
+            state,
+        }
+    }
+
+    /// Runs `f` on one of the connections (opened again when it failed before) at the
+    /// wall-clock time of the call, µs, then beats if due; the connection is kept unless
+    /// `f` or the beat failed.
+    fn on_connection<R>(
+        &self,
+        f: impl FnOnce(&mut Connection, u64) -> redis::RedisResult<R>,
+    ) -> redis::RedisResult<R> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         let mut slot = self.connections[i]
             .lock()
@@ -479,12 +517,26 @@ impl RedisScopes {
             })?,
         };
         let now_us = now_us();
-        let keep_ms = self.config.key_keep.as_millis() as u64;
-        let taken = self.scripts.take(&mut con, &args, keep_ms, now_us)?;
+        let done = f(&mut con, now_us)?;
         if self.beat_if_due(&mut con, now_us) {
             *slot = Some(con);
         }
-        Ok(taken)
+        Ok(done)
+    }
+
+    /// One script call on one of the connections (opened again when it failed before).
+    fn take(&self, tag: &str, items: &[(&StrictScope, &str, u64)]) -> redis::RedisResult<Take> {
+        let keys: Vec<BucketKeys> = items
+            .iter()
+            .map(|(scope, key, _)| self.bucket_keys(tag, scope, key))
+            .collect();
+        let args: Vec<(&BucketKeys, &RemotePolicy, u64)> = keys
+            .iter()
+            .zip(items)
+            .map(|(k, (scope, _, cost))| (k, &scope.policy, *cost))
+            .collect();
+        let keep_ms = self.config.key_keep.as_millis() as u64;
+        self.on_connection(|con, now_us| self.scripts.take(con, &args, keep_ms, now_us))
     }
 
     /// Sends the fleet heartbeat on `con` when it is due (one caller at a time) and keeps

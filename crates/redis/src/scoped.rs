@@ -1,0 +1,180 @@
+//! [`RedisScopeKinds`]: a [`ScopedLimiter`](tokengate::ScopedLimiter)'s remote keyed
+//! kinds ([`Rule::remote`](tokengate::scope::Rule::remote)) kept in Redis by a
+//! [`RedisScopes`], so that every instance's limiter shares them while its global scope
+//! and its other kinds stay local.
+
+use std::time::Duration;
+
+use tokengate::scope::{RemoteRefusal, RemoteScopes, Scope, ScopeKind};
+
+use crate::error::PoolError;
+use crate::policy::RemotePolicy;
+use crate::strict::{InvalidRequest, RedisScopes, StrictRefused, StrictScope};
+
+/// The hash tag of every call unless [`with_tag`](RedisScopeKinds::with_tag) says
+/// otherwise.
+const DEFAULT_TAG: &str = "scopes";
+
+/// A [`RedisScopes`] as the [`RemoteScopes`] of a scoped limiter: each remote
+/// [`ScopeKind`] is a [`StrictScope`] named after the kind (`tenant`, `user`, ...) and each
+/// of its scopes a key of it named as the scope prints (`tenant:42`); a request's remote
+/// scopes are taken in one strict script call, all or none.
+///
+/// Every call uses one hash tag ([`with_tag`](RedisScopeKinds::with_tag)): a scope's key
+/// must not depend on the request that names it (a user seen with two tenants is one
+/// budget), and one call's keys must share a slot. All the kinds' keys thus live in one
+/// Redis Cluster slot; the crate assumes one primary anyway (see the README).
+///
+/// Refusals map as follows: [`StrictRefused::Rejected`] names its scope;
+/// [`StrictRefused::Unavailable`] (Redis unreachable under
+/// [`FailMode::FailClosed`](crate::FailMode::FailClosed)) is
+/// [`RemoteRefusal::Unavailable`]; a scope of a kind not declared here, or a cost above its
+/// [`RemotePolicy`]'s capacity, is refused with [`Duration::MAX`] (no wait cures it).
+/// Fail-open and local-bucket admissions are admissions.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use tokengate::{Policy, leased::LeaseConfig, scope::*};
+/// use tokengate_redis::{PoolConfig, RedisScopeKinds, RedisScopes, RemotePolicy};
+/// let redis = RedisScopes::connect(PoolConfig::new("redis://127.0.0.1:6379/", "api"))?;
+/// let store = RedisScopeKinds::new(redis).kind(ScopeKind::Tenant, RemotePolicy::new(1000, 100.0)?)?;
+/// let limiter = RuleSet::new()
+///     .rule(ScopeKind::Global, Rule::new(Policy::new(10_000, 5_000.0)?).leased(LeaseConfig::new()))
+///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(1000, 100.0)?).remote())
+///     .rule(ScopeKind::User, Rule::new(Policy::new(20, 2.0)?))
+///     .class(WorkClass::new("search", 1))
+///     .build_with_remote(Arc::new(store))?;
+/// let search = limiter.class("search").unwrap();
+/// let d = limiter.try_acquire(&Request::new().tenant(TenantId(42)).user(UserId(7)), search)?;
+/// println!("{d:?}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct RedisScopeKinds {
+    scopes: RedisScopes,
+    kinds: Vec<(ScopeKind, StrictScope)>,
+    tag: String,
+}
+
+impl RedisScopeKinds {
+    /// No kinds yet, on `scopes`, with the hash tag `scopes`.
+    pub fn new(scopes: RedisScopes) -> Self {
+        Self {
+            scopes,
+            kinds: Vec::new(),
+            tag: DEFAULT_TAG.to_owned(),
+        }
+    }
+
+    /// Keeps the scopes of `kind` in Redis, each key under `policy` (replacing an earlier
+    /// policy for it). Give it the policy of the kind's rule: the rule bounds the
+    /// classes' costs at build, Redis enforces this one.
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::Scope`] for [`ScopeKind::Global`], which stays local.
+    pub fn kind(mut self, kind: ScopeKind, policy: RemotePolicy) -> Result<Self, PoolError> {
+        if kind == ScopeKind::Global {
+            return Err(PoolError::Scope(
+                "the global scope stays local: only keyed kinds are kept in Redis".to_owned(),
+            ));
+        }
+        let scope = self.scopes.scope(kind.name(), policy)?;
+        self.kinds.retain(|(k, _)| *k != kind);
+        self.kinds.push((kind, scope));
+        Ok(self)
+    }
+
+    /// Uses `tag` as every call's hash tag (`tg:{namespace:tag}:s:...`).
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::Scope`] when `tag` is empty or holds `{` or `}`.
+    pub fn with_tag(mut self, tag: &str) -> Result<Self, PoolError> {
+        if tag.is_empty() || tag.contains(['{', '}']) {
+            return Err(PoolError::Scope(
+                InvalidRequest::Tag(tag.to_owned()).to_string(),
+            ));
+        }
+        self.tag = tag.to_owned();
+        Ok(self)
+    }
+
+    /// The Redis client.
+    pub fn scopes(&self) -> &RedisScopes {
+        &self.scopes
+    }
+
+    /// The strict scope keeping `kind`, if it is kept here.
+    pub fn strict_scope(&self, kind: ScopeKind) -> Option<&StrictScope> {
+        self.kinds.iter().find(|(k, _)| *k == kind).map(|(_, s)| s)
+    }
+
+    /// The Redis key of `scope`'s bucket, if its kind is kept here.
+    pub fn key(&self, scope: &Scope) -> Option<String> {
+        let strict = self.strict_scope(scope.kind())?;
+        Some(self.scopes.key(&self.tag, strict, &scope.to_string()))
+    }
+
+    /// `items` as strict items (their keys are the scopes as they print), or the first
+    /// scope whose kind is not kept here.
+    fn strict_items(
+        &self,
+        items: &[(Scope, u64)],
+    ) -> Result<Vec<(&StrictScope, String, u64)>, Scope> {
+        items
+            .iter()
+            .map(|(scope, cost)| match self.strict_scope(scope.kind()) {
+                Some(strict) => Ok((strict, scope.to_string(), *cost)),
+                None => Err(*scope),
+            })
+            .collect()
+    }
+}
+
+/// A refusal no wait cures.
+fn never(scope: Scope) -> RemoteRefusal {
+    RemoteRefusal::Refused {
+        scope,
+        retry_after: Duration::MAX,
+    }
+}
+
+impl RemoteScopes for RedisScopeKinds {
+    fn take(&self, items: &[(Scope, u64)]) -> Result<(), RemoteRefusal> {
+        let Some(&(first, _)) = items.first() else {
+            return Ok(());
+        };
+        let owned = self.strict_items(items).map_err(never)?;
+        let strict: Vec<(&StrictScope, &str, u64)> =
+            owned.iter().map(|(s, k, c)| (*s, k.as_str(), *c)).collect();
+        let scope_at = |index: usize| items.get(index).map_or(first, |&(s, _)| s);
+        match self.scopes.try_acquire(&self.tag, &strict) {
+            Ok(_) => Ok(()),
+            Err(StrictRefused::Rejected { index, retry_after }) => Err(RemoteRefusal::Refused {
+                scope: scope_at(index),
+                retry_after,
+            }),
+            Err(StrictRefused::Unavailable { retry_after }) => {
+                Err(RemoteRefusal::Unavailable { retry_after })
+            }
+            Err(StrictRefused::Invalid(
+                InvalidRequest::Key { index } | InvalidRequest::Cost { index, .. },
+            )) => Err(never(scope_at(index))),
+            Err(StrictRefused::Invalid(_)) => Err(never(first)),
+        }
+    }
+
+    fn give_back(&self, items: &[(Scope, u64)]) {
+        // Scopes of kinds not kept here were never taken.
+        let owned: Vec<_> = items
+            .iter()
+            .filter_map(|(scope, cost)| {
+                Some((self.strict_scope(scope.kind())?, scope.to_string(), *cost))
+            })
+            .collect();
+        let strict: Vec<(&StrictScope, &str, u64)> =
+            owned.iter().map(|(s, k, c)| (*s, k.as_str(), *c)).collect();
+        self.scopes.give_back(&self.tag, &strict);
+    }
+}
