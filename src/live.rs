@@ -191,7 +191,10 @@ impl<C: Clock> LiveBucket<C> {
 
     /// Gives back `cost` tokens, as [`Bucket::refund`](crate::Bucket::refund) does, to
     /// the current policy: capped at its capacity. A refund after a switch gives the
-    /// tokens to the new policy as they are, whatever strategy the switch used.
+    /// tokens to the new policy as they are, whatever strategy the switch used: after a
+    /// `Proportional` shrink or a `Reset`, a refund of tokens taken before the switch
+    /// leaves more than the switch alone would have (at most the refund, never above
+    /// the capacity). Refund before reconfiguring where that matters.
     ///
     /// # Errors
     ///
@@ -247,6 +250,12 @@ impl<C: Clock> LiveBucket<C> {
                 self.await_successor(epoch);
                 continue;
             }
+            // Should anything below unwind (a clock that panics), the word is unsealed
+            // again: the old policy stays current and no operation waits forever.
+            let unseal = Unseal {
+                raw: epoch.core.raw(),
+                word,
+            };
             // Read after the seal: not earlier than any reading stored in `word`.
             let now = self.clock.now_nanos();
             let old = epoch.core.policy();
@@ -263,6 +272,7 @@ impl<C: Clock> LiveBucket<C> {
             next.core = Core::new(policy, now, Some(converted.word));
             next.prev = ptr::from_ref(epoch).cast_mut();
             self.current.store(Box::into_raw(next), Ordering::Release);
+            std::mem::forget(unseal);
             let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
             return Reconfigured {
                 before: tokens(converted.from_units, from.frac_bits()),
@@ -361,6 +371,20 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
         core.raw()
             .refusal_in::<Sealable>(core.policy().layout(), now, cost)
             .unwrap_or(None)
+    }
+}
+
+/// Unseals a word whose switch did not complete.
+struct Unseal<'a> {
+    raw: &'a crate::bucket::RawBucket,
+    word: u64,
+}
+
+impl Drop for Unseal<'_> {
+    fn drop(&mut self) {
+        // Nothing writes a sealed word, and no successor was published: restoring it is
+        // the state as if the switch had not begun.
+        self.raw.set(self.word);
     }
 }
 

@@ -71,13 +71,14 @@ impl Timing {
         Timing { period, idle_after }
     }
 
-    /// The timing that serves words of both `self`'s layout and `other`'s (a keyed map
-    /// between a reconfiguration and the conversion of its last shard): the shorter
-    /// period, the longer idle time.
-    pub(crate) fn merge(self, other: Timing) -> Timing {
+    /// The timing after a switch from `self`'s layout to `next`'s: the shorter period
+    /// (words of both layouts exist until every shard is converted), and `next`'s idle
+    /// time: old words are converted as of the switch reading, which is before the next
+    /// pass's due time, and only refill under `next` after it.
+    pub(crate) fn merge(self, next: Timing) -> Timing {
         Timing {
-            period: self.period.min(other.period),
-            idle_after: self.idle_after.max(other.idle_after),
+            period: self.period.min(next.period),
+            idle_after: next.idle_after,
         }
     }
 }
@@ -134,6 +135,11 @@ impl Passes {
             ),
             timing,
         }
+    }
+
+    /// The timing of these passes.
+    pub(crate) fn timing(&self) -> Timing {
+        self.timing
     }
 
     /// Whether a pass is due at `now` (or running): one relaxed load.

@@ -246,3 +246,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_key_idle_for_a_whole_wrap_of_the_new_policy_reads_full() {
+    // The old policy fills in about 115 days, the new one in about a second and wraps in
+    // about 13 days: the passes after the switch must follow the new policy's idle time,
+    // or a key drained after the switch and left a whole wrap reads a wrapped balance.
+    let new = Policy::builder(1 << 20, 1e9)
+        .max_reservation(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let wrap = new.layout().wrap_period();
+    let clock = ManualClock::new();
+    let m = map(Policy::new(10, 1e-6).unwrap(), &clock, 100);
+    m.reconfigure(new, Inherit::AsIs);
+    assert!(m.try_acquire(&2, (1 << 20) - 5).unwrap().is_admitted());
+    clock.advance(wrap + Duration::from_micros(500));
+    assert_eq!(m.available(&2), (1u64 << 20) as f64);
+    assert!(m.try_acquire(&2, 1 << 20).unwrap().is_admitted());
+}

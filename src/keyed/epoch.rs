@@ -89,7 +89,7 @@ impl Epochs {
         let old = self.current();
         // Until every shard is converted, words of both policies exist: passes as often
         // as the shorter period needs, due no later than the old epoch's next one.
-        let timing = Timing::of(old.policy.layout()).merge(Timing::of(policy.layout()));
+        let timing = old.passes.timing().merge(Timing::of(policy.layout()));
         let passes = Passes::continuing(&old.passes, timing, at);
         let next = Box::new(MapEpoch {
             policy,

@@ -617,7 +617,9 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
 
     /// Calls `f` with every key in the map and its counters (when counters are on), one
     /// shard at a time under its read lock. For export to a metrics system; not for the
-    /// hot path.
+    /// hot path. `f` must not call into this map: with a
+    /// [`reconfigure`](KeyedLimiter::reconfigure) waiting for the shard held, that would
+    /// deadlock.
     pub fn for_each_counters(&self, mut f: impl FnMut(&K, CounterSnapshot)) {
         with_table!(&self.store, t => each_entry(t, &mut |key, counters| {
             if let Some(c) = counters.snapshot() {
@@ -647,6 +649,11 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// it would have held had it been converted at the switch: the old policy's refill
     /// up to it, the new one's after. Operations racing the switch decide wholly on the
     /// old policy or wholly on the new.
+    ///
+    /// A re-anchoring pass due at the call runs first (a pass over every key, once per
+    /// period, as any operation would run it). A refund after the switch of tokens taken
+    /// before it goes to the new policy as it is (see
+    /// [`LiveBucket::refund`](crate::LiveBucket::refund)).
     ///
     /// Keys created from now on get the new policy; [`Eviction::Lossless`] evicts only
     /// under start-full policies, so a switch to a start-empty policy stops it. Each

@@ -372,6 +372,11 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
                     continue;
                 }
                 let mut guard = self.write(i);
+                if ctx.epochs.current().number != ctx.epoch.number {
+                    // A switch since `ctx` was made (its eviction rule may have changed):
+                    // no more sweeping on the old one.
+                    break;
+                }
                 if !self.bring_up(i, &mut guard, ctx) {
                     continue;
                 }
