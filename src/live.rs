@@ -173,14 +173,20 @@ impl<C: Clock> LiveBucket<C> {
     /// [`AcquireError::CostExceedsCapacity`] for a cost above the current capacity.
     #[inline]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
+        self.acquire(cost, || self.clock.now_nanos())
+    }
+
+    /// Decides `cost` on the current epoch at `now()`'s reading, again on the successor
+    /// when the word was sealed. The decision is returned as it is (no wrapper to unwrap
+    /// on the hot path): with no pool here, a `PoolUnavailable` is only ever
+    /// [`SEALED_ERROR`].
+    #[inline(always)]
+    fn acquire(&self, cost: u64, now: impl Fn() -> u64) -> Result<Decision, AcquireError> {
         loop {
             let epoch = self.epoch();
-            let now = self.clock.now_nanos();
             let out = epoch
                 .core
-                .try_acquire::<Sealable, C>(&self.clock, now, cost);
-            // No pool here: a `PoolUnavailable` is only ever `SEALED_ERROR`. Returned as
-            // it is otherwise (no wrapper to unwrap on the hot path).
+                .try_acquire::<Sealable, C>(&self.clock, now(), cost);
             if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {
                 return out;
             }
@@ -323,16 +329,7 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
 
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         let now = self.clock.observe(now);
-        loop {
-            let epoch = self.epoch();
-            let out = epoch
-                .core
-                .try_acquire::<Sealable, C>(&self.clock, now, cost);
-            if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {
-                return out;
-            }
-            self.await_successor(epoch);
-        }
+        self.acquire(cost, || now)
     }
 
     fn refund_at(&self, cost: u64, now: u64) {

@@ -7,13 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokengate::{Inherit, KeyedLimiter, LiveBucket, ManualClock, Policy};
-
-const STRATEGIES: [Inherit; 4] = [
-    Inherit::Proportional,
-    Inherit::AsIs,
-    Inherit::Reset,
-    Inherit::Additive,
-];
+use tokengate_testkit::reconfigure::STRATEGIES;
 
 fn map(policy: Policy, clock: &ManualClock, max_keys: usize) -> KeyedLimiter<u64, ManualClock> {
     KeyedLimiter::builder(policy, max_keys)
