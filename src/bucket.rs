@@ -101,16 +101,7 @@ impl RawBucket {
     /// Stores the start word of a full bucket read at `now` (full at the next tick edge):
     /// the state of a bucket idle for longer than its fill time, whatever it held. Only
     /// a re-anchoring pass that found every write older than that calls it (see
-    /// [`crate::pass`]).
-    pub(crate) fn fill(&self, layout: &Layout, now: u64) {
-        self.word.store(
-            layout.start_word(layout.tick_of(now), true),
-            Ordering::Release,
-        );
-    }
-
-    /// [`fill`](Self::fill) on a word that may be sealed: a CAS that leaves a sealed
-    /// word as it is.
+    /// [`crate::pass`]). A CAS that leaves a sealed word (`S`) as it is.
     pub(crate) fn fill_in<S: Seal>(&self, layout: &Layout, now: u64) -> Result<(), S::Stop> {
         let full = layout.start_word(layout.tick_of(now), true);
         let mut cur = self.word.load(Ordering::Relaxed);

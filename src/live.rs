@@ -142,12 +142,15 @@ impl<C: Clock> LiveBucket<C> {
     }
 
     /// Waits until `sealed`, whose word an operation found sealed, is replaced: the
-    /// reconfiguration that sealed it publishes its successor a few instructions later.
+    /// reconfiguration that sealed it publishes its successor a few instructions later
+    /// (or, should it unwind, unseals the word: the operation then retries on it).
     #[cold]
     #[inline(never)]
     fn await_successor(&self, sealed: &Epoch) {
         let mut spins = 0u32;
-        while ptr::eq(self.current.load(Ordering::Acquire), sealed) {
+        while ptr::eq(self.current.load(Ordering::Acquire), sealed)
+            && sealed.core.raw().load() == SEALED
+        {
             crate::sync::spin(&mut spins);
         }
     }

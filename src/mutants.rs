@@ -86,3 +86,8 @@ pub static MONOTONIC_GUARD_SKIPPED: AtomicBool = AtomicBool::new(false);
 /// A new key at a keyed map's maximum sweeps only its own shard, never the others: it is
 /// refused while other shards hold buckets that could be evicted.
 pub static KEYED_SEARCH_SKIPS_OTHER_SHARDS: AtomicBool = AtomicBool::new(false);
+
+/// A `ScopedLimiter` reconfiguration that reads the plain global words instead of
+/// sealing them: a request holding no lock can still pay an old word after the switch
+/// converted it (tokens spent twice, or a decision on the old policy after the switch).
+pub static SCOPED_SWITCH_SKIPS_SEAL: AtomicBool = AtomicBool::new(false);

@@ -24,7 +24,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::{Bucket, RawBucket};
+use crate::bucket::{Bucket, RawBucket, Seal};
 use crate::clock::{Clock, Monotonic};
 use crate::reservation::{Limits, ReserveError, plan};
 use crate::state::Layout;
@@ -235,6 +235,24 @@ pub(crate) fn reserve_on<C: Clock + ?Sized>(
             Err(e) => (None, Err(e)),
         }
     })?
+}
+
+/// [`reserve_on`] on a word that may be sealed (`S`): stops with `S::Stop`, deciding and
+/// writing nothing, when it finds the word sealed.
+pub(crate) fn reserve_on_in<S: Seal, C: Clock + ?Sized>(
+    raw: &RawBucket,
+    layout: &Layout,
+    clock: &Monotonic<C>,
+    now: u64,
+    cost_units: u64,
+    limits: &Limits,
+) -> Result<Result<(u64, u64), ReserveError>, S::Stop> {
+    raw.transition_in::<S, C, _>(layout, clock, now, true, |snapshot, now| {
+        match plan(layout, snapshot, now, cost_units, limits) {
+            Ok((word, ready_at)) => (word, Ok((now, ready_at))),
+            Err(e) => (None, Err(e)),
+        }
+    })
 }
 
 impl<C: Clock> sealed::Sealed for Bucket<C> {}

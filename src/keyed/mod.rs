@@ -287,6 +287,20 @@ macro_rules! with_table {
     };
 }
 
+/// Anything held for its drop alone (a map's shard write guards, whatever its table's
+/// value type).
+pub(crate) trait Held {}
+
+impl<T> Held for T {}
+
+/// A map's reconfiguration barrier while it is held ([`KeyedLimiter::begin_switch`]):
+/// no operation runs on the map until it is dropped.
+pub(crate) struct Switch<'a> {
+    // Dropped in order: the shards first, then the map's reconfiguration lock.
+    _shards: Box<dyn Held + 'a>,
+    _one: std::sync::MutexGuard<'a, ()>,
+}
+
 struct SharedBucket {
     raw: CachePadded<RawBucket>,
     policy: Policy,
@@ -678,26 +692,44 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reconfigure(&self, policy: Policy, inherit: Inherit) {
-        let _one = self
+        let switch = self.begin_switch();
+        self.finish_switch(switch, policy, inherit);
+    }
+
+    /// The first half of [`reconfigure`](KeyedLimiter::reconfigure): runs a due pass,
+    /// then holds the map's barrier (every shard's write lock, and the map's
+    /// reconfiguration lock) until [`finish_switch`](KeyedLimiter::finish_switch). A
+    /// scoped limiter holds the barriers of all its maps at once, so that no request
+    /// decides on some of them before its switch and on others after it.
+    pub(crate) fn begin_switch(&self) -> Switch<'_> {
+        let one = self
             .switching
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A pass due now runs first, on the old policy (it may find the map idle).
         self.reanchor_if_due(self.clock.now_nanos());
+        // The barrier: with every shard locked, no operation is between reading the
+        // epoch and writing a word, so each word of the old epoch was written before
+        // the switch reading (see `epoch`).
+        let shards: Box<dyn Held + '_> = if mutant!(KEYED_SWITCH_SKIPS_BARRIER) {
+            Box::new(())
+        } else {
+            with_table!(&self.store, t => Box::new(t.write_all()))
+        };
+        Switch {
+            _shards: shards,
+            _one: one,
+        }
+    }
+
+    /// The second half of [`reconfigure`](KeyedLimiter::reconfigure): reads the switch
+    /// reading and publishes the epoch of `policy` while `switch` (this map's barrier)
+    /// is held, then lets it go.
+    pub(crate) fn finish_switch(&self, switch: Switch<'_>, policy: Policy, inherit: Inherit) {
         let evict = policy.starts_full() || self.eviction == Eviction::Full;
-        with_table!(&self.store, t => {
-            // The barrier: with every shard locked, no operation is between reading the
-            // epoch and writing a word, so each word of the old epoch was written before
-            // the switch reading (see `epoch`).
-            let all = if mutant!(KEYED_SWITCH_SKIPS_BARRIER) {
-                Vec::new()
-            } else {
-                t.write_all()
-            };
-            let at = self.clock.now_nanos();
-            self.epochs.push(policy, at, inherit, evict);
-            drop(all);
-        });
+        let at = self.clock.now_nanos();
+        self.epochs.push(policy, at, inherit, evict);
+        drop(switch);
     }
 
     /// How many times the map was reconfigured.

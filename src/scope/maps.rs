@@ -6,8 +6,10 @@ use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::keyed::{KeyedLimiter, KeyedOptions, Overflow, Slot, SweepReport};
+use crate::inherit::Inherit;
+use crate::keyed::{KeyedLimiter, KeyedOptions, Overflow, Slot, SweepReport, Switch};
 use crate::policy::Policy;
+use crate::scope::decision::KindPolicies;
 use crate::scope::kind::{
     ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
@@ -124,6 +126,20 @@ pub(super) trait KindMapOps {
     /// The local tier of `scope`'s key (0: the rule's); `None` when `scope` is not of
     /// this kind.
     fn tier_of(&self, scope: &Scope) -> Option<u8>;
+    /// Holds the reconfiguration barrier of every map of the kind, in the lock order
+    /// (the rule's limits in policy order, then each tier's): see
+    /// [`KeyedLimiter::begin_switch`].
+    fn begin_switch(&self) -> Vec<Switch<'_>>;
+    /// Publishes each map's policy from `rule` and `tiers` (the kind's new policies, of
+    /// the same shape) with `inherit`, as [`KeyedLimiter::finish_switch`], in the order
+    /// of `switches` (from [`begin_switch`](KindMapOps::begin_switch)).
+    fn finish_switch(
+        &self,
+        switches: Vec<Switch<'_>>,
+        rule: &KindPolicies,
+        tiers: &[KindPolicies],
+        inherit: Inherit,
+    );
 }
 
 impl<K, C, S> KindMapOps for KindMap<K, C, S>
@@ -210,6 +226,29 @@ where
 
     fn tier_of(&self, scope: &Scope) -> Option<u8> {
         Some(self.limits_of(&(self.key_of)(scope)?).0)
+    }
+
+    fn begin_switch(&self) -> Vec<Switch<'_>> {
+        self.all()
+            .flat_map(Limits::maps)
+            .map(KeyedLimiter::begin_switch)
+            .collect()
+    }
+
+    fn finish_switch(
+        &self,
+        switches: Vec<Switch<'_>>,
+        rule: &KindPolicies,
+        tiers: &[KindPolicies],
+        inherit: Inherit,
+    ) {
+        let policies = std::iter::once(rule)
+            .chain(tiers)
+            .flat_map(|p| p.as_slice().iter().copied());
+        let maps = self.all().flat_map(Limits::maps);
+        for ((map, switch), policy) in maps.zip(switches).zip(policies) {
+            map.finish_switch(switch, policy, inherit);
+        }
     }
 }
 

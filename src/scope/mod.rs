@@ -27,8 +27,10 @@
 //!
 
 mod decision;
+mod generation;
 mod kind;
 mod maps;
+mod reconfigure;
 mod remote;
 mod reserve;
 mod rules;
@@ -39,65 +41,48 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
-use crate::bucket::RawBucket;
+use crate::bucket::{Core, Sealable};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
-use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, reanchor, sweep_interval};
+use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, sweep_interval};
 use crate::leased::LeasedBucket;
 use crate::multi::{Member, MultiError, acquire_all_at, sealed};
-use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
 use decision::{KindPolicies, Policies};
 pub use decision::{Refusal, ScopeDecision, ScopeError};
+use generation::{Generation, Generations, GlobalWord, is_sealed};
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
 use maps::{KeyedMaps, KindMapOps, KindSlots};
+pub use reconfigure::ScopeReconfigured;
 use remote::Remote;
 pub use remote::{RemoteRefusal, RemoteScopes};
 pub use reserve::{Charge, ScopeReserveError};
-pub use rules::{ClassId, MAX_POLICIES_PER_RULE, Request, Rule, RuleError, RuleSet, WorkClass};
+pub use rules::{
+    ClassId, MAX_POLICIES_PER_RULE, Request, Reshape, Rule, RuleError, RuleSet, WorkClass,
+};
 pub use tiers::{MAX_OVERRIDES, MAX_TIERS};
 
 /// Buckets one request may pay: every limit of every kind.
 const MAX_PAYERS: usize = ScopeKind::COUNT * MAX_POLICIES_PER_RULE;
 
+/// What the global scope keeps across reconfigurations: its counters, and its bucket
+/// when leased (a plain global scope's words belong to each [`Generation`]).
 struct GlobalScope<C: Clock> {
-    bucket: GlobalBucket<C>,
-    policy: Policy,
+    /// The leased bucket ([`Rule::leased`]); `None` for plain words.
+    leased: Option<LeasedBucket<C>>,
     counters: Option<StripedCounters>,
-    /// When a plain word is next re-anchored against the tick wrap (a leased bucket
-    /// runs its own passes).
-    passes: Passes,
-    /// The words of the rule's other policies, in its order (empty for one policy; a
-    /// leased bucket has none).
-    extra: Box<[ExtraWord]>,
 }
 
-/// The global scope's word for one of its rule's policies after the first.
-struct ExtraWord {
-    raw: CachePadded<RawBucket>,
-    policy: Policy,
-    passes: Passes,
-}
-
-/// The global scope's bucket: one word, or leased to per-core slots ([`Rule::leased`]).
-// One per limiter: the bytes a plain word leaves unused cost nothing, and boxing the
-// leased bucket would put a pointer chase on every request's path.
-#[allow(clippy::large_enum_variant)]
-enum GlobalBucket<C: Clock> {
-    Word(CachePadded<RawBucket>),
-    Leased(LeasedBucket<C>),
-}
-
-/// One bucket a request pays: a word (a keyed map's, or a plain global scope's) while
-/// its lock is held, or a leased global bucket, with where its counts go.
+/// One bucket a request pays: a keyed map's word while its lock is held, a plain global
+/// word of the request's generation, or a leased global bucket, with where its counts
+/// go.
 enum Payer<'a, C: Clock> {
     Word(Handle<'a, C>),
+    Global(GlobalWord<'a, C>),
     Leased(&'a LeasedBucket<C>, CounterRef<'a>),
 }
 
@@ -113,6 +98,7 @@ impl<'a, C: Clock> Payer<'a, C> {
     fn counters(&self) -> CounterRef<'a> {
         match self {
             Payer::Word(h) => h.counters,
+            Payer::Global(g) => g.counters,
             Payer::Leased(_, c) => *c,
         }
     }
@@ -123,12 +109,14 @@ impl<C: Clock> Member for Payer<'_, C> {
     fn member_id(&self) -> usize {
         match self {
             Payer::Word(h) => h.member_id(),
+            Payer::Global(g) => g.member_id(),
             Payer::Leased(b, _) => b.member_id(),
         }
     }
     fn capacity(&self) -> u64 {
         match self {
             Payer::Word(h) => Member::capacity(h),
+            Payer::Global(g) => Member::capacity(g),
             Payer::Leased(b, _) => Member::capacity(*b),
         }
     }
@@ -139,6 +127,7 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
     fn now_nanos(&self) -> u64 {
         match self {
             Payer::Word(h) => h.now_nanos(),
+            Payer::Global(g) => sealed::Sealed::now_nanos(g),
             Payer::Leased(b, _) => sealed::Sealed::now_nanos(*b),
         }
     }
@@ -146,6 +135,7 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         match self {
             Payer::Word(h) => h.take_at(cost, now),
+            Payer::Global(g) => g.take_at(cost, now),
             Payer::Leased(b, _) => b.take_at(cost, now),
         }
     }
@@ -153,12 +143,14 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
     fn refund_at(&self, cost: u64, now: u64) {
         match self {
             Payer::Word(h) => h.refund_at(cost, now),
+            Payer::Global(g) => g.refund_at(cost, now),
             Payer::Leased(b, _) => b.refund_at(cost, now),
         }
     }
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         match self {
             Payer::Word(h) => h.wait_at(cost, now),
+            Payer::Global(g) => g.wait_at(cost, now),
             Payer::Leased(b, _) => b.wait_at(cost, now),
         }
     }
@@ -166,6 +158,7 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
         match self {
             Payer::Word(h) => h.refusal_at(cost, now),
+            Payer::Global(g) => g.refusal_at(cost, now),
             Payer::Leased(b, _) => b.refusal_at(cost, now),
         }
     }
@@ -240,25 +233,28 @@ pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
     /// Unique in the process: the [`ClassId`]s this limiter gives carry it.
     id: u64,
     clock: Monotonic<C>,
+    /// Present when the global scope has a rule.
     global: Option<GlobalScope<C>>,
+    /// The classes, policies and plain global words requests are decided with.
+    generations: Generations,
     maps: KeyedMaps<C, S>,
-    classes: Vec<WorkClass>,
-    policies: Policies,
-    /// Whether the global scope has one bucket: a request paying no keyed scope then
-    /// pays it directly, without the multi-bucket path.
-    global_single: bool,
     /// The store of the remote kinds ([`Rule::remote`]); `None` when no kind is remote.
     remote: Option<Remote>,
+    /// What a reconfiguration may not change.
+    shape: reconfigure::Shape,
+    /// Serializes reconfigurations.
+    switching: std::sync::Mutex<()>,
 }
 
 impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScopedLimiter")
             .field("clock", &self.clock)
-            .field("policies", &self.policies)
+            .field("policies", &self.generation().policies)
             .field("global_leased", &self.global_is_leased())
             .field("remote_kinds", &self.remote.as_ref().map_or(0, |r| r.kinds))
-            .field("classes", &self.classes)
+            .field("classes", &self.generation().classes)
+            .field("reconfigurations", &self.generation().number)
             .finish()
     }
 }
@@ -317,6 +313,68 @@ impl RuleSet {
         clock: C,
         hasher: S,
     ) -> Result<ScopedLimiter<C, S>, RuleError> {
+        let (tiers, policies) = self.check()?;
+        // A std atomic in a `static` (loom's cannot be one); 2^64 limiters never wrap it.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let guard = Monotonic::new(clock.clone());
+        // The guard's first mark: the limiter counts time from its creation.
+        guard.now_nanos();
+        let global_rule = self.rules[ScopeKind::Global.index()];
+        let global = match global_rule {
+            None => None,
+            Some(r) => Some(GlobalScope {
+                leased: match r.lease {
+                    None => None,
+                    Some(config) => Some(
+                        LeasedBucket::with_config(*r.policy(), clock.clone(), config)
+                            .map_err(RuleError::Lease)?,
+                    ),
+                },
+                counters: r.options.counters.then(StripedCounters::new),
+            }),
+        };
+        let words: Box<[Core]> = match global_rule {
+            Some(r) if r.lease.is_none() => r
+                .policies()
+                .iter()
+                .map(|&p| Core::new(p, guard.now_nanos(), None))
+                .collect(),
+            _ => Box::new([]),
+        };
+        let remote_kinds = ScopeKind::ALL
+            .into_iter()
+            .filter(|k| self.rules[k.index()].is_some_and(|r| r.remote))
+            .fold(0, |set, k| set | decision::bit(k.index()));
+        let remote = match (&self.remote, remote_kinds) {
+            (Some(store), kinds) if kinds != 0 => Some(Remote {
+                store: Arc::clone(&store.0),
+                kinds,
+            }),
+            _ => None,
+        };
+        let shape = reconfigure::Shape::of(&self, &tiers);
+        let global_single = global_rule.is_none_or(|r| r.policies().len() == 1);
+        Ok(ScopedLimiter {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            remote,
+            global,
+            maps: KeyedMaps::build(&self.rules, &tiers, &clock, &hasher)?,
+            generations: Generations::new(Generation::new(
+                0,
+                words,
+                self.classes,
+                policies,
+                global_single,
+            )),
+            clock: guard,
+            shape,
+            switching: std::sync::Mutex::new(()),
+        })
+    }
+
+    /// Checks the rule set whole (everything [`build`](RuleSet::build) refuses) and
+    /// lays out its tiers and the policies decisions are read back with.
+    fn check(&self) -> Result<(PerKind<tiers::KindTiers>, Policies), RuleError> {
         for kind in ScopeKind::ALL {
             let Some(r) = &self.rules[kind.index()] else {
                 continue;
@@ -378,7 +436,7 @@ impl RuleSet {
                 }
             }
         }
-        let tiers = tiers::lay_out(&self)?;
+        let tiers = tiers::lay_out(self)?;
         let mut policies = Policies::default();
         for kind in ScopeKind::ALL {
             policies.tiers[kind.index()] =
@@ -393,81 +451,39 @@ impl RuleSet {
                 max_keys: r.options.max_keys,
             });
         }
-        // A std atomic in a `static` (loom's cannot be one); 2^64 limiters never wrap it.
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let guard = Monotonic::new(clock.clone());
-        // The guard's first mark: the limiter counts time from its creation.
-        guard.now_nanos();
-        let word = |p: &Policy| {
-            CachePadded::new(RawBucket::new(
-                p.layout(),
-                guard.now_nanos(),
-                p.starts_full(),
-            ))
-        };
-        let global = match self.rules[ScopeKind::Global.index()] {
-            None => None,
-            Some(r) => Some(GlobalScope {
-                bucket: match r.lease {
-                    None => GlobalBucket::Word(word(r.policy())),
-                    Some(config) => GlobalBucket::Leased(
-                        LeasedBucket::with_config(*r.policy(), clock.clone(), config)
-                            .map_err(RuleError::Lease)?,
-                    ),
-                },
-                passes: Passes::new(r.policy().layout(), guard.now_nanos()),
-                policy: *r.policy(),
-                counters: r.options.counters.then(StripedCounters::new),
-                extra: r.policies()[1..]
-                    .iter()
-                    .map(|p| ExtraWord {
-                        raw: word(p),
-                        policy: *p,
-                        passes: Passes::new(p.layout(), guard.now_nanos()),
-                    })
-                    .collect(),
-            }),
-        };
-        let remote_kinds = ScopeKind::ALL
-            .into_iter()
-            .filter(|k| self.rules[k.index()].is_some_and(|r| r.remote))
-            .fold(0, |set, k| set | decision::bit(k.index()));
-        let remote = match (&self.remote, remote_kinds) {
-            (Some(store), kinds) if kinds != 0 => Some(Remote {
-                store: Arc::clone(&store.0),
-                kinds,
-            }),
-            _ => None,
-        };
-        Ok(ScopedLimiter {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            remote,
-            global_single: global.as_ref().is_none_or(|g| g.extra.is_empty()),
-            global,
-            maps: KeyedMaps::build(&self.rules, &tiers, &clock, &hasher)?,
-            classes: self.classes,
-            policies,
-            clock: guard,
-        })
+        Ok((tiers, policies))
     }
 }
 
 impl<C: Clock, S> ScopedLimiter<C, S> {
     /// Whether the global scope's bucket is leased to per-core slots ([`Rule::leased`]).
     pub fn global_is_leased(&self) -> bool {
-        matches!(
-            self.global.as_ref().map(|g| &g.bucket),
-            Some(GlobalBucket::Leased(_))
-        )
+        self.leased().is_some()
     }
 
     /// Tokens the global scope's slots hold now, leased and not yet spent (zero for a
     /// global scope that is not leased): see [`LeasedBucket::leased_tokens`].
     pub fn global_leased_tokens(&self) -> u64 {
-        match self.global.as_ref().map(|g| &g.bucket) {
-            Some(GlobalBucket::Leased(b)) => b.leased_tokens(),
-            _ => 0,
-        }
+        self.leased().map_or(0, LeasedBucket::leased_tokens)
+    }
+
+    /// The leased global bucket, if the global scope is leased.
+    fn leased(&self) -> Option<&LeasedBucket<C>> {
+        self.global.as_ref()?.leased.as_ref()
+    }
+
+    /// The current generation: what requests are decided with now.
+    #[inline(always)]
+    fn generation(&self) -> &Generation {
+        self.generations.current()
+    }
+
+    /// The global scope's counters, when it has a rule that keeps them.
+    fn global_counters(&self) -> CounterRef<'_> {
+        self.global
+            .as_ref()
+            .and_then(|g| g.counters.as_ref())
+            .map_or(CounterRef::Off, CounterRef::Striped)
     }
 }
 
@@ -475,11 +491,17 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
 /// request does not pay that kind.
 type Held<'a, C> = PerKind<KindSlots<'a, C>>;
 
+/// A request met a global word a reconfiguration sealed: it decided and kept nothing,
+/// and starts again on the new generation.
+struct Retry;
+
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The class named `name`, to pass to [`try_acquire`](ScopedLimiter::try_acquire) of
-    /// this limiter.
+    /// this limiter. A reconfiguration keeps the classes' names and order, so a class
+    /// stays valid across it (with the cost the current configuration gives it).
     pub fn class(&self, name: &str) -> Option<ClassId> {
-        self.classes
+        self.generation()
+            .classes
             .iter()
             .position(|c| c.name() == name)
             .map(|i| ClassId {
@@ -488,12 +510,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             })
     }
 
-    /// The work class behind `id`; `None` for a class of another limiter.
+    /// The work class behind `id` in the current configuration; `None` for a class of
+    /// another limiter.
     pub fn work_class(&self, id: ClassId) -> Option<&WorkClass> {
         if id.limiter != self.id {
             return None;
         }
-        self.classes.get(id.index as usize)
+        self.generation().classes.get(id.index as usize)
     }
 
     /// Takes `class`'s cost from every scope `request` pays, or from none.
@@ -506,6 +529,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Allocates nothing for keys already in their maps. A new key is inserted (the slow
     /// path); at its map's maximum it may evict full buckets of its shard, then meets the
     /// kind's [`Overflow`] policy.
+    ///
+    /// A request is decided wholly on one configuration: racing a
+    /// [`reconfigure`](ScopedLimiter::reconfigure), it is decided with the old classes,
+    /// policies and buckets, or wholly with the new.
     ///
     /// Scopes of remote kinds ([`Rule::remote`]) are paid after the local ones admitted
     /// the request, in one call to the limiter's [`RemoteScopes`] outside every lock; a
@@ -526,48 +553,74 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         request: &Request,
         class: ClassId,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
-        let Some(class) = self.work_class(class) else {
-            return Err(ScopeError::UnknownClass(class));
-        };
-        let costs = class.costs();
-        self.pay(request, costs, costs)
+        self.pay(request, class, &[])
     }
 
-    /// Pays `costs` (the class's `class_costs`, or fewer) for `request` at one reading of
-    /// the clock.
+    /// Pays `class`'s costs (but in the kinds of `skip`) for `request` at one reading of
+    /// the clock, on one generation.
     #[inline]
-    fn pay<'s>(
-        &'s self,
+    fn pay(
+        &self,
         request: &Request,
-        class_costs: &'s PerKind<u64>,
-        costs: &PerKind<u64>,
-    ) -> Result<ScopeDecision<'s>, ScopeError> {
-        let now = self.now();
-        let decision = if self.global_single && !self.maps.pays_keyed(request, costs) {
-            self.decide_global(class_costs, costs, request, now)
-        } else {
-            // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
-            self.maps.with_slots(request, costs, now, |slots| {
-                self.decide(slots, class_costs, costs, request, now)
-            })
-        }?;
-        // The remote kinds after the local ones, outside every lock.
-        match &self.remote {
-            Some(remote) if decision.is_admitted() => self.pay_remote(remote, decision, costs),
-            _ => Ok(decision),
+        class: ClassId,
+        skip: &[ScopeKind],
+    ) -> Result<ScopeDecision<'_>, ScopeError> {
+        if class.limiter != self.id {
+            return Err(ScopeError::UnknownClass(class));
+        }
+        loop {
+            let g = self.generation();
+            let Some(work) = g.classes.get(class.index as usize) else {
+                return Err(ScopeError::UnknownClass(class));
+            };
+            let class_costs = work.costs();
+            let mut costs = *class_costs;
+            for k in skip {
+                costs[k.index()] = 0;
+            }
+            let now = self.now_on(g);
+            let decision = if g.global_single && !self.maps.pays_keyed(request, &costs) {
+                self.decide_global(g, class_costs, &costs, request, now)
+            } else {
+                // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
+                self.maps.with_slots(request, &costs, now, |slots| {
+                    // With a map's lock held the generation cannot change (a switch holds
+                    // every map's barrier); with none held it may have.
+                    if !std::ptr::eq(self.generation(), g) {
+                        return Err(Retry);
+                    }
+                    self.decide(g, slots, class_costs, &costs, request, now)
+                })
+            };
+            let decision = match decision {
+                Ok(d) => d?,
+                Err(Retry) => {
+                    self.generations.await_successor(g);
+                    continue;
+                }
+            };
+            // The remote kinds after the local ones, outside every lock.
+            return match &self.remote {
+                Some(remote) if decision.is_admitted() => self.pay_remote(remote, decision, &costs),
+                _ => Ok(decision),
+            };
         }
     }
 
-    /// The global scope's buckets as payers, one per limit, when it has a rule and
-    /// `costs` charge it. Only the first counts.
-    fn global_payers(&self, costs: &PerKind<u64>) -> [Option<Payer<'_, C>>; MAX_POLICIES_PER_RULE] {
+    /// The global scope's buckets of generation `g` as payers, one per limit, when it
+    /// has a rule and `costs` charge it. Only the first counts.
+    fn global_payers<'a>(
+        &'a self,
+        g: &'a Generation,
+        costs: &PerKind<u64>,
+    ) -> [Option<Payer<'a, C>>; MAX_POLICIES_PER_RULE] {
         let mut payers = [None; MAX_POLICIES_PER_RULE];
-        payers[0] = self.global_payer(costs);
-        if let (Some(g), Some(_)) = (&self.global, payers[0]) {
-            for (p, e) in payers[1..].iter_mut().zip(g.extra.iter()) {
-                *p = Some(Payer::Word(Handle {
-                    raw: &e.raw,
-                    layout: e.policy.layout(),
+        payers[0] = self.global_payer(g, costs);
+        if payers[0].is_some() {
+            for (l, p) in payers.iter_mut().enumerate().take(g.words.len()).skip(1) {
+                *p = Some(Payer::Global(GlobalWord {
+                    generation: g,
+                    limit: l,
                     clock: &self.clock,
                     counters: CounterRef::Off,
                 }));
@@ -576,26 +629,26 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         payers
     }
 
-    /// The global bucket (its first limit's) as a payer, when it has a rule and `costs`
-    /// charge it.
+    /// The global bucket (its first limit's) of generation `g` as a payer, when it has a
+    /// rule and `costs` charge it.
     #[inline]
-    fn global_payer(&self, costs: &PerKind<u64>) -> Option<Payer<'_, C>> {
-        let g = self.global.as_ref()?;
+    fn global_payer<'a>(&'a self, g: &'a Generation, costs: &PerKind<u64>) -> Option<Payer<'a, C>> {
+        let global = self.global.as_ref()?;
         if costs[ScopeKind::Global.index()] == 0 {
             return None;
         }
-        let counters = g
+        let counters = global
             .counters
             .as_ref()
             .map_or(CounterRef::Off, CounterRef::Striped);
-        Some(match &g.bucket {
-            GlobalBucket::Word(raw) => Payer::Word(Handle {
-                raw,
-                layout: g.policy.layout(),
+        Some(match &global.leased {
+            None => Payer::Global(GlobalWord {
+                generation: g,
+                limit: 0,
                 clock: &self.clock,
                 counters,
             }),
-            GlobalBucket::Leased(b) => Payer::Leased(b, counters),
+            Some(b) => Payer::Leased(b, counters),
         })
     }
 
@@ -606,19 +659,20 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[inline]
     fn decide_global<'s>(
         &'s self,
+        g: &'s Generation,
         class_costs: &'s PerKind<u64>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
-    ) -> Result<ScopeDecision<'s>, ScopeError> {
-        let mut decision = ScopeDecision::new(request, class_costs, &self.policies);
-        let Some(payer) = self.global_payer(costs) else {
-            return Ok(decision);
+    ) -> Result<Result<ScopeDecision<'s>, ScopeError>, Retry> {
+        let mut decision = ScopeDecision::new(request, class_costs, &g.policies);
+        let Some(payer) = self.global_payer(g, costs) else {
+            return Ok(Ok(decision));
         };
         let k = ScopeKind::Global.index();
         let cost = costs[k];
         decision.pays(k, false);
-        match sealed::Sealed::take_at(&payer, cost, now) {
+        Ok(match sealed::Sealed::take_at(&payer, cost, now) {
             Ok(d) if d.is_admitted() => {
                 payer.counters().record(true, cost, request.attempt);
                 decision.decides(k, &d);
@@ -629,28 +683,32 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 let retry_after = sealed::Sealed::wait_at(&payer, cost, now);
                 Ok(decision.refuse(k, 0, &d, retry_after))
             }
+            Err(error) if matches!(payer, Payer::Global(_)) && is_sealed(&error) => {
+                return Err(Retry);
+            }
             Err(error) => Err(ScopeError::Acquire {
                 scope: Scope::Global,
                 error,
             }),
-        }
+        })
     }
 
-    /// Pays the held slots (and the global scope) all-or-nothing at `now` (the one
-    /// reading of the request, taken before its locks: a bucket that finds it well behind
-    /// reads the clock again), counts, and builds the decision.
+    /// Pays the held slots (and the global scope of generation `g`) all-or-nothing at
+    /// `now` (the one reading of the request, taken before its locks: a bucket that
+    /// finds it well behind reads the clock again), counts, and builds the decision.
     fn decide<'s>(
         &'s self,
+        g: &'s Generation,
         slots: Held<'_, C>,
         class_costs: &'s PerKind<u64>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
-    ) -> Result<ScopeDecision<'s>, ScopeError> {
-        let mut decision = ScopeDecision::new(request, class_costs, &self.policies);
+    ) -> Result<Result<ScopeDecision<'s>, ScopeError>, Retry> {
+        let mut decision = ScopeDecision::new(request, class_costs, &g.policies);
         // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l`.
         let mut handles: [Option<Payer<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
-        handles[..MAX_POLICIES_PER_RULE].copy_from_slice(&self.global_payers(costs));
+        handles[..MAX_POLICIES_PER_RULE].copy_from_slice(&self.global_payers(g, costs));
         for (k, (tier, limits)) in slots.into_iter().enumerate() {
             decision.in_tier(k, tier);
             for (l, slot) in limits.into_iter().enumerate() {
@@ -662,19 +720,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     Some(Slot::Full { max_keys }) => {
                         // Refused before any bucket is touched.
                         debug_assert_eq!(
-                            self.policies.get(k, tier).map(|p| p.max_keys),
+                            g.policies.get(k, tier).map(|p| p.max_keys),
                             Some(max_keys)
                         );
                         self.key_limit_counts(ScopeKind::ALL[k], costs[k], request);
                         decision.pays(k, false);
-                        return Ok(decision.key_limit(k));
+                        return Ok(Ok(decision.key_limit(k)));
                     }
                 }
             }
         }
         // Compact the held handles into the member list (no allocation).
         let Some(filler) = handles.iter().flatten().next() else {
-            return Ok(decision);
+            return Ok(Ok(decision));
         };
         let mut members = [(filler, 0u64); MAX_PAYERS];
         // Each member's kind and limit.
@@ -700,7 +758,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             }
         });
         let attempt = request.attempt;
-        match outcome {
+        Ok(match outcome {
             Ok(m) if m.is_admitted() => {
                 for (&(h, cost), &(_, l)) in members.iter().zip(at) {
                     if l == 0 {
@@ -723,6 +781,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 // Rolled-back decisions are not the outcome: keep the refuser's.
                 Ok(decision.refuse(k, l, &refused, m.retry_after().unwrap_or(Duration::ZERO)))
             }
+            Err(MultiError::Bucket { index, error })
+                if members
+                    .get(index)
+                    .is_some_and(|(p, _)| matches!(p, Payer::Global(_)))
+                    && is_sealed(&error) =>
+            {
+                // The members taken before it were given back.
+                return Err(Retry);
+            }
             Err(MultiError::Bucket { index, error }) => {
                 let kind = ScopeKind::ALL[at.get(index).map_or(0, |a| a.0)];
                 Err(ScopeError::Acquire {
@@ -731,7 +798,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 })
             }
             Err(e) => Err(ScopeError::Multi(e)),
-        }
+        })
     }
 
     /// The limit of the refusing member `i`'s kind to name, and its decision: of the
@@ -796,7 +863,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 .as_ref()?
                 .counters
                 .as_ref()
-                .map(|c| c.snapshot()),
+                .map(StripedCounters::snapshot),
             _ => self.map(scope.kind())?.counters(scope),
         }
     }
@@ -853,12 +920,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     pub fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64> {
         match (scope, limit) {
             (_, 0) => self.available(scope),
-            (Scope::Global, l) => {
-                let e = self.global.as_ref()?.extra.get(l - 1)?;
-                let layout = e.policy.layout();
-                let s = e.raw.snapshot(layout, self.now());
-                Some(layout.units_to_tokens(layout.balance_units(&s)))
-            }
+            (Scope::Global, l) => self.global_available(l),
             (_, l) => self.map(scope.kind())?.available_in(scope, l),
         }
     }
@@ -869,58 +931,43 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Writes nothing.
     pub fn available(&self, scope: &Scope) -> Option<f64> {
         Some(match scope {
-            Scope::Global => {
-                let g = self.global.as_ref()?;
-                match &g.bucket {
-                    GlobalBucket::Word(raw) => {
-                        let layout = g.policy.layout();
-                        let s = raw.snapshot(layout, self.now());
-                        layout.units_to_tokens(layout.balance_units(&s))
-                    }
-                    GlobalBucket::Leased(b) => b.available(),
-                }
-            }
+            Scope::Global => match self.leased() {
+                Some(b) => b.available(),
+                None => self.global_available(0)?,
+            },
             _ => self.map(scope.kind())?.available(scope)?,
         })
     }
 
-    /// The clock's reading (through the monotonic guard), after the plain global word's
-    /// re-anchoring pass if one is due: one relaxed load and a predicted branch
-    /// otherwise. See [`crate::pass`]; keyed maps and a leased global bucket run their
-    /// own.
-    #[inline(always)]
-    pub(crate) fn now(&self) -> u64 {
-        let now = self.clock.now_nanos();
-        match &self.global {
-            Some(GlobalScope {
-                bucket: GlobalBucket::Word(raw),
-                passes,
-                policy,
-                extra,
-                ..
-            }) => {
-                let now = passes.check(now, &self.clock, |now, idle| {
-                    self.pass(raw, policy, now, idle)
-                });
-                extra.iter().fold(now, |now, e| {
-                    e.passes.check(now, &self.clock, |now, idle| {
-                        self.pass(&e.raw, &e.policy, now, idle)
-                    })
-                })
+    /// Tokens the plain global word of limit `limit` has now, on the current generation.
+    fn global_available(&self, limit: usize) -> Option<f64> {
+        loop {
+            let g = self.generation();
+            let core = g.words.get(limit)?;
+            match core.available::<Sealable, C>(&self.clock) {
+                Ok(tokens) => return Some(tokens),
+                Err(_) => self.generations.await_successor(g),
             }
-            _ => now,
         }
     }
 
-    /// One re-anchoring pass of a plain global word (see [`Passes::check`]).
-    #[cold]
-    fn pass(&self, raw: &RawBucket, policy: &Policy, now: u64, idle: bool) {
-        let layout = policy.layout();
-        if idle {
-            raw.fill(layout, now);
-        } else {
-            reanchor(raw, layout, &self.clock, now);
-        }
+    /// The clock's reading (through the monotonic guard), after the current
+    /// generation's plain global words' re-anchoring passes if one is due: one relaxed
+    /// load and a predicted branch per word otherwise. See [`crate::pass`]; keyed maps
+    /// and a leased global bucket run their own.
+    #[inline(always)]
+    pub(crate) fn now(&self) -> u64 {
+        self.now_on(self.generation())
+    }
+
+    /// [`now`](ScopedLimiter::now) running `g`'s passes (a pass on a sealed word writes
+    /// nothing).
+    #[inline(always)]
+    fn now_on(&self, g: &Generation) -> u64 {
+        let now = self.clock.now_nanos();
+        g.words
+            .iter()
+            .fold(now, |now, core| core.at::<Sealable, C>(&self.clock, now))
     }
 
     /// Sweeps every keyed map ([`KeyedLimiter::sweep`](crate::KeyedLimiter::sweep)) and re-anchors the global bucket
@@ -931,24 +978,16 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// memory sooner.
     pub fn sweep(&self) -> SweepReport {
         let mut report = SweepReport::default();
-        if let Some(g) = &self.global {
-            match &g.bucket {
-                GlobalBucket::Word(raw) => {
-                    reanchor(raw, g.policy.layout(), &self.clock, self.clock.now_nanos())
-                }
-                GlobalBucket::Leased(b) => {
-                    b.reclaim();
-                    b.reanchor();
-                }
-            }
+        if let Some(b) = self.leased() {
+            b.reclaim();
+            b.reanchor();
         }
-        for e in self.global.iter().flat_map(|g| g.extra.iter()) {
-            reanchor(
-                &e.raw,
-                e.policy.layout(),
-                &self.clock,
-                self.clock.now_nanos(),
-            );
+        for core in self.generation().words.iter() {
+            let now = self.clock.now_nanos();
+            // A word sealed meanwhile is left to its switch.
+            let _sealed =
+                core.raw()
+                    .reanchor_in::<Sealable, C>(core.policy().layout(), &self.clock, now);
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
@@ -961,12 +1000,21 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The shortest of the maps' [`KeyedLimiter::max_sweep_interval`](crate::KeyedLimiter::max_sweep_interval)s (and the global
     /// bucket's).
     pub fn max_sweep_interval(&self) -> Duration {
-        let global = self.global.as_ref().map(|g| {
-            g.extra
-                .iter()
-                .map(|e| sweep_interval(&e.policy))
-                .fold(sweep_interval(&g.policy), Duration::min)
-        });
+        let global = self
+            .global
+            .is_some()
+            .then(|| {
+                self.generation()
+                    .policies
+                    .get(ScopeKind::Global.index(), 0)
+                    .map(|p| {
+                        p.as_slice()
+                            .iter()
+                            .map(sweep_interval)
+                            .fold(Duration::MAX, Duration::min)
+                    })
+            })
+            .flatten();
         ScopeKind::ALL
             .into_iter()
             .filter_map(|k| self.map(k).map(|m| m.max_sweep_interval()))
@@ -987,10 +1035,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// to check that an operation wrote nothing.
     pub fn stored_word(&self, scope: &Scope) -> Option<u64> {
         match scope {
-            Scope::Global => Some(match &self.global.as_ref()?.bucket {
-                GlobalBucket::Word(raw) => raw.load(),
-                GlobalBucket::Leased(b) => b.stored_word(),
-            }),
+            Scope::Global => match self.leased() {
+                Some(b) => Some(b.stored_word()),
+                None => loop {
+                    let g = self.generation();
+                    let word = g.words.first()?.raw().load();
+                    if word != crate::state::SEALED {
+                        return Some(word);
+                    }
+                    self.generations.await_successor(g);
+                },
+            },
             _ => self.map(scope.kind())?.stored_word(scope),
         }
     }

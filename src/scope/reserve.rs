@@ -6,18 +6,19 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bucket::{Sealable, Sealed};
 use crate::clock::Clock;
 use crate::keyed::{Handle, Slot};
-use crate::owned::{OwnedReservation, Reservable, reserve_on, sealed};
+use crate::owned::{OwnedReservation, Reservable, reserve_on, reserve_on_in, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
+use crate::scope::generation::{Generation, refund_global};
 use crate::scope::kind::PerKind;
 use crate::scope::maps::KindSlots;
 use crate::scope::{
-    ClassId, GlobalBucket, MAX_PAYERS, MAX_POLICIES_PER_RULE, Request, Scope, ScopeDecision,
-    ScopeError, ScopeKind, ScopedLimiter,
+    ClassId, MAX_PAYERS, MAX_POLICIES_PER_RULE, Request, Retry, Scope, ScopeDecision, ScopeError,
+    ScopeKind, ScopedLimiter,
 };
-use crate::telemetry::CounterRef;
 
 /// What an admitted scoped request took from each scope: the request and the cost per
 /// scope kind. Given back with [`ScopedLimiter::refund`] when the work turned out not to
@@ -149,7 +150,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The policy of `kind`'s buckets, if it has a rule (its first, for a rule with
     /// several: see [`policies`](ScopedLimiter::policies)).
     pub fn policy(&self, kind: ScopeKind) -> Option<&Policy> {
-        self.policies.rules[kind.index()]
+        self.generation().policies.rules[kind.index()]
             .as_ref()
             .map(|p| p.policy())
     }
@@ -157,7 +158,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Every policy of `kind`'s rule, in its order, if it has a rule (what keys
     /// without an override are held to: see [`policies_for`](ScopedLimiter::policies_for)).
     pub fn policies(&self, kind: ScopeKind) -> Option<&[Policy]> {
-        self.policies.rules[kind.index()]
+        self.generation().policies.rules[kind.index()]
             .as_ref()
             .map(|p| p.as_slice())
     }
@@ -184,7 +185,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Some(m) => m.tier_of(scope)?,
             None => 0,
         };
-        self.policies.get(kind.index(), tier).map(|p| p.as_slice())
+        self.generation()
+            .policies
+            .get(kind.index(), tier)
+            .map(|p| p.as_slice())
     }
 
     /// Gives every scope of `charge` its cost back, with the exact refund of
@@ -196,26 +200,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     pub fn refund(&self, charge: &Charge) {
         let r = &charge.request;
         let c = &charge.costs;
-        if c[ScopeKind::Global.index()] > 0 {
-            if let Some(g) = &self.global {
-                let layout = g.policy.layout();
-                match &g.bucket {
-                    GlobalBucket::Word(raw) => {
-                        let cost = c[ScopeKind::Global.index()];
-                        let now = self.now();
-                        if let Some(units) = layout.units_of(cost) {
-                            raw.refund_units(layout, &self.clock, now, units);
-                        }
-                        for e in g.extra.iter() {
-                            let layout = e.policy.layout();
-                            if let Some(units) = layout.units_of(cost) {
-                                e.raw.refund_units(layout, &self.clock, now, units);
-                            }
-                        }
-                    }
-                    GlobalBucket::Leased(b) => {
-                        let _ = b.refund(c[ScopeKind::Global.index()]);
-                    }
+        let cost = c[ScopeKind::Global.index()];
+        if cost > 0 {
+            if let Some(b) = self.leased() {
+                let _ = b.refund(cost);
+            } else {
+                let g = self.generation();
+                let now = self.now_on(g);
+                for limit in 0..g.words.len() {
+                    refund_global(g, limit, &self.clock, cost, now);
                 }
             }
         }
@@ -245,15 +238,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         class: ClassId,
         skip: &[ScopeKind],
     ) -> Result<ScopeDecision<'_>, ScopeError> {
-        let Some(class) = self.work_class(class) else {
-            return Err(ScopeError::UnknownClass(class));
-        };
-        let class_costs = class.costs();
-        let mut costs = *class_costs;
-        for k in skip {
-            costs[k.index()] = 0;
-        }
-        self.pay(request, class_costs, &costs)
+        self.pay(request, class, skip)
     }
 }
 
@@ -308,35 +293,55 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
         class: ClassId,
         max_wait: Duration,
     ) -> Result<OwnedReservation<Self>, ScopeReserveError> {
-        let Some(work) = self.work_class(class) else {
+        if class.limiter != self.id {
             return Err(ScopeReserveError::UnknownClass(class));
-        };
-        let costs = *work.costs();
-        if let Some(scope) = self.pays_remote(request, &costs) {
-            return Err(ScopeReserveError::RemoteScope { scope });
         }
-        let now = self.now();
-        let ready_at = self.maps.with_slots(request, &costs, now, |slots| {
-            self.reserve_slots(slots, &costs, request, now, max_wait)
-        })?;
-        let charge = Charge {
-            request: *request,
-            costs: self.paid_costs(&costs, request),
-        };
-        Ok(OwnedReservation::new(
-            Arc::clone(self),
-            charge,
-            now,
-            ready_at,
-        ))
+        loop {
+            let g = self.generation();
+            let Some(work) = g.classes.get(class.index as usize) else {
+                return Err(ScopeReserveError::UnknownClass(class));
+            };
+            let costs = *work.costs();
+            if costs[ScopeKind::Global.index()] > 0 && self.leased().is_some() {
+                return Err(ScopeReserveError::LeasedGlobal);
+            }
+            if let Some(scope) = self.pays_remote(request, &costs) {
+                return Err(ScopeReserveError::RemoteScope { scope });
+            }
+            let now = self.now_on(g);
+            let ready_at = self.maps.with_slots(request, &costs, now, |slots| {
+                // With a map's lock held the generation cannot change; with none it may.
+                if !std::ptr::eq(self.generation(), g) {
+                    return Err(Retry);
+                }
+                self.reserve_slots(g, slots, &costs, request, now, max_wait)
+            });
+            let ready_at = match ready_at {
+                Ok(r) => r?,
+                Err(Retry) => {
+                    self.generations.await_successor(g);
+                    continue;
+                }
+            };
+            let charge = Charge {
+                request: *request,
+                costs: self.paid_costs(g, &costs, request),
+            };
+            return Ok(OwnedReservation::new(
+                Arc::clone(self),
+                charge,
+                now,
+                ready_at,
+            ));
+        }
     }
 
     /// The costs a request pays, by kind: zero where the kind has no rule or the request
     /// no key of it.
-    fn paid_costs(&self, costs: &PerKind<u64>, request: &Request) -> PerKind<u64> {
+    fn paid_costs(&self, g: &Generation, costs: &PerKind<u64>, request: &Request) -> PerKind<u64> {
         let mut paid = [0; ScopeKind::COUNT];
         for k in ScopeKind::ALL {
-            let has_rule = self.policies.rules[k.index()].is_some();
+            let has_rule = g.policies.rules[k.index()].is_some();
             if has_rule && Scope::of(request, k).is_some() {
                 paid[k.index()] = costs[k.index()];
             }
@@ -344,45 +349,24 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
         paid
     }
 
-    /// Reserves on the held slots and the global words at `now` (every limit of every
-    /// kind), rolling back on a refusal; the latest ready time.
+    /// Reserves on the held slots and generation `g`'s global words at `now` (every
+    /// limit of every kind), rolling back on a refusal; the latest ready time. A global
+    /// word found sealed gives back what was reserved and starts again ([`Retry`]).
     fn reserve_slots(
         &self,
+        g: &Generation,
         slots: PerKind<KindSlots<'_, C>>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
         max_wait: Duration,
-    ) -> Result<u64, ScopeReserveError> {
-        // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l`.
+    ) -> Result<Result<u64, ScopeReserveError>, Retry> {
+        let global_cost = costs[ScopeKind::Global.index()];
+        // The plain global words, when the class charges the global scope.
+        let words = if global_cost > 0 { &g.words[..] } else { &[] };
+        // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l` (the global kind's
+        // are `words`).
         let mut handles: [Option<Handle<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
-        if let (Some(g), true) = (&self.global, costs[ScopeKind::Global.index()] > 0) {
-            match &g.bucket {
-                GlobalBucket::Word(raw) => {
-                    handles[0] = Some(Handle {
-                        raw,
-                        layout: g.policy.layout(),
-                        clock: &self.clock,
-                        counters: g
-                            .counters
-                            .as_ref()
-                            .map_or(CounterRef::Off, CounterRef::Striped),
-                    });
-                    for (h, e) in handles[1..MAX_POLICIES_PER_RULE]
-                        .iter_mut()
-                        .zip(g.extra.iter())
-                    {
-                        *h = Some(Handle {
-                            raw: &e.raw,
-                            layout: e.policy.layout(),
-                            clock: &self.clock,
-                            counters: CounterRef::Off,
-                        });
-                    }
-                }
-                GlobalBucket::Leased(_) => return Err(ScopeReserveError::LeasedGlobal),
-            }
-        }
         let mut tiers = [0u8; ScopeKind::COUNT];
         for (k, (tier, limits)) in slots.into_iter().enumerate() {
             tiers[k] = tier;
@@ -392,50 +376,95 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                     Some(Slot::Bucket(h)) => handles[k * MAX_POLICIES_PER_RULE + l] = Some(h),
                     Some(Slot::Full { max_keys }) => {
                         let kind = ScopeKind::ALL[k];
-                        return Err(ScopeReserveError::KeyLimit {
+                        return Ok(Err(ScopeReserveError::KeyLimit {
                             scope: Scope::of(request, kind).unwrap_or(Scope::Global),
                             max_keys,
-                        });
+                        }));
                     }
                 }
             }
         }
+        // Gives back the first `global` words and the handles before `keyed`, at the
+        // same reading.
+        let give_back = |global: usize, keyed: usize| {
+            for limit in 0..global {
+                refund_global(g, limit, &self.clock, global_cost, now);
+            }
+            for (j, done) in handles[..keyed].iter().enumerate() {
+                let cost = costs[j / MAX_POLICIES_PER_RULE];
+                if let Some(d) = done {
+                    if let Some(units) = d.layout.units_of(cost) {
+                        d.raw.refund_units(d.layout, d.clock, now, units);
+                    }
+                }
+            }
+        };
+        let horizon = |k: usize, tier: u8, l: usize| {
+            g.policies
+                .get(k, tier)
+                .and_then(|p| p.as_slice().get(l))
+                .map_or(Duration::ZERO, |p| p.max_reservation())
+        };
         let mut ready_at = now;
-        for i in 0..MAX_PAYERS {
-            let Some(h) = handles[i] else { continue };
+        for (l, core) in words.iter().enumerate() {
+            let layout = core.policy().layout();
+            let refused = |error| {
+                give_back(l, 0);
+                Ok(Err(ScopeReserveError::Reserve {
+                    scope: Scope::Global,
+                    error,
+                }))
+            };
+            let Some(units) = layout.units_of(global_cost) else {
+                return refused(ReserveError::CostExceedsCapacity {
+                    cost: global_cost,
+                    capacity: layout.capacity(),
+                });
+            };
+            let limits = Limits {
+                max_wait,
+                horizon: horizon(ScopeKind::Global.index(), 0, l),
+            };
+            match reserve_on_in::<Sealable, C>(core.raw(), layout, &self.clock, now, units, &limits)
+            {
+                Ok(Ok((_, ready))) => ready_at = ready_at.max(ready),
+                Ok(Err(e)) => return refused(e),
+                Err(Sealed) => {
+                    give_back(l, 0);
+                    return Err(Retry);
+                }
+            }
+        }
+        for (i, h) in handles.iter().enumerate() {
+            let Some(h) = *h else { continue };
             let (k, l) = (i / MAX_POLICIES_PER_RULE, i % MAX_POLICIES_PER_RULE);
             let kind = ScopeKind::ALL[k];
             let refused = |error| {
                 // Give back what this request reserved so far, at the same reading.
-                for (j, done) in handles[..i].iter().enumerate() {
-                    let cost = costs[j / MAX_POLICIES_PER_RULE];
-                    if let Some(d) = done {
-                        if let Some(units) = d.layout.units_of(cost) {
-                            d.raw.refund_units(d.layout, d.clock, now, units);
-                        }
-                    }
-                }
-                ScopeReserveError::Reserve {
+                give_back(words.len(), i);
+                Ok(Err(ScopeReserveError::Reserve {
                     scope: Scope::of(request, kind).unwrap_or(Scope::Global),
                     error,
-                }
+                }))
             };
             let Some(units) = h.layout.units_of(costs[k]) else {
-                return Err(refused(ReserveError::CostExceedsCapacity {
+                return refused(ReserveError::CostExceedsCapacity {
                     cost: costs[k],
                     capacity: h.layout.capacity(),
-                }));
+                });
             };
-            let horizon = self
-                .policies
-                .get(k, tiers[k])
-                .and_then(|p| p.as_slice().get(l))
-                .map_or(Duration::ZERO, |p| p.max_reservation());
-            let limits = Limits { max_wait, horizon };
+            let limits = Limits {
+                max_wait,
+                horizon: horizon(k, tiers[k], l),
+            };
             match reserve_on(h.raw, h.layout, h.clock, now, units, &limits) {
                 Ok((_, ready)) => ready_at = ready_at.max(ready),
-                Err(e) => return Err(refused(e)),
+                Err(e) => return refused(e),
             }
+        }
+        if !words.is_empty() {
+            self.global_counters()
+                .record(true, global_cost, request.attempt);
         }
         for (i, h) in handles.iter().enumerate() {
             if let (Some(h), 0) = (h, i % MAX_POLICIES_PER_RULE) {
@@ -443,6 +472,6 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                     .record(true, costs[i / MAX_POLICIES_PER_RULE], request.attempt);
             }
         }
-        Ok(ready_at)
+        Ok(Ok(ready_at))
     }
 }

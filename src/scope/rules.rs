@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::attempt::Attempt;
+use crate::inherit::Inherit;
 use crate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedConfigError, KeyedOptions, Overflow};
 use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
@@ -51,6 +52,9 @@ pub struct Rule {
     pub(crate) lease: Option<LeaseConfig>,
     /// Whether the kind's scopes are kept in the limiter's [`RemoteScopes`].
     pub(crate) remote: bool,
+    /// How the kind's buckets carry their tokens over when a running limiter takes
+    /// this rule ([`ScopedLimiter::reconfigure`](crate::scope::ScopedLimiter::reconfigure)).
+    pub(crate) inherit: Inherit,
 }
 
 impl Rule {
@@ -63,6 +67,7 @@ impl Rule {
             options: KeyedOptions::new(DEFAULT_MAX_KEYS),
             lease: None,
             remote: false,
+            inherit: Inherit::Proportional,
         }
     }
 
@@ -96,6 +101,21 @@ impl Rule {
         rule.policies[..policies.len()].copy_from_slice(&policies);
         rule.len = policies.len() as u8;
         Ok(rule)
+    }
+
+    /// How the kind's buckets carry their tokens over when a running limiter is
+    /// reconfigured to this rule ([`ScopedLimiter::reconfigure`](crate::scope::ScopedLimiter::reconfigure)):
+    /// the global scope's words at the switch, every key of the kind (and of the tiers
+    /// its overridden keys use) on its first touch after it. [`Inherit::Proportional`]
+    /// unless set; ignored when the limiter is built.
+    pub fn inherit(mut self, inherit: Inherit) -> Rule {
+        self.inherit = inherit;
+        self
+    }
+
+    /// The strategy set by [`inherit`](Rule::inherit).
+    pub fn inheritance(&self) -> Inherit {
+        self.inherit
     }
 
     /// Replaces the keyed map's options (ignored for the global scope but for
@@ -580,6 +600,103 @@ pub enum RuleError {
         /// The key.
         scope: Scope,
     },
+    /// [`ScopedLimiter::reconfigure`](crate::scope::ScopedLimiter::reconfigure) with a
+    /// rule set of another shape than the running limiter's: only policies (of rules
+    /// and tiers) and class costs change in place; the rest takes a new limiter.
+    Reshape(Reshape),
+}
+
+/// What a reconfiguration may not change in a running
+/// [`ScopedLimiter`](crate::scope::ScopedLimiter): the limiter's structure (which maps
+/// exist, how each is bounded, which keys are overridden), as opposed to the policies
+/// and costs it enforces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reshape {
+    /// A kind gains or loses its rule.
+    Kinds {
+        /// The kind.
+        kind: ScopeKind,
+    },
+    /// A rule's number of policies changes (each has its own buckets).
+    PolicyCount {
+        /// The kind.
+        kind: ScopeKind,
+        /// Its policies now.
+        was: usize,
+        /// In the new rule.
+        now: usize,
+    },
+    /// A keyed rule's map options change (key bound, shards, overflow, eviction,
+    /// counters).
+    Options {
+        /// The kind.
+        kind: ScopeKind,
+    },
+    /// The global rule's leasing changes: on or off, or its lease configuration.
+    Lease,
+    /// The policy of a leased global scope changes: a leased bucket is not switched
+    /// in place.
+    LeasedPolicy,
+    /// A kind becomes remote or local.
+    Remote {
+        /// The kind.
+        kind: ScopeKind,
+    },
+    /// The policies of a remote kind change: its buckets live in the remote store,
+    /// which holds its own policies.
+    RemotePolicies {
+        /// The kind.
+        kind: ScopeKind,
+    },
+    /// The work classes change other than in their costs: names, order or number.
+    Classes,
+    /// The tiers a kind's overridden keys use change other than in their policies
+    /// (names, number of policies), or the overridden keys or their tiers change.
+    Overrides {
+        /// The kind.
+        kind: ScopeKind,
+    },
+}
+
+impl fmt::Display for Reshape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reshape::Kinds { kind } => write!(f, "the rule for {kind} scopes is added or removed"),
+            Reshape::PolicyCount { kind, was, now } => write!(
+                f,
+                "the rule for {kind} scopes has {now} policies instead of {was}"
+            ),
+            Reshape::Options { kind } => write!(
+                f,
+                "the map options of {kind} scopes change (max keys, shards, overflow, eviction \
+                 or counters)"
+            ),
+            Reshape::Lease => f.write_str("the global scope's leasing changes"),
+            Reshape::LeasedPolicy => f.write_str(
+                "the policy of a leased global scope changes: a leased global bucket keeps \
+                 its policy",
+            ),
+            Reshape::Remote { kind } => {
+                write!(
+                    f,
+                    "{kind} scopes move between the remote store and this process"
+                )
+            }
+            Reshape::RemotePolicies { kind } => write!(
+                f,
+                "the policies of remote {kind} scopes change: change them in the remote store"
+            ),
+            Reshape::Classes => f.write_str(
+                "the work classes change other than in their costs (names, order or number)",
+            ),
+            Reshape::Overrides { kind } => write!(
+                f,
+                "the overridden {kind} keys, their tiers, or those tiers' names or numbers of \
+                 policies change"
+            ),
+        }
+    }
 }
 
 impl fmt::Display for RuleError {
@@ -665,6 +782,10 @@ impl fmt::Display for RuleError {
                 f,
                 "override of {scope}, whose kind is remote: tiers are local, so a remote \
                  kind's keys cannot be overridden"
+            ),
+            RuleError::Reshape(what) => write!(
+                f,
+                "cannot reconfigure the running limiter in place: {what}; build a new one"
             ),
         }
     }

@@ -1,0 +1,297 @@
+//! A scoped limiter's configuration over time: what a request is decided with (the work
+//! classes, every kind's policies, the plain global scope's words), one *generation*
+//! per reconfiguration.
+//!
+//! A request loads the current generation once and is decided on it alone. A
+//! reconfiguration ([`ScopedLimiter::reconfigure`](super::ScopedLimiter::reconfigure))
+//! holds every keyed map's barrier (all their shard write locks, in the lock order),
+//! seals the old generation's global words, reads the clock, converts them, publishes
+//! the new generation and switches the maps' policies, then lets the barriers go. So:
+//!
+//! * a request holding a map's lock cannot meet a switch: it took its locks either
+//!   before the barrier (the switch waits for it, and it decides wholly on the old
+//!   generation) or after (wholly on the new);
+//! * a request holding no lock (it pays the global scope alone) decides on the old
+//!   generation's words before their seal, or finds one sealed, writes nothing there,
+//!   gives back what it took elsewhere, and starts again on the new generation.
+//!
+//! Either way a decision reads one generation's classes and policies, and its buckets
+//! are that generation's. Generations are kept until the limiter is dropped (a request
+//! may still hold a replaced one).
+
+use std::ptr;
+use std::time::Duration;
+
+use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
+use crate::clock::{Clock, Monotonic};
+use crate::decision::Decision;
+use crate::error::AcquireError;
+use crate::multi::{Member, sealed};
+use crate::scope::decision::Policies;
+use crate::scope::rules::WorkClass;
+use crate::state::SEALED;
+use crate::sync::{AtomicPtr, Ordering};
+use crate::telemetry::CounterRef;
+
+/// One configuration of a scoped limiter.
+pub(super) struct Generation {
+    /// 0 at build, one more per reconfiguration.
+    pub(super) number: u64,
+    /// The plain global scope's words, one per policy of its rule, in its order (empty
+    /// when the global scope has no rule or is leased).
+    pub(super) words: Box<[Core]>,
+    pub(super) classes: Vec<WorkClass>,
+    pub(super) policies: Policies,
+    /// Whether the global scope has one bucket: a request paying no keyed scope then
+    /// pays it directly, without the multi-bucket path.
+    pub(super) global_single: bool,
+    /// The generation that replaced this one; null until then.
+    next: AtomicPtr<Generation>,
+    /// The generation this one replaced (owned: freed with the limiter), or null.
+    prev: *mut Generation,
+}
+
+// SAFETY: a generation is shared as `&Generation`: its data is written before it is
+// published and never after (`next` is an atomic); `prev` is only read through it, and
+// freed by `Generations`' `Drop` (`&mut`).
+unsafe impl Send for Generation {}
+// SAFETY: as above.
+unsafe impl Sync for Generation {}
+
+impl Generation {
+    pub(super) fn new(
+        number: u64,
+        words: Box<[Core]>,
+        classes: Vec<WorkClass>,
+        policies: Policies,
+        global_single: bool,
+    ) -> Generation {
+        Generation {
+            number,
+            words,
+            classes,
+            policies,
+            global_single,
+            next: AtomicPtr::new(ptr::null_mut()),
+            prev: ptr::null_mut(),
+        }
+    }
+
+    /// Whether a reconfiguration has sealed one of this generation's words and has
+    /// neither published a successor nor unsealed it (a switch that unwound).
+    fn sealing(&self) -> bool {
+        self.words.iter().any(|c| c.raw().load() == SEALED)
+    }
+
+    /// The generation that replaced this one, waiting for it while a switch is between
+    /// sealing this one's words and publishing it; `None` when no switch is under way
+    /// (the word that was found sealed was unsealed again: retry on this one).
+    fn successor(&self) -> Option<&Generation> {
+        let mut spins = 0u32;
+        loop {
+            let next = self.next.load(Ordering::Acquire);
+            if !next.is_null() {
+                // SAFETY: a published generation, freed only with the limiter, which
+                // outlives `&self`.
+                return Some(unsafe { &*next });
+            }
+            if !self.sealing() {
+                return None;
+            }
+            crate::sync::spin(&mut spins);
+        }
+    }
+}
+
+/// The chain of a limiter's generations: the current one, each holding the one it
+/// replaced.
+pub(super) struct Generations {
+    current: AtomicPtr<Generation>,
+}
+
+// SAFETY: generations are shared as `&Generation` (atomics and data written before
+// publication); `prev` is written before publication and freed only by `Drop`.
+unsafe impl Send for Generations {}
+// SAFETY: as above.
+unsafe impl Sync for Generations {}
+
+impl Generations {
+    pub(super) fn new(first: Generation) -> Generations {
+        Generations {
+            current: AtomicPtr::new(Box::into_raw(Box::new(first))),
+        }
+    }
+
+    /// The current generation.
+    #[inline(always)]
+    pub(super) fn current(&self) -> &Generation {
+        // SAFETY: always a live generation from `Box::into_raw`, freed only by `Drop`
+        // (`&mut self`); the acquire load pairs with the release store that published it.
+        unsafe { &*self.current.load(Ordering::Acquire) }
+    }
+
+    /// Waits until `g` is replaced, or until no switch is sealing it any more (one that
+    /// unwound): a request that met a sealed word of `g` then starts again.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn await_successor(&self, g: &Generation) {
+        let mut spins = 0u32;
+        while ptr::eq(self.current(), g) && g.sealing() {
+            crate::sync::spin(&mut spins);
+        }
+    }
+
+    /// Publishes `next` after the current generation `old` (whose words the caller
+    /// sealed). Callers serialize (the limiter's reconfiguration lock).
+    pub(super) fn publish(&self, old: &Generation, mut next: Box<Generation>) {
+        next.prev = ptr::from_ref(old).cast_mut();
+        let next = Box::into_raw(next);
+        old.next.store(next, Ordering::Release);
+        self.current.store(next, Ordering::Release);
+    }
+
+    /// How many generations the limiter has had (each kept until it is dropped).
+    pub(super) fn count(&self) -> usize {
+        let mut count = 0;
+        let mut p: *const Generation = self.current();
+        while !p.is_null() {
+            count += 1;
+            // SAFETY: every `prev` is null or a live generation, freed only by `Drop`.
+            p = unsafe { (*p).prev };
+        }
+        count
+    }
+}
+
+impl Drop for Generations {
+    fn drop(&mut self) {
+        let mut p = self.current.load(Ordering::Acquire);
+        while !p.is_null() {
+            // SAFETY: each generation came from `Box::into_raw` and is reachable once
+            // (from `current` or its successor's `prev`); `&mut self` excludes every
+            // other access.
+            let g = unsafe { Box::from_raw(p) };
+            p = g.prev;
+        }
+    }
+}
+
+/// Gives `cost` tokens back to the global word of limit `limit` of `g`, or, when a switch
+/// has sealed it, to the same limit's word of the generation that replaced it, as it is
+/// (capped at the new capacity, as any refund: see
+/// [`LiveBucket::refund`](crate::LiveBucket::refund)).
+pub(super) fn refund_global<C: Clock>(
+    mut g: &Generation,
+    limit: usize,
+    clock: &Monotonic<C>,
+    cost: u64,
+    now: u64,
+) {
+    loop {
+        let Some(core) = g.words.get(limit) else {
+            return;
+        };
+        let layout = core.policy().layout();
+        let units = layout.units_of(cost.min(layout.capacity())).unwrap_or(0);
+        if units == 0 {
+            return;
+        }
+        let now = clock.observe(now);
+        match core
+            .raw()
+            .refund_units_in::<Sealable, C>(layout, clock, now, units)
+        {
+            Ok(()) => return,
+            Err(Sealed) => {
+                if let Some(next) = g.successor() {
+                    g = next;
+                }
+            }
+        }
+    }
+}
+
+/// A plain global word of one generation as a member of a request's acquisition: a
+/// take that finds it sealed decides and writes nothing and returns [`SEALED_ERROR`]
+/// (the request starts again on the new generation); a give-back that finds it sealed
+/// goes to the new generation's word.
+pub(super) struct GlobalWord<'a, C> {
+    pub(super) generation: &'a Generation,
+    pub(super) limit: usize,
+    pub(super) clock: &'a Monotonic<C>,
+    pub(super) counters: CounterRef<'a>,
+}
+
+impl<C> Clone for GlobalWord<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for GlobalWord<'_, C> {}
+
+impl<'a, C: Clock> GlobalWord<'a, C> {
+    #[inline(always)]
+    pub(super) fn core(&self) -> &'a Core {
+        &self.generation.words[self.limit]
+    }
+}
+
+impl<C: Clock> Member for GlobalWord<'_, C> {
+    #[inline]
+    fn member_id(&self) -> usize {
+        self.core().raw().id()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.core().policy().capacity()
+    }
+}
+
+impl<C: Clock> sealed::Sealed for GlobalWord<'_, C> {
+    fn now_nanos(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    /// The limiter ran the word's due pass when it read the request's time.
+    #[inline]
+    fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let core = self.core();
+        core.raw()
+            .try_acquire_in::<Sealable, C>(core.policy().layout(), self.clock, now, cost)
+    }
+
+    fn refund_at(&self, cost: u64, now: u64) {
+        refund_global(self.generation, self.limit, self.clock, cost, now);
+    }
+
+    fn wait_at(&self, cost: u64, now: u64) -> Duration {
+        let core = self.core();
+        match core.view::<Sealable>(self.clock.observe(now)) {
+            Ok(snapshot) => {
+                Decision::new(core.policy().layout(), &snapshot, now, cost, 0, false).wait_for(cost)
+            }
+            // The request starts again on the new generation.
+            Err(Sealed) => Duration::ZERO,
+        }
+    }
+
+    #[inline]
+    fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
+        let core = self.core();
+        let passes = core.passes();
+        if passes.is_due(now) && passes.idle_at(now) {
+            return None;
+        }
+        // A sealed word: no refusal known; the take finds the seal.
+        core.raw()
+            .refusal_in::<Sealable>(core.policy().layout(), now, cost)
+            .unwrap_or(None)
+    }
+}
+
+/// Whether `error`, from a take on a [`GlobalWord`], says the word was sealed.
+#[inline]
+pub(super) fn is_sealed(error: &AcquireError) -> bool {
+    *error == SEALED_ERROR
+}

@@ -1,0 +1,341 @@
+//! Reconfiguring a running [`ScopedLimiter`]: new policies for its rules and tiers and
+//! new class costs, switched atomically, every bucket carrying its tokens over with its
+//! rule's [`Inherit`] strategy. See [`ScopedLimiter::reconfigure`] and, for why a
+//! request never sees half of each configuration, the `generation` module.
+
+use std::hash::BuildHasher;
+
+use crate::bucket::{Core, RawBucket, reread_snapshot};
+use crate::clock::Clock;
+use crate::inherit::{self, Inherit};
+use crate::keyed::KeyedOptions;
+use crate::leased::LeaseConfig;
+use crate::live::Reconfigured;
+use crate::policy::Policy;
+use crate::scope::ScopedLimiter;
+use crate::scope::generation::Generation;
+use crate::scope::kind::{PerKind, Scope, ScopeKind};
+use crate::scope::rules::{MAX_POLICIES_PER_RULE, Reshape, Rule, RuleError, RuleSet};
+use crate::scope::tiers::KindTiers;
+use crate::state::SEALED;
+
+/// What a [`ScopedLimiter::reconfigure`] did.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ScopeReconfigured {
+    /// The plain global scope's words, one per policy of its rule: what each held
+    /// before and after the switch (empty when the global scope has no rule or is
+    /// leased).
+    pub global: Vec<Reconfigured>,
+    /// Keyed maps switched (one per policy of each local keyed rule and of each tier
+    /// in use): each converts its keys on their first touch after the switch, as of
+    /// the switch.
+    pub maps: usize,
+    /// The limiter's reconfigurations so far, this one included.
+    pub reconfigurations: u64,
+}
+
+/// The parts of one kind's rule a reconfiguration may not change.
+#[derive(Clone, Debug, PartialEq)]
+struct RuleShape {
+    len: usize,
+    /// A keyed kind's map options; for the global kind, only whether it counts.
+    options: Option<KeyedOptions>,
+    counters: bool,
+    lease: Option<LeaseConfig>,
+    remote: bool,
+    /// The policies, where they may not change either: a remote kind's (its store
+    /// holds them) and a leased global scope's.
+    fixed: Option<[Policy; MAX_POLICIES_PER_RULE]>,
+}
+
+impl RuleShape {
+    fn of(kind: ScopeKind, rule: &Rule) -> RuleShape {
+        let fixed = rule.remote || rule.lease.is_some();
+        RuleShape {
+            len: rule.policies().len(),
+            options: (kind != ScopeKind::Global).then_some(rule.options),
+            counters: rule.options.counters,
+            lease: rule.lease,
+            remote: rule.remote,
+            fixed: fixed.then_some(rule.policies),
+        }
+    }
+}
+
+/// A kind's tiers without their policies: each used tier's name and number of
+/// policies, and each overridden key's tier.
+type TierShape = (Vec<(String, usize)>, Vec<(Scope, u8)>);
+
+/// What a running limiter's rule set may not change: which maps exist, how each is
+/// bounded, which keys are overridden to which tier, the classes' names and order.
+#[derive(Debug)]
+pub(super) struct Shape {
+    rules: PerKind<Option<RuleShape>>,
+    tiers: PerKind<TierShape>,
+    classes: Vec<String>,
+}
+
+impl Shape {
+    pub(super) fn of(set: &RuleSet, tiers: &PerKind<KindTiers>) -> Shape {
+        Shape {
+            rules: ScopeKind::ALL.map(|k| set.rules[k.index()].map(|r| RuleShape::of(k, &r))),
+            tiers: ScopeKind::ALL.map(|k| {
+                let t = &tiers[k.index()];
+                (
+                    t.tiers
+                        .iter()
+                        .map(|(name, p)| (name.clone(), p.as_slice().len()))
+                        .collect(),
+                    t.keys.clone(),
+                )
+            }),
+            classes: set.classes.iter().map(|c| c.name().to_owned()).collect(),
+        }
+    }
+
+    /// The first difference that keeps `next` from replacing this shape in place.
+    fn check(&self, next: &Shape) -> Result<(), Reshape> {
+        for kind in ScopeKind::ALL {
+            let k = kind.index();
+            match (&self.rules[k], &next.rules[k]) {
+                (None, None) => {}
+                (Some(a), Some(b)) => {
+                    if a.remote != b.remote {
+                        return Err(Reshape::Remote { kind });
+                    }
+                    if a.len != b.len {
+                        return Err(Reshape::PolicyCount {
+                            kind,
+                            was: a.len,
+                            now: b.len,
+                        });
+                    }
+                    if a.lease != b.lease {
+                        return Err(Reshape::Lease);
+                    }
+                    if a.options != b.options || a.counters != b.counters {
+                        return Err(Reshape::Options { kind });
+                    }
+                    if a.fixed != b.fixed {
+                        return Err(if a.remote {
+                            Reshape::RemotePolicies { kind }
+                        } else {
+                            Reshape::LeasedPolicy
+                        });
+                    }
+                }
+                _ => return Err(Reshape::Kinds { kind }),
+            }
+            if self.tiers[k] != next.tiers[k] {
+                return Err(Reshape::Overrides { kind });
+            }
+        }
+        if self.classes != next.classes {
+            return Err(Reshape::Classes);
+        }
+        Ok(())
+    }
+}
+
+/// Unseals a global word whose switch did not complete.
+struct Unseal<'a> {
+    raw: &'a RawBucket,
+    word: u64,
+}
+
+impl Drop for Unseal<'_> {
+    fn drop(&mut self) {
+        // Nothing writes a sealed word, and no successor was published: restoring it is
+        // the state as if the switch had not begun.
+        self.raw.set(self.word);
+    }
+}
+
+impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
+    /// Replaces the limiter's policies (of every rule and tier) and its classes' costs
+    /// while it runs, carrying every bucket's tokens over with its rule's
+    /// [`Inherit`] strategy ([`Rule::inherit`]; a tier's keys use their kind's rule's).
+    ///
+    /// `rules` is checked whole, as [`RuleSet::build`] checks it, and must have the
+    /// running limiter's shape ([`Reshape`]): the same kinds with rules, each with as
+    /// many policies, the same map options, leasing and remote kinds, the same
+    /// overridden keys in the same tiers (whose policies may change), and the same
+    /// classes in the same order (whose costs may change). A leased global scope and
+    /// remote kinds keep their policies. Anything else is refused with a typed error
+    /// and changes nothing: build a new limiter for it.
+    ///
+    /// The switch is atomic: every request is decided wholly on the old configuration
+    /// (classes, policies, buckets) or wholly on the new, never half of each. It holds
+    /// every keyed map's shard locks for a moment (a barrier: the keyed requests under
+    /// way finish first, and new ones wait; constant in the number of keys), seals the
+    /// plain global words, reads the clock once per bucket set, converts the global
+    /// words and publishes the new configuration; each keyed map then converts a key's
+    /// buckets on their first touch, as of the switch (as
+    /// [`KeyedLimiter::reconfigure`](crate::KeyedLimiter::reconfigure) does), however
+    /// late that is. A request holding no lock that meets a sealed word writes nothing
+    /// there, gives back what it took, and starts again on the new configuration. Each
+    /// bucket then holds what [`inherit::convert`] promises (never more than its
+    /// strategy's balance), and admits under the new policy from there.
+    ///
+    /// Concurrent reconfigurations are applied one after the other. Each keeps its
+    /// configuration (a few kilobytes, more with many tiers) until the limiter is
+    /// dropped. A refund after the switch of tokens taken before it goes to the new
+    /// buckets as it is (see [`LiveBucket::refund`](crate::LiveBucket::refund)).
+    ///
+    /// ```
+    /// use tokengate::{Inherit, ManualClock, Policy, scope::*};
+    ///
+    /// let rules = |global: u64, tenant: u64, cost: u64| -> Result<RuleSet, tokengate::PolicyError> {
+    ///     Ok(RuleSet::new()
+    ///         .rule(ScopeKind::Global, Rule::new(Policy::new(global, 10.0)?).inherit(Inherit::AsIs))
+    ///         .rule(ScopeKind::Tenant, Rule::new(Policy::new(tenant, 1.0)?).inherit(Inherit::Additive))
+    ///         .class(WorkClass::new("read", cost)))
+    /// };
+    /// let limiter = rules(100, 10, 1)?.build_with_clock(ManualClock::new())?;
+    /// let read = limiter.class("read").unwrap();
+    /// let request = Request::new().tenant(TenantId(7));
+    /// for _ in 0..10 {
+    ///     assert!(limiter.try_acquire(&request, read)?.is_admitted());
+    /// }
+    /// assert!(limiter.try_acquire(&request, read)?.is_rejected()); // tenant 7 is empty
+    ///
+    /// let done = limiter.reconfigure(rules(50, 30, 2)?)?;
+    /// assert_eq!(done.global[0].before, 90.0);
+    /// assert_eq!(done.global[0].after, 50.0); // as is, capped at the new capacity
+    /// assert_eq!(limiter.available(&Scope::Tenant(TenantId(7))), Some(20.0)); // 0 + (30 - 10)
+    /// assert_eq!(limiter.work_class(read).unwrap().cost_in(ScopeKind::Global), 2); // the same class, its new cost
+    /// assert!(limiter.try_acquire(&request, read)?.is_admitted());
+    /// assert_eq!(limiter.available(&Scope::Global), Some(48.0));
+    ///
+    /// // Another shape is refused whole, and nothing changes.
+    /// let more = rules(50, 30, 2)?.rule(ScopeKind::User, Rule::new(Policy::new(5, 1.0)?));
+    /// assert_eq!(
+    ///     limiter.reconfigure(more).unwrap_err(),
+    ///     RuleError::Reshape(Reshape::Kinds { kind: ScopeKind::User })
+    /// );
+    /// assert_eq!(limiter.policy(ScopeKind::Tenant).unwrap().capacity(), 30);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What [`RuleSet::build`] refuses, and [`RuleError::Reshape`] for a rule set of
+    /// another shape. Nothing changes.
+    pub fn reconfigure(&self, rules: RuleSet) -> Result<ScopeReconfigured, RuleError> {
+        let _one = self
+            .switching
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (tiers, policies) = rules.check()?;
+        self.shape
+            .check(&Shape::of(&rules, &tiers))
+            .map_err(RuleError::Reshape)?;
+        let inherit: PerKind<Inherit> = ScopeKind::ALL
+            .map(|k| rules.rules[k.index()].map_or(Inherit::Proportional, |r| r.inherit));
+        let old = self.generation();
+        let global_inherit = inherit[ScopeKind::Global.index()];
+        let global_policies: Vec<Policy> = policies
+            .get(ScopeKind::Global.index(), 0)
+            .map(|p| p.as_slice().to_vec())
+            .unwrap_or_default();
+        // Allocated before the barrier and the seals: between the seals and the
+        // publication, only arithmetic.
+        let mut next = Box::new(Generation::new(
+            old.number + 1,
+            Box::new([]),
+            rules.classes,
+            policies,
+            old.global_single,
+        ));
+        let mut words: Vec<Core> = Vec::with_capacity(old.words.len());
+        let mut unseals: Vec<Unseal<'_>> = Vec::with_capacity(old.words.len());
+        let mut report = Vec::with_capacity(old.words.len());
+
+        // The barrier: every keyed map's, in the lock order (kind, then policy), so
+        // that no request holding a map's lock is under way from here on.
+        let mut held = Vec::new();
+        for kind in ScopeKind::ALL {
+            if let Some(m) = self.maps.get(kind) {
+                held.push((kind, m, m.begin_switch()));
+            }
+        }
+        // Seal the plain global words: a request holding no lock that reaches one now
+        // writes nothing there and starts again on the new generation.
+        for core in old.words.iter() {
+            let word = if mutant!(SCOPED_SWITCH_SKIPS_SEAL) {
+                core.raw().load()
+            } else {
+                core.raw().seal()
+            };
+            // Only this switch seals (one at a time, under `switching`).
+            debug_assert_ne!(word, SEALED);
+            // Should anything below unwind (a clock that panics), the words are
+            // unsealed again and the old generation stays current.
+            unseals.push(Unseal {
+                raw: core.raw(),
+                word,
+            });
+        }
+        // Read after the seals: not earlier than any reading stored in the words.
+        let now = self.clock.now_nanos();
+        for ((core, unseal), &policy) in old.words.iter().zip(&unseals).zip(&global_policies) {
+            let from = core.policy().layout();
+            let passes = core.passes();
+            let snapshot = if passes.is_due(now) && passes.idle_at(now) {
+                from.reanchor_full(from.tick_of(now))
+            } else {
+                reread_snapshot(from, unseal.word, now)
+            };
+            let to = policy.layout();
+            let converted = inherit::convert(
+                from,
+                &snapshot,
+                now,
+                to,
+                global_inherit,
+                policy.starts_full(),
+            );
+            words.push(Core::new(policy, now, Some(converted.word)));
+            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
+            report.push(Reconfigured {
+                before: tokens(converted.from_units, from.frac_bits()),
+                after: tokens(converted.to_units, to.frac_bits()),
+                forgiven: converted.forgiven_units as f64 / (1u128 << to.frac_bits()) as f64,
+                inherit: global_inherit,
+            });
+        }
+        next.words = words.into_boxed_slice();
+        self.generations.publish(old, next);
+        for unseal in unseals {
+            std::mem::forget(unseal);
+        }
+        // The maps' new policies, while every barrier is still held; each lets its own
+        // go once switched.
+        let current = self.generation();
+        let mut maps = 0;
+        for (kind, m, switches) in held {
+            let k = kind.index();
+            maps += switches.len();
+            if let Some(rule) = current.policies.rules[k].as_ref() {
+                m.finish_switch(switches, rule, &current.policies.tiers[k], inherit[k]);
+            }
+        }
+        Ok(ScopeReconfigured {
+            global: report,
+            maps,
+            reconfigurations: current.number,
+        })
+    }
+
+    /// How many times the limiter was reconfigured.
+    pub fn reconfigurations(&self) -> u64 {
+        self.generation().number
+    }
+
+    /// The configurations this limiter has had, the current one included: each is kept
+    /// until the limiter is dropped.
+    pub fn generations(&self) -> usize {
+        self.generations.count()
+    }
+}
