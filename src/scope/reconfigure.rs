@@ -328,6 +328,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         })
     }
 
+    /// Whether [`reconfigure`](ScopedLimiter::reconfigure) would take `rules`, without
+    /// changing anything: the checks it makes before switching.
+    ///
+    /// # Errors
+    ///
+    /// As [`reconfigure`](ScopedLimiter::reconfigure).
+    pub fn check_reconfigure(&self, rules: &RuleSet) -> Result<(), RuleError> {
+        let (tiers, _) = rules.check()?;
+        self.shape
+            .check(&Shape::of(rules, &tiers))
+            .map_err(RuleError::Reshape)
+    }
+
     /// How many times the limiter was reconfigured.
     pub fn reconfigurations(&self) -> u64 {
         self.generation().number

@@ -155,7 +155,8 @@ impl Config {
                 .map_err(|e| Unsupported {
                     parts: vec![format!("rule {:?}: {e}", r.name)],
                 })?
-                .options(r.options);
+                .options(r.options)
+                .inherit(r.inheritance.into());
             if let Some(lease) = r.lease {
                 rule = rule.leased(lease.to_lease_config());
             }

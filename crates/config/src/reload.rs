@@ -11,7 +11,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 
-use crate::error::ConfigError;
+use tokengate::Clock;
+use tokengate::scope::{ScopeReconfigured, ScopedLimiter};
+
+use crate::error::{ConfigError, Problem, ProblemKind};
 use crate::model::Config;
 
 /// What a reload did, as subscribers see it.
@@ -53,6 +56,32 @@ impl std::error::Error for WatchError {}
 
 type Subscriber = Box<dyn Fn(&ReloadEvent) + Send>;
 
+/// A running limiter a reload is applied to ([`ConfigWatcher::apply_to`]).
+trait Apply: Send {
+    /// Why `config` cannot replace the running configuration in place, if it cannot.
+    fn check(&self, config: &Config) -> Result<(), String>;
+    /// Switches the limiter to `config` (checked).
+    fn apply(&self, config: &Config) -> Result<ScopeReconfigured, String>;
+}
+
+struct Limiter<C: Clock, S>(Arc<ScopedLimiter<C, S>>);
+
+impl<C, S> Apply for Limiter<C, S>
+where
+    C: Clock + Send + Sync + 'static,
+    S: std::hash::BuildHasher + Send + Sync + 'static,
+{
+    fn check(&self, config: &Config) -> Result<(), String> {
+        let rules = config.rule_set().map_err(|e| e.to_string())?;
+        self.0.check_reconfigure(&rules).map_err(|e| e.to_string())
+    }
+
+    fn apply(&self, config: &Config) -> Result<ScopeReconfigured, String> {
+        let rules = config.rule_set().map_err(|e| e.to_string())?;
+        self.0.reconfigure(rules).map_err(|e| e.to_string())
+    }
+}
+
 /// The state reloads share: one at a time, in order.
 struct Reloader {
     path: PathBuf,
@@ -67,6 +96,8 @@ struct Inner {
     /// when it comes back, so subscribers hear that the file is good again).
     rejected: bool,
     subscribers: Vec<Subscriber>,
+    /// The running limiters each reload is applied to, all or none.
+    appliers: Vec<Box<dyn Apply>>,
 }
 
 impl Reloader {
@@ -86,10 +117,44 @@ impl Reloader {
                     return Ok(None);
                 }
                 Config::from_toml_named(&text, &self.path).map(|c| Some((text, c)))
+            })
+            .and_then(|new| match &new {
+                // Every running limiter must take the file in place, or none is changed
+                // and the file is refused.
+                Some((_, config)) => {
+                    match inner.appliers.iter().find_map(|a| a.check(config).err()) {
+                        None => Ok(new),
+                        Some(why) => Err(ConfigError::Invalid {
+                            file: self.path.clone(),
+                            problems: vec![Problem {
+                                location: None,
+                                field: String::new(),
+                                kind: ProblemKind::Engine(why),
+                            }],
+                        }),
+                    }
+                }
+                None => Ok(new),
             });
         let event = match outcome {
             Ok(None) => return Ok(false),
             Ok(Some((text, config))) => {
+                for a in &inner.appliers {
+                    match a.apply(&config) {
+                        Ok(done) => tracing::info!(
+                            file = %self.path.display(),
+                            reconfigurations = done.reconfigurations,
+                            maps = done.maps,
+                            "configuration applied to the running limiter"
+                        ),
+                        // Checked just above, under the same lock: not expected.
+                        Err(why) => tracing::error!(
+                            file = %self.path.display(),
+                            error = %why,
+                            "configuration not applied to a running limiter"
+                        ),
+                    }
+                }
                 let current = Arc::new(config);
                 let previous = self.current.swap(Arc::clone(&current));
                 inner.text = text;
@@ -203,6 +268,7 @@ impl ConfigWatcher {
                 text,
                 rejected: false,
                 subscribers: Vec::new(),
+                appliers: Vec::new(),
             }),
             path,
         });
@@ -275,6 +341,26 @@ impl ConfigWatcher {
     /// Calls `f` with every later reload's outcome, on the watcher's thread.
     pub fn subscribe(&self, f: impl Fn(&ReloadEvent) + Send + 'static) {
         self.reloader.lock().subscribers.push(Box::new(f));
+    }
+
+    /// Applies every later reload to `limiter` (built from this watcher's
+    /// configuration, [`Config::rule_set`]): its policies and class costs are switched
+    /// in place ([`ScopedLimiter::reconfigure`]), each rule's buckets carrying their
+    /// tokens over with the rule's `inheritance`. A file the limiter cannot take in
+    /// place (another shape: a rule added or removed, new map bounds, new overrides or
+    /// classes; see [`tokengate::scope::Reshape`]) is refused like an invalid file: the
+    /// running configuration stays published and applied, a warning is logged, and
+    /// subscribers get [`ReloadEvent::Rejected`] with a [`ProblemKind::Engine`] problem
+    /// saying why. With several limiters, a file is applied to all or to none.
+    pub fn apply_to<C, S>(&self, limiter: Arc<ScopedLimiter<C, S>>)
+    where
+        C: Clock + Send + Sync + 'static,
+        S: std::hash::BuildHasher + Send + Sync + 'static,
+    {
+        self.reloader
+            .lock()
+            .appliers
+            .push(Box::new(Limiter(limiter)));
     }
 
     /// Reloads now, without waiting for a change (for a signal handler or an admin
