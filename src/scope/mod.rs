@@ -19,6 +19,11 @@
 //! built: a key's tier changes by rebuilding the limiter. See
 //! [`ScopedLimiter::policies_for`].
 //!
+//! A running limiter takes new policies (of its rules and tiers) and new class costs in
+//! place ([`ScopedLimiter::reconfigure`]), every bucket carrying its tokens over with its
+//! rule's [`Inherit`](crate::Inherit) strategy ([`Rule::inherit`]), each request decided
+//! wholly on the old configuration or wholly on the new.
+//!
 //! Chosen keyed kinds may live in a remote store shared by several limiters
 //! ([`Rule::remote`], [`RemoteScopes`]), while the global scope and the other kinds stay
 //! local: a request pays its local scopes first, then its remote ones in one call to the

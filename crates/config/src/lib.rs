@@ -15,15 +15,20 @@
 //!   refused with [`Unsupported`] rather than half-applied.
 //! - [`ConfigWatcher`]: reload on change, debounced, published atomically.
 //!
-//! # What the engine does not consume yet
+//! # What the engine consumes, and what it does not yet
 //!
-//! The inheritance strategy of each rule ([`Inheritance`]) converts into the engine's
-//! [`tokengate::Inherit`], which a [`tokengate::LiveBucket`] and a
-//! [`tokengate::KeyedLimiter`] apply when reconfigured; a [`tokengate::ScopedLimiter`]
-//! built from [`Config::rule_set`] is not reconfigured in place yet: a reload builds a new
-//! one, whose buckets start in their policies' start states. Tiers and per-key overrides are built into the engine's rules (an overridden key pays
-//! its tier's policies, [`Config::policies_for`]); the table is fixed for the life of a
-//! limiter, so a key's tier changes by rebuilding the limiter from the new file. Rules with
+//! The inheritance strategy of each rule ([`Inherit`](tokengate::Inherit) from
+//! [`Inheritance`]) goes into the rules [`Config::rule_set`] builds
+//! ([`Rule::inherit`](tokengate::scope::Rule::inherit)): a running
+//! [`tokengate::ScopedLimiter`] given to [`ConfigWatcher::apply_to`] takes each reload in
+//! place ([`ScopedLimiter::reconfigure`](tokengate::ScopedLimiter::reconfigure)), every
+//! bucket carrying its tokens over with its rule's strategy; a file it cannot take in
+//! place (a rule added or removed, new map bounds, leasing, overridden keys or class
+//! names) is refused whole, the running configuration kept. Tiers and per-key overrides
+//! are built into the engine's rules (an overridden key pays its tier's policies,
+//! [`Config::policies_for`]); the tiers' policies change on reload, but which keys are
+//! overridden is fixed for the life of a limiter, so a key's tier changes by rebuilding
+//! the limiter from the new file. Rules with
 //! several policies ([`RuleConfig::policies`]) are built, each scope paying every one of
 //! them all-or-nothing, except where the engine cannot hold them: more than
 //! [`MAX_POLICIES_PER_RULE`](tokengate::scope::MAX_POLICIES_PER_RULE) policies, a leased
