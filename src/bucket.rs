@@ -537,6 +537,20 @@ impl Core {
         }
     }
 
+    /// `from`'s policy holding `word` (a state of `from`, read at its seal) from the
+    /// switch reading `at`, its passes due no later than `from`'s: a word whose policy a
+    /// switch does not change, carried over untouched.
+    pub(crate) fn carried(from: &Core, word: u64, at: u64) -> Core {
+        let timing = crate::pass::Timing::of(from.policy.layout());
+        Core {
+            raw: CachePadded::new(RawBucket {
+                word: AtomicU64::new(word),
+            }),
+            passes: Passes::continuing(&from.passes, timing, at),
+            policy: from.policy,
+        }
+    }
+
     pub(crate) fn policy(&self) -> &Policy {
         &self.policy
     }

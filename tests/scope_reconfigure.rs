@@ -90,6 +90,48 @@ fn every_kind_of_bucket_carries_its_tokens_with_its_strategy() {
 }
 
 #[test]
+fn an_unchanged_rule_keeps_its_tokens_whatever_its_strategy() {
+    let set = |tenant: u64| {
+        RuleSet::new()
+            .rule(
+                ScopeKind::Global,
+                Rule::new(p(100, 1.0)).inherit(Inherit::Reset),
+            )
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(tenant, 1.0)).inherit(Inherit::Reset),
+            )
+            .rule(
+                ScopeKind::User,
+                Rule::new(p(10, 1.0)).inherit(Inherit::Reset),
+            )
+            .class(WorkClass::new("ten", 10))
+    };
+    let limiter = set(10).build_with_clock(ManualClock::new()).unwrap();
+    let ten = limiter.class("ten").unwrap();
+    let r = Request::new().tenant(TenantId(1)).user(UserId(2));
+    assert!(limiter.try_acquire(&r, ten).unwrap().is_admitted());
+    // The same rules (a reload of a file whose comments changed): nothing switches.
+    let done = limiter.reconfigure(set(10)).unwrap();
+    assert_eq!(
+        (done.global.len(), done.maps, done.reconfigurations),
+        (0, 0, 0)
+    );
+    assert_eq!(limiter.generations(), 1);
+    // Only the tenant rule changes: only its map resets.
+    let done = limiter.reconfigure(set(20)).unwrap();
+    assert_eq!((done.maps, done.reconfigurations), (1, 1));
+    assert_eq!(
+        done.global[0].inherit,
+        Inherit::AsIs,
+        "unchanged: kept as is"
+    );
+    assert_eq!(limiter.available(&Scope::Global), Some(90.0));
+    assert_eq!(limiter.available(&Scope::User(UserId(2))), Some(0.0));
+    assert_eq!(limiter.available(&Scope::Tenant(TenantId(1))), Some(20.0));
+}
+
+#[test]
 fn class_costs_change_in_place_and_class_ids_stay_valid() {
     let set = |cost: u64, tenant_cost: u64| {
         RuleSet::new()
@@ -337,6 +379,16 @@ fn racing_requests_refunds_and_switches_neither_lose_nor_mint_tokens() {
     let global_net = AtomicI64::new(0);
     let tenant_net: Vec<AtomicI64> = (0..tenants).map(|_| AtomicI64::new(0)).collect();
     let switched = AtomicBool::new(false);
+    // Every tenant's key exists before the first switch (a key made later starts full
+    // at the policy then current): paid once and given back.
+    let one = limiter.class("one").unwrap();
+    for k in 0..tenants {
+        let d = limiter
+            .try_acquire(&Request::new().tenant(TenantId(k)), one)
+            .unwrap();
+        limiter.refund(&d.charge().unwrap());
+    }
+    assert_eq!(limiter.len(ScopeKind::Tenant), tenants as usize);
     std::thread::scope(|s| {
         for t in 0..3u64 {
             let (limiter, global_net, tenant_net, switched) =
@@ -394,7 +446,12 @@ fn racing_requests_refunds_and_switches_neither_lose_nor_mint_tokens() {
         let left = limiter
             .available(&Scope::Tenant(TenantId(k as u64)))
             .unwrap();
-        assert_eq!(net.load(Ordering::Relaxed) + left as i64, 100, "tenant {k}");
+        assert_eq!(
+            net.load(Ordering::Relaxed) + left as i64,
+            100,
+            "tenant {k}: net {}, left {left}",
+            net.load(Ordering::Relaxed),
+        );
     }
     assert_eq!(limiter.reconfigurations(), 2_000);
 }
@@ -438,6 +495,7 @@ proptest! {
         let limiter = set(0, 0, Inherit::Reset).build_with_clock(clock.clone()).unwrap();
         let classes: Vec<ClassId> = (1..=5).map(|c| limiter.class(&format!("c{c}")).unwrap()).collect();
         let global = LiveBucket::with_clock(globals[0], clock.clone());
+        let mut global_policy = globals[0];
         // Tenant buckets are made on first use, with the policy then current (as a new
         // key of the map starts in it).
         let mut keyed: Vec<Option<LiveBucket<ManualClock>>> = (0..4).map(|_| None).collect();
@@ -467,10 +525,16 @@ proptest! {
                     let (g, t) = ((v % 4) as usize, ((v / 4) % 3) as usize);
                     let how = STRATEGIES[((v / 12) % 4) as usize];
                     limiter.reconfigure(set(g, t, how)).unwrap();
-                    global.reconfigure(globals[g], how);
-                    for b in keyed.iter().flatten() {
-                        b.reconfigure(tenants[t], how);
+                    // A bucket whose policy does not change keeps its tokens.
+                    if globals[g] != global_policy {
+                        global.reconfigure(globals[g], how);
                     }
+                    if tenants[t] != tenant_policy {
+                        for b in keyed.iter().flatten() {
+                            b.reconfigure(tenants[t], how);
+                        }
+                    }
+                    global_policy = globals[g];
                     tenant_policy = tenants[t];
                 }
             }

@@ -693,7 +693,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// ```
     pub fn reconfigure(&self, policy: Policy, inherit: Inherit) {
         let switch = self.begin_switch();
-        self.finish_switch(switch, policy, inherit);
+        let at = self.clock.now_nanos();
+        self.finish_switch(switch, policy, inherit, at);
     }
 
     /// The first half of [`reconfigure`](KeyedLimiter::reconfigure): runs a due pass,
@@ -722,12 +723,20 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         }
     }
 
-    /// The second half of [`reconfigure`](KeyedLimiter::reconfigure): reads the switch
-    /// reading and publishes the epoch of `policy` while `switch` (this map's barrier)
-    /// is held, then lets it go.
-    pub(crate) fn finish_switch(&self, switch: Switch<'_>, policy: Policy, inherit: Inherit) {
+    /// The second half of [`reconfigure`](KeyedLimiter::reconfigure): publishes the
+    /// epoch of `policy` from the switch reading `at` (read while `switch`, this map's
+    /// barrier, is held; a reading of another guard of the same clock is brought up to
+    /// the map's), then lets the barrier go. Reads no clock: nothing here can unwind
+    /// half-way through a scoped switch.
+    pub(crate) fn finish_switch(
+        &self,
+        switch: Switch<'_>,
+        policy: Policy,
+        inherit: Inherit,
+        at: u64,
+    ) {
         let evict = policy.starts_full() || self.eviction == Eviction::Full;
-        let at = self.clock.now_nanos();
+        let at = self.clock.observe(at);
         self.epochs.push(policy, at, inherit, evict);
         drop(switch);
     }

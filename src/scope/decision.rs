@@ -54,7 +54,7 @@ impl From<&Decision> for Parts {
 
 /// What a decision's scopes are read back with: each kind's policies, and for a keyed
 /// kind the most keys its map holds.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct KindPolicies {
     /// The rule's policies (its [`Rule::policies`](crate::scope::Rule::policies), padded
     /// with copies of the first).
@@ -67,7 +67,7 @@ pub(crate) struct KindPolicies {
 
 /// Every policy a decision's scopes may be held to: each kind's rule's, and the tiers
 /// its overridden keys use (a kind's local tier `t`, from 1, at `tiers[kind][t - 1]`).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub(crate) struct Policies {
     pub(crate) rules: PerKind<Option<KindPolicies>>,
     pub(crate) tiers: PerKind<Box<[KindPolicies]>>,

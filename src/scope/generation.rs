@@ -217,6 +217,8 @@ pub(super) fn refund_global<C: Clock>(
 /// goes to the new generation's word.
 pub(super) struct GlobalWord<'a, C> {
     pub(super) generation: &'a Generation,
+    /// The word: `generation.words[limit]`.
+    core: &'a Core,
     pub(super) limit: usize,
     pub(super) clock: &'a Monotonic<C>,
     pub(super) counters: CounterRef<'a>,
@@ -231,9 +233,26 @@ impl<C> Clone for GlobalWord<'_, C> {
 impl<C> Copy for GlobalWord<'_, C> {}
 
 impl<'a, C: Clock> GlobalWord<'a, C> {
+    /// Limit `limit`'s word of `generation`, if it has one.
     #[inline(always)]
-    pub(super) fn core(&self) -> &'a Core {
-        &self.generation.words[self.limit]
+    pub(super) fn new(
+        generation: &'a Generation,
+        limit: usize,
+        clock: &'a Monotonic<C>,
+        counters: CounterRef<'a>,
+    ) -> Option<GlobalWord<'a, C>> {
+        Some(GlobalWord {
+            generation,
+            core: generation.words.get(limit)?,
+            limit,
+            clock,
+            counters,
+        })
+    }
+
+    #[inline(always)]
+    fn core(&self) -> &'a Core {
+        self.core
     }
 }
 

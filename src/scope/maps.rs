@@ -131,15 +131,18 @@ pub(super) trait KindMapOps {
     /// [`KeyedLimiter::begin_switch`].
     fn begin_switch(&self) -> Vec<Switch<'_>>;
     /// Publishes each map's policy from `rule` and `tiers` (the kind's new policies, of
-    /// the same shape) with `inherit`, as [`KeyedLimiter::finish_switch`], in the order
-    /// of `switches` (from [`begin_switch`](KindMapOps::begin_switch)).
+    /// the same shape) with `inherit` from the switch reading `at`, as
+    /// [`KeyedLimiter::finish_switch`], in the order of `switches` (from
+    /// [`begin_switch`](KindMapOps::begin_switch)); a map whose policy does not change
+    /// is left as it is. The number of maps switched.
     fn finish_switch(
         &self,
         switches: Vec<Switch<'_>>,
         rule: &KindPolicies,
         tiers: &[KindPolicies],
         inherit: Inherit,
-    );
+        at: u64,
+    ) -> usize;
 }
 
 impl<K, C, S> KindMapOps for KindMap<K, C, S>
@@ -241,14 +244,23 @@ where
         rule: &KindPolicies,
         tiers: &[KindPolicies],
         inherit: Inherit,
-    ) {
+        at: u64,
+    ) -> usize {
         let policies = std::iter::once(rule)
             .chain(tiers)
             .flat_map(|p| p.as_slice().iter().copied());
         let maps = self.all().flat_map(Limits::maps);
+        let mut switched = 0;
         for ((map, switch), policy) in maps.zip(switches).zip(policies) {
-            map.finish_switch(switch, policy, inherit);
+            if *map.policy() == policy {
+                // Unchanged: its keys keep their words (a reload that changed only
+                // another rule, or a comment, refills nothing).
+                continue;
+            }
+            map.finish_switch(switch, policy, inherit, at);
+            switched += 1;
         }
+        switched
     }
 }
 

@@ -234,6 +234,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let inherit: PerKind<Inherit> = ScopeKind::ALL
             .map(|k| rules.rules[k.index()].map_or(Inherit::Proportional, |r| r.inherit));
         let old = self.generation();
+        if old.policies == policies && old.classes == rules.classes {
+            // Nothing to switch: no bucket changes, and no generation is kept for it.
+            return Ok(ScopeReconfigured {
+                global: Vec::new(),
+                maps: 0,
+                reconfigurations: old.number,
+            });
+        }
         let global_inherit = inherit[ScopeKind::Global.index()];
         let global_policies: Vec<Policy> = policies
             .get(ScopeKind::Global.index(), 0)
@@ -287,6 +295,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             } else {
                 reread_snapshot(from, unseal.word, now)
             };
+            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
+            if *core.policy() == policy {
+                // Unchanged: the word is carried over untouched, whatever the strategy.
+                let balance = tokens(i128::from(from.balance_units(&snapshot)), from.frac_bits());
+                words.push(Core::carried(core, unseal.word, now));
+                report.push(Reconfigured {
+                    before: balance,
+                    after: balance,
+                    forgiven: 0.0,
+                    inherit: Inherit::AsIs,
+                });
+                continue;
+            }
             let to = policy.layout();
             let converted = inherit::convert(
                 from,
@@ -297,7 +318,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 policy.starts_full(),
             );
             words.push(Core::new(policy, now, Some(converted.word)));
-            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
             report.push(Reconfigured {
                 before: tokens(converted.from_units, from.frac_bits()),
                 after: tokens(converted.to_units, to.frac_bits()),
@@ -310,15 +330,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         for unseal in unseals {
             std::mem::forget(unseal);
         }
-        // The maps' new policies, while every barrier is still held; each lets its own
-        // go once switched.
+        // The maps' new policies from the same reading, while every barrier is still
+        // held; each lets its own go once switched. Nothing from here reads a clock.
         let current = self.generation();
         let mut maps = 0;
         for (kind, m, switches) in held {
             let k = kind.index();
-            maps += switches.len();
             if let Some(rule) = current.policies.rules[k].as_ref() {
-                m.finish_switch(switches, rule, &current.policies.tiers[k], inherit[k]);
+                maps +=
+                    m.finish_switch(switches, rule, &current.policies.tiers[k], inherit[k], now);
             }
         }
         Ok(ScopeReconfigured {
