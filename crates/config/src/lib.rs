@@ -18,8 +18,8 @@
 //! # What the engine does not consume yet
 //!
 //! The inheritance strategy of each rule ([`Inheritance`]) converts into the engine's
-//! [`tokengate::Inherit`], which a [`tokengate::LiveBucket`] and a
-//! [`tokengate::KeyedLimiter`] apply when reconfigured; a [`tokengate::ScopedLimiter`]
+//! [`tokengate::Inherit`], which a [`tokengate::LiveBucket`], a [`tokengate::LeasedBucket`]
+//! (on its local pool) and a [`tokengate::KeyedLimiter`] apply when reconfigured; a [`tokengate::ScopedLimiter`]
 //! built from [`Config::rule_set`] is not reconfigured in place yet: a reload builds a new
 //! one, whose buckets start in their policies' start states. Tiers and per-key overrides are built into the engine's rules (an overridden key pays
 //! its tier's policies, [`Config::policies_for`]); the table is fixed for the life of a
