@@ -120,7 +120,7 @@ use std::fmt;
 use std::ptr;
 use std::time::Duration;
 
-use crate::bucket::{SEALED_ERROR, reread_snapshot};
+use crate::bucket::{Sealed, reread_snapshot};
 use crate::clock::{Clock, ClockError, CoarseClock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -755,10 +755,11 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         self.acquire(slot, cost, |epoch| self.now_on(epoch))
     }
 
-    /// Decides `cost` on the current epoch at `now(epoch)`, again on the successor when
-    /// the epoch was replaced. The decision is returned as it is (no wrapper to unwrap
-    /// on the hot path): a [`LocalPool`] never answers `PoolUnavailable` but on a sealed
-    /// word ([`SEALED_ERROR`]), and any other pool is never sealed.
+    /// Decides `cost` on the current epoch at `now(epoch)`. The decision is returned as
+    /// it is (no wrapper to unwrap on the hot path): a trip to the pool that finds the
+    /// epoch replaced starts again on the successor itself ([`acquire_replaced`]).
+    ///
+    /// [`acquire_replaced`]: Self::acquire_replaced
     #[inline(always)]
     fn acquire(
         &self,
@@ -766,18 +767,12 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: impl Fn(&Epoch<P>) -> u64,
     ) -> Result<Decision, AcquireError> {
-        loop {
-            let epoch = self.epoch();
-            let out = self.acquire_at(epoch, slot, cost, now(epoch));
-            if epoch.local().is_none() || !matches!(out, Err(AcquireError::PoolUnavailable { .. }))
-            {
-                return out;
-            }
-            debug_assert_eq!(out, Err(SEALED_ERROR));
-            self.await_successor(epoch);
-        }
+        let epoch = self.epoch();
+        self.acquire_at(epoch, slot, cost, now(epoch))
     }
 
+    /// The capacity check and the slot spend on `epoch`; [`Self::acquire_slow`] when the
+    /// slot cannot pay.
     #[inline(always)]
     fn acquire_at(
         &self,
@@ -786,21 +781,38 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, AcquireError> {
+        match Self::from_slot(epoch, slot, cost, now) {
+            Some(out) => out,
+            None => self.acquire_slow(epoch, slot, cost, now),
+        }
+    }
+
+    /// A cost above the capacity refused, or paid from the slot: `None` when the slot
+    /// cannot pay (nothing written).
+    #[inline(always)]
+    fn from_slot(
+        epoch: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+        now: u64,
+    ) -> Option<Result<Decision, AcquireError>> {
         let layout = epoch.policy.layout();
         if cost > layout.capacity() {
-            return Err(cost_exceeds_capacity(layout, cost));
+            return Some(Err(cost_exceeds_capacity(layout, cost)));
         }
         if cost > 0 {
             if let Some(left) = epoch.slots.consume(slot, cost, layout.tick_of(now)) {
                 let balance = (left << layout.frac_bits()) as i64;
-                return Ok(Decision::with_balance(layout, balance, 0, now, cost, true));
+                return Some(Ok(Decision::with_balance(
+                    layout, balance, 0, now, cost, true,
+                )));
             }
         }
-        self.acquire_slow(epoch, slot, cost, now)
+        None
     }
 
-    /// The trip to the pool: lease, reclaim, or reject; [`SEALED_ERROR`] (having
-    /// decided and written nothing) when the epoch was replaced.
+    /// The trip to the pool: lease, reclaim, or reject; on a replaced epoch, again on the
+    /// successor.
     #[cold]
     #[inline(never)]
     fn acquire_slow(
@@ -810,28 +822,73 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, AcquireError> {
+        match self.trip(epoch, slot, cost, now) {
+            Ok(out) => out,
+            Err(Sealed) => self.acquire_replaced(epoch, slot, cost),
+        }
+    }
+
+    /// Decides `cost` on the epochs after `replaced` (whose pool a trip found sealed,
+    /// having decided and written nothing), at a new reading of the clock, until one is
+    /// not replaced under it.
+    #[cold]
+    #[inline(never)]
+    fn acquire_replaced(
+        &self,
+        replaced: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+    ) -> Result<Decision, AcquireError> {
+        let mut replaced = replaced;
+        loop {
+            self.await_successor(replaced);
+            let epoch = self.epoch();
+            let now = self.now_on(epoch);
+            if let Some(out) = Self::from_slot(epoch, slot, cost, now) {
+                return out;
+            }
+            match self.trip(epoch, slot, cost, now) {
+                Ok(out) => return out,
+                Err(Sealed) => replaced = epoch,
+            }
+        }
+    }
+
+    /// One trip to `epoch`'s pool: lease, reclaim, or reject; [`Sealed`] (having decided
+    /// and written nothing) when the epoch was replaced.
+    #[inline(always)]
+    fn trip(
+        &self,
+        epoch: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+        now: u64,
+    ) -> Result<Result<Decision, AcquireError>, Sealed> {
         let layout = epoch.policy.layout();
         if cost == 0 {
             let Ok((units, behind)) = Self::balance_on(epoch, now) else {
-                return Err(SEALED_ERROR);
+                return Err(Sealed);
             };
-            return Ok(Decision::with_balance(layout, units, behind, now, 0, true));
+            return Ok(Ok(Decision::with_balance(
+                layout, units, behind, now, 0, true,
+            )));
         }
         let cost_units = cost << layout.frac_bits();
         let mut now = now;
         let Ok(mut state) = epoch.peek(layout, now) else {
-            return Err(SEALED_ERROR);
+            return Err(Sealed);
         };
         if state.behind_ticks > layout.tolerance_ticks() {
             // A lost race or a clock stepped back: read again after loading the word. A
             // refusal here comes before the slot is claimed, so it writes nothing.
-            let Ok(reread) = epoch.reread(layout, &self.clock) else {
-                return Err(SEALED_ERROR);
-            };
-            (state, now) = reread?;
+            match epoch.reread(layout, &self.clock) {
+                Ok(Ok(reread)) => (state, now) = reread,
+                Ok(Err(e)) => return Ok(Err(e)),
+                Err(_) => return Err(Sealed),
+            }
         }
         if let Some(refused) = Self::read_only_refusal(epoch, &state, now, cost) {
-            return Ok(refused);
+            return Ok(Ok(refused));
         }
         let claim = epoch.slots.claim(slot);
         let marker = claim.map(|(index, _)| index);
@@ -867,13 +924,14 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             self.forward(epoch, replaced);
         }
         let outcome = match outcome {
-            Ok(outcome) => outcome,
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => return Ok(Err(e)),
             Err(replaced) => {
                 self.forward(epoch, replaced);
-                return Err(SEALED_ERROR);
+                return Err(Sealed);
             }
         };
-        match outcome? {
+        Ok(match outcome {
             LeaseOutcome::Admitted {
                 leased_units,
                 balance_units,
@@ -901,7 +959,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             LeaseOutcome::Unavailable { retry_after } => {
                 Err(AcquireError::PoolUnavailable { retry_after })
             }
-        }
+        })
     }
 
     /// The read-only rejection (I5): when the pool's balance (`state`, at `now`) and
