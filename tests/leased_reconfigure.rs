@@ -396,3 +396,56 @@ proptest! {
         }
     }
 }
+
+/// A clock that panics on the reading after `panic_at` (counted from now on), for a
+/// switch that unwinds after sealing its pool.
+struct Faulty {
+    reads: AtomicU64,
+    panic_at: AtomicU64,
+}
+
+impl tokengate::Clock for Faulty {
+    fn now_nanos(&self) -> u64 {
+        let n = self.reads.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            n != self.panic_at.load(Ordering::Relaxed),
+            "the clock failed"
+        );
+        1_000_000_000
+    }
+}
+
+#[test]
+fn a_switch_that_unwinds_leaves_the_old_policy_whole() {
+    let clock = Faulty {
+        reads: AtomicU64::new(0),
+        panic_at: AtomicU64::new(u64::MAX),
+    };
+    let config = LeaseConfig::new().slots(2).max_lease(10);
+    let bucket = LeasedBucket::with_config(Policy::new(100, 10.0).unwrap(), clock, config).unwrap();
+    for (slot, cost) in SLOT_TAKES {
+        assert!(bucket.try_acquire_on(slot, cost).unwrap().is_admitted());
+    }
+    assert_eq!(bucket.available(), 30.0);
+    // The switch reads the clock once, after sealing the pool: that reading panics.
+    let reads = bucket.clock().reads.load(Ordering::Relaxed);
+    bucket.clock().panic_at.store(reads, Ordering::Relaxed);
+    let switch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        bucket.reconfigure(Policy::new(50, 1.0).unwrap(), Inherit::AsIs)
+    }));
+    assert!(switch.is_err());
+    // The old policy is current, its word unsealed (the slots' tokens back in it), its
+    // slots open again: every token is still there to take, and a switch works.
+    assert_eq!(bucket.epochs(), 1);
+    assert_eq!(bucket.policy().capacity(), 100);
+    assert_eq!(bucket.available(), 30.0);
+    assert!(bucket.try_acquire_on(0, 5).unwrap().is_admitted());
+    assert!(bucket.try_acquire_on(1, 5).unwrap().is_admitted());
+    bucket.refund(10).unwrap();
+    let switch = bucket
+        .reconfigure(Policy::new(50, 1.0).unwrap(), Inherit::AsIs)
+        .unwrap();
+    assert_eq!((switch.before, switch.after), (30.0, 30.0));
+    assert!(bucket.try_acquire_on(1, 30).unwrap().is_admitted());
+    assert!(bucket.try_acquire_on(0, 1).unwrap().is_rejected());
+}
