@@ -11,7 +11,10 @@
 //!
 //! Same regimes as `benches/engine.rs`: admit = 1e9 tokens/s, burst 1e6; reject = 1
 //! token/s, burst 1 (drained first); `leased_*` are the same regimes on a
-//! `LeasedBucket` (default slots and lease size); `scoped_global` is a `ScopedLimiter` with
+//! `LeasedBucket` (default slots and lease size; `leased_slot_admit` is a bucket of 2^36
+//! tokens on a frozen `ManualClock`, so that every call but a few lease trips is paid
+//! from the slot: the local path alone, the same count under valgrind whatever the
+//! timing); `scoped_global` is a `ScopedLimiter` with
 //! only a global rule of the admit policy, paid by a request with no identity;
 //! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant.
 //! Every result passes through `black_box` whole.
@@ -23,7 +26,8 @@ use std::time::Instant;
 use governor::RateLimiter;
 use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, WorkClass};
 use tokengate::{
-    Bucket, Clock, CoarseClock, Inherit, LeasedBucket, LiveBucket, Policy, QuantaClock, acquire_all,
+    Bucket, Clock, CoarseClock, Inherit, LeasedBucket, LiveBucket, ManualClock, Policy,
+    QuantaClock, acquire_all,
 };
 
 mod common;
@@ -106,6 +110,10 @@ fn main() {
     let leased_coarse_admit = LeasedBucket::with_clock(admit(), coarse.clone());
     let leased_reject = LeasedBucket::new(reject());
     let _ = leased_reject.try_acquire(1);
+    let leased_slot_admit = LeasedBucket::with_clock(
+        Policy::new(1 << 36, 1.0).expect("valid policy"),
+        ManualClock::new(),
+    );
 
     let mut cases: Vec<Case<'_>> = vec![
         (
@@ -223,6 +231,12 @@ fn main() {
             "leased_reject",
             Box::new(|| {
                 let _ = black_box(black_box(&leased_reject).try_acquire(1));
+            }),
+        ),
+        (
+            "leased_slot_admit",
+            Box::new(|| {
+                let _ = black_box(black_box(&leased_slot_admit).try_acquire(1));
             }),
         ),
         (

@@ -4,7 +4,9 @@
 //! A policy's fixed-point layout (tick, fraction bits, refill per tick) is its own, so a
 //! reconfiguration converts the state, never reinterprets it. [`convert`] is pure (no
 //! atomics, no clock): [`LiveBucket::reconfigure`](crate::LiveBucket::reconfigure) calls
-//! it on the word it sealed, and the tests check it against exact rational arithmetic.
+//! it on the word it sealed, [`LeasedBucket::reconfigure`](crate::LeasedBucket::reconfigure)
+//! on its sealed pool (the slots' tokens given back into it first), and the tests check
+//! it against exact rational arithmetic.
 //!
 //! # What each strategy promises
 //!

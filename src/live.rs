@@ -56,7 +56,8 @@ struct Epoch {
     prev: *mut Epoch,
 }
 
-/// What a [`LiveBucket::reconfigure`] did to the balance.
+/// What a [`LiveBucket::reconfigure`] (or a
+/// [`LeasedBucket::reconfigure`](crate::LeasedBucket::reconfigure)) did to the balance.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Reconfigured {
     /// Tokens the bucket held under the old policy at the switch (negative while

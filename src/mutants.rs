@@ -44,6 +44,16 @@ pub static LEASE_SKIPS_REREAD: AtomicBool = AtomicBool::new(false);
 /// lost, or tokens counted twice).
 pub static RECONFIGURE_SKIPS_SEAL: AtomicBool = AtomicBool::new(false);
 
+/// A `LeasedBucket` reconfiguration that reads its pool's word instead of sealing it: an
+/// exchange holding the old policy can still write the old pool after the switch read it
+/// (an admission lost, or tokens counted twice).
+pub static LEASED_SWITCH_SKIPS_SEAL: AtomicBool = AtomicBool::new(false);
+
+/// A `LeasedBucket` reconfiguration that seals its pool's word without waiting for the
+/// hands that took tokens from it (leases cancelled in flight, closers' takings): they
+/// reach the new policy as they are, not through the strategy.
+pub static LEASED_SWITCH_SKIPS_WAIT: AtomicBool = AtomicBool::new(false);
+
 /// A keyed shard moved to a new policy without converting its words: the old words are
 /// read in the new policy's layout (no strategy applied).
 pub static KEYED_SHARD_NOT_CONVERTED: AtomicBool = AtomicBool::new(false);

@@ -99,6 +99,21 @@
 //! pool). The sequential property test `tests/leased_model.rs` also fails at once
 //! without the expiry or without the quiescing.
 //!
+//! ## Reconfiguration
+//!
+//! [`LeasedBucket::reconfigure`](crate::LeasedBucket::reconfigure) must convert the one
+//! balance a plain bucket would hold, `min(B, g + Δ + O)`, and the pool's word alone is
+//! `g`. So the switch first brings `O` to zero: it closes every slot (taking the OPEN
+//! tokens and giving them back at once, which is exact as any give-back is), and then
+//! waits until each slot holds its close alone. Every token outside the word is in some
+//! slot's view (the rule above): in a lessee's hand while its slot is LEASING or held
+//! shut for it after a cancellation, in a closer's hand while the slots it closed stay
+//! closed. A close that comes after the switch's takes nothing (every slot is closed)
+//! and a lessee can claim no slot, so once every count is back to one, no hand holds a
+//! token taken from the word: `O = 0`, the cap binds on the whole balance, and the word
+//! is exactly the plain bucket's. Only then is the word sealed and converted. The slots
+//! stay closed for good; the successor starts with empty slots of its own.
+//!
 //! ## The clock read on the local path
 //!
 //! An admission paid from a slot costs one clock read, one load and one CAS on a line no

@@ -10,6 +10,8 @@
 //! [`crate::guide::leasing`].
 //!
 //! - `mod.rs`: [`LeasedBucket`], [`LeaseConfig`].
+//! - `epoch.rs`: one policy's pool, slots and figures (a bucket reconfigured holds one
+//!   per policy).
 //! - `slots.rs`: the core-local slots (OPEN, LEASING, CLOSED words).
 //! - `exchange.rs`: the pure arithmetic of one exchange.
 //! - `pool.rs`: the [`Pool`] trait and [`LocalPool`].
@@ -33,6 +35,58 @@
 //!   (`max_lease`, twice for a slot already closed by another closer). So a rejection is
 //!   never early by more than `2 * slots * max_lease` tokens, and never late: the bucket
 //!   never admits what the plain bucket would reject.
+//! * **Across a reconfiguration** (see below), nothing is lost or minted. Admissions
+//!   before the switch stay under the old policy's bound; at the switch reading `t`, the
+//!   balance `b` the switch converts is the pool's balance plus every token that was in
+//!   a slot (the slots' tokens join the converted balance; none is left behind in a
+//!   slot), exactly what a plain bucket of the old policy holds at `t`; the admissions
+//!   after it stay under the new policy's bound started from `b'`, the balance the
+//!   [`Inherit`] strategy promises from `b` (rounded down), as for a
+//!   [`LiveBucket`](crate::LiveBucket): at most `b' + r' * (e - t)` over `[t, e]`.
+//!   During the switch the slots are closed, so admissions pay through the pool, which
+//!   holds the slots' tokens again: a rejection then is early only by the tokens in
+//!   flight, as above; an operation that meets the sealed pool waits (spinning) for the
+//!   few instructions of the conversion and decides on the new policy.
+//!
+//! # Reconfiguration
+//!
+//! [`LeasedBucket::reconfigure`] replaces the policy of a bucket on a [`LocalPool`]
+//! while it runs, with no lock on any operation. The bucket holds a pointer to its
+//! current *epoch*: one policy, its pool word and its slots. A reconfiguration:
+//!
+//! 1. allocates the new epoch (policy, pool word, slots sized for the new layout's tick
+//!    bits, the largest lease recomputed unless the [`LeaseConfig`] fixed it);
+//! 2. closes every slot of the old epoch for good, as a closer does: OPEN tokens are
+//!    taken (and given back to the old pool at once), leases in flight cancelled;
+//! 3. waits until every hand that took tokens from the old pool has stored them: the
+//!    lessees it cancelled have given their leases back, the closers before it have
+//!    stored what they took (each holds a close count on a slot until then; a close made
+//!    later takes nothing). The old pool's word then holds the whole balance;
+//! 4. *seals* the old pool's word: swaps in [`SEALED`](crate::state::SEALED), a word no
+//!    layout stores, and gets the state it held;
+//! 5. reads the clock (after the seal), converts the state to the new layout
+//!    ([`inherit::convert`]) and publishes the new epoch.
+//!
+//! An operation that meets a closed slot goes to the pool; one that meets the sealed
+//! word decides and writes nothing and starts again on the new epoch, so no operation
+//! holding the old policy lands after the switch, and none is lost or counted twice. A
+//! lessee whose lease the switch cancelled gives it back to the old pool before the seal
+//! (step 3), so it is converted with the rest, never written to the sealed word. The
+//! switch waits for those hands (step 3) and for nothing else; a thread descheduled
+//! mid-exchange delays the switch, not the admissions, which meanwhile pay through the
+//! old pool. The loom model `leased_reconfigure` checks a switch racing a slot admission
+//! and a trip to the pool, and catches a switch that skips the seal or the wait; the
+//! tests in `tests/leased_reconfigure.rs` compare a leased bucket with a
+//! [`LiveBucket`](crate::LiveBucket) on random histories with switches.
+//!
+//! Epochs are kept until the bucket is dropped (an operation may still hold a replaced
+//! one): each reconfiguration holds [`LeasedBucket::epoch_bytes`] more (the pool and
+//! the slot array: 512 bytes plus 128 per slot on x86-64). A bucket on another
+//! [`Pool`] cannot be reconfigured in place (a remote store keeps its own policy):
+//! build a new one.
+//!
+//! The slot spend pays one pointer load more than before (the current epoch);
+//! `BENCHMARKS.md` ("Leased reconfiguration") has the instruction counts.
 //!
 //! # What is approximate
 //!
@@ -63,22 +117,29 @@
 //!   a reset to full is still exact, since giving back is capped).
 
 use std::fmt;
+use std::ptr;
 use std::time::Duration;
 
+use crate::bucket::{Sealed, reread_snapshot};
 use crate::clock::{Clock, ClockError, CoarseClock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::error::cost_exceeds_capacity;
+use crate::inherit::{self, Inherit};
+use crate::live::Reconfigured;
 use crate::multi::{Member, sealed};
 use crate::pass::Passes;
 use crate::policy::Policy;
-use crate::state::Layout;
+use crate::sync::{AtomicPtr, Ordering};
 
+mod epoch;
 mod exchange;
 mod pool;
 pub(crate) mod slots;
 
 pub(crate) use crate::sync::thread_index;
+use epoch::Epoch;
+use pool::Replaced;
 pub use pool::{LeaseOutcome, LeaseRequest, Lessees, LocalPool, Pool, PoolState, Quiesced};
 use slots::Slots;
 
@@ -192,30 +253,44 @@ impl std::error::Error for LeaseConfigError {}
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct LeasedBucket<C: Clock = QuantaClock, P: Pool = LocalPool> {
-    pool: P,
-    slots: Slots,
-    policy: Policy,
+    /// The current policy's epoch (see `leased/epoch.rs`).
+    current: AtomicPtr<Epoch<P>>,
     clock: Monotonic<C>,
-    max_lease: u64,
-    /// `log2(slots) + 1`: a lease is at most `spare >> lease_shift`.
-    lease_shift: u32,
-    /// `2 * slots * max_lease` in units, saturated: a bound on tokens outside the global
-    /// word.
-    max_outstanding_units: u64,
-    /// `slots * max_lease` in units, saturated: a bound on tokens held in OPEN slots.
-    max_held_units: u64,
-    /// When the pool and the slots are next re-anchored against the tick wrap.
-    passes: Passes,
+    /// The largest lease the configuration fixed, if it did: kept across
+    /// reconfigurations (otherwise each policy's default).
+    fixed_lease: Option<u64>,
+    /// The first epoch's slot array's address: the bucket's identity for its whole life.
+    id: usize,
 }
+
+// SAFETY: the epochs are shared through `&LeasedBucket` only as `&Epoch` (atomics, the
+// pool, which is `Send + Sync`, and plain `Copy` fields); `prev` is read and freed only
+// by `Drop`, which has `&mut self`.
+unsafe impl<C: Clock + Send, P: Pool> Send for LeasedBucket<C, P> {}
+// SAFETY: as above; every shared access to an epoch goes through its atomics or `&P`.
+unsafe impl<C: Clock + Sync, P: Pool> Sync for LeasedBucket<C, P> {}
 
 impl<C: Clock, P: Pool> fmt::Debug for LeasedBucket<C, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeasedBucket")
-            .field("policy", &self.policy)
-            .field("slots", &self.slots.len())
-            .field("max_lease", &self.max_lease)
+            .field("policy", self.policy())
+            .field("slots", &self.slots())
+            .field("max_lease", &self.max_lease())
             .field("available", &self.available())
             .finish()
+    }
+}
+
+impl<C: Clock, P: Pool> Drop for LeasedBucket<C, P> {
+    fn drop(&mut self) {
+        let mut p = self.current.load(Ordering::Acquire);
+        while !p.is_null() {
+            // SAFETY: each epoch was made by `Box::into_raw` and is reachable once, from
+            // `current` or from its successor's `prev`; `&mut self` excludes every
+            // other access.
+            let epoch = unsafe { Box::from_raw(p) };
+            p = epoch.prev;
+        }
     }
 }
 
@@ -276,57 +351,6 @@ fn default_lease(policy: &Policy, slots: usize) -> u64 {
         .min(lease_limit(policy))
 }
 
-/// The lessees as one exchange with the pool sees them: every slot but the caller's own
-/// marked one.
-struct OtherSlots<'a> {
-    slots: &'a Slots,
-    keep: Option<usize>,
-    frac_bits: u32,
-    lease_shift: u32,
-    max_lease: u64,
-    max_outstanding_units: u64,
-    closed: bool,
-}
-
-impl OtherSlots<'_> {
-    /// Reopens what this exchange closed.
-    fn release(self) {
-        if self.closed {
-            self.slots.reopen(self.keep);
-        }
-    }
-}
-
-impl Lessees for OtherSlots<'_> {
-    #[inline]
-    fn max_outstanding_units(&self) -> u64 {
-        self.max_outstanding_units
-    }
-
-    fn quiesce(&mut self) -> Quiesced {
-        if self.closed {
-            return Quiesced::default();
-        }
-        self.closed = true;
-        let found = self.slots.close(self.keep);
-        // A cancelled lessee holds at most one lease; a slot already closed may have one
-        // in an earlier closer's hand and one in a cancelled lessee's.
-        let in_flight = found
-            .leasing
-            .saturating_add(found.closed.saturating_mul(2))
-            .saturating_mul(self.max_lease);
-        Quiesced {
-            taken_units: found.taken << self.frac_bits,
-            in_flight_units: in_flight.saturating_mul(1 << self.frac_bits),
-        }
-    }
-
-    #[inline]
-    fn lease_units(&self, spare: u64) -> u64 {
-        exchange::lease_units(spare, self.frac_bits, self.lease_shift, self.max_lease)
-    }
-}
-
 impl<C: Clock> LeasedBucket<C, LocalPool> {
     /// A leased bucket on `clock` with the default [`LeaseConfig`], in the policy's start
     /// state at the clock's current time.
@@ -335,7 +359,7 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
         let max_lease = default_lease(&policy, slots);
         let clock = Monotonic::new(clock);
         let pool = LocalPool::new(&policy, clock.now_nanos());
-        LeasedBucket::build(policy, clock, slots, max_lease, pool)
+        LeasedBucket::build(policy, clock, slots, max_lease, None, pool)
     }
 
     /// A leased bucket on `clock` with `config`.
@@ -364,10 +388,143 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
     }
 
     /// The pool's packed word as stored, before any refill: decode it with the policy's
-    /// [`Layout`]. For diagnostics, and to check that an operation
+    /// [`Layout`](crate::state::Layout). For diagnostics, and to check that an operation
     /// wrote nothing.
     pub fn stored_word(&self) -> u64 {
-        self.pool.stored_word()
+        self.epoch().pool.stored_word()
+    }
+
+    /// Replaces the policy, carrying the tokens over with `inherit` (module
+    /// [`inherit`] states each strategy's exact guarantee): the pool's
+    /// balance and every token idle in a slot are converted together, as the one balance
+    /// a plain bucket would hold. Operations racing the switch decide either wholly
+    /// before it, on the old policy and state, or wholly after it, on the new; none is
+    /// lost or counted twice (see [the module docs](crate::leased#reconfiguration)).
+    ///
+    /// The slot count stays; the largest lease is the new policy's default, or the one
+    /// the [`LeaseConfig`] fixed. Concurrent reconfigurations are applied one after the
+    /// other, each converting what the previous one left. Each holds
+    /// [`LeasedBucket::epoch_bytes`] until the bucket is dropped.
+    ///
+    /// Only a bucket on a [`LocalPool`] can be reconfigured in place: a pool on a remote
+    /// store keeps its own policy.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseConfigError::LeaseOutOfRange`] when the configuration fixed a largest lease
+    /// that the new policy does not allow (above its capacity, or above what its slots
+    /// hold). Nothing changes.
+    ///
+    /// ```
+    /// use tokengate::{leased::LeaseConfig, Inherit, LeasedBucket, ManualClock, Policy};
+    /// let config = LeaseConfig::new().slots(2);
+    /// let bucket = LeasedBucket::with_config(Policy::new(100, 10.0)?, ManualClock::new(), config)?;
+    /// assert!(bucket.try_acquire_on(0, 60)?.is_admitted()); // 40 left, some in slot 0
+    ///
+    /// // Ten times the capacity, the same fraction of it: 400 of 1000.
+    /// let switch = bucket.reconfigure(Policy::new(1000, 100.0)?, Inherit::Proportional)?;
+    /// assert_eq!((switch.before, switch.after), (40.0, 400.0));
+    /// assert_eq!(bucket.leased_tokens(), 0); // the slot's tokens joined the balance
+    /// assert!(bucket.try_acquire(400)?.is_admitted());
+    /// assert!(bucket.try_acquire(1)?.is_rejected());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reconfigure(
+        &self,
+        policy: Policy,
+        inherit: Inherit,
+    ) -> Result<Reconfigured, LeaseConfigError> {
+        let slots = self.slots();
+        let max_lease = match self.fixed_lease {
+            Some(tokens) => {
+                let max = lease_limit(&policy);
+                if tokens > max {
+                    return Err(LeaseConfigError::LeaseOutOfRange {
+                        max_lease: tokens,
+                        max,
+                    });
+                }
+                tokens
+            }
+            None => default_lease(&policy, slots),
+        };
+        // Allocated before anything is closed: from the seal to the publication, only
+        // arithmetic, so that operations waiting on the switch wait for nothing else.
+        let mut next = Box::new(Epoch::new(
+            policy,
+            slots,
+            max_lease,
+            LocalPool::from_word(0),
+            Passes::new(policy.layout(), 0),
+        ));
+        loop {
+            let epoch = self.epoch();
+            if !epoch.claim_replacement() {
+                // Another reconfiguration replaces it: convert what that one leaves.
+                self.await_successor(epoch);
+                continue;
+            }
+            let from = epoch.policy.layout();
+            // Should anything below unwind (a clock that panics), the switch is undone:
+            // the word unsealed, the slots reopened, the old policy current.
+            let mut undo = Undo { epoch, word: None };
+            // Every slot closed for good: idle tokens taken (and given back at once, so
+            // that admissions during the switch still count them), leases in flight
+            // cancelled. No slot can be spent from or leased to again.
+            let found = epoch.slots.close(None);
+            let _unsealed = epoch
+                .pool
+                .give_back_in(from, found.taken << from.frac_bits());
+            // Every hand that took tokens from the pool before the close stores them and
+            // lets its slot go: then the pool's word holds the whole balance.
+            if !mutant!(LEASED_SWITCH_SKIPS_WAIT) {
+                epoch.slots.await_settled();
+            }
+            let word = epoch.pool.seal();
+            undo.word = Some(word);
+            // Read after the seal: not earlier than any reading stored in `word`.
+            let now = self.clock.now_nanos();
+            let passes = &epoch.passes;
+            let snapshot = if passes.is_due(now) && passes.idle_at(now) {
+                from.reanchor_full(from.tick_of(now))
+            } else {
+                reread_snapshot(from, word, now)
+            };
+            let to = policy.layout();
+            let converted =
+                inherit::convert(from, &snapshot, now, to, inherit, policy.starts_full());
+            next.pool.store_word(converted.word);
+            next.passes = Passes::new(to, now);
+            next.prev = ptr::from_ref(epoch).cast_mut();
+            self.current.store(Box::into_raw(next), Ordering::Release);
+            std::mem::forget(undo);
+            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
+            return Ok(Reconfigured {
+                before: tokens(converted.from_units, from.frac_bits()),
+                after: tokens(converted.to_units, to.frac_bits()),
+                forgiven: converted.forgiven_units as f64 / (1u128 << to.frac_bits()) as f64,
+                inherit,
+            });
+        }
+    }
+}
+
+/// Undoes a switch that did not complete.
+struct Undo<'a> {
+    epoch: &'a Epoch<LocalPool>,
+    /// The word the switch sealed, once it did.
+    word: Option<u64>,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        // Nothing writes a sealed word, and no successor was published: restoring it is
+        // the state as if the switch had not begun (the slots' tokens are in it).
+        if let Some(word) = self.word {
+            self.epoch.pool.store_word(word);
+        }
+        self.epoch.slots.reopen(None);
+        self.epoch.drop_replacement();
     }
 }
 
@@ -422,7 +579,14 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             Some(tokens) => tokens,
             None => default_lease(&policy, slots),
         };
-        Ok(LeasedBucket::build(policy, clock, slots, max_lease, pool))
+        Ok(LeasedBucket::build(
+            policy,
+            clock,
+            slots,
+            max_lease,
+            config.max_lease,
+            pool,
+        ))
     }
 
     fn build(
@@ -430,73 +594,109 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         clock: Monotonic<C>,
         slots: usize,
         max_lease: u64,
+        fixed_lease: Option<u64>,
         pool: P,
     ) -> LeasedBucket<C, P> {
-        let layout = policy.layout();
         debug_assert!(max_lease <= lease_limit(&policy));
-        // Per slot: its OPEN tokens, or one lease in a lessee's hand, or (closed) one in a
-        // closer's hand and one in a cancelled lessee's.
-        let held = (max_lease as u128 * slots as u128) << layout.frac_bits();
-        let outstanding = 2 * held;
+        let passes = Passes::new(policy.layout(), clock.now_nanos());
+        let first = Box::new(Epoch::new(policy, slots, max_lease, pool, passes));
+        let id = first.slots.id();
         LeasedBucket {
-            pool,
-            slots: Slots::new(slots, layout.tick_bits()),
-            lease_shift: slots.trailing_zeros() + 1,
-            max_outstanding_units: u64::try_from(outstanding).unwrap_or(u64::MAX),
-            max_held_units: u64::try_from(held).unwrap_or(u64::MAX),
-            max_lease,
-            passes: Passes::new(layout, clock.now_nanos()),
-            policy,
+            current: AtomicPtr::new(Box::into_raw(first)),
             clock,
+            fixed_lease,
+            id,
         }
     }
 
-    /// The clock's reading (through the monotonic guard), after the re-anchoring pass if
-    /// one is due.
+    /// The current epoch.
     #[inline(always)]
-    fn now(&self) -> u64 {
-        self.at(self.clock.now_nanos())
+    fn epoch(&self) -> &Epoch<P> {
+        // SAFETY: `current` always points to a live epoch (set from `Box::into_raw`),
+        // and epochs are freed only when the bucket is dropped, which `&self` prevents.
+        // The acquire load pairs with the release store that published it.
+        unsafe { &*self.current.load(Ordering::Acquire) }
     }
 
-    /// `now` (a guarded reading), after the re-anchoring pass if one is due: one relaxed
-    /// load and a predicted branch otherwise. See [`crate::pass`].
+    /// Waits until `replaced`, whose pool an operation found sealed, has its successor:
+    /// the reconfiguration that sealed it publishes it a few instructions later (or, if
+    /// it unwinds, unseals the word).
+    #[cold]
+    #[inline(never)]
+    fn await_successor(&self, replaced: &Epoch<P>) {
+        let mut spins = 0u32;
+        while ptr::eq(self.current.load(Ordering::Acquire), replaced) && replaced.is_replacing() {
+            crate::sync::spin(&mut spins);
+        }
+    }
+
+    /// Gives what an operation held when it found `from`'s pool sealed (whole tokens
+    /// of `from`'s layout) to the current epoch's pool, as they are (capped there).
+    ///
+    /// Never reached with a hand in practice: a reconfiguration seals the pool only once
+    /// every hand that took tokens from it has stored them (see
+    /// [`Slots::await_settled`](slots::Slots::await_settled)), and every operation on a
+    /// replaced epoch finds its slots closed and holds nothing. Kept so that no token is
+    /// dropped even so.
+    #[cold]
+    #[inline(never)]
+    fn forward(&self, from: &Epoch<P>, replaced: Replaced) {
+        let tokens = replaced.hand_units >> from.policy.layout().frac_bits();
+        if tokens == 0 {
+            return;
+        }
+        let mut epoch = from;
+        loop {
+            self.await_successor(epoch);
+            epoch = self.epoch();
+            let layout = epoch.policy.layout();
+            let units = tokens.min(layout.capacity()) << layout.frac_bits();
+            if epoch.give_back(layout, units).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// The clock's reading (through the monotonic guard), after `epoch`'s re-anchoring
+    /// pass if one is due.
     #[inline(always)]
-    fn at(&self, now: u64) -> u64 {
-        self.passes
-            .check(now, &self.clock, |now, idle| self.pass(now, idle))
+    fn now_on(&self, epoch: &Epoch<P>) -> u64 {
+        self.at(epoch, self.clock.now_nanos())
+    }
+
+    /// `now` (a guarded reading), after `epoch`'s re-anchoring pass if one is due: one
+    /// relaxed load and a predicted branch otherwise. See [`crate::pass`].
+    #[inline(always)]
+    fn at(&self, epoch: &Epoch<P>, now: u64) -> u64 {
+        epoch
+            .passes
+            .check(now, &self.clock, |now, idle| self.pass(epoch, now, idle))
     }
 
     /// The re-anchoring pass. Slot stamps are ticks modulo the wrap too, so every pass
     /// takes the slots' leases back; a pool that [`wraps`](Pool::wraps) is then credited
     /// nothing at `now` (re-anchored), or, after an idle longer than the fill time
-    /// (`idle`), reset full.
+    /// (`idle`), reset full. A pass on a replaced epoch writes nothing: its successor
+    /// has passes of its own.
     #[cold]
     #[inline(never)]
-    fn pass(&self, now: u64, idle: bool) {
-        let layout = self.policy.layout();
-        if idle && self.pool.wraps() {
-            let mut others = self.other_slots(None);
-            self.pool.reset(layout, now, true, &mut others);
+    fn pass(&self, epoch: &Epoch<P>, now: u64, idle: bool) {
+        let layout = epoch.policy.layout();
+        if idle && epoch.pool.wraps() {
+            let mut others = epoch.other_slots(None);
+            // A reset drops what the lessees held, sealed or not.
+            let _sealed = epoch.reset_pool(layout, now, true, &mut others);
             others.release();
             return;
         }
-        self.reclaim();
-        if self.pool.wraps() {
-            let mut others = self.other_slots(None);
-            self.pool.credit(layout, now, 0, &mut others);
+        self.reclaim_on(epoch);
+        if epoch.pool.wraps() {
+            let mut others = epoch.other_slots(None);
+            let out = epoch.credit(layout, now, 0, &mut others);
             others.release();
-        }
-    }
-
-    fn other_slots(&self, keep: Option<usize>) -> OtherSlots<'_> {
-        OtherSlots {
-            slots: &self.slots,
-            keep,
-            frac_bits: self.policy.layout().frac_bits(),
-            lease_shift: self.lease_shift,
-            max_lease: self.max_lease,
-            max_outstanding_units: self.max_outstanding_units,
-            closed: false,
+            if let Err(replaced) = out {
+                self.forward(epoch, replaced);
+            }
         }
     }
 
@@ -552,74 +752,186 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// ```
     #[inline]
     pub fn try_acquire_on(&self, slot: usize, cost: u64) -> Result<Decision, AcquireError> {
-        self.acquire_at(slot, cost, self.now())
+        self.acquire(slot, cost, |epoch| self.now_on(epoch))
     }
 
+    /// Decides `cost` on the current epoch at `now(epoch)`. The decision is returned as
+    /// it is (no wrapper to unwrap on the hot path): a trip to the pool that finds the
+    /// epoch replaced starts again on the successor itself ([`acquire_replaced`]).
+    ///
+    /// [`acquire_replaced`]: Self::acquire_replaced
     #[inline(always)]
-    fn acquire_at(&self, slot: usize, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        let layout = self.policy.layout();
+    fn acquire(
+        &self,
+        slot: usize,
+        cost: u64,
+        now: impl Fn(&Epoch<P>) -> u64,
+    ) -> Result<Decision, AcquireError> {
+        let epoch = self.epoch();
+        self.acquire_at(epoch, slot, cost, now(epoch))
+    }
+
+    /// The capacity check and the slot spend on `epoch`; [`Self::acquire_slow`] when the
+    /// slot cannot pay.
+    #[inline(always)]
+    fn acquire_at(
+        &self,
+        epoch: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, AcquireError> {
+        match Self::from_slot(epoch, slot, cost, now) {
+            Some(out) => out,
+            None => self.acquire_slow(epoch, slot, cost, now),
+        }
+    }
+
+    /// A cost above the capacity refused, or paid from the slot: `None` when the slot
+    /// cannot pay (nothing written).
+    #[inline(always)]
+    fn from_slot(
+        epoch: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+        now: u64,
+    ) -> Option<Result<Decision, AcquireError>> {
+        let layout = epoch.policy.layout();
         if cost > layout.capacity() {
-            return Err(cost_exceeds_capacity(layout, cost));
+            return Some(Err(cost_exceeds_capacity(layout, cost)));
         }
         if cost > 0 {
-            if let Some(left) = self.slots.consume(slot, cost, layout.tick_of(now)) {
+            if let Some(left) = epoch.slots.consume(slot, cost, layout.tick_of(now)) {
                 let balance = (left << layout.frac_bits()) as i64;
-                return Ok(Decision::with_balance(layout, balance, 0, now, cost, true));
+                return Some(Ok(Decision::with_balance(
+                    layout, balance, 0, now, cost, true,
+                )));
             }
         }
-        self.acquire_slow(slot, cost, now)
+        None
     }
 
-    /// The trip to the pool: lease, reclaim, or reject.
+    /// The trip to the pool: lease, reclaim, or reject; on a replaced epoch, again on the
+    /// successor.
     #[cold]
     #[inline(never)]
-    fn acquire_slow(&self, slot: usize, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        let layout = self.policy.layout();
+    fn acquire_slow(
+        &self,
+        epoch: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, AcquireError> {
+        match self.trip(epoch, slot, cost, now) {
+            Ok(out) => out,
+            Err(Sealed) => self.acquire_replaced(epoch, slot, cost),
+        }
+    }
+
+    /// Decides `cost` on the epochs after `replaced` (whose pool a trip found sealed,
+    /// having decided and written nothing), at a new reading of the clock, until one is
+    /// not replaced under it.
+    #[cold]
+    #[inline(never)]
+    fn acquire_replaced(
+        &self,
+        replaced: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+    ) -> Result<Decision, AcquireError> {
+        let mut replaced = replaced;
+        loop {
+            self.await_successor(replaced);
+            let epoch = self.epoch();
+            let now = self.now_on(epoch);
+            if let Some(out) = Self::from_slot(epoch, slot, cost, now) {
+                return out;
+            }
+            match self.trip(epoch, slot, cost, now) {
+                Ok(out) => return out,
+                Err(Sealed) => replaced = epoch,
+            }
+        }
+    }
+
+    /// One trip to `epoch`'s pool: lease, reclaim, or reject; [`Sealed`] (having decided
+    /// and written nothing) when the epoch was replaced.
+    #[inline(always)]
+    fn trip(
+        &self,
+        epoch: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+        now: u64,
+    ) -> Result<Result<Decision, AcquireError>, Sealed> {
+        let layout = epoch.policy.layout();
         if cost == 0 {
-            let (units, behind) = self.balance_at(now);
-            return Ok(Decision::with_balance(layout, units, behind, now, 0, true));
+            let Ok((units, behind)) = Self::balance_on(epoch, now) else {
+                return Err(Sealed);
+            };
+            return Ok(Ok(Decision::with_balance(
+                layout, units, behind, now, 0, true,
+            )));
         }
         let cost_units = cost << layout.frac_bits();
         let mut now = now;
-        let mut state = self.pool.peek(layout, now);
+        let Ok(mut state) = epoch.peek(layout, now) else {
+            return Err(Sealed);
+        };
         if state.behind_ticks > layout.tolerance_ticks() {
             // A lost race or a clock stepped back: read again after loading the word. A
             // refusal here comes before the slot is claimed, so it writes nothing.
-            (state, now) = self.pool.reread(layout, &self.clock)?;
+            match epoch.reread(layout, &self.clock) {
+                Ok(Ok(reread)) => (state, now) = reread,
+                Ok(Err(e)) => return Ok(Err(e)),
+                Err(_) => return Err(Sealed),
+            }
         }
-        if let Some(refused) = self.read_only_refusal(&state, now, cost) {
-            return Ok(refused);
+        if let Some(refused) = Self::read_only_refusal(epoch, &state, now, cost) {
+            return Ok(Ok(refused));
         }
-        let claim = self.slots.claim(slot);
+        let claim = epoch.slots.claim(slot);
         let marker = claim.map(|(index, _)| index);
         let returned_units = claim.map_or(0, |(_, tokens)| tokens << layout.frac_bits());
-        let mut others = self.other_slots(marker);
+        let mut others = epoch.other_slots(marker);
         let request = LeaseRequest {
             now,
             cost_units,
             returned_units,
             lease: marker.is_some(),
         };
-        let outcome = self.pool.lease(layout, &self.clock, request, &mut others);
+        let outcome = epoch.lease(layout, &self.clock, request, &mut others);
         others.release();
         let (leased_units, tick) = match outcome {
-            Ok(LeaseOutcome::Admitted {
+            Ok(Ok(LeaseOutcome::Admitted {
                 leased_units, tick, ..
-            }) => (leased_units, tick),
+            })) => (leased_units, tick),
             _ => (0, 0),
         };
+        let mut not_given_back = None;
         if let Some(index) = marker {
-            if !self
+            if !epoch
                 .slots
                 .publish(index, tick, leased_units >> layout.frac_bits())
             {
                 // A closer cancelled the lease: it is given back, never spent, and only
                 // then is the slot let go (until then closers count it as in flight).
-                self.pool.give_back(layout, leased_units);
-                self.slots.abandon(index);
+                not_given_back = epoch.give_back(layout, leased_units).err();
+                epoch.slots.abandon(index);
             }
         }
-        match outcome? {
+        if let Some(replaced) = not_given_back {
+            self.forward(epoch, replaced);
+        }
+        let outcome = match outcome {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => return Ok(Err(e)),
+            Err(replaced) => {
+                self.forward(epoch, replaced);
+                return Err(Sealed);
+            }
+        };
+        Ok(match outcome {
             LeaseOutcome::Admitted {
                 leased_units,
                 balance_units,
@@ -647,7 +959,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             LeaseOutcome::Unavailable { retry_after } => {
                 Err(AcquireError::PoolUnavailable { retry_after })
             }
-        }
+        })
     }
 
     /// The read-only rejection (I5): when the pool's balance (`state`, at `now`) and
@@ -657,12 +969,17 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// the slots can hold, so that a rejection even full slots could not turn loads no
     /// slot's line; then, only if the slots might pay, on what they hold.
     #[inline]
-    fn read_only_refusal(&self, state: &PoolState, now: u64, cost: u64) -> Option<Decision> {
-        let layout = self.policy.layout();
+    fn read_only_refusal(
+        epoch: &Epoch<P>,
+        state: &PoolState,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        let layout = epoch.policy.layout();
         let needed = layout.base_units() + (cost << layout.frac_bits());
         let mut units = state.units;
-        if units.saturating_add(self.max_held_units) >= needed {
-            let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
+        if units.saturating_add(epoch.max_held_units) >= needed {
+            let held = epoch.slots.held().saturating_mul(1 << layout.frac_bits());
             units = units.saturating_add(held);
         }
         (units < needed).then(|| {
@@ -673,37 +990,40 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
 
     /// [`read_only_refusal`](Self::read_only_refusal) on the pool as it is now,
     /// for `acquire_all`'s first pass once this thread's slot could not pay. A reading
-    /// well behind the pool is left to the take, which reads the clock again.
+    /// well behind the pool, or a replaced epoch, is left to the take.
     #[cold]
     #[inline(never)]
-    fn refusal_on_global(&self, cost: u64, now: u64) -> Option<Decision> {
-        let layout = self.policy.layout();
-        let state = self.pool.peek(layout, now);
+    fn refusal_on_global(epoch: &Epoch<P>, cost: u64, now: u64) -> Option<Decision> {
+        let layout = epoch.policy.layout();
+        let state = epoch.peek(layout, now).ok()?;
         if state.behind_ticks > layout.tolerance_ticks() {
             return None;
         }
-        self.read_only_refusal(&state, now, cost)
+        Self::read_only_refusal(epoch, &state, now, cost)
     }
 
     /// Balance at `now` in units (global, refilled, plus every slot, capped) and how
     /// many ticks `now` is behind the pool. Read-only.
-    fn balance_at(&self, now: u64) -> (i64, u64) {
-        let layout = self.policy.layout();
-        let state = self.pool.peek(layout, now);
-        let held = self.slots.held().saturating_mul(1 << layout.frac_bits());
+    fn balance_on(epoch: &Epoch<P>, now: u64) -> Result<(i64, u64), Replaced> {
+        let layout = epoch.policy.layout();
+        let state = epoch.peek(layout, now)?;
+        let held = epoch.slots.held().saturating_mul(1 << layout.frac_bits());
         // min(B, min(B, g + Δ) + O) = min(B, g + Δ + O): what a plain bucket holds.
         let units = state.units.saturating_add(held).min(layout.max_units());
-        (
+        Ok((
             units as i64 - layout.base_units() as i64,
             state.behind_ticks,
-        )
+        ))
     }
 
     /// Gives back `cost` tokens of an earlier admission, exactly as if it had never been
     /// taken: `min(B, balance now + cost)`, as [`Bucket::refund`](crate::Bucket::refund).
     ///
     /// When the refund could meet the capacity while tokens are out on lease, the slots
-    /// are taken back first (see the [module docs](crate::leased)).
+    /// are taken back first (see the [module docs](crate::leased)). A refund after a
+    /// [reconfiguration](LeasedBucket::reconfigure) gives the tokens to the new policy as
+    /// they are (capped at its capacity), as [`LiveBucket::refund`](crate::LiveBucket::refund)
+    /// does.
     ///
     /// # Errors
     ///
@@ -721,22 +1041,35 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
-        let layout = self.policy.layout();
-        let Some(units) = layout.units_of(cost) else {
-            return Err(cost_exceeds_capacity(layout, cost));
-        };
-        self.refund_units(units, self.now());
-        Ok(())
+        loop {
+            let epoch = self.epoch();
+            let layout = epoch.policy.layout();
+            let Some(units) = layout.units_of(cost) else {
+                return Err(cost_exceeds_capacity(layout, cost));
+            };
+            if self.refund_on(epoch, units, self.now_on(epoch)) {
+                return Ok(());
+            }
+            self.await_successor(epoch);
+        }
     }
 
-    fn refund_units(&self, units: u64, now: u64) {
+    /// Credits `units` to `epoch` at `now`; `false` (having written nothing) when it was
+    /// replaced.
+    fn refund_on(&self, epoch: &Epoch<P>, units: u64, now: u64) -> bool {
         if units == 0 {
-            return;
+            return true;
         }
-        let mut others = self.other_slots(None);
-        self.pool
-            .credit(self.policy.layout(), now, units, &mut others);
+        let mut others = epoch.other_slots(None);
+        let out = epoch.credit(epoch.policy.layout(), now, units, &mut others);
         others.release();
+        match out {
+            Ok(()) => true,
+            Err(replaced) => {
+                self.forward(epoch, replaced);
+                false
+            }
+        }
     }
 
     /// Puts the bucket back in the policy's start state (full or empty), dropping the
@@ -751,14 +1084,22 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reset(&self) {
-        let mut others = self.other_slots(None);
-        self.pool.reset(
-            self.policy.layout(),
-            self.now(),
-            self.policy.starts_full(),
-            &mut others,
-        );
-        others.release();
+        loop {
+            let epoch = self.epoch();
+            let now = self.now_on(epoch);
+            let mut others = epoch.other_slots(None);
+            let out = epoch.reset_pool(
+                epoch.policy.layout(),
+                now,
+                epoch.policy.starts_full(),
+                &mut others,
+            );
+            others.release();
+            if out.is_ok() {
+                return;
+            }
+            self.await_successor(epoch);
+        }
     }
 
     /// Returns every slot's idle tokens to the pool (for example before a quiet
@@ -775,21 +1116,47 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reclaim(&self) {
-        let layout = self.policy.layout();
-        let found = self.slots.close(None);
-        self.pool
-            .give_back(layout, found.taken << layout.frac_bits());
-        self.slots.reopen(None);
+        loop {
+            let epoch = self.epoch();
+            self.reclaim_on(epoch);
+            if ptr::eq(self.epoch(), epoch) {
+                return;
+            }
+        }
+    }
+
+    fn reclaim_on(&self, epoch: &Epoch<P>) {
+        let layout = epoch.policy.layout();
+        let found = epoch.slots.close(None);
+        let out = epoch.give_back(layout, found.taken << layout.frac_bits());
+        epoch.slots.reopen(None);
+        if let Err(replaced) = out {
+            self.forward(epoch, replaced);
+        }
     }
 
     /// Stores the pool refilled to now (a credit of nothing, quiescing as any
     /// credit near the cap does), so that its stored tick is recent: the re-anchor a
     /// [`ScopedLimiter::sweep`](crate::ScopedLimiter::sweep) does for the tick wrap.
     pub(crate) fn reanchor(&self) {
-        let mut others = self.other_slots(None);
-        self.pool
-            .credit(self.policy.layout(), self.clock.now_nanos(), 0, &mut others);
-        others.release();
+        loop {
+            let epoch = self.epoch();
+            let mut others = epoch.other_slots(None);
+            let out = epoch.credit(
+                epoch.policy.layout(),
+                self.clock.now_nanos(),
+                0,
+                &mut others,
+            );
+            others.release();
+            match out {
+                Ok(()) => return,
+                Err(replaced) => {
+                    self.forward(epoch, replaced);
+                    self.await_successor(epoch);
+                }
+            }
+        }
     }
 
     /// Tokens available now: the pool's balance (refilled) plus every slot's, capped at
@@ -804,29 +1171,34 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self) -> f64 {
-        let (units, _) = self.balance_at(self.now());
-        self.policy.layout().units_to_tokens(units)
+        loop {
+            let epoch = self.epoch();
+            if let Ok((units, _)) = Self::balance_on(epoch, self.now_on(epoch)) {
+                return epoch.policy.layout().units_to_tokens(units);
+            }
+            self.await_successor(epoch);
+        }
     }
 
     /// Tokens held in slots now (leased and not yet spent or reclaimed): the stranded
     /// capacity, at most `slots * max_lease`.
     pub fn leased_tokens(&self) -> u64 {
-        self.slots.held()
+        self.epoch().slots.held()
     }
 
     /// Number of slots.
     pub fn slots(&self) -> usize {
-        self.slots.len()
+        self.epoch().slots.len()
     }
 
     /// Largest lease, in tokens.
     pub fn max_lease(&self) -> u64 {
-        self.max_lease
+        self.epoch().max_lease
     }
 
     /// The policy this bucket enforces.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        &self.epoch().policy
     }
 
     /// The clock this bucket reads.
@@ -834,71 +1206,112 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         self.clock.get_ref()
     }
 
-    /// A stable identity for ordering buckets (the address of its slots, which stay put
-    /// while the bucket lives, even when the bucket itself is moved).
+    /// A stable identity for ordering buckets (the address of its first slots, which
+    /// stay put while the bucket lives, even when the bucket itself is moved or
+    /// reconfigured).
     pub fn id(&self) -> usize {
-        self.slots.id()
+        self.id
     }
 
-    /// The pool this bucket leases from.
+    /// The pool this bucket leases from (the current policy's).
     pub fn pool(&self) -> &P {
-        &self.pool
+        &self.epoch().pool
+    }
+
+    /// The policies this bucket has enforced, the current one included: each holds
+    /// [`epoch_bytes`](LeasedBucket::epoch_bytes) until the bucket is dropped.
+    pub fn epochs(&self) -> usize {
+        let mut count = 0;
+        let mut p: *const Epoch<P> = self.epoch();
+        while !p.is_null() {
+            count += 1;
+            // SAFETY: every `prev` is null or a live epoch, freed only by `Drop`.
+            p = unsafe { (*p).prev };
+        }
+        count
+    }
+
+    /// Bytes one policy of this bucket holds: its pool, its slots (a cache line pair
+    /// each) and their bookkeeping. Each [`reconfigure`](LeasedBucket::reconfigure)
+    /// keeps that much more until the bucket is dropped.
+    pub fn epoch_bytes(&self) -> usize {
+        std::mem::size_of::<Epoch<P>>() + self.epoch().slots.heap_bytes()
     }
 
     /// Every core-local slot's word as stored, in slot order. The slot words' layout is
     /// private; compare them before and after an operation to see that it wrote nothing.
     pub fn slot_words(&self) -> Vec<u64> {
-        (0..self.slots.len())
-            .map(|slot| self.slots.word(slot))
-            .collect()
+        let slots = &self.epoch().slots;
+        (0..slots.len()).map(|slot| slots.word(slot)).collect()
     }
 
-    fn wait(&self, layout: &Layout, cost: u64, now: u64) -> Duration {
-        let (balance, behind) = self.balance_at(now);
-        Decision::with_balance(layout, balance, behind, now, cost, false).wait_for(cost)
+    fn wait(&self, cost: u64, now: u64) -> Duration {
+        loop {
+            let epoch = self.epoch();
+            if let Ok((balance, behind)) = Self::balance_on(epoch, now) {
+                let layout = epoch.policy.layout();
+                return Decision::with_balance(layout, balance, behind, now, cost, false)
+                    .wait_for(cost);
+            }
+            self.await_successor(epoch);
+        }
     }
 }
 
+/// A leased bucket takes part in [`acquire_all`](crate::acquire_all) like a plain one:
+/// each take, refund, wait or refusal runs on one policy's epoch, starting again on the
+/// new policy when it meets a switch. Its identity is the same across switches.
 impl<C: Clock, P: Pool> Member for LeasedBucket<C, P> {
     #[inline]
     fn member_id(&self) -> usize {
         self.id()
     }
     fn capacity(&self) -> u64 {
-        self.policy.capacity()
+        self.policy().capacity()
     }
 }
 
 impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        self.now()
+        self.now_on(self.epoch())
     }
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        self.acquire_at(thread_index(), cost, self.at(self.clock.observe(now)))
+        let now = self.clock.observe(now);
+        self.acquire(thread_index(), cost, |epoch| self.at(epoch, now))
     }
     fn refund_at(&self, cost: u64, now: u64) {
-        let layout = self.policy.layout();
-        let now = self.at(self.clock.observe(now));
-        self.refund_units(layout.units_of(cost).unwrap_or(layout.max_units()), now);
+        let now = self.clock.observe(now);
+        loop {
+            let epoch = self.epoch();
+            let layout = epoch.policy.layout();
+            // A switch between the take and this refund may have lowered the capacity:
+            // the refund is capped there, as any refund is.
+            let units = layout.units_of(cost.min(layout.capacity())).unwrap_or(0);
+            if self.refund_on(epoch, units, self.at(epoch, now)) {
+                return;
+            }
+            self.await_successor(epoch);
+        }
     }
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
-        self.wait(self.policy.layout(), cost, now)
+        self.wait(cost, now)
     }
     /// The read-only rejection of [`try_acquire`](LeasedBucket::try_acquire): the global
     /// balance plus every slot cannot pay. When this thread's slot can pay, only its own
     /// line is read (the common case: the pool's line stays off the path).
     #[inline]
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
-        let layout = self.policy.layout();
+        let epoch = self.epoch();
+        let layout = epoch.policy.layout();
         if cost == 0
-            || self
+            || epoch
                 .slots
                 .can_pay(thread_index(), cost, layout.tick_of(now))
         {
             return None;
         }
-        self.refusal_on_global(cost, now)
+        Self::refusal_on_global(epoch, cost, now)
     }
 }
 

@@ -17,8 +17,26 @@ use crate::bucket::reread_snapshot;
 use crate::clock::Clock;
 use crate::error::AcquireError;
 use crate::policy::Policy;
-use crate::state::{Layout, Snapshot};
+use crate::state::{Layout, SEALED, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
+
+/// The unnameable argument of [`Pool::as_local`]: only this crate can call or
+/// implement it.
+mod private {
+    /// A token only this crate can name.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Local;
+}
+pub(crate) use private::Local;
+
+/// A [`LocalPool`] operation found its word sealed by a reconfiguration: it wrote
+/// nothing, and hands back the units it held (given back by its caller, or taken back
+/// from the lessees), to be given to the pool that replaced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Replaced {
+    /// Units in the operation's hand, in the sealed pool's layout.
+    pub(crate) hand_units: u64,
+}
 
 /// What a leased bucket asks of its [`Pool`] in one [`lease`](Pool::lease) exchange.
 ///
@@ -223,6 +241,14 @@ pub trait Pool: Send + Sync {
         let now = clock.now_nanos();
         Ok((self.peek(layout, now), now))
     }
+
+    /// The pool as a [`LocalPool`], which a leased bucket can reconfigure in place (see
+    /// [`LeasedBucket::reconfigure`](super::LeasedBucket::reconfigure)); `None` for every
+    /// other pool. Only this crate can call or implement it.
+    #[doc(hidden)]
+    fn as_local(&self, _: Local) -> Option<&LocalPool> {
+        None
+    }
 }
 
 /// The in-process pool: one packed word on its own cache line, the same word a
@@ -399,18 +425,100 @@ impl Pool for LocalPool {
         request: LeaseRequest,
         lessees: &mut impl Lessees,
     ) -> Result<LeaseOutcome, AcquireError> {
+        // A sealed word (replaced by a reconfiguration) decides nothing; a leased bucket
+        // calls `lease_in` and takes what was in hand to the new pool.
+        self.lease_in(layout, clock, request, lessees)
+            .unwrap_or(Err(crate::bucket::SEALED_ERROR))
+    }
+
+    fn give_back(&self, layout: &Layout, units: u64) {
+        let _sealed = self.give_back_in(layout, units);
+    }
+
+    fn credit(&self, layout: &Layout, now: u64, units: u64, lessees: &mut impl Lessees) {
+        let _sealed = self.credit_in(layout, now, units, lessees);
+    }
+
+    fn wraps(&self) -> bool {
+        true
+    }
+
+    fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees) {
+        let _sealed = self.reset_in(layout, now, full, lessees);
+    }
+
+    #[inline]
+    fn peek(&self, layout: &Layout, now: u64) -> PoolState {
+        // A sealed word reads as empty.
+        self.peek_in(layout, now).unwrap_or(PoolState {
+            units: 0,
+            behind_ticks: 0,
+        })
+    }
+
+    fn reread<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+    ) -> Result<(PoolState, u64), AcquireError> {
+        self.reread_in(layout, clock)
+            .unwrap_or(Err(crate::bucket::SEALED_ERROR))
+    }
+
+    #[inline]
+    fn as_local(&self, _: Local) -> Option<&LocalPool> {
+        Some(self)
+    }
+}
+
+/// The pool's operations on a word that a reconfiguration may seal (see
+/// [`LeasedBucket::reconfigure`](super::LeasedBucket::reconfigure)): each decides and
+/// writes nothing on a sealed word, and answers [`Replaced`] with what it held.
+impl LocalPool {
+    /// A pool holding `word` (a reconfiguration's converted word).
+    pub(crate) fn from_word(word: u64) -> LocalPool {
+        LocalPool {
+            word: CachePadded::new(AtomicU64::new(word)),
+        }
+    }
+
+    /// Seals the word and returns what it held: every later operation finds it sealed.
+    pub(crate) fn seal(&self) -> u64 {
+        if mutant!(LEASED_SWITCH_SKIPS_SEAL) {
+            return self.word.load(Ordering::Acquire);
+        }
+        self.word.swap(SEALED, Ordering::AcqRel)
+    }
+
+    /// Stores `word`: into a new pool before it is shared, or back into a word this
+    /// thread sealed, for a switch that unwinds.
+    pub(crate) fn store_word(&self, word: u64) {
+        self.word.store(word, Ordering::Release);
+    }
+
+    /// [`Pool::lease`] on a word that may be sealed.
+    pub(crate) fn lease_in<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+        request: LeaseRequest,
+        lessees: &mut impl Lessees,
+    ) -> Result<Result<LeaseOutcome, AcquireError>, Replaced> {
         let needed = layout.base_units() + request.cost_units;
         let mut hand = request.returned_units;
         let mut quiesced: Option<u64> = None;
         let mut reading = Reading::new(layout, request.now);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
+            if cur == SEALED {
+                return Err(Replaced { hand_units: hand });
+            }
             let snapshot = match LocalPool::refilled(layout, clock, cur, &mut reading) {
                 Ok(Some(snapshot)) => snapshot,
                 Ok(None) => continue,
                 Err(e) => {
-                    self.give_back(layout, hand);
-                    return Err(e);
+                    self.give_back_in(layout, hand)?;
+                    return Ok(Err(e));
                 }
             };
             let stored = stored_units(layout, cur);
@@ -436,7 +544,7 @@ impl Pool for LocalPool {
                     }
                     Step::Refuse => {
                         // Read-only, like a plain bucket's rejection.
-                        return Ok(rejected(layout, &snapshot, reading.now));
+                        return Ok(Ok(rejected(layout, &snapshot, reading.now)));
                     }
                     Step::GiveBackAndRefuse { units } => {
                         let next =
@@ -466,7 +574,7 @@ impl Pool for LocalPool {
                 }
             };
             match self.cas(cur, next) {
-                Ok(_) => return Ok(outcome),
+                Ok(_) => return Ok(Ok(outcome)),
                 Err(actual) => {
                     cur = actual;
                     reading.after_cas(layout, clock);
@@ -475,12 +583,16 @@ impl Pool for LocalPool {
         }
     }
 
-    fn give_back(&self, layout: &Layout, units: u64) {
+    /// [`Pool::give_back`] on a word that may be sealed.
+    pub(crate) fn give_back_in(&self, layout: &Layout, units: u64) -> Result<(), Replaced> {
         if units == 0 {
-            return;
+            return Ok(());
         }
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
+            if cur == SEALED {
+                return Err(Replaced { hand_units: units });
+            }
             // At the stored tick: giving back never advances time, so it never carries
             // refill credit and needs no quiescing; the tokens were the pool's, so the
             // pool and its lessees together hold no more than before, and the tick stays
@@ -492,18 +604,29 @@ impl Pool for LocalPool {
                 .saturating_add(units)
                 .min(layout.max_units());
             match self.cas(cur, snapshot.with_units(units)) {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
             }
         }
     }
 
-    fn credit(&self, layout: &Layout, now: u64, units: u64, lessees: &mut impl Lessees) {
+    /// [`Pool::credit`] on a word that may be sealed: [`Replaced`] holds what quiescing
+    /// took back, not the credit.
+    pub(crate) fn credit_in(
+        &self,
+        layout: &Layout,
+        now: u64,
+        units: u64,
+        lessees: &mut impl Lessees,
+    ) -> Result<(), Replaced> {
         let now_tick = layout.tick_of(now);
         let mut hand = 0u64;
         let mut quiesced: Option<u64> = None;
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
+            if cur == SEALED {
+                return Err(Replaced { hand_units: hand });
+            }
             let snapshot = layout.refill(cur, now_tick);
             let credited = snapshot.units().saturating_add(units);
             let bound = credit_bound(layout, credited, hand, lessees.max_outstanding_units());
@@ -516,55 +639,63 @@ impl Pool for LocalPool {
             let stored = stored_units(layout, cur);
             let next = exchange::settle(layout.max_units(), stored, credited, hand, reserve);
             match self.cas(cur, layout.store_after(&snapshot, credited, next)) {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
             }
         }
     }
 
-    fn wraps(&self) -> bool {
-        true
-    }
-
-    fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees) {
+    /// [`Pool::reset`] on a word that may be sealed: the lessees' tokens are dropped
+    /// either way, as a reset drops them.
+    pub(crate) fn reset_in(
+        &self,
+        layout: &Layout,
+        now: u64,
+        full: bool,
+        lessees: &mut impl Lessees,
+    ) -> Result<(), Replaced> {
         // What the lessees had is dropped with the rest of the old state. Leases in
         // flight are given back after the reset (capped at full).
         lessees.quiesce();
         let now_tick = layout.tick_of(now);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
+            if cur == SEALED {
+                return Err(Replaced { hand_units: 0 });
+            }
             let snapshot = layout.refill(cur, now_tick);
             match self.cas(cur, layout.restart(&snapshot, full)) {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
             }
         }
     }
 
+    /// [`Pool::peek`] on a word that may be sealed.
     #[inline]
-    fn peek(&self, layout: &Layout, now: u64) -> PoolState {
-        state_of(&self.snapshot_at(layout, now))
+    pub(crate) fn peek_in(&self, layout: &Layout, now: u64) -> Result<PoolState, Replaced> {
+        let cur = self.word.load(Ordering::Acquire);
+        if cur == SEALED {
+            return Err(Replaced { hand_units: 0 });
+        }
+        Ok(state_of(&layout.refill(cur, layout.tick_of(now))))
     }
 
+    /// [`Pool::reread`] on a word that may be sealed.
     #[cold]
     #[inline(never)]
-    fn reread<C: Clock + ?Sized>(
+    pub(crate) fn reread_in<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &C,
-    ) -> Result<(PoolState, u64), AcquireError> {
+    ) -> Result<Result<(PoolState, u64), AcquireError>, Replaced> {
         // Load first (acquiring the writers' readings), then read.
         let cur = self.word.load(Ordering::Acquire);
+        if cur == SEALED {
+            return Err(Replaced { hand_units: 0 });
+        }
         let now = clock.now_nanos();
-        Ok((state_of(&reread_snapshot(layout, cur, now)), now))
-    }
-}
-
-impl LocalPool {
-    /// The word refilled to `now`, writing nothing.
-    #[inline]
-    fn snapshot_at(&self, layout: &Layout, now: u64) -> Snapshot {
-        layout.refill(self.word.load(Ordering::Acquire), layout.tick_of(now))
+        Ok(Ok((state_of(&reread_snapshot(layout, cur, now)), now)))
     }
 }
 

@@ -159,6 +159,11 @@ impl Slots {
         self.slots.as_ptr() as usize
     }
 
+    /// Bytes the slot array holds.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        std::mem::size_of_val::<[CachePadded<Slot>]>(&self.slots)
+    }
+
     /// Number of slots.
     #[inline]
     pub(crate) fn len(&self) -> usize {
@@ -280,6 +285,21 @@ impl Slots {
             }
         }
         found
+    }
+
+    /// After a [`close`](Slots::close) of every slot by the caller, waits until each slot
+    /// holds the caller's close alone: every lessee whose lease that close cancelled has
+    /// given it back and let its slot go, and every closer that closed a slot before it
+    /// has stored its hand and reopened it. Then no token taken from the pool is in any
+    /// hand: a close made after the caller's takes nothing (every slot is closed), and a
+    /// lessee can claim no slot. A reconfiguration waits so before sealing the pool.
+    pub(crate) fn await_settled(&self) {
+        for slot in self.slots.iter() {
+            let mut spins = 0u32;
+            while slot.word.load(Ordering::Acquire) != CLOSED | 1 {
+                crate::sync::spin(&mut spins);
+            }
+        }
     }
 
     /// Undoes one [`close`](Slots::close) with the same `keep`.

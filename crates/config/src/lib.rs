@@ -18,7 +18,9 @@
 //! # What the engine consumes, and what it does not yet
 //!
 //! The inheritance strategy of each rule ([`Inherit`](tokengate::Inherit) from
-//! [`Inheritance`]) goes into the rules [`Config::rule_set`] builds
+//! [`Inheritance`], which a [`tokengate::LiveBucket`], a [`tokengate::LeasedBucket`] on
+//! its local pool and a [`tokengate::KeyedLimiter`] apply when reconfigured) goes into
+//! the rules [`Config::rule_set`] builds
 //! ([`Rule::inherit`](tokengate::scope::Rule::inherit)): a running
 //! [`tokengate::ScopedLimiter`] given to [`ConfigWatcher::apply_to`] takes each reload in
 //! place ([`ScopedLimiter::reconfigure`](tokengate::ScopedLimiter::reconfigure)), every

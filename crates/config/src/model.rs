@@ -10,8 +10,8 @@ use tokengate::scope::{Scope, ScopeKind, WorkClass};
 /// How a bucket's tokens carry over when its policy changes on reload.
 ///
 /// The file names the strategy (`[reload] inheritance`, or per rule); the engine applies
-/// it ([`tokengate::Inherit`], through `From`) to a `LiveBucket` or a `KeyedLimiter` it
-/// reconfigures.
+/// it ([`tokengate::Inherit`], through `From`) to a `LiveBucket`, a `LeasedBucket` or a
+/// `KeyedLimiter` it reconfigures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Inheritance {
