@@ -313,6 +313,49 @@ fn a_remote_kind_keeps_its_policies_and_the_local_ones_switch() {
 }
 
 #[test]
+fn a_refund_after_a_switch_gives_back_what_the_strategy_made_of_the_cost() {
+    // Each case: the global and tenant rules' strategy and new policies; what the two
+    // buckets hold after the refund of a request of 10 taken before the switch: what
+    // the switch alone would have left had the request not been made.
+    let cases = [
+        // Proportional: 100 -> 200 doubles, 50 -> 25 halves: 10 taken is 20 and 5.
+        (Inherit::Proportional, p(200, 1.0), p(25, 1.0), 200.0, 25.0),
+        // Reset: the switch forgot the take; the refund gives nothing back.
+        (
+            Inherit::Reset,
+            Policy::new(200, 1.0).unwrap().start_empty(),
+            Policy::new(25, 1.0).unwrap().start_empty(),
+            0.0,
+            0.0,
+        ),
+        (Inherit::AsIs, p(200, 1.0), p(25, 1.0), 100.0, 25.0),
+        (Inherit::Additive, p(200, 1.0), p(25, 1.0), 200.0, 25.0),
+    ];
+    for (how, global, tenant, g_after, t_after) in cases {
+        let set = |g: Policy, t: Policy| {
+            RuleSet::new()
+                .rule(ScopeKind::Global, Rule::new(g).inherit(how))
+                .rule(ScopeKind::Tenant, Rule::new(t).inherit(how))
+                .class(WorkClass::new("ten", 10))
+        };
+        let limiter = set(p(100, 1.0), p(50, 1.0))
+            .build_with_clock(ManualClock::new())
+            .unwrap();
+        let ten = limiter.class("ten").unwrap();
+        let r = Request::new().tenant(TenantId(3));
+        let charge = limiter.try_acquire(&r, ten).unwrap().charge().unwrap();
+        limiter.reconfigure(set(global, tenant)).unwrap();
+        limiter.refund(&charge);
+        assert_eq!(limiter.available(&Scope::Global), Some(g_after), "{how:?}");
+        assert_eq!(
+            limiter.available(&Scope::Tenant(TenantId(3))),
+            Some(t_after),
+            "{how:?}"
+        );
+    }
+}
+
+#[test]
 fn a_reservation_given_back_after_a_switch_goes_to_the_new_buckets() {
     let set = |global: u64| {
         let policy = Policy::builder(global, 1.0)

@@ -69,6 +69,9 @@ pub(crate) struct KindPolicies {
 /// its overridden keys use (a kind's local tier `t`, from 1, at `tiers[kind][t - 1]`).
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Policies {
+    /// The number of the generation these are (a decision's charge says which policies
+    /// it paid under).
+    pub(crate) generation: u64,
     pub(crate) rules: PerKind<Option<KindPolicies>>,
     pub(crate) tiers: PerKind<Box<[KindPolicies]>>,
 }
@@ -162,7 +165,7 @@ pub struct ScopeDecision<'a> {
     retry_after_nanos: u64,
     /// The class's cost per kind (a kind outside `paid` paid nothing, whatever it says).
     costs: &'a PerKind<u64>,
-    policies: &'a Policies,
+    pub(super) policies: &'a Policies,
     /// Each kind's local tier (0: its rule's policies).
     tiers: PerKind<u8>,
     /// The kinds the request paid (or was refused in).

@@ -26,8 +26,10 @@ use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
 use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
 use crate::error::AcquireError;
+use crate::inherit::Inherit;
 use crate::multi::{Member, sealed};
 use crate::scope::decision::Policies;
+use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::rules::WorkClass;
 use crate::state::SEALED;
 use crate::sync::{AtomicPtr, Ordering};
@@ -45,6 +47,8 @@ pub(super) struct Generation {
     /// Whether the global scope has one bucket: a request paying no keyed scope then
     /// pays it directly, without the multi-bucket path.
     pub(super) global_single: bool,
+    /// The strategy each kind's buckets were carried over with into this generation.
+    pub(super) inherit: PerKind<Inherit>,
     /// The generation that replaced this one; null until then.
     next: AtomicPtr<Generation>,
     /// The generation this one replaced (owned: freed with the limiter), or null.
@@ -65,6 +69,7 @@ impl Generation {
         classes: Vec<WorkClass>,
         policies: Policies,
         global_single: bool,
+        inherit: PerKind<Inherit>,
     ) -> Generation {
         Generation {
             number,
@@ -72,6 +77,7 @@ impl Generation {
             classes,
             policies,
             global_single,
+            inherit,
             next: AtomicPtr::new(ptr::null_mut()),
             prev: ptr::null_mut(),
         }
@@ -150,6 +156,21 @@ impl Generations {
         self.current.store(next, Ordering::Release);
     }
 
+    /// Generation `number`, if the limiter has had it.
+    pub(super) fn find(&self, number: u64) -> Option<&Generation> {
+        let mut g = self.current();
+        loop {
+            if g.number == number {
+                return Some(g);
+            }
+            if g.number < number || g.prev.is_null() {
+                return None;
+            }
+            // SAFETY: every `prev` is null or a live generation, freed only by `Drop`.
+            g = unsafe { &*g.prev };
+        }
+    }
+
     /// How many generations the limiter has had (each kept until it is dropped).
     pub(super) fn count(&self) -> usize {
         let mut count = 0;
@@ -176,15 +197,76 @@ impl Drop for Generations {
     }
 }
 
+/// What `cost` tokens taken from kind `k`'s bucket (of local tier `tier`, limit `limit`)
+/// under `from` are under `next`, the generation that replaced it: what the switch's
+/// strategy made of them, so that giving them back after the switch leaves the bucket
+/// as if they had not been taken before it. Whole tokens, rounded down (never more
+/// than the strategy gives): proportional, `cost * B' / B`; as is and additive, `cost`
+/// (a refund is capped at the capacity anyway); reset, nothing (the switch forgot the
+/// take); an unchanged policy, `cost`.
+fn carry_hop(
+    from: &Generation,
+    next: &Generation,
+    k: usize,
+    tier: u8,
+    limit: usize,
+    cost: u64,
+) -> u64 {
+    let policy = |g: &Generation| {
+        g.policies
+            .get(k, tier)
+            .and_then(|p| p.as_slice().get(limit).copied())
+    };
+    let (Some(a), Some(b)) = (policy(from), policy(next)) else {
+        return cost;
+    };
+    if a == b {
+        return cost;
+    }
+    match next.inherit.get(k).copied().unwrap_or(Inherit::AsIs) {
+        Inherit::Proportional => {
+            let scaled =
+                u128::from(cost) * u128::from(b.capacity()) / u128::from(a.capacity().max(1));
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        }
+        Inherit::AsIs | Inherit::Additive => cost,
+        Inherit::Reset => 0,
+    }
+}
+
+/// [`carry_hop`] through every switch from `from` to `to` (a later generation, or
+/// `from` itself).
+pub(super) fn carried(
+    from: &Generation,
+    to: &Generation,
+    k: usize,
+    tier: u8,
+    limit: usize,
+    mut cost: u64,
+) -> u64 {
+    let mut g = from;
+    while !ptr::eq(g, to) && cost > 0 {
+        let next = g.next.load(Ordering::Acquire);
+        if next.is_null() {
+            break;
+        }
+        // SAFETY: a published generation, freed only with the limiter.
+        let next = unsafe { &*next };
+        cost = carry_hop(g, next, k, tier, limit, cost);
+        g = next;
+    }
+    cost
+}
+
 /// Gives `cost` tokens back to the global word of limit `limit` of `g`, or, when a switch
-/// has sealed it, to the same limit's word of the generation that replaced it, as it is
-/// (capped at the new capacity, as any refund: see
-/// [`LiveBucket::refund`](crate::LiveBucket::refund)).
+/// has sealed it, to the same limit's word of the generation that replaced it, converted
+/// by that switch's strategy ([`carry_hop`]): a take rolled back across a switch leaves
+/// the words as if it had not been made. Capped at the capacity, as any refund.
 pub(super) fn refund_global<C: Clock>(
     mut g: &Generation,
     limit: usize,
     clock: &Monotonic<C>,
-    cost: u64,
+    mut cost: u64,
     now: u64,
 ) {
     loop {
@@ -204,6 +286,7 @@ pub(super) fn refund_global<C: Clock>(
             Ok(()) => return,
             Err(Sealed) => {
                 if let Some(next) = g.successor() {
+                    cost = carry_hop(g, next, ScopeKind::Global.index(), 0, limit, cost);
                     g = next;
                 }
             }

@@ -120,9 +120,9 @@ pub(super) trait KindMapOps {
     /// `None` when `scope` is not of this kind or has no bucket.
     fn stored_word(&self, scope: &Scope) -> Option<u64>;
     fn for_each_counters(&self, f: &mut dyn FnMut(Scope, CounterSnapshot));
-    /// Gives `scope`'s bucket `cost` back (nothing when `scope` is not of this kind or
-    /// its key is not in the map).
-    fn refund(&self, scope: &Scope, cost: u64);
+    /// Gives each of `scope`'s buckets `cost(tier, limit)` back (nothing when `scope` is
+    /// not of this kind or its key is not in the map).
+    fn refund(&self, scope: &Scope, cost: &dyn Fn(u8, usize) -> u64);
     /// The local tier of `scope`'s key (0: the rule's); `None` when `scope` is not of
     /// this kind.
     fn tier_of(&self, scope: &Scope) -> Option<u8>;
@@ -218,12 +218,15 @@ where
         }
     }
 
-    fn refund(&self, scope: &Scope, cost: u64) {
-        if let Some((k, l)) = self.scope_limits(scope) {
-            // A cost within the capacity (it was paid); an evicted key gets nothing.
-            for m in l.maps() {
-                let _ = m.refund(&k, cost);
-            }
+    fn refund(&self, scope: &Scope, cost: &dyn Fn(u8, usize) -> u64) {
+        let Some(key) = (self.key_of)(scope) else {
+            return;
+        };
+        let (tier, l) = self.limits_of(&key);
+        for (limit, m) in l.maps().enumerate() {
+            // Capped at the capacity, as any refund; an evicted key gets nothing.
+            let c = cost(tier, limit).min(m.policy().capacity());
+            let _ = m.refund(&key, c);
         }
     }
 

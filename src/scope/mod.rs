@@ -50,6 +50,7 @@ use crate::bucket::{Core, Sealable};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
+use crate::inherit::Inherit;
 use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, sweep_interval};
 use crate::leased::LeasedBucket;
 use crate::multi::{Member, MultiError, acquire_all_at, sealed};
@@ -230,8 +231,9 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
 /// the order of [`ScopeKind`] (tenant, user, API key, route, tenant route), each at most
 /// once, and held until every bucket has been paid or rolled back; a new key takes its
 /// shard's write lock in that same position. Writers (insertions, sweeps) hold one shard
-/// lock at a time. Every thread thus acquires locks in one global order, which rules out
-/// the deadlock that reader-writer locks preferring waiting writers (std's, and so
+/// lock at a time; a [`reconfigure`](ScopedLimiter::reconfigure) holds every shard of
+/// every map, taken in that same order (kind, then policy, then tier). Every thread
+/// thus acquires locks in one global order, which rules out the deadlock that reader-writer locks preferring waiting writers (std's, and so
 /// crossbeam's `ShardedLock`) would otherwise allow: a reader holding shard A and waiting
 /// for B behind a queued writer, while another holds B and waits for A.
 pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
@@ -370,6 +372,7 @@ impl RuleSet {
                 self.classes,
                 policies,
                 global_single,
+                [Inherit::AsIs; ScopeKind::COUNT],
             )),
             clock: guard,
             shape,

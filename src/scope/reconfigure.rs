@@ -178,10 +178,22 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// bucket then holds what [`inherit::convert`] promises (never more than its
     /// strategy's balance), and admits under the new policy from there.
     ///
-    /// Concurrent reconfigurations are applied one after the other. Each keeps its
-    /// configuration (a few kilobytes, more with many tiers) until the limiter is
-    /// dropped. A refund after the switch of tokens taken before it goes to the new
-    /// buckets as it is (see [`LiveBucket::refund`](crate::LiveBucket::refund)).
+    /// Tokens taken before a switch and given back after it ([`refund`](ScopedLimiter::refund)
+    /// of a [`Charge`](crate::scope::Charge) paid under the old configuration, a
+    /// reservation cancelled, a request rolled back when another of its buckets met a
+    /// seal or the remote store refused) are converted by the switch's strategy, in whole
+    /// tokens rounded down: proportional gives back `cost * B' / B`, as is and additive
+    /// `cost`, reset nothing (the switch forgot the take), an unchanged policy `cost`. So
+    /// a take and its give-back across a switch leave each bucket where the switch alone
+    /// would have (up to a token less). A give-back racing a further switch is converted
+    /// up to the configuration it read.
+    ///
+    /// Rules and tiers whose policies do not change keep their buckets untouched,
+    /// whatever their strategy (a reload that changed a comment refills nothing); a rule
+    /// set equal to the running one switches nothing. Concurrent reconfigurations are
+    /// applied one after the other. Each keeps its configuration (a few kilobytes, more
+    /// with many tiers) until the limiter is dropped. The remote store given with `rules`,
+    /// if any, is not used: the limiter keeps the store it was built with.
     ///
     /// ```
     /// use tokengate::{Inherit, ManualClock, Policy, scope::*};
@@ -227,13 +239,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .switching
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (tiers, policies) = rules.check()?;
+        let (tiers, mut policies) = rules.check()?;
         self.shape
             .check(&Shape::of(&rules, &tiers))
             .map_err(RuleError::Reshape)?;
         let inherit: PerKind<Inherit> = ScopeKind::ALL
             .map(|k| rules.rules[k.index()].map_or(Inherit::Proportional, |r| r.inherit));
         let old = self.generation();
+        policies.generation = old.number;
         if old.policies == policies && old.classes == rules.classes {
             // Nothing to switch: no bucket changes, and no generation is kept for it.
             return Ok(ScopeReconfigured {
@@ -249,12 +262,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .unwrap_or_default();
         // Allocated before the barrier and the seals: between the seals and the
         // publication, only arithmetic.
+        policies.generation = old.number + 1;
         let mut next = Box::new(Generation::new(
             old.number + 1,
             Box::new([]),
             rules.classes,
             policies,
             old.global_single,
+            inherit,
         ));
         let mut words: Vec<Core> = Vec::with_capacity(old.words.len());
         let mut unseals: Vec<Unseal<'_>> = Vec::with_capacity(old.words.len());

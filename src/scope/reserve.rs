@@ -12,7 +12,7 @@ use crate::keyed::{Handle, Slot};
 use crate::owned::{OwnedReservation, Reservable, reserve_on, reserve_on_in, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
-use crate::scope::generation::{Generation, refund_global};
+use crate::scope::generation::{Generation, carried, refund_global};
 use crate::scope::kind::PerKind;
 use crate::scope::maps::KindSlots;
 use crate::scope::{
@@ -45,6 +45,9 @@ use crate::scope::{
 pub struct Charge {
     request: Request,
     costs: PerKind<u64>,
+    /// The limiter's configuration it was paid under: a refund after a reconfiguration
+    /// gives back what the switch's strategy makes of it.
+    generation: u64,
 }
 
 impl Charge {
@@ -70,6 +73,7 @@ impl ScopeDecision<'_> {
         Some(Charge {
             request: self.request,
             costs: std::array::from_fn(|k| self.own_cost(k)),
+            generation: self.policies.generation,
         })
     }
 }
@@ -200,24 +204,32 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     pub fn refund(&self, charge: &Charge) {
         let r = &charge.request;
         let c = &charge.costs;
+        let current = self.generation();
+        // The configuration it was paid under (the current one if it is not found,
+        // which cannot happen: every generation is kept).
+        let paid = self.generations.find(charge.generation).unwrap_or(current);
         let cost = c[ScopeKind::Global.index()];
         if cost > 0 {
             if let Some(b) = self.leased() {
+                // A leased global scope keeps its policy: nothing to convert.
                 let _ = b.refund(cost);
             } else {
-                let g = self.generation();
-                let now = self.now_on(g);
-                for limit in 0..g.words.len() {
-                    refund_global(g, limit, &self.clock, cost, now);
+                let now = self.now_on(current);
+                for limit in 0..current.words.len() {
+                    let cost = carried(paid, current, ScopeKind::Global.index(), 0, limit, cost);
+                    refund_global(current, limit, &self.clock, cost, now);
                 }
             }
         }
         for kind in ScopeKind::ALL {
-            let cost = c[kind.index()];
+            let k = kind.index();
+            let cost = c[k];
             if let (Some(m), Some(scope), true) =
                 (self.maps.get(kind), Scope::of(r, kind), cost > 0)
             {
-                m.refund(&scope, cost);
+                m.refund(&scope, &|tier, limit| {
+                    carried(paid, current, k, tier, limit, cost)
+                });
             }
         }
         self.give_back_remote(r, c);
@@ -326,6 +338,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             let charge = Charge {
                 request: *request,
                 costs: self.paid_costs(g, &costs, request),
+                generation: g.number,
             };
             return Ok(OwnedReservation::new(
                 Arc::clone(self),
