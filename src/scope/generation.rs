@@ -200,10 +200,10 @@ impl Drop for Generations {
 /// What `cost` tokens taken from kind `k`'s bucket (of local tier `tier`, limit `limit`)
 /// under `from` are under `next`, the generation that replaced it: what the switch's
 /// strategy made of them, so that giving them back after the switch leaves the bucket
-/// as if they had not been taken before it. Whole tokens, rounded down (never more
-/// than the strategy gives): proportional, `cost * B' / B`; as is and additive, `cost`
-/// (a refund is capped at the capacity anyway); reset, nothing (the switch forgot the
-/// take); an unchanged policy, `cost`.
+/// as if they had not been taken before it. Whole tokens, rounded down: proportional,
+/// `cost * B' / B`; as is and additive, `cost` (exact but where the switch's cap or
+/// floor bound; a refund is capped at the capacity); reset, nothing (the switch forgot
+/// the take); an unchanged policy, `cost`.
 fn carry_hop(
     from: &Generation,
     next: &Generation,

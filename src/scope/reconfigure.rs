@@ -185,8 +185,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// tokens rounded down: proportional gives back `cost * B' / B`, as is and additive
     /// `cost`, reset nothing (the switch forgot the take), an unchanged policy `cost`. So
     /// a take and its give-back across a switch leave each bucket where the switch alone
-    /// would have (up to a token less). A give-back racing a further switch is converted
-    /// up to the configuration it read.
+    /// would have (up to a token less), except where the switch's cap or floor bound: as
+    /// is capped at `B'`, or additive shrunk to zero, may have made less of the take
+    /// than `cost`, and the give-back then credits up to `cost` more than the switch
+    /// alone would have left (never above the capacity). A give-back racing a further
+    /// switch is converted up to the configuration it read.
     ///
     /// Rules and tiers whose policies do not change keep their buckets untouched,
     /// whatever their strategy (a reload that changed a comment refills nothing); a rule
