@@ -21,7 +21,7 @@
 //!
 //! A running limiter takes new policies (of its rules and tiers) and new class costs in
 //! place ([`ScopedLimiter::reconfigure`]), every bucket carrying its tokens over with its
-//! rule's [`Inherit`](crate::Inherit) strategy ([`Rule::inherit`]), each request decided
+//! rule's [`Inherit`] strategy ([`Rule::inherit`]), each request decided
 //! wholly on the old configuration or wholly on the new.
 //!
 //! Chosen keyed kinds may live in a remote store shared by several limiters
