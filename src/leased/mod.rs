@@ -120,7 +120,7 @@ use std::fmt;
 use std::ptr;
 use std::time::Duration;
 
-use crate::bucket::{Sealed, reread_snapshot};
+use crate::bucket::{SEALED_ERROR, Sealed, reread_snapshot};
 use crate::clock::{Clock, ClockError, CoarseClock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -606,6 +606,72 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             clock,
             fixed_lease,
             id,
+        }
+    }
+
+    /// The current epoch's identity (its address; epochs live until the bucket is
+    /// dropped, so no two are ever the same), for a caller that decides on one epoch.
+    pub(crate) fn epoch_id(&self) -> usize {
+        ptr::from_ref(self.epoch()) as usize
+    }
+
+    /// [`take_at`](sealed::Sealed::take_at) on epoch `id` only: [`SEALED_ERROR`],
+    /// deciding and writing nothing, when it is not current or is being replaced. A
+    /// scoped limiter whose configuration names the epoch decides with that epoch alone.
+    pub(crate) fn take_exactly(
+        &self,
+        id: usize,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, AcquireError> {
+        let epoch = self.epoch();
+        if ptr::from_ref(epoch) as usize != id {
+            return Err(SEALED_ERROR);
+        }
+        let now = self.at(epoch, self.clock.observe(now));
+        let slot = thread_index();
+        match Self::from_slot(epoch, slot, cost, now) {
+            Some(out) => out,
+            None => match self.trip(epoch, slot, cost, now) {
+                Ok(out) => out,
+                Err(Sealed) => Err(SEALED_ERROR),
+            },
+        }
+    }
+
+    /// [`refund_at`](sealed::Sealed::refund_at) on epoch `id` only: `false`, giving
+    /// nothing, when it is not current or is being replaced.
+    pub(crate) fn refund_exactly(&self, id: usize, cost: u64, now: u64) -> bool {
+        let epoch = self.epoch();
+        if ptr::from_ref(epoch) as usize != id {
+            return false;
+        }
+        let layout = epoch.policy.layout();
+        let units = layout.units_of(cost.min(layout.capacity())).unwrap_or(0);
+        let now = self.at(epoch, self.clock.observe(now));
+        self.refund_on(epoch, units, now)
+    }
+
+    /// [`refusal_at`](sealed::Sealed::refusal_at) on epoch `id` only: `None` when it
+    /// is not current (the take then finds it replaced).
+    pub(crate) fn refusal_exactly(&self, id: usize, cost: u64, now: u64) -> Option<Decision> {
+        if self.epoch_id() != id {
+            return None;
+        }
+        sealed::Sealed::refusal_at(self, cost, now)
+    }
+
+    /// Whether [`reconfigure`](LeasedBucket::reconfigure) would take `policy`: a fixed
+    /// [`LeaseConfig::max_lease`] must fit it.
+    pub(crate) fn check_policy(&self, policy: &Policy) -> Result<(), LeaseConfigError> {
+        match self.fixed_lease {
+            Some(tokens) if tokens > lease_limit(policy) => {
+                Err(LeaseConfigError::LeaseOutOfRange {
+                    max_lease: tokens,
+                    max: lease_limit(policy),
+                })
+            }
+            _ => Ok(()),
         }
     }
 

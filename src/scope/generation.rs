@@ -40,7 +40,7 @@ pub(super) struct Generation {
     /// 0 at build, one more per reconfiguration.
     pub(super) number: u64,
     /// The plain global scope's words, one per policy of its rule, in its order (empty
-    /// when the global scope has no rule or is leased).
+    /// when the global scope has no rule or is leased: see `leased_epoch`).
     pub(super) words: Box<[Core]>,
     pub(super) classes: Vec<WorkClass>,
     pub(super) policies: Policies,
@@ -49,6 +49,9 @@ pub(super) struct Generation {
     pub(super) global_single: bool,
     /// The strategy each kind's buckets were carried over with into this generation.
     pub(super) inherit: PerKind<Inherit>,
+    /// The epoch of the leased global bucket this generation decides with
+    /// ([`LeasedBucket::epoch_id`](crate::LeasedBucket)); 0 when not leased.
+    pub(super) leased_epoch: usize,
     /// The generation that replaced this one; null until then.
     next: AtomicPtr<Generation>,
     /// The generation this one replaced (owned: freed with the limiter), or null.
@@ -78,6 +81,7 @@ impl Generation {
             policies,
             global_single,
             inherit,
+            leased_epoch: 0,
             next: AtomicPtr::new(ptr::null_mut()),
             prev: ptr::null_mut(),
         }
@@ -291,6 +295,34 @@ pub(super) fn refund_global<C: Clock>(
                 }
             }
         }
+    }
+}
+
+/// Gives `cost` tokens back to the leased global bucket `bucket` on the epoch of
+/// generation `g`, or, when a switch has replaced it, on the epoch of the generation
+/// that replaced `g`, converted by that switch's strategy (as [`refund_global`]).
+pub(super) fn refund_leased<C: Clock>(
+    bucket: &crate::LeasedBucket<C>,
+    mut g: &Generation,
+    mut cost: u64,
+    now: u64,
+) {
+    let mut spins = 0u32;
+    loop {
+        if cost == 0 || bucket.refund_exactly(g.leased_epoch, cost, now) {
+            return;
+        }
+        let next = g.next.load(Ordering::Acquire);
+        if next.is_null() {
+            // The bucket is being switched (or was, and its generation is about to be
+            // published), or a switch of it unwound: wait, then try again.
+            crate::sync::spin(&mut spins);
+            continue;
+        }
+        // SAFETY: a published generation, freed only with the limiter.
+        let next = unsafe { &*next };
+        cost = carry_hop(g, next, ScopeKind::Global.index(), 0, 0, cost);
+        g = next;
     }
 }
 

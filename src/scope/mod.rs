@@ -89,7 +89,8 @@ struct GlobalScope<C: Clock> {
 enum Payer<'a, C: Clock> {
     Word(Handle<'a, C>),
     Global(GlobalWord<'a, C>),
-    Leased(&'a LeasedBucket<C>, CounterRef<'a>),
+    /// The leased global bucket, decided on the epoch of the request's generation.
+    Leased(&'a LeasedBucket<C>, &'a Generation, CounterRef<'a>),
 }
 
 impl<C: Clock> Clone for Payer<'_, C> {
@@ -105,7 +106,7 @@ impl<'a, C: Clock> Payer<'a, C> {
         match self {
             Payer::Word(h) => h.counters,
             Payer::Global(g) => g.counters,
-            Payer::Leased(_, c) => *c,
+            Payer::Leased(_, _, c) => *c,
         }
     }
 }
@@ -116,14 +117,17 @@ impl<C: Clock> Member for Payer<'_, C> {
         match self {
             Payer::Word(h) => h.member_id(),
             Payer::Global(g) => g.member_id(),
-            Payer::Leased(b, _) => b.member_id(),
+            Payer::Leased(b, _, _) => b.member_id(),
         }
     }
     fn capacity(&self) -> u64 {
         match self {
             Payer::Word(h) => Member::capacity(h),
             Payer::Global(g) => Member::capacity(g),
-            Payer::Leased(b, _) => Member::capacity(*b),
+            Payer::Leased(b, g, _) => g
+                .policies
+                .get(ScopeKind::Global.index(), 0)
+                .map_or_else(|| Member::capacity(*b), |p| p.policy().capacity()),
         }
     }
 }
@@ -134,7 +138,7 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
         match self {
             Payer::Word(h) => h.now_nanos(),
             Payer::Global(g) => sealed::Sealed::now_nanos(g),
-            Payer::Leased(b, _) => sealed::Sealed::now_nanos(*b),
+            Payer::Leased(b, _, _) => sealed::Sealed::now_nanos(*b),
         }
     }
     #[inline]
@@ -142,7 +146,7 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
         match self {
             Payer::Word(h) => h.take_at(cost, now),
             Payer::Global(g) => g.take_at(cost, now),
-            Payer::Leased(b, _) => b.take_at(cost, now),
+            Payer::Leased(b, g, _) => b.take_exactly(g.leased_epoch, cost, now),
         }
     }
     #[inline]
@@ -150,14 +154,14 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
         match self {
             Payer::Word(h) => h.refund_at(cost, now),
             Payer::Global(g) => g.refund_at(cost, now),
-            Payer::Leased(b, _) => b.refund_at(cost, now),
+            Payer::Leased(b, g, _) => generation::refund_leased(b, g, cost, now),
         }
     }
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         match self {
             Payer::Word(h) => h.wait_at(cost, now),
             Payer::Global(g) => g.wait_at(cost, now),
-            Payer::Leased(b, _) => b.wait_at(cost, now),
+            Payer::Leased(b, _, _) => b.wait_at(cost, now),
         }
     }
     #[inline]
@@ -165,7 +169,7 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
         match self {
             Payer::Word(h) => h.refusal_at(cost, now),
             Payer::Global(g) => g.refusal_at(cost, now),
-            Payer::Leased(b, _) => b.refusal_at(cost, now),
+            Payer::Leased(b, g, _) => b.refusal_exactly(g.leased_epoch, cost, now),
         }
     }
 }
@@ -361,19 +365,23 @@ impl RuleSet {
         };
         let shape = reconfigure::Shape::of(&self, &tiers);
         let global_single = global_rule.is_none_or(|r| r.policies().len() == 1);
+        let mut first = Generation::new(
+            0,
+            words,
+            self.classes,
+            policies,
+            global_single,
+            [Inherit::AsIs; ScopeKind::COUNT],
+        );
+        if let Some(b) = global.as_ref().and_then(|g| g.leased.as_ref()) {
+            first.leased_epoch = b.epoch_id();
+        }
         Ok(ScopedLimiter {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             remote,
             global,
             maps: KeyedMaps::build(&self.rules, &tiers, &clock, &hasher)?,
-            generations: Generations::new(Generation::new(
-                0,
-                words,
-                self.classes,
-                policies,
-                global_single,
-                [Inherit::AsIs; ScopeKind::COUNT],
-            )),
+            generations: Generations::new(first),
             clock: guard,
             shape,
             switching: std::sync::Mutex::new(()),
@@ -585,6 +593,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if class.limiter != self.id {
             return Err(ScopeError::UnknownClass(class));
         }
+        let mut spins = 0u32;
         loop {
             let g = self.generation();
             let Some(work) = g.classes.get(class.index as usize) else {
@@ -620,6 +629,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Ok(d) => d,
                 Err(ScopeError::Acquire { error, .. }) if is_sealed(&error) => {
                     self.generations.await_successor(g);
+                    // A leased global bucket switched before its generation is
+                    // published: the request starts again until it is.
+                    crate::sync::spin(&mut spins);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -663,7 +675,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .map_or(CounterRef::Off, CounterRef::Striped);
         match &global.leased {
             None => GlobalWord::new(g, 0, &self.clock, counters).map(Payer::Global),
-            Some(b) => Some(Payer::Leased(b, counters)),
+            Some(b) => Some(Payer::Leased(b, g, counters)),
         }
     }
 

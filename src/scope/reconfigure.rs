@@ -13,6 +13,7 @@ use crate::leased::LeaseConfig;
 use crate::live::Reconfigured;
 use crate::policy::Policy;
 use crate::scope::ScopedLimiter;
+use crate::scope::decision::Policies;
 use crate::scope::generation::Generation;
 use crate::scope::kind::{PerKind, Scope, ScopeKind};
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Reshape, Rule, RuleError, RuleSet};
@@ -23,9 +24,9 @@ use crate::state::SEALED;
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ScopeReconfigured {
-    /// The plain global scope's words, one per policy of its rule: what each held
-    /// before and after the switch (empty when the global scope has no rule or is
-    /// leased).
+    /// The global scope's buckets, one per policy of its rule: what each held before
+    /// and after the switch (empty when the global scope has no rule; for a leased
+    /// global scope, its bucket, slots included, when its policy changes).
     pub global: Vec<Reconfigured>,
     /// Keyed maps switched (one per policy of each local keyed rule and of each tier
     /// in use): each converts its keys on their first touch after the switch, as of
@@ -45,13 +46,13 @@ struct RuleShape {
     lease: Option<LeaseConfig>,
     remote: bool,
     /// The policies, where they may not change either: a remote kind's (its store
-    /// holds them) and a leased global scope's.
+    /// holds them).
     fixed: Option<[Policy; MAX_POLICIES_PER_RULE]>,
 }
 
 impl RuleShape {
     fn of(kind: ScopeKind, rule: &Rule) -> RuleShape {
-        let fixed = rule.remote || rule.lease.is_some();
+        let fixed = rule.remote;
         RuleShape {
             len: rule.policies().len(),
             options: (kind != ScopeKind::Global).then_some(rule.options),
@@ -118,11 +119,7 @@ impl Shape {
                         return Err(Reshape::Options { kind });
                     }
                     if a.fixed != b.fixed {
-                        return Err(if a.remote {
-                            Reshape::RemotePolicies { kind }
-                        } else {
-                            Reshape::LeasedPolicy
-                        });
+                        return Err(Reshape::RemotePolicies { kind });
                     }
                 }
                 _ => return Err(Reshape::Kinds { kind }),
@@ -161,8 +158,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// running limiter's shape ([`Reshape`]): the same kinds with rules, each with as
     /// many policies, the same map options, leasing and remote kinds, the same
     /// overridden keys in the same tiers (whose policies may change), and the same
-    /// classes in the same order (whose costs may change). A leased global scope and
-    /// remote kinds keep their policies. Anything else is refused with a typed error
+    /// classes in the same order (whose costs may change). Remote kinds keep their
+    /// policies (their store holds them); a leased global scope is switched as
+    /// [`LeasedBucket::reconfigure`](crate::LeasedBucket::reconfigure) switches it (its
+    /// slots' tokens join the converted balance), before the new configuration is
+    /// published, and a request of the old configuration that reaches its new epoch
+    /// starts again. Anything else is refused with a typed error
     /// and changes nothing: build a new limiter for it.
     ///
     /// The switch is atomic: every request is decided wholly on the old configuration
@@ -246,6 +247,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         self.shape
             .check(&Shape::of(&rules, &tiers))
             .map_err(RuleError::Reshape)?;
+        self.check_leased(&policies)?;
         let inherit: PerKind<Inherit> = ScopeKind::ALL
             .map(|k| rules.rules[k.index()].map_or(Inherit::Proportional, |r| r.inherit));
         let old = self.generation();
@@ -344,6 +346,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             });
         }
         next.words = words.into_boxed_slice();
+        if let (Some(b), Some(&policy)) = (self.leased(), global_policies.first()) {
+            // Switched before the new generation is published: a request of the old
+            // one that reaches the new epoch finds its epoch gone and starts again.
+            if *b.policy() != policy {
+                let r = b
+                    .reconfigure(policy, global_inherit)
+                    .map_err(RuleError::Lease)?;
+                report.push(r);
+            }
+            next.leased_epoch = b.epoch_id();
+        }
         self.generations.publish(old, next);
         for unseal in unseals {
             std::mem::forget(unseal);
@@ -373,10 +386,20 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     ///
     /// As [`reconfigure`](ScopedLimiter::reconfigure).
     pub fn check_reconfigure(&self, rules: &RuleSet) -> Result<(), RuleError> {
-        let (tiers, _) = rules.check()?;
+        let (tiers, policies) = rules.check()?;
         self.shape
             .check(&Shape::of(rules, &tiers))
-            .map_err(RuleError::Reshape)
+            .map_err(RuleError::Reshape)?;
+        self.check_leased(&policies)
+    }
+
+    /// Whether the leased global bucket (if any) takes the global rule's policy in
+    /// `policies`: a fixed lease must fit it.
+    fn check_leased(&self, policies: &Policies) -> Result<(), RuleError> {
+        match (self.leased(), policies.get(ScopeKind::Global.index(), 0)) {
+            (Some(b), Some(p)) => b.check_policy(p.policy()).map_err(RuleError::Lease),
+            _ => Ok(()),
+        }
     }
 
     /// How many times the limiter was reconfigured.

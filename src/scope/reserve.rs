@@ -211,8 +211,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let cost = c[ScopeKind::Global.index()];
         if cost > 0 {
             if let Some(b) = self.leased() {
-                // A leased global scope keeps its policy: nothing to convert.
-                let _ = b.refund(cost);
+                let cost = carried(paid, current, ScopeKind::Global.index(), 0, 0, cost);
+                let _ = b.refund(cost.min(b.policy().capacity()));
             } else {
                 let now = self.now_on(current);
                 for limit in 0..current.words.len() {

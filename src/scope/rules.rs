@@ -635,9 +635,6 @@ pub enum Reshape {
     },
     /// The global rule's leasing changes: on or off, or its lease configuration.
     Lease,
-    /// The policy of a leased global scope changes: a leased bucket is not switched
-    /// in place.
-    LeasedPolicy,
     /// A kind becomes remote or local.
     Remote {
         /// The kind.
@@ -673,10 +670,6 @@ impl fmt::Display for Reshape {
                  or counters)"
             ),
             Reshape::Lease => f.write_str("the global scope's leasing changes"),
-            Reshape::LeasedPolicy => f.write_str(
-                "the policy of a leased global scope changes: a leased global bucket keeps \
-                 its policy",
-            ),
             Reshape::Remote { kind } => {
                 write!(
                     f,
