@@ -268,28 +268,19 @@ impl<C: Clock> LiveBucket<C> {
             };
             // Read after the seal: not earlier than any reading stored in `word`.
             let now = self.clock.now_nanos();
-            let old = epoch.core.policy();
-            let from = old.layout();
-            let passes = epoch.core.passes();
-            let snapshot = if passes.is_due(now) && passes.idle_at(now) {
-                from.reanchor_full(from.tick_of(now))
-            } else {
-                reread_snapshot(from, word, now)
-            };
-            let to = policy.layout();
-            let converted =
-                inherit::convert(from, &snapshot, now, to, inherit, policy.starts_full());
-            next.core = Core::new(policy, now, Some(converted.word));
+            let (word, report) = convert_sealed(
+                epoch.core.policy().layout(),
+                epoch.core.passes(),
+                word,
+                now,
+                &policy,
+                inherit,
+            );
+            next.core = Core::new(policy, now, Some(word));
             next.prev = ptr::from_ref(epoch).cast_mut();
             self.current.store(Box::into_raw(next), Ordering::Release);
             std::mem::forget(unseal);
-            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
-            return Reconfigured {
-                before: tokens(converted.from_units, from.frac_bits()),
-                after: tokens(converted.to_units, to.frac_bits()),
-                forgiven: converted.forgiven_units as f64 / (1u128 << to.frac_bits()) as f64,
-                inherit,
-            };
+            return report;
         }
     }
 
@@ -376,9 +367,40 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
 }
 
 /// Unseals a word whose switch did not complete.
-struct Unseal<'a> {
-    raw: &'a crate::bucket::RawBucket,
+pub(crate) struct Unseal<'a> {
+    pub(crate) raw: &'a crate::bucket::RawBucket,
+    pub(crate) word: u64,
+}
+
+/// A switch's conversion of `word`, sealed under a policy of layout `from` whose
+/// re-anchoring passes are `passes`, to `policy` with `inherit` at the switch reading
+/// `now` (read after the seal): the new word and what it did. A word a due pass would
+/// find idle past its fill time is read full, as the pass would leave it. The one
+/// conversion every switch makes (a live bucket's, a leased bucket's pool, a scoped
+/// limiter's global words).
+pub(crate) fn convert_sealed(
+    from: &crate::state::Layout,
+    passes: &crate::pass::Passes,
     word: u64,
+    now: u64,
+    policy: &Policy,
+    inherit: Inherit,
+) -> (u64, Reconfigured) {
+    let snapshot = if passes.is_due(now) && passes.idle_at(now) {
+        from.reanchor_full(from.tick_of(now))
+    } else {
+        reread_snapshot(from, word, now)
+    };
+    let to = policy.layout();
+    let converted = inherit::convert(from, &snapshot, now, to, inherit, policy.starts_full());
+    let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
+    let report = Reconfigured {
+        before: tokens(converted.from_units, from.frac_bits()),
+        after: tokens(converted.to_units, to.frac_bits()),
+        forgiven: converted.forgiven_units as f64 / (1u128 << to.frac_bits()) as f64,
+        inherit,
+    };
+    (converted.word, report)
 }
 
 impl Drop for Unseal<'_> {

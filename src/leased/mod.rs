@@ -120,13 +120,13 @@ use std::fmt;
 use std::ptr;
 use std::time::Duration;
 
-use crate::bucket::{SEALED_ERROR, Sealed, reread_snapshot};
+use crate::bucket::{SEALED_ERROR, Sealed};
 use crate::clock::{Clock, ClockError, CoarseClock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::error::cost_exceeds_capacity;
-use crate::inherit::{self, Inherit};
-use crate::live::Reconfigured;
+use crate::inherit::Inherit;
+use crate::live::{Reconfigured, convert_sealed};
 use crate::multi::{Member, sealed};
 use crate::pass::Passes;
 use crate::policy::Policy;
@@ -484,27 +484,13 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
             undo.word = Some(word);
             // Read after the seal: not earlier than any reading stored in `word`.
             let now = self.clock.now_nanos();
-            let passes = &epoch.passes;
-            let snapshot = if passes.is_due(now) && passes.idle_at(now) {
-                from.reanchor_full(from.tick_of(now))
-            } else {
-                reread_snapshot(from, word, now)
-            };
-            let to = policy.layout();
-            let converted =
-                inherit::convert(from, &snapshot, now, to, inherit, policy.starts_full());
-            next.pool.store_word(converted.word);
-            next.passes = Passes::new(to, now);
+            let (word, report) = convert_sealed(from, &epoch.passes, word, now, &policy, inherit);
+            next.pool.store_word(word);
+            next.passes = Passes::new(policy.layout(), now);
             next.prev = ptr::from_ref(epoch).cast_mut();
             self.current.store(Box::into_raw(next), Ordering::Release);
             std::mem::forget(undo);
-            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
-            return Ok(Reconfigured {
-                before: tokens(converted.from_units, from.frac_bits()),
-                after: tokens(converted.to_units, to.frac_bits()),
-                forgiven: converted.forgiven_units as f64 / (1u128 << to.frac_bits()) as f64,
-                inherit,
-            });
+            return Ok(report);
         }
     }
 }

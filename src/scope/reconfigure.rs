@@ -5,12 +5,12 @@
 
 use std::hash::BuildHasher;
 
-use crate::bucket::{Core, RawBucket, reread_snapshot};
+use crate::bucket::Core;
 use crate::clock::Clock;
-use crate::inherit::{self, Inherit};
+use crate::inherit::Inherit;
 use crate::keyed::KeyedOptions;
 use crate::leased::LeaseConfig;
-use crate::live::Reconfigured;
+use crate::live::{Reconfigured, Unseal, convert_sealed};
 use crate::policy::Policy;
 use crate::scope::ScopedLimiter;
 use crate::scope::decision::Policies;
@@ -28,9 +28,9 @@ pub struct ScopeReconfigured {
     /// and after the switch (empty when the global scope has no rule; for a leased
     /// global scope, its bucket, slots included, when its policy changes).
     pub global: Vec<Reconfigured>,
-    /// Keyed maps switched (one per policy of each local keyed rule and of each tier
-    /// in use): each converts its keys on their first touch after the switch, as of
-    /// the switch.
+    /// Keyed maps switched (of the maps of each local keyed rule's policies and of each
+    /// tier in use, those whose policy changed): each converts its keys on their first
+    /// touch after the switch, as of the switch.
     pub maps: usize,
     /// The limiter's reconfigurations so far, this one included.
     pub reconfigurations: u64,
@@ -132,20 +132,6 @@ impl Shape {
             return Err(Reshape::Classes);
         }
         Ok(())
-    }
-}
-
-/// Unseals a global word whose switch did not complete.
-struct Unseal<'a> {
-    raw: &'a RawBucket,
-    word: u64,
-}
-
-impl Drop for Unseal<'_> {
-    fn drop(&mut self) {
-        // Nothing writes a sealed word, and no successor was published: restoring it is
-        // the state as if the switch had not begun.
-        self.raw.set(self.word);
     }
 }
 
@@ -308,42 +294,23 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // Read after the seals: not earlier than any reading stored in the words.
         let now = self.clock.now_nanos();
         for ((core, unseal), &policy) in old.words.iter().zip(&unseals).zip(&global_policies) {
-            let from = core.policy().layout();
-            let passes = core.passes();
-            let snapshot = if passes.is_due(now) && passes.idle_at(now) {
-                from.reanchor_full(from.tick_of(now))
+            let unchanged = *core.policy() == policy;
+            let how = if unchanged {
+                Inherit::AsIs
             } else {
-                reread_snapshot(from, unseal.word, now)
+                global_inherit
             };
-            let tokens = |units: i128, frac: u32| units as f64 / (1u128 << frac) as f64;
-            if *core.policy() == policy {
-                // Unchanged: the word is carried over untouched, whatever the strategy.
-                let balance = tokens(i128::from(from.balance_units(&snapshot)), from.frac_bits());
+            let from = core.policy().layout();
+            let (word, mut done) =
+                convert_sealed(from, core.passes(), unseal.word, now, &policy, how);
+            if unchanged {
+                // The word is carried over untouched, whatever the strategy.
                 words.push(Core::carried(core, unseal.word, now));
-                report.push(Reconfigured {
-                    before: balance,
-                    after: balance,
-                    forgiven: 0.0,
-                    inherit: Inherit::AsIs,
-                });
-                continue;
+                done.after = done.before;
+            } else {
+                words.push(Core::new(policy, now, Some(word)));
             }
-            let to = policy.layout();
-            let converted = inherit::convert(
-                from,
-                &snapshot,
-                now,
-                to,
-                global_inherit,
-                policy.starts_full(),
-            );
-            words.push(Core::new(policy, now, Some(converted.word)));
-            report.push(Reconfigured {
-                before: tokens(converted.from_units, from.frac_bits()),
-                after: tokens(converted.to_units, to.frac_bits()),
-                forgiven: converted.forgiven_units as f64 / (1u128 << to.frac_bits()) as f64,
-                inherit: global_inherit,
-            });
+            report.push(done);
         }
         next.words = words.into_boxed_slice();
         if let (Some(b), Some(&policy)) = (self.leased(), global_policies.first()) {
