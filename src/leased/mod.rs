@@ -65,7 +65,7 @@
 //! 4. *seals* the old pool's word: swaps in [`SEALED`](crate::state::SEALED), a word no
 //!    layout stores, and gets the state it held;
 //! 5. reads the clock (after the seal), converts the state to the new layout
-//!    ([`inherit::convert`]) and publishes the new epoch.
+//!    ([`inherit::convert`](crate::inherit::convert)) and publishes the new epoch.
 //!
 //! An operation that meets a closed slot goes to the pool; one that meets the sealed
 //! word decides and writes nothing and starts again on the new epoch, so no operation
@@ -395,7 +395,7 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
     }
 
     /// Replaces the policy, carrying the tokens over with `inherit` (module
-    /// [`inherit`] states each strategy's exact guarantee): the pool's
+    /// [`inherit`](crate::inherit) states each strategy's exact guarantee): the pool's
     /// balance and every token idle in a slot are converted together, as the one balance
     /// a plain bucket would hold. Operations racing the switch decide either wholly
     /// before it, on the old policy and state, or wholly after it, on the new; none is

@@ -162,7 +162,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// [`KeyedLimiter::reconfigure`](crate::KeyedLimiter::reconfigure) does), however
     /// late that is. A request holding no lock that meets a sealed word writes nothing
     /// there, gives back what it took, and starts again on the new configuration. Each
-    /// bucket then holds what [`inherit::convert`] promises (never more than its
+    /// bucket then holds what [`inherit::convert`](crate::inherit::convert) promises (never more than its
     /// strategy's balance), and admits under the new policy from there.
     ///
     /// Tokens taken before a switch and given back after it ([`refund`](ScopedLimiter::refund)
