@@ -98,6 +98,13 @@ impl RawBucket {
         }
     }
 
+    /// A bucket holding `word` (of the layout of whoever reads it).
+    pub(crate) fn from_word(word: u64) -> RawBucket {
+        RawBucket {
+            word: AtomicU64::new(word),
+        }
+    }
+
     /// Stores the start word of a full bucket read at `now` (full at the next tick edge):
     /// the state of a bucket idle for longer than its fill time, whatever it held. Only
     /// a re-anchoring pass that found every write older than that calls it (see

@@ -211,12 +211,6 @@ fn another_shape_or_an_invalid_set_is_refused_whole_and_changes_nothing() {
             RuleError::Reshape(Lease),
         ),
         (
-            base().override_key(Scope::Tenant(TenantId(10)), "gold"),
-            RuleError::Reshape(Overrides {
-                kind: ScopeKind::Tenant,
-            }),
-        ),
-        (
             base().class(WorkClass::new("ten", 10)),
             RuleError::Reshape(Classes),
         ),

@@ -152,15 +152,27 @@ impl Drop for Epochs {
 /// and is full, exactly as a [`LiveBucket`](crate::LiveBucket) switched at that reading
 /// reads it.
 fn convert_word(old: &MapEpoch, next: &MapEpoch, word: u64) -> u64 {
-    let from = old.policy.layout();
-    let snapshot = reread_snapshot(from, word, next.at);
+    convert_between(&old.policy, word, next.at, &next.policy, next.inherit).word
+}
+
+/// `word` of policy `from`, read at `at` (a reading after its last write), converted
+/// to policy `to` with `inherit`: a keyed bucket switched to another policy, or moved
+/// to a map of another.
+pub(crate) fn convert_between(
+    from: &Policy,
+    word: u64,
+    at: u64,
+    to: &Policy,
+    inherit: Inherit,
+) -> inherit::Converted {
+    let layout = from.layout();
+    let snapshot = reread_snapshot(layout, word, at);
     inherit::convert(
-        from,
+        layout,
         &snapshot,
-        next.at,
-        next.policy.layout(),
-        next.inherit,
-        next.policy.starts_full(),
+        at,
+        to.layout(),
+        inherit,
+        to.starts_full(),
     )
-    .word
 }

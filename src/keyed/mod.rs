@@ -26,8 +26,10 @@ use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::policy::Policy;
+use crate::sync::ShardWriteGuard;
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
 
+pub(crate) use epoch::convert_between;
 use epoch::{Epochs, MapEpoch};
 pub(crate) use handle::Handle;
 pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
@@ -287,18 +289,105 @@ macro_rules! with_table {
     };
 }
 
-/// Anything held for its drop alone (a map's shard write guards, whatever its table's
-/// value type).
-pub(crate) trait Held {}
-
-impl<T> Held for T {}
+/// A map's shard write guards while its barrier is held, whichever extra its table
+/// stores (none under the loom mutant that skips the barrier).
+enum Guards<'a, K> {
+    Skipped,
+    Bare(Vec<ShardWriteGuard<'a, table::Shard<K, ()>>>),
+    Counted(Vec<ShardWriteGuard<'a, table::Shard<K, CounterCells>>>),
+}
 
 /// A map's reconfiguration barrier while it is held ([`KeyedLimiter::begin_switch`]):
-/// no operation runs on the map until it is dropped.
-pub(crate) struct Switch<'a> {
+/// no operation runs on the map until it is dropped. Meanwhile the switch may move keys
+/// in and out ([`take`](Switch::take), [`put`](Switch::put)).
+pub(crate) struct Switch<'a, K, C: Clock, S> {
+    map: &'a KeyedLimiter<K, C, S>,
     // Dropped in order: the shards first, then the map's reconfiguration lock.
-    _shards: Box<dyn Held + 'a>,
+    shards: Guards<'a, K>,
     _one: std::sync::MutexGuard<'a, ()>,
+}
+
+/// Runs `$body` with `$t` bound to the switched map's table and `$g` to its guards,
+/// whichever extra it stores; `$none` under the mutant that skips the barrier.
+macro_rules! with_guards {
+    ($switch:expr, $t:ident, $g:ident => $body:expr, $none:expr) => {
+        match (&$switch.map.store, &mut $switch.shards) {
+            (Store::Bare($t), Guards::Bare($g)) => $body,
+            (Store::Counted($t), Guards::Counted($g)) => $body,
+            _ => $none,
+        }
+    };
+}
+
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
+    /// The map's current policy (the one its words are converted to while the barrier
+    /// is held, until [`publish`](Switch::publish)).
+    pub(crate) fn policy(&self) -> &Policy {
+        self.map.policy()
+    }
+
+    /// The map's key bound less its keys: how many keys [`put`](Switch::put) can add.
+    pub(crate) fn room(&self) -> usize {
+        self.map.max_keys().saturating_sub(self.map.len())
+    }
+
+    /// Whether `key` has a bucket in the map.
+    pub(crate) fn contains(&mut self, key: &K) -> bool {
+        with_guards!(self, t, g => {
+            let hash = t.hash_of(key);
+            t.contains_in(&g[t.shard_index(hash)], hash, key)
+        }, false)
+    }
+
+    /// Removes `key`'s bucket from the map: its word in the map's current policy (its
+    /// shard converted to it first) and its counters, if the map keeps them.
+    pub(crate) fn take(&mut self, key: &K) -> Option<(u64, Option<CounterCells>)> {
+        let epochs = &self.map.epochs;
+        with_guards!(self, t, g => {
+            let hash = t.hash_of(key);
+            let i = t.shard_index(hash);
+            t.bring_up_to(i, &mut g[i], epochs, epochs.current());
+            t.remove(&mut g[i], hash, key)
+                .map(|e| (e.bucket.load(), e.extra.into_cells()))
+        }, None)
+    }
+
+    /// Gives `key` the bucket `word` (of the map's current policy; its shard converted
+    /// to it first), with `counts` as its counters if it gets a new entry and the map
+    /// keeps them. `false`, with nothing changed, when the key is new and the map full.
+    pub(crate) fn put(&mut self, key: K, word: u64, counts: Option<CounterCells>) -> bool {
+        let epochs = &self.map.epochs;
+        with_guards!(self, t, g => {
+            let hash = t.hash_of(&key);
+            let i = t.shard_index(hash);
+            t.bring_up_to(i, &mut g[i], epochs, epochs.current());
+            t.put(i, &mut g[i], hash, key, word, Extra::from_cells(counts))
+        }, false)
+    }
+
+    /// Adds a moved key's counters to the map's evicted counts (as an evicted key's).
+    pub(crate) fn fold_counts(&self, cells: &CounterCells) {
+        self.map.evicted_counts.add(&cells.snapshot());
+    }
+
+    /// Removes every key (a tier's map whose keys all moved to other maps).
+    pub(crate) fn clear(&mut self) {
+        with_guards!(self, t, g => {
+            for shard in g.iter_mut() {
+                t.clear(shard);
+            }
+        }, ())
+    }
+
+    /// Publishes the epoch of `policy` from the switch reading `at`, as
+    /// [`finish_switch`](KeyedLimiter::finish_switch), keeping the barrier held: words
+    /// [`put`](Switch::put) afterwards are of `policy`.
+    pub(crate) fn publish(&self, policy: Policy, inherit: Inherit, at: u64) {
+        let map = self.map;
+        let evict = policy.starts_full() || map.eviction == Eviction::Full;
+        let at = map.clock.observe(at);
+        map.epochs.push(policy, at, inherit, evict);
+    }
 }
 
 struct SharedBucket {
@@ -702,7 +791,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// reconfiguration lock) until [`finish_switch`](KeyedLimiter::finish_switch). A
     /// scoped limiter holds the barriers of all its maps at once, so that no request
     /// decides on some of them before its switch and on others after it.
-    pub(crate) fn begin_switch(&self) -> Switch<'_> {
+    pub(crate) fn begin_switch(&self) -> Switch<'_, K, C, S> {
         let one = self
             .switching
             .lock()
@@ -712,13 +801,14 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         // The barrier: with every shard locked, no operation is between reading the
         // epoch and writing a word, so each word of the old epoch was written before
         // the switch reading (see `epoch`).
-        let shards: Box<dyn Held + '_> = if mutant!(KEYED_SWITCH_SKIPS_BARRIER) {
-            Box::new(())
-        } else {
-            with_table!(&self.store, t => Box::new(t.write_all()))
+        let shards = match &self.store {
+            _ if mutant!(KEYED_SWITCH_SKIPS_BARRIER) => Guards::Skipped,
+            Store::Bare(t) => Guards::Bare(t.write_all()),
+            Store::Counted(t) => Guards::Counted(t.write_all()),
         };
         Switch {
-            _shards: shards,
+            map: self,
+            shards,
             _one: one,
         }
     }
@@ -730,14 +820,12 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// half-way through a scoped switch.
     pub(crate) fn finish_switch(
         &self,
-        switch: Switch<'_>,
+        switch: Switch<'_, K, C, S>,
         policy: Policy,
         inherit: Inherit,
         at: u64,
     ) {
-        let evict = policy.starts_full() || self.eviction == Eviction::Full;
-        let at = self.clock.observe(at);
-        self.epochs.push(policy, at, inherit, evict);
+        switch.publish(policy, inherit, at);
         drop(switch);
     }
 

@@ -36,6 +36,11 @@ const TAG_SHIFT: u32 = 57;
 pub(crate) trait Extra: Default + Send + Sync {
     fn counter_ref(&self) -> CounterRef<'_>;
     fn counts(&self) -> Option<CounterSnapshot>;
+    /// The counters, moving with a key to another map.
+    fn into_cells(self) -> Option<CounterCells>;
+    /// The extra of a key that moved in with `cells` (fresh counters when it came
+    /// without any).
+    fn from_cells(cells: Option<CounterCells>) -> Self;
 }
 
 impl Extra for () {
@@ -47,6 +52,12 @@ impl Extra for () {
     fn counts(&self) -> Option<CounterSnapshot> {
         None
     }
+
+    fn into_cells(self) -> Option<CounterCells> {
+        None
+    }
+
+    fn from_cells(_: Option<CounterCells>) {}
 }
 
 impl Extra for CounterCells {
@@ -57,6 +68,14 @@ impl Extra for CounterCells {
 
     fn counts(&self) -> Option<CounterSnapshot> {
         Some(CounterCells::snapshot(self))
+    }
+
+    fn into_cells(self) -> Option<CounterCells> {
+        Some(self)
+    }
+
+    fn from_cells(cells: Option<CounterCells>) -> CounterCells {
+        cells.unwrap_or_default()
     }
 }
 
@@ -260,23 +279,42 @@ impl<K, V, S> Table<K, V, S> {
     /// than `ctx`'s (another operation converted it after `ctx` was made), which `ctx`
     /// cannot read.
     pub(crate) fn bring_up(&self, i: usize, shard: &mut Shard<K, V>, ctx: &SweepCtx<'_>) -> bool {
-        if shard.epoch == ctx.epoch.number {
+        self.bring_up_to(i, shard, ctx.epochs, ctx.epoch)
+    }
+
+    /// [`bring_up`](Table::bring_up) to epoch `epoch` of `epochs`.
+    pub(crate) fn bring_up_to(
+        &self,
+        i: usize,
+        shard: &mut Shard<K, V>,
+        epochs: &Epochs,
+        epoch: &MapEpoch,
+    ) -> bool {
+        if shard.epoch == epoch.number {
             return true;
         }
-        if shard.epoch > ctx.epoch.number {
+        if shard.epoch > epoch.number {
             return false;
         }
-        let steps = ctx.epochs.steps(shard.epoch, ctx.epoch);
+        let steps = epochs.steps(shard.epoch, epoch);
         for e in shard.table.iter_mut() {
             if mutant!(KEYED_SHARD_NOT_CONVERTED) {
                 break;
             }
             e.bucket.set(super::epoch::convert(&steps, e.bucket.load()));
         }
-        shard.epoch = ctx.epoch.number;
+        shard.epoch = epoch.number;
         // Any bucket may now be full: the next search for room sweeps this shard.
         self.hints[i].store(0, Ordering::Relaxed);
         true
+    }
+
+    /// Under a shard's write lock (`shard`): removes every entry (a map whose keys all
+    /// moved elsewhere), giving its memory back.
+    pub(crate) fn clear(&self, shard: &mut Shard<K, V>) {
+        let n = shard.table.len();
+        shard.table = HashTable::new();
+        self.len.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -285,6 +323,55 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
     #[inline]
     pub(crate) fn hash_of<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.hasher.hash_one(key)
+    }
+
+    /// Under a shard's write lock (`shard`): removes `key`'s entry and returns it.
+    pub(crate) fn remove(
+        &self,
+        shard: &mut Shard<K, V>,
+        hash: u64,
+        key: &K,
+    ) -> Option<Entry<K, V>> {
+        let entry = shard.table.find_entry(hash, |e| e.key == *key).ok()?;
+        self.len.fetch_sub(1, Ordering::Relaxed);
+        Some(entry.remove().0)
+    }
+
+    /// Under a shard's write lock (`shard`): whether `key` has an entry.
+    pub(crate) fn contains_in(&self, shard: &Shard<K, V>, hash: u64, key: &K) -> bool {
+        shard.table.find(hash, |e| e.key == *key).is_some()
+    }
+
+    /// Under shard `i`'s write lock (`shard`), its words in the map's current epoch:
+    /// stores `word` (of that epoch's layout) as `key`'s, inserting its entry with
+    /// `extra` when it has none (an entry it has keeps its extra). `false`, with nothing
+    /// changed, when the key is new and the map is at its maximum.
+    pub(crate) fn put(
+        &self,
+        i: usize,
+        shard: &mut Shard<K, V>,
+        hash: u64,
+        key: K,
+        word: u64,
+        extra: V,
+    ) -> bool {
+        if let Some(e) = shard.table.find(hash, |e| e.key == key) {
+            e.bucket.set(word);
+        } else {
+            if !self.claim() {
+                return false;
+            }
+            let bucket = RawBucket::from_word(word);
+            let hasher = &self.hasher;
+            shard
+                .table
+                .insert_unique(hash, Entry { key, bucket, extra }, |e| {
+                    hasher.hash_one(&e.key)
+                });
+        }
+        // The word may be full at any time: the next search for room sweeps this shard.
+        self.hints[i].store(0, Ordering::Relaxed);
+        true
     }
 
     /// Under shard `i`'s write lock (`shard`): `key`'s entry, inserting a fresh bucket if

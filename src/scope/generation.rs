@@ -30,6 +30,7 @@ use crate::inherit::Inherit;
 use crate::multi::{Member, sealed};
 use crate::scope::decision::Policies;
 use crate::scope::kind::{PerKind, ScopeKind};
+use crate::scope::maps::TableRef;
 use crate::scope::rules::WorkClass;
 use crate::state::SEALED;
 use crate::sync::{AtomicPtr, Ordering};
@@ -49,6 +50,9 @@ pub(super) struct Generation {
     pub(super) global_single: bool,
     /// The strategy each kind's buckets were carried over with into this generation.
     pub(super) inherit: PerKind<Inherit>,
+    /// Each keyed kind's tier table (see `maps`): which keys are overridden to which
+    /// tier, and the tiers' maps.
+    pub(super) tables: PerKind<TableRef>,
     /// The epoch of the leased global bucket this generation decides with
     /// ([`LeasedBucket::epoch_id`](crate::LeasedBucket)); 0 when not leased.
     pub(super) leased_epoch: usize,
@@ -73,6 +77,7 @@ impl Generation {
         policies: Policies,
         global_single: bool,
         inherit: PerKind<Inherit>,
+        tables: PerKind<TableRef>,
     ) -> Generation {
         Generation {
             number,
@@ -81,6 +86,7 @@ impl Generation {
             policies,
             global_single,
             inherit,
+            tables,
             leased_epoch: 0,
             next: AtomicPtr::new(ptr::null_mut()),
             prev: ptr::null_mut(),
@@ -201,28 +207,29 @@ impl Drop for Generations {
     }
 }
 
-/// What `cost` tokens taken from kind `k`'s bucket (of local tier `tier`, limit `limit`)
-/// under `from` are under `next`, the generation that replaced it: what the switch's
-/// strategy made of them, so that giving them back after the switch leaves the bucket
-/// as if they had not been taken before it. Whole tokens, rounded down: proportional,
-/// `cost * B' / B`; as is and additive, `cost` (exact but where the switch's cap or
-/// floor bound; a refund is capped at the capacity); reset, nothing (the switch forgot
-/// the take); an unchanged policy, `cost`.
+/// What `cost` tokens taken from kind `k`'s bucket of limit `limit` under `from` (the
+/// key then of local tier `tier_from`) are under `next`, the generation that replaced
+/// it (the key now of `tier_next`): what the switch's strategy made of them, so that
+/// giving them back after the switch leaves the bucket as if they had not been taken
+/// before it. Whole tokens, rounded down: proportional, `cost * B' / B`; as is and
+/// additive, `cost` (exact but where the switch's cap or floor bound; a refund is
+/// capped at the capacity); reset, nothing (the switch forgot the take); an unchanged
+/// policy, `cost`; a limit the key did not pay, or no longer has, nothing.
 fn carry_hop(
     from: &Generation,
     next: &Generation,
     k: usize,
-    tier: u8,
+    (tier_from, tier_next): (u8, u8),
     limit: usize,
     cost: u64,
 ) -> u64 {
-    let policy = |g: &Generation| {
+    let policy = |g: &Generation, tier| {
         g.policies
             .get(k, tier)
             .and_then(|p| p.as_slice().get(limit).copied())
     };
-    let (Some(a), Some(b)) = (policy(from), policy(next)) else {
-        return cost;
+    let (Some(a), Some(b)) = (policy(from, tier_from), policy(next, tier_next)) else {
+        return 0;
     };
     if a == b {
         return cost;
@@ -239,16 +246,18 @@ fn carry_hop(
 }
 
 /// [`carry_hop`] through every switch from `from` to `to` (a later generation, or
-/// `from` itself).
+/// `from` itself), with the key's local tier in each generation (`tier`; 0 for the
+/// global kind).
 pub(super) fn carried(
     from: &Generation,
     to: &Generation,
     k: usize,
-    tier: u8,
+    tier: &dyn Fn(&Generation) -> u8,
     limit: usize,
     mut cost: u64,
 ) -> u64 {
     let mut g = from;
+    let mut t = tier(g);
     while !ptr::eq(g, to) && cost > 0 {
         let next = g.next.load(Ordering::Acquire);
         if next.is_null() {
@@ -256,8 +265,10 @@ pub(super) fn carried(
         }
         // SAFETY: a published generation, freed only with the limiter.
         let next = unsafe { &*next };
-        cost = carry_hop(g, next, k, tier, limit, cost);
+        let t_next = tier(next);
+        cost = carry_hop(g, next, k, (t, t_next), limit, cost);
         g = next;
+        t = t_next;
     }
     cost
 }
@@ -290,7 +301,7 @@ pub(super) fn refund_global<C: Clock>(
             Ok(()) => return,
             Err(Sealed) => {
                 if let Some(next) = g.successor() {
-                    cost = carry_hop(g, next, ScopeKind::Global.index(), 0, limit, cost);
+                    cost = carry_hop(g, next, ScopeKind::Global.index(), (0, 0), limit, cost);
                     g = next;
                 }
             }
@@ -321,7 +332,7 @@ pub(super) fn refund_leased<C: Clock>(
         }
         // SAFETY: a published generation, freed only with the limiter.
         let next = unsafe { &*next };
-        cost = carry_hop(g, next, ScopeKind::Global.index(), 0, 0, cost);
+        cost = carry_hop(g, next, ScopeKind::Global.index(), (0, 0), 0, cost);
         g = next;
     }
 }

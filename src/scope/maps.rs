@@ -3,19 +3,24 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
+use std::ptr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::inherit::Inherit;
-use crate::keyed::{KeyedLimiter, KeyedOptions, Overflow, Slot, SweepReport, Switch};
+use crate::keyed::{
+    KeyedLimiter, KeyedOptions, Overflow, Slot, SweepReport, Switch, convert_between,
+};
 use crate::policy::Policy;
 use crate::scope::decision::KindPolicies;
+use crate::scope::generation::{Generation, carried};
 use crate::scope::kind::{
     ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
-use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Rule, RuleError};
-use crate::scope::tiers::KindTiers;
-use crate::telemetry::{Attempt, CounterSnapshot};
+use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Reshape, Rule, RuleError};
+use crate::scope::tiers::{KindTiers, TierShape};
+use crate::telemetry::{Attempt, CounterCells, CounterSnapshot};
 
 /// The slot of each limit (policy) of one keyed kind while its locks are held: `None`
 /// past the rule's policies, and for every limit when the request does not pay the kind.
@@ -51,93 +56,208 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Limits<K, C, S> {
     }
 }
 
-/// One keyed kind's maps: its rule's, one per policy, and those of each tier its
-/// overridden keys use, with the table from overridden key to tier and the conversions
-/// between its keys and [`Scope`]s.
-pub(super) struct KindMap<K, C: Clock, S> {
-    rule: Limits<K, C, S>,
-    /// Each used tier's maps, by local tier from 1 (`tiers[t - 1]`), each holding at
-    /// most the keys overridden to it.
+/// A keyed kind's tier table as a generation holds it: the address of one of its
+/// [`KindMap`]'s tables, erased over the key type; null for a kind without overridden
+/// keys (or without a map).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct TableRef(*const ());
+
+// SAFETY: an address, only dereferenced by the kind map that made it, which keeps the
+// table it points to until it is dropped (see `KindMap::table`).
+unsafe impl Send for TableRef {}
+// SAFETY: as above.
+unsafe impl Sync for TableRef {}
+
+impl Default for TableRef {
+    fn default() -> TableRef {
+        TableRef(ptr::null())
+    }
+}
+
+/// One keyed kind's tiers in one configuration: the maps of each tier its overridden
+/// keys use, by local tier from 1 (`tiers[t - 1]`), each holding at most the keys
+/// overridden to it, and the table from overridden key to tier.
+pub(super) struct TierTable<K, C: Clock, S> {
     tiers: Vec<Limits<K, C, S>>,
-    /// Overridden keys and their local tier (from 1); fixed at build, often empty.
     overrides: HashMap<K, u8, S>,
+    /// What it was laid out from.
+    shape: TierShape,
+}
+
+/// One keyed kind's maps: its rule's, one per policy, and the tier tables it has had
+/// (see [`TierTable`]), with the conversions between its keys and [`Scope`]s.
+///
+/// A generation names the kind's tier table it decides with ([`TableRef`]): a request
+/// reads its generation, then the table through it, then locks the maps the table
+/// gives its key, and starts again when the generation was replaced meanwhile. A switch
+/// that moves keys between tiers lays out a new table with maps of its own, moves each
+/// moved key's buckets (converted) while it holds every map's barrier, and publishes
+/// the table with its generation: a request sees the old table with the old policies
+/// or the new with the new.
+pub(super) struct KindMap<K, C: Clock, S> {
+    kind: ScopeKind,
+    rule: Limits<K, C, S>,
+    /// Every tier table the kind has had (boxed: their addresses are what generations
+    /// hold), kept until the limiter is dropped; a replaced table's maps are emptied.
+    tables: Mutex<Vec<Box<TierTable<K, C, S>>>>,
+    /// The rule's map options, its clock and hasher: for the maps of the tiers a
+    /// reconfiguration lays out.
+    options: KeyedOptions,
+    clock: C,
+    hasher: S,
     key_of: fn(&Scope) -> Option<K>,
     scope_of: fn(&K) -> Scope,
 }
 
 impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KindMap<K, C, S> {
-    /// The local tier of `key` (0: the rule's) and the maps it pays. A kind without
-    /// overrides costs one predicted branch.
-    #[inline]
-    fn limits_of(&self, key: &K) -> (u8, &Limits<K, C, S>) {
-        if self.overrides.is_empty() {
-            return (0, &self.rule);
+    /// The tier table generation `g` decides this kind with; `None` when no key of the
+    /// kind is overridden in it.
+    #[inline(always)]
+    fn table(&self, g: &Generation) -> Option<&TierTable<K, C, S>> {
+        let p = g.tables[self.kind.index()].0;
+        if p.is_null() {
+            return None;
         }
-        self.tier_limits(key)
+        // SAFETY: a non-null `TableRef` of this kind in a generation was made by this
+        // map (`table_ref`) from one of the boxes in `tables`, which are never moved
+        // out nor freed before the map is dropped; `&self` outlives the borrow.
+        Some(unsafe { &*p.cast::<TierTable<K, C, S>>() })
+    }
+
+    /// The local tier of `key` (0: the rule's) and the maps it pays, in generation `g`.
+    /// A kind without overrides costs one predicted branch.
+    #[inline]
+    fn limits_of(&self, g: &Generation, key: &K) -> (u8, &Limits<K, C, S>) {
+        match self.table(g) {
+            None => (0, &self.rule),
+            Some(t) => self.tier_limits(t, key),
+        }
     }
 
     #[inline(never)]
-    fn tier_limits(&self, key: &K) -> (u8, &Limits<K, C, S>) {
-        match self.overrides.get(key) {
-            Some(&t) => match self.tiers.get(usize::from(t).wrapping_sub(1)) {
-                Some(limits) => (t, limits),
+    fn tier_limits<'a>(&'a self, t: &'a TierTable<K, C, S>, key: &K) -> (u8, &'a Limits<K, C, S>) {
+        match t.overrides.get(key) {
+            Some(&tier) => match t.tiers.get(usize::from(tier).wrapping_sub(1)) {
+                Some(limits) => (tier, limits),
                 None => (0, &self.rule),
             },
             None => (0, &self.rule),
         }
     }
 
-    /// The key of `scope` and the maps it pays, when `scope` is of this kind.
-    fn scope_limits(&self, scope: &Scope) -> Option<(K, &Limits<K, C, S>)> {
+    /// The key of `scope` and the maps it pays in generation `g`, when `scope` is of
+    /// this kind.
+    fn scope_limits(&self, g: &Generation, scope: &Scope) -> Option<(K, &Limits<K, C, S>)> {
         let key = (self.key_of)(scope)?;
-        let limits = self.limits_of(&key).1;
+        let limits = self.limits_of(g, &key).1;
         Some((key, limits))
     }
 
-    /// Every set of maps: the rule's, then the tiers'.
-    fn all(&self) -> impl Iterator<Item = &Limits<K, C, S>> {
-        std::iter::once(&self.rule).chain(&self.tiers)
+    /// Every set of maps of generation `g`: the rule's, then its tiers'.
+    fn all<'a>(&'a self, g: &'a Generation) -> impl Iterator<Item = &'a Limits<K, C, S>> {
+        std::iter::once(&self.rule).chain(self.table(g).into_iter().flat_map(|t| &t.tiers))
+    }
+
+    /// Keeps `table` for the limiter's life and returns its reference.
+    fn keep(&self, table: TierTable<K, C, S>) -> (TableRef, &TierTable<K, C, S>) {
+        let table = Box::new(table);
+        let p: *const TierTable<K, C, S> = &*table;
+        self.tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(table);
+        // SAFETY: the box was just moved into `tables`, which keeps it (never moved out
+        // nor freed) until `self` is dropped; moving a box does not move its contents.
+        (TableRef(p.cast()), unsafe { &*p })
     }
 }
 
-/// What the scoped limiter reads from a keyed kind's map, whatever its key type.
+/// What the scoped limiter reads from a keyed kind's map, whatever its key type; each
+/// read of generation `g`'s tiers.
 pub(super) trait KindMapOps {
-    fn len(&self) -> usize;
-    fn evicted(&self) -> CounterSnapshot;
-    fn overflowed(&self) -> CounterSnapshot;
+    fn len(&self, g: &Generation) -> usize;
+    fn evicted(&self, g: &Generation) -> CounterSnapshot;
+    fn overflowed(&self, g: &Generation) -> CounterSnapshot;
     /// Counts a request refused because the map `scope`'s key goes to was full.
-    fn count_key_limit(&self, scope: &Scope, cost: u64, attempt: Attempt);
+    fn count_key_limit(&self, g: &Generation, scope: &Scope, cost: u64, attempt: Attempt);
     fn overflow_id(&self) -> Option<usize>;
-    fn sweep(&self) -> SweepReport;
-    fn max_sweep_interval(&self) -> Duration;
+    fn sweep(&self, g: &Generation) -> SweepReport;
+    fn max_sweep_interval(&self, g: &Generation) -> Duration;
     /// `None` when `scope` is not of this kind or has no counters.
-    fn counters(&self, scope: &Scope) -> Option<CounterSnapshot>;
+    fn counters(&self, g: &Generation, scope: &Scope) -> Option<CounterSnapshot>;
     /// `None` when `scope` is not of this kind.
-    fn available(&self, scope: &Scope) -> Option<f64>;
+    fn available(&self, g: &Generation, scope: &Scope) -> Option<f64>;
     /// The tokens of `scope`'s bucket of limit `limit`; `None` when `scope` is not of
     /// this kind or its policies have no such limit.
-    fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64>;
+    fn available_in(&self, g: &Generation, scope: &Scope, limit: usize) -> Option<f64>;
     /// `None` when `scope` is not of this kind or has no bucket.
-    fn stored_word(&self, scope: &Scope) -> Option<u64>;
-    fn for_each_counters(&self, f: &mut dyn FnMut(Scope, CounterSnapshot));
-    /// Gives each of `scope`'s buckets `cost(tier, limit)` back (nothing when `scope` is
-    /// not of this kind or its key is not in the map).
-    fn refund(&self, scope: &Scope, cost: &dyn Fn(u8, usize) -> u64);
-    /// The local tier of `scope`'s key (0: the rule's); `None` when `scope` is not of
-    /// this kind.
-    fn tier_of(&self, scope: &Scope) -> Option<u8>;
-    /// Holds the reconfiguration barrier of every map of the kind, in the lock order
-    /// (the rule's limits in policy order, then each tier's): see
-    /// [`KeyedLimiter::begin_switch`].
-    fn begin_switch(&self) -> Vec<Switch<'_>>;
-    /// Publishes each map's policy from `rule` and `tiers` (the kind's new policies, of
-    /// the same shape) with `inherit` from the switch reading `at`, as
-    /// [`KeyedLimiter::finish_switch`], in the order of `switches` (from
-    /// [`begin_switch`](KindMapOps::begin_switch)); a map whose policy does not change
-    /// is left as it is. The number of maps switched.
-    fn finish_switch(
+    fn stored_word(&self, g: &Generation, scope: &Scope) -> Option<u64>;
+    fn for_each_counters(&self, g: &Generation, f: &mut dyn FnMut(Scope, CounterSnapshot));
+    /// Gives each of `scope`'s buckets in `current` back what `cost` tokens taken from
+    /// it under `paid` are now ([`carried`]: through every switch since, each with the
+    /// key's tier then), capped at the capacity; nothing when `scope` is not of this
+    /// kind or its key is not in the map.
+    fn refund(&self, paid: &Generation, current: &Generation, scope: &Scope, cost: u64);
+    /// The local tier of `scope`'s key in `g` (0: the rule's); `None` when `scope` is not
+    /// of this kind.
+    fn tier_of(&self, g: &Generation, scope: &Scope) -> Option<u8>;
+    /// The tier table to give the limiter's first generation.
+    fn first_table(&self) -> TableRef;
+}
+
+/// A keyed kind's part of a scoped limiter's reconfiguration.
+pub(super) trait KindReconfigure {
+    /// Whether the kind's tiers in `g` were laid out as `next` lays them out (the same
+    /// tier names and policy counts, the same keys in the same tiers): only their
+    /// policies may then change, in place.
+    fn same_tiers(&self, g: &Generation, next: &KindTiers) -> bool;
+
+    /// Starts switching the kind from generation `g` to the tiers `next`: holds the
+    /// barrier of every map (the rule's, in policy order, then each tier's), and, when
+    /// its tiers change ([`same_tiers`](KindReconfigure::same_tiers)), checks that the
+    /// rule's maps have room for the keys moving back to them. Nothing has changed when
+    /// it fails.
+    ///
+    /// # Errors
+    ///
+    /// [`Reshape::TierRoom`](crate::scope::Reshape::TierRoom) when the keys leaving
+    /// their tiers do not fit the rule's maps.
+    fn begin_switch(
         &self,
-        switches: Vec<Switch<'_>>,
+        g: &Generation,
+        next: &KindTiers,
+    ) -> Result<Box<dyn KindSwitch + '_>, RuleError>;
+}
+
+/// A keyed kind's switch while its barriers are held ([`KindReconfigure::begin_switch`]).
+pub(super) trait KindSwitch {
+    /// Lays out the kind's new tier table, when its tiers change: new maps for each
+    /// tier its keys use. Called once every kind's switch has begun (so that no
+    /// table is laid out for a switch another kind refuses).
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::Keyed`] when a tier's map cannot be built (from options the
+    /// limiter's rule was built with: not expected).
+    fn lay_out(&mut self) -> Result<(), RuleError>;
+
+    /// The tier table the new generation decides the kind with.
+    fn table(&self) -> TableRef;
+
+    /// Before the new generation is published: moves every key whose tier changes into
+    /// its new tier's maps, each bucket converted from its policy (as of the switch
+    /// reading `now`) to its new tier's with `inherit` (`rule`: the kind's new rule
+    /// policies, for keys moving back to the rule, put in place by
+    /// [`finish`](KindSwitch::finish)). Reads no clock.
+    fn move_keys(&mut self, rule: &KindPolicies, inherit: Inherit, now: u64);
+
+    /// After the new generation is published: switches each map whose policy changes
+    /// (`rule`, `tiers`: the kind's new policies) from the switch reading `at` with
+    /// `inherit`, as [`KeyedLimiter::finish_switch`], puts the keys moving back to the
+    /// rule in its maps, empties a replaced table's maps, and lets the barriers go. The
+    /// number of maps switched (new tiers' maps included). Reads no clock.
+    fn finish(
+        self: Box<Self>,
         rule: &KindPolicies,
         tiers: &[KindPolicies],
         inherit: Inherit,
@@ -151,24 +271,24 @@ where
     C: Clock,
     S: BuildHasher,
 {
-    fn len(&self) -> usize {
-        self.all().map(|l| l.map.len()).sum()
+    fn len(&self, g: &Generation) -> usize {
+        self.all(g).map(|l| l.map.len()).sum()
     }
 
-    fn evicted(&self) -> CounterSnapshot {
-        self.all()
+    fn evicted(&self, g: &Generation) -> CounterSnapshot {
+        self.all(g)
             .map(|l| l.map.evicted_counters())
             .fold(CounterSnapshot::default(), |a, b| a + b)
     }
 
-    fn overflowed(&self) -> CounterSnapshot {
-        self.all()
+    fn overflowed(&self, g: &Generation) -> CounterSnapshot {
+        self.all(g)
             .map(|l| l.map.overflow_counters())
             .fold(CounterSnapshot::default(), |a, b| a + b)
     }
 
-    fn count_key_limit(&self, scope: &Scope, cost: u64, attempt: Attempt) {
-        if let Some((_, l)) = self.scope_limits(scope) {
+    fn count_key_limit(&self, g: &Generation, scope: &Scope, cost: u64, attempt: Attempt) {
+        if let Some((_, l)) = self.scope_limits(g, scope) {
             l.map.count_key_limit(cost, attempt);
         }
     }
@@ -177,98 +297,467 @@ where
         self.rule.map.overflow_id()
     }
 
-    fn sweep(&self) -> SweepReport {
+    fn sweep(&self, g: &Generation) -> SweepReport {
         let mut report = SweepReport::default();
-        for m in self.all().flat_map(Limits::maps) {
+        for m in self.all(g).flat_map(Limits::maps) {
             report += m.sweep();
         }
         report
     }
 
-    fn max_sweep_interval(&self) -> Duration {
-        self.all()
+    fn max_sweep_interval(&self, g: &Generation) -> Duration {
+        self.all(g)
             .flat_map(Limits::maps)
             .map(|m| m.max_sweep_interval())
             .fold(Duration::MAX, Duration::min)
     }
 
-    fn counters(&self, scope: &Scope) -> Option<CounterSnapshot> {
-        let (key, l) = self.scope_limits(scope)?;
+    fn counters(&self, g: &Generation, scope: &Scope) -> Option<CounterSnapshot> {
+        let (key, l) = self.scope_limits(g, scope)?;
         l.map.counters(&key)
     }
 
-    fn available(&self, scope: &Scope) -> Option<f64> {
-        let (key, l) = self.scope_limits(scope)?;
+    fn available(&self, g: &Generation, scope: &Scope) -> Option<f64> {
+        let (key, l) = self.scope_limits(g, scope)?;
         Some(l.map.available(&key))
     }
 
-    fn available_in(&self, scope: &Scope, limit: usize) -> Option<f64> {
-        let (key, l) = self.scope_limits(scope)?;
+    fn available_in(&self, g: &Generation, scope: &Scope, limit: usize) -> Option<f64> {
+        let (key, l) = self.scope_limits(g, scope)?;
         Some(l.limit(limit)?.available(&key))
     }
 
-    fn stored_word(&self, scope: &Scope) -> Option<u64> {
-        let (key, l) = self.scope_limits(scope)?;
+    fn stored_word(&self, g: &Generation, scope: &Scope) -> Option<u64> {
+        let (key, l) = self.scope_limits(g, scope)?;
         l.map.stored_word(&key)
     }
 
-    fn for_each_counters(&self, f: &mut dyn FnMut(Scope, CounterSnapshot)) {
-        for l in self.all() {
+    fn for_each_counters(&self, g: &Generation, f: &mut dyn FnMut(Scope, CounterSnapshot)) {
+        for l in self.all(g) {
             l.map.for_each_counters(|k, c| f((self.scope_of)(k), c));
         }
     }
 
-    fn refund(&self, scope: &Scope, cost: &dyn Fn(u8, usize) -> u64) {
+    fn refund(&self, paid: &Generation, current: &Generation, scope: &Scope, cost: u64) {
         let Some(key) = (self.key_of)(scope) else {
             return;
         };
-        let (tier, l) = self.limits_of(&key);
+        let (_, l) = self.limits_of(current, &key);
+        let tier_in = |g: &Generation| self.limits_of(g, &key).0;
         for (limit, m) in l.maps().enumerate() {
+            let c = carried(paid, current, self.kind.index(), &tier_in, limit, cost);
             // Capped at the capacity, as any refund; an evicted key gets nothing.
-            let c = cost(tier, limit).min(m.policy().capacity());
-            let _ = m.refund(&key, c);
+            let _ = m.refund(&key, c.min(m.policy().capacity()));
         }
     }
 
-    fn tier_of(&self, scope: &Scope) -> Option<u8> {
-        Some(self.limits_of(&(self.key_of)(scope)?).0)
+    fn tier_of(&self, g: &Generation, scope: &Scope) -> Option<u8> {
+        Some(self.limits_of(g, &(self.key_of)(scope)?).0)
     }
 
-    fn begin_switch(&self) -> Vec<Switch<'_>> {
-        self.all()
-            .flat_map(Limits::maps)
-            .map(KeyedLimiter::begin_switch)
-            .collect()
+    fn first_table(&self) -> TableRef {
+        let tables = self
+            .tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tables.last().map_or(TableRef::default(), |t| {
+            TableRef(ptr::from_ref(&**t).cast())
+        })
+    }
+}
+
+impl<K, C, S> KindReconfigure for KindMap<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    C: Clock + Clone,
+    S: BuildHasher + Clone,
+{
+    fn same_tiers(&self, g: &Generation, next: &KindTiers) -> bool {
+        match self.table(g) {
+            None => next.keys.is_empty(),
+            Some(t) => t.shape == next.shape(),
+        }
     }
 
-    fn finish_switch(
+    fn begin_switch(
         &self,
-        switches: Vec<Switch<'_>>,
+        g: &Generation,
+        next: &KindTiers,
+    ) -> Result<Box<dyn KindSwitch + '_>, RuleError> {
+        let old = self.table(g);
+        let retier = (!self.same_tiers(g, next)).then(|| {
+            // Every key overridden before or after, with its old and new local tier.
+            let mut moved: Vec<(K, u8, u8)> = Vec::new();
+            let mut new: HashMap<K, u8, S> =
+                HashMap::with_capacity_and_hasher(next.keys.len(), self.hasher.clone());
+            for (scope, t) in &next.keys {
+                if let Some(key) = (self.key_of)(scope) {
+                    new.insert(key, *t);
+                }
+            }
+            if let Some(old) = old {
+                for (k, &o) in &old.overrides {
+                    moved.push((k.clone(), o, new.get(k).copied().unwrap_or(0)));
+                }
+            }
+            for (k, &n) in &new {
+                if !old.is_some_and(|t| t.overrides.contains_key(k)) {
+                    moved.push((k.clone(), 0, n));
+                }
+            }
+            Retier {
+                next: next.clone(),
+                moved,
+                table_ref: TableRef::default(),
+                switches: Vec::new(),
+                demoted: Vec::new(),
+            }
+        });
+        let mut switch = Box::new(Switching {
+            map: self,
+            rule: self.rule.maps().map(KeyedLimiter::begin_switch).collect(),
+            old: old.map_or_else(Vec::new, |t| {
+                t.tiers
+                    .iter()
+                    .map(|l| l.maps().map(KeyedLimiter::begin_switch).collect())
+                    .collect()
+            }),
+            old_table: old,
+            retier,
+        });
+        switch.check_room()?;
+        Ok(switch)
+    }
+}
+
+/// A keyed kind's switch under way ([`KindReconfigure::begin_switch`]).
+struct Switching<'a, K, C: Clock, S> {
+    map: &'a KindMap<K, C, S>,
+    /// The barrier of each of the rule's maps, in policy order.
+    rule: Vec<Switch<'a, K, C, S>>,
+    /// The barriers of the current table's tier maps, by local tier, in policy order.
+    old: Vec<Vec<Switch<'a, K, C, S>>>,
+    old_table: Option<&'a TierTable<K, C, S>>,
+    /// When the kind's tiers change (else its tiers' maps are switched in place).
+    retier: Option<Retier<'a, K, C, S>>,
+}
+
+/// A kind's tiers laid out anew by a switch.
+struct Retier<'a, K, C: Clock, S> {
+    next: KindTiers,
+    /// Every key overridden before or after the switch, with its local tier in the old
+    /// table and in the new (0: the rule's).
+    moved: Vec<(K, u8, u8)>,
+    /// The new table (null when no key of the kind is overridden any more), set by
+    /// [`KindSwitch::lay_out`].
+    table_ref: TableRef,
+    /// The barriers of the new table's maps (nothing can reach them before the new
+    /// generation is published anyway), by local tier, in policy order.
+    switches: Vec<Vec<Switch<'a, K, C, S>>>,
+    /// Keys moving back to the rule: key, limit, the word of the rule's new policy
+    /// (`None`: its start state, no entry), and the counters that move with it.
+    demoted: Vec<(K, usize, Option<u64>, Option<CounterCells>)>,
+}
+
+impl<K, C, S> Switching<'_, K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// Whether each of the rule's maps has room for the keys moving back to it: those
+    /// not in it now, less the keys leaving it for a tier.
+    fn check_room(&mut self) -> Result<(), RuleError> {
+        let Some(retier) = &self.retier else {
+            return Ok(());
+        };
+        for sw in &mut self.rule {
+            let mut needed = 0usize;
+            let mut room = sw.room();
+            for (k, o, n) in &retier.moved {
+                match (o, n) {
+                    (_, 0) if !sw.contains(k) => needed += 1,
+                    (0, _) if sw.contains(k) => room += 1,
+                    _ => {}
+                }
+            }
+            if needed > room {
+                return Err(RuleError::Reshape(Reshape::TierRoom {
+                    kind: self.map.kind,
+                    keys: needed,
+                    room,
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<K, C, S> KindSwitch for Switching<'_, K, C, S>
+where
+    K: Hash + Eq + Clone + Send + Sync,
+    C: Clock + Clone,
+    S: BuildHasher + Clone,
+{
+    fn lay_out(&mut self) -> Result<(), RuleError> {
+        let map = self.map;
+        let Some(retier) = self.retier.as_mut() else {
+            return Ok(());
+        };
+        if retier.next.keys.is_empty() {
+            return Ok(());
+        }
+        let table = tier_table(
+            map.kind,
+            &map.rule,
+            &retier.next,
+            map.options,
+            &map.clock,
+            &map.hasher,
+            map.key_of,
+        )?;
+        let (r, table) = map.keep(table);
+        retier.table_ref = r;
+        retier.switches = table
+            .tiers
+            .iter()
+            .map(|l| l.maps().map(KeyedLimiter::begin_switch).collect())
+            .collect();
+        Ok(())
+    }
+
+    fn table(&self) -> TableRef {
+        match &self.retier {
+            Some(r) => r.table_ref,
+            None => self
+                .old_table
+                .map_or(TableRef::default(), |t| TableRef(ptr::from_ref(t).cast())),
+        }
+    }
+
+    fn move_keys(&mut self, rule: &KindPolicies, inherit: Inherit, now: u64) {
+        let Some(retier) = self.retier.as_mut() else {
+            return;
+        };
+        for (key, o, n) in std::mem::take(&mut retier.moved) {
+            let from = match o {
+                0 => &mut self.rule,
+                o => match self.old.get_mut(usize::from(o) - 1) {
+                    Some(s) => s,
+                    None => continue,
+                },
+            };
+            let limits = match n {
+                0 => rule.as_slice().len(),
+                n => retier.switches.get(usize::from(n) - 1).map_or(0, Vec::len),
+            };
+            for l in 0..from.len().max(limits) {
+                let source = from.get(l).map(|s| *s.policy());
+                let (word, cells) = match from.get_mut(l).and_then(|s| s.take(&key)) {
+                    Some((w, c)) => (Some(w), c),
+                    None => (None, None),
+                };
+                if l >= limits {
+                    // A limit the new tier does not have: its bucket goes.
+                    continue;
+                }
+                let target = match n {
+                    0 => rule.policies[l],
+                    n => *retier.switches[usize::from(n) - 1][l].policy(),
+                };
+                // A limit the old tier did not have: the key starts there as new.
+                let word = source.and_then(|p| moved_word(&p, word, &target, inherit, now));
+                if n == 0 {
+                    retier.demoted.push((key.clone(), l, word, cells));
+                    continue;
+                }
+                let to = &mut retier.switches[usize::from(n) - 1][l];
+                match word {
+                    Some(w) => {
+                        let put = to.put(key.clone(), w, cells);
+                        // A tier's maps are bounded by the keys overridden to it.
+                        debug_assert!(put, "a tier's map has room for each of its keys");
+                    }
+                    None => {
+                        if let Some(c) = cells {
+                            to.fold_counts(&c);
+                        }
+                    }
+                }
+            }
+        }
+        // The replaced table's maps are unreachable from the new generation: emptied.
+        for sw in self.old.iter_mut().flatten() {
+            sw.clear();
+        }
+    }
+
+    fn finish(
+        mut self: Box<Self>,
         rule: &KindPolicies,
         tiers: &[KindPolicies],
         inherit: Inherit,
         at: u64,
     ) -> usize {
-        let policies = std::iter::once(rule)
-            .chain(tiers)
-            .flat_map(|p| p.as_slice().iter().copied());
-        let maps = self.all().flat_map(Limits::maps);
         let mut switched = 0;
-        for ((map, switch), policy) in maps.zip(switches).zip(policies) {
-            if *map.policy() == policy {
-                // Unchanged: its keys keep their words (a reload that changed only
-                // another rule, or a comment, refills nothing).
-                continue;
+        let changed = |sw: &Switch<'_, K, C, S>, policy: &Policy| {
+            // Unchanged: its keys keep their words (a reload that changed only another
+            // rule, or a comment, refills nothing).
+            if sw.policy() == policy {
+                return false;
             }
-            map.finish_switch(switch, policy, inherit, at);
-            switched += 1;
+            sw.publish(*policy, inherit, at);
+            true
+        };
+        for (sw, policy) in self.rule.iter().zip(rule.as_slice()) {
+            switched += usize::from(changed(sw, policy));
+        }
+        match self.retier.take() {
+            None => {
+                for (maps, p) in self.old.iter().zip(tiers) {
+                    for (sw, policy) in maps.iter().zip(p.as_slice()) {
+                        switched += usize::from(changed(sw, policy));
+                    }
+                }
+            }
+            Some(retier) => {
+                // After the rule's maps took their new policies: the words moving
+                // back are of those.
+                for (key, l, word, cells) in retier.demoted {
+                    let Some(sw) = self.rule.get_mut(l) else {
+                        continue;
+                    };
+                    let folded = match word {
+                        Some(w) => {
+                            let put = sw.put(key, w, cells);
+                            debug_assert!(put, "room checked by begin_switch");
+                            None
+                        }
+                        // Its start state: no entry (one that a request of the old
+                        // configuration created meanwhile goes).
+                        None => sw.take(&key).and_then(|(_, c)| c).or(cells),
+                    };
+                    if let Some(c) = folded {
+                        sw.fold_counts(&c);
+                    }
+                }
+                switched += retier.switches.iter().map(Vec::len).sum::<usize>();
+            }
         }
         switched
     }
 }
 
-/// The map of `kind` under its rule, if it has one and is not remote, with the maps of the tiers its
-/// overridden keys use (`tiers`, laid out by [`lay_out`](crate::scope::tiers::lay_out)).
+/// The word `key` gets in a map of policy `to` when it moves there from a map of policy
+/// `from` where it held `word` (`None`: no entry, its start state) at the switch
+/// reading `now`: the same word when the policies are equal, else converted with
+/// `inherit`. `None` when the result is the new map's start state for a start-full
+/// policy, or empty for a start-empty one (no entry: the key then starts there as a new
+/// key does, never with more than the conversion gives).
+fn moved_word(
+    from: &Policy,
+    word: Option<u64>,
+    to: &Policy,
+    inherit: Inherit,
+    now: u64,
+) -> Option<u64> {
+    if from == to {
+        return word;
+    }
+    let layout = from.layout();
+    let word = word.unwrap_or_else(|| layout.start_word(layout.tick_of(now), from.starts_full()));
+    let c = convert_between(from, word, now, to, inherit);
+    let start = if to.starts_full() {
+        i128::from(to.capacity()) << to.layout().frac_bits()
+    } else {
+        0
+    };
+    (c.to_units != start).then_some(c.word)
+}
+
+/// The maps of the tiers `tiers` lays out for `kind` (whose rule's maps are `rule`),
+/// with its override table.
+fn tier_table<K, C, S>(
+    kind: ScopeKind,
+    rule: &Limits<K, C, S>,
+    tiers: &KindTiers,
+    options: KeyedOptions,
+    clock: &C,
+    hasher: &S,
+    key_of: fn(&Scope) -> Option<K>,
+) -> Result<TierTable<K, C, S>, RuleError>
+where
+    K: Hash + Eq,
+    C: Clock + Clone,
+    S: BuildHasher + Clone,
+{
+    // A tier's maps hold exactly its overridden keys: they never need an overflow, nor
+    // more shards than keys (a tier of a few keys costs a few shards, not the rule's).
+    let maps = tiers
+        .tiers
+        .iter()
+        .map(|(_, p)| {
+            let shards = rule.map.shards().min(p.max_keys.max(1).next_power_of_two());
+            limits(
+                kind,
+                p.as_slice(),
+                options
+                    .max_keys(p.max_keys)
+                    .overflow(Overflow::Reject)
+                    .shards(shards),
+                clock,
+                hasher,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut overrides = HashMap::with_capacity_and_hasher(tiers.keys.len(), hasher.clone());
+    for (scope, t) in &tiers.keys {
+        if let Some(key) = key_of(scope) {
+            overrides.insert(key, *t);
+        }
+    }
+    Ok(TierTable {
+        tiers: maps,
+        overrides,
+        shape: tiers.shape(),
+    })
+}
+
+/// The maps of one set of policies of `kind`, with `options` (only the first keeps
+/// counters).
+fn limits<K, C, S>(
+    kind: ScopeKind,
+    policies: &[Policy],
+    options: KeyedOptions,
+    clock: &C,
+    hasher: &S,
+) -> Result<Limits<K, C, S>, RuleError>
+where
+    K: Hash + Eq,
+    C: Clock + Clone,
+    S: BuildHasher + Clone,
+{
+    let build = |policy, options: KeyedOptions| {
+        KeyedLimiter::builder(policy, options.max_keys)
+            .options(options)
+            .clock(clock.clone())
+            .hasher(hasher.clone())
+            .build()
+            .map_err(|error| RuleError::Keyed { kind, error })
+    };
+    Ok(Limits {
+        map: build(policies[0], options)?,
+        // The first map alone counts: the other limits' maps hold a word per key.
+        extra: policies[1..]
+            .iter()
+            .map(|&p| build(p, options.counters(false)))
+            .collect::<Result<Vec<_>, _>>()?,
+    })
+}
+
+/// The map of `kind` under its rule, if it has one and is not remote, with the maps of
+/// the tiers its overridden keys use (`tiers`, laid out by
+/// [`lay_out`](crate::scope::tiers::lay_out)).
 fn kind_map<K, C, S>(
     rules: &PerKind<Option<Rule>>,
     tiers: &KindTiers,
@@ -279,7 +768,7 @@ fn kind_map<K, C, S>(
     scope_of: fn(&K) -> Scope,
 ) -> Result<Option<KindMap<K, C, S>>, RuleError>
 where
-    K: Hash + Eq,
+    K: Hash + Eq + Send + Sync,
     C: Clock + Clone,
     S: BuildHasher + Clone,
 {
@@ -287,54 +776,28 @@ where
     let Some(r) = rules[kind.index()].filter(|r| !r.remote) else {
         return Ok(None);
     };
-    let build = |policy, options| {
-        KeyedLimiter::builder(policy, r.options.max_keys)
-            .options(options)
-            .clock(clock.clone())
-            .hasher(hasher.clone())
-            .build()
-            .map_err(|error| RuleError::Keyed { kind, error })
+    let rule = limits(kind, r.policies(), r.options, clock, hasher)?;
+    let table = if tiers.keys.is_empty() {
+        None
+    } else {
+        Some(tier_table(
+            kind, &rule, tiers, r.options, clock, hasher, key_of,
+        )?)
     };
-    let limits = |policies: &[Policy], options: KeyedOptions| {
-        Ok::<_, RuleError>(Limits {
-            map: build(policies[0], options)?,
-            // The first map alone counts: the other limits' maps hold a word per key.
-            extra: policies[1..]
-                .iter()
-                .map(|&p| build(p, options.counters(false)))
-                .collect::<Result<Vec<_>, _>>()?,
-        })
-    };
-    let rule = limits(r.policies(), r.options)?;
-    // A tier's maps hold exactly its overridden keys: they never need an overflow, nor
-    // more shards than keys (a tier of a few keys costs a few shards, not the rule's).
-    let tier_maps = tiers
-        .tiers
-        .iter()
-        .map(|(_, p)| {
-            let shards = rule.map.shards().min(p.max_keys.max(1).next_power_of_two());
-            limits(
-                p.as_slice(),
-                r.options
-                    .max_keys(p.max_keys)
-                    .overflow(Overflow::Reject)
-                    .shards(shards),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut overrides = HashMap::with_capacity_and_hasher(tiers.keys.len(), hasher.clone());
-    for (scope, t) in &tiers.keys {
-        if let Some(key) = key_of(scope) {
-            overrides.insert(key, *t);
-        }
-    }
-    Ok(Some(KindMap {
+    let map = KindMap {
+        kind,
         rule,
-        tiers: tier_maps,
-        overrides,
+        tables: Mutex::new(Vec::new()),
+        options: r.options,
+        clock: clock.clone(),
+        hasher: hasher.clone(),
         key_of,
         scope_of,
-    }))
+    };
+    if let Some(t) = table {
+        map.keep(t);
+    }
+    Ok(Some(map))
 }
 
 /// Runs `f` with the slot of `key` in each of the kind's maps held (taken in the rule's
@@ -343,6 +806,7 @@ where
 #[inline]
 fn with<K, C, S, R>(
     map: &Option<KindMap<K, C, S>>,
+    g: &Generation,
     key: Option<K>,
     cost: u64,
     now: u64,
@@ -356,7 +820,7 @@ where
     match (map, key) {
         (Some(m), Some(k)) if cost > 0 => {
             let k = &k;
-            let (t, l) = m.limits_of(k);
+            let (t, l) = m.limits_of(g, k);
             match l.extra.as_slice() {
                 [] => l
                     .map
@@ -385,15 +849,16 @@ where
 /// Nests one `with` per keyed kind, in list order (the lock order), then calls `$f` with
 /// every kind's slot.
 macro_rules! nest {
-    ($maps:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
+    ($maps:ident, $g:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
         $f([(0, [None, None, None, None]) $(, $held)*])
     };
     (
-        $maps:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
+        $maps:ident, $g:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
         [$kind:ident ($($field:ident),+) $(, $rest:ident ($($rest_field:ident),+))*]
     ) => {
         with(
             &$maps.$kind,
+            $g,
             match ($($request.$field,)+) {
                 ($(Some($field),)+) => Some(($($field,)+)),
                 #[allow(unreachable_patterns)]
@@ -401,7 +866,7 @@ macro_rules! nest {
             },
             $costs[ScopeKind::$kind.index()],
             $now,
-            |$kind| nest!($maps, $request, $costs, $now, $f, [$($held)* $kind], [$($rest ($($rest_field),+)),*]),
+            |$kind| nest!($maps, $g, $request, $costs, $now, $f, [$($held)* $kind], [$($rest ($($rest_field),+)),*]),
         )
     };
 }
@@ -440,6 +905,17 @@ macro_rules! define_maps {
             }
         }
 
+        impl<C: Clock + Clone, S: BuildHasher + Clone> KeyedMaps<C, S> {
+            /// The map of a keyed kind as a reconfiguration switches it; `None` for the
+            /// global kind and for kinds without a local map.
+            pub(super) fn switchable(&self, kind: ScopeKind) -> Option<&dyn KindReconfigure> {
+                match kind {
+                    ScopeKind::Global => None,
+                    $(ScopeKind::$kind => self.$kind.as_ref().map(|m| m as &dyn KindReconfigure),)*
+                }
+            }
+        }
+
         impl<C: Clock, S: BuildHasher> KeyedMaps<C, S> {
             /// The map of a keyed kind, type-erased over its key; `None` for the global
             /// kind and for kinds without a rule.
@@ -467,12 +943,13 @@ macro_rules! define_maps {
             #[allow(non_snake_case)]
             pub(super) fn with_slots<R>(
                 &self,
+                g: &Generation,
                 request: &Request,
                 costs: &PerKind<u64>,
                 now: u64,
                 f: impl FnOnce(PerKind<KindSlots<'_, C>>) -> R,
             ) -> R {
-                nest!(self, request, costs, now, f, [], [$($kind ($($field),+)),*])
+                nest!(self, g, request, costs, now, f, [], [$($kind ($($field),+)),*])
             }
         }
     };

@@ -363,8 +363,13 @@ impl RuleSet {
             }),
             _ => None,
         };
-        let shape = reconfigure::Shape::of(&self, &tiers);
+        let shape = reconfigure::Shape::of(&self);
         let global_single = global_rule.is_none_or(|r| r.policies().len() == 1);
+        let maps = KeyedMaps::build(&self.rules, &tiers, &clock, &hasher)?;
+        let tables = ScopeKind::ALL.map(|k| {
+            maps.get(k)
+                .map_or_else(Default::default, |m| m.first_table())
+        });
         let mut first = Generation::new(
             0,
             words,
@@ -372,6 +377,7 @@ impl RuleSet {
             policies,
             global_single,
             [Inherit::AsIs; ScopeKind::COUNT],
+            tables,
         );
         if let Some(b) = global.as_ref().and_then(|g| g.leased.as_ref()) {
             first.leased_epoch = b.epoch_id();
@@ -380,7 +386,7 @@ impl RuleSet {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             remote,
             global,
-            maps: KeyedMaps::build(&self.rules, &tiers, &clock, &hasher)?,
+            maps,
             generations: Generations::new(first),
             clock: guard,
             shape,
@@ -616,7 +622,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 self.decide_global(g, class_costs, costs, request, now)
             } else {
                 // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
-                self.maps.with_slots(request, costs, now, |slots| {
+                self.maps.with_slots(g, request, costs, now, |slots| {
                     // With a map's lock held the generation cannot change (a switch holds
                     // every map's barrier); with none held it may have.
                     if !std::ptr::eq(self.generation(), g) {
@@ -748,7 +754,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                             g.policies.get(k, tier).map(|p| p.max_keys),
                             Some(max_keys)
                         );
-                        self.key_limit_counts(ScopeKind::ALL[k], costs[k], request);
+                        self.key_limit_counts(g, ScopeKind::ALL[k], costs[k], request);
                         decision.pays(k, false);
                         return Ok(decision.key_limit(k));
                     }
@@ -860,9 +866,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .is_some_and(|id| id == h.member_id())
     }
 
-    fn key_limit_counts(&self, kind: ScopeKind, cost: u64, request: &Request) {
+    fn key_limit_counts(&self, g: &Generation, kind: ScopeKind, cost: u64, request: &Request) {
         if let (Some(m), Some(scope)) = (self.map(kind), Scope::of(request, kind)) {
-            m.count_key_limit(&scope, cost, request.attempt);
+            m.count_key_limit(g, &scope, cost, request.attempt);
         }
     }
 
@@ -882,7 +888,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 .counters
                 .as_ref()
                 .map(StripedCounters::snapshot),
-            _ => self.map(scope.kind())?.counters(scope),
+            _ => self.map(scope.kind())?.counters(self.generation(), scope),
         }
     }
 
@@ -894,7 +900,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
-                m.for_each_counters(&mut f);
+                m.for_each_counters(self.generation(), &mut f);
             }
         }
     }
@@ -902,13 +908,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The summed counters of the keys of `kind` evicted so far (zero for the global
     /// scope, which is never evicted).
     pub fn evicted_counters(&self, kind: ScopeKind) -> CounterSnapshot {
-        self.map(kind).map(|m| m.evicted()).unwrap_or_default()
+        self.map(kind)
+            .map(|m| m.evicted(self.generation()))
+            .unwrap_or_default()
     }
 
     /// Requests whose key of `kind` found its map full: refused with
     /// [`Refusal::KeyLimit`], or charged to the kind's overflow bucket.
     pub fn overflow_counters(&self, kind: ScopeKind) -> CounterSnapshot {
-        self.map(kind).map(|m| m.overflowed()).unwrap_or_default()
+        self.map(kind)
+            .map(|m| m.overflowed(self.generation()))
+            .unwrap_or_default()
     }
 
     /// Keys in the map of `kind` (1 for a global scope with a rule).
@@ -916,7 +926,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if kind == ScopeKind::Global {
             return usize::from(self.global.is_some());
         }
-        self.map(kind).map_or(0, |m| m.len())
+        self.map(kind).map_or(0, |m| m.len(self.generation()))
     }
 
     /// Tokens `scope`'s bucket of limit `limit` (the index of its policy in the rule's
@@ -939,7 +949,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         match (scope, limit) {
             (_, 0) => self.available(scope),
             (Scope::Global, l) => self.global_available(l),
-            (_, l) => self.map(scope.kind())?.available_in(scope, l),
+            (_, l) => self
+                .map(scope.kind())?
+                .available_in(self.generation(), scope, l),
         }
     }
 
@@ -953,7 +965,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Some(b) => b.available(),
                 None => self.global_available(0)?,
             },
-            _ => self.map(scope.kind())?.available(scope)?,
+            _ => self
+                .map(scope.kind())?
+                .available(self.generation(), scope)?,
         })
     }
 
@@ -1009,7 +1023,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
-                report += m.sweep();
+                report += m.sweep(self.generation());
             }
         }
         report
@@ -1035,7 +1049,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .flatten();
         ScopeKind::ALL
             .into_iter()
-            .filter_map(|k| self.map(k).map(|m| m.max_sweep_interval()))
+            .filter_map(|k| self.map(k).map(|m| m.max_sweep_interval(self.generation())))
             .chain(global)
             .min()
             .unwrap_or(Duration::MAX)
@@ -1064,7 +1078,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     self.generations.await_successor(g);
                 },
             },
-            _ => self.map(scope.kind())?.stored_word(scope),
+            _ => self
+                .map(scope.kind())?
+                .stored_word(self.generation(), scope),
         }
     }
 }

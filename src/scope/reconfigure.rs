@@ -15,9 +15,8 @@ use crate::policy::Policy;
 use crate::scope::ScopedLimiter;
 use crate::scope::decision::Policies;
 use crate::scope::generation::Generation;
-use crate::scope::kind::{PerKind, Scope, ScopeKind};
+use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Reshape, Rule, RuleError, RuleSet};
-use crate::scope::tiers::KindTiers;
 use crate::state::SEALED;
 
 /// What a [`ScopedLimiter::reconfigure`] did.
@@ -64,33 +63,18 @@ impl RuleShape {
     }
 }
 
-/// A kind's tiers without their policies: each used tier's name and number of
-/// policies, and each overridden key's tier.
-type TierShape = (Vec<(String, usize)>, Vec<(Scope, u8)>);
-
 /// What a running limiter's rule set may not change: which maps exist, how each is
-/// bounded, which keys are overridden to which tier, the classes' names and order.
+/// bounded, the classes' names and order.
 #[derive(Debug)]
 pub(super) struct Shape {
     rules: PerKind<Option<RuleShape>>,
-    tiers: PerKind<TierShape>,
     classes: Vec<String>,
 }
 
 impl Shape {
-    pub(super) fn of(set: &RuleSet, tiers: &PerKind<KindTiers>) -> Shape {
+    pub(super) fn of(set: &RuleSet) -> Shape {
         Shape {
             rules: ScopeKind::ALL.map(|k| set.rules[k.index()].map(|r| RuleShape::of(k, &r))),
-            tiers: ScopeKind::ALL.map(|k| {
-                let t = &tiers[k.index()];
-                (
-                    t.tiers
-                        .iter()
-                        .map(|(name, p)| (name.clone(), p.as_slice().len()))
-                        .collect(),
-                    t.keys.clone(),
-                )
-            }),
             classes: set.classes.iter().map(|c| c.name().to_owned()).collect(),
         }
     }
@@ -124,9 +108,6 @@ impl Shape {
                 }
                 _ => return Err(Reshape::Kinds { kind }),
             }
-            if self.tiers[k] != next.tiers[k] {
-                return Err(Reshape::Overrides { kind });
-            }
         }
         if self.classes != next.classes {
             return Err(Reshape::Classes);
@@ -135,7 +116,7 @@ impl Shape {
     }
 }
 
-impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
+impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// Replaces the limiter's policies (of every rule and tier) and its classes' costs
     /// while it runs, carrying every bucket's tokens over with its rule's
     /// [`Inherit`] strategy ([`Rule::inherit`]; a tier's keys use their kind's rule's).
@@ -231,14 +212,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (tiers, mut policies) = rules.check()?;
         self.shape
-            .check(&Shape::of(&rules, &tiers))
+            .check(&Shape::of(&rules))
             .map_err(RuleError::Reshape)?;
         self.check_leased(&policies)?;
         let inherit: PerKind<Inherit> = ScopeKind::ALL
             .map(|k| rules.rules[k.index()].map_or(Inherit::Proportional, |r| r.inherit));
         let old = self.generation();
         policies.generation = old.number;
-        if old.policies == policies && old.classes == rules.classes {
+        let same_tiers = ScopeKind::ALL.into_iter().all(|kind| {
+            self.maps
+                .switchable(kind)
+                .is_none_or(|m| m.same_tiers(old, &tiers[kind.index()]))
+        });
+        if same_tiers && old.policies == policies && old.classes == rules.classes {
             // Nothing to switch: no bucket changes, and no generation is kept for it.
             return Ok(ScopeReconfigured {
                 global: Vec::new(),
@@ -261,18 +247,25 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             policies,
             old.global_single,
             inherit,
+            old.tables,
         ));
         let mut words: Vec<Core> = Vec::with_capacity(old.words.len());
         let mut unseals: Vec<Unseal<'_>> = Vec::with_capacity(old.words.len());
         let mut report = Vec::with_capacity(old.words.len());
 
-        // The barrier: every keyed map's, in the lock order (kind, then policy), so
-        // that no request holding a map's lock is under way from here on.
+        // The barrier: every keyed map's, in the lock order (kind, then policy, then
+        // tier), so that no request holding a map's lock is under way from here on;
+        // each kind checks that its keys moving back from tiers fit. Then the new tier
+        // tables, once no kind can refuse.
         let mut held = Vec::new();
         for kind in ScopeKind::ALL {
-            if let Some(m) = self.maps.get(kind) {
-                held.push((kind, m, m.begin_switch()));
+            if let Some(m) = self.maps.switchable(kind) {
+                held.push((kind, m.begin_switch(old, &tiers[kind.index()])?));
             }
+        }
+        for (kind, s) in &mut held {
+            s.lay_out()?;
+            next.tables[kind.index()] = s.table();
         }
         // Seal the plain global words: a request holding no lock that reaches one now
         // writes nothing there and starts again on the new generation.
@@ -313,6 +306,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             report.push(done);
         }
         next.words = words.into_boxed_slice();
+        // Keys changing tiers move (converted as of the same reading) before the new
+        // generation, which routes them to their new maps, is published.
+        for (kind, s) in &mut held {
+            if let Some(rule) = next.policies.rules[kind.index()].as_ref() {
+                s.move_keys(rule, inherit[kind.index()], now);
+            }
+        }
         if let (Some(b), Some(&policy)) = (self.leased(), global_policies.first()) {
             // Switched before the new generation is published: a request of the old
             // one that reaches the new epoch finds its epoch gone and starts again.
@@ -332,11 +332,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // held; each lets its own go once switched. Nothing from here reads a clock.
         let current = self.generation();
         let mut maps = 0;
-        for (kind, m, switches) in held {
+        for (kind, s) in held {
             let k = kind.index();
             if let Some(rule) = current.policies.rules[k].as_ref() {
-                maps +=
-                    m.finish_switch(switches, rule, &current.policies.tiers[k], inherit[k], now);
+                maps += s.finish(rule, &current.policies.tiers[k], inherit[k], now);
             }
         }
         Ok(ScopeReconfigured {
@@ -353,9 +352,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     ///
     /// As [`reconfigure`](ScopedLimiter::reconfigure).
     pub fn check_reconfigure(&self, rules: &RuleSet) -> Result<(), RuleError> {
-        let (tiers, policies) = rules.check()?;
+        let (_, policies) = rules.check()?;
         self.shape
-            .check(&Shape::of(rules, &tiers))
+            .check(&Shape::of(rules))
             .map_err(RuleError::Reshape)?;
         self.check_leased(&policies)
     }

@@ -185,14 +185,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// ```
     pub fn policies_for(&self, scope: &Scope) -> Option<&[Policy]> {
         let kind = scope.kind();
+        let g = self.generation();
         let tier = match self.maps.get(kind) {
-            Some(m) => m.tier_of(scope)?,
+            Some(m) => m.tier_of(g, scope)?,
             None => 0,
         };
-        self.generation()
-            .policies
-            .get(kind.index(), tier)
-            .map(|p| p.as_slice())
+        g.policies.get(kind.index(), tier).map(|p| p.as_slice())
     }
 
     /// Gives every scope of `charge` its cost back, with the exact refund of
@@ -211,12 +209,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let cost = c[ScopeKind::Global.index()];
         if cost > 0 {
             if let Some(b) = self.leased() {
-                let cost = carried(paid, current, ScopeKind::Global.index(), 0, 0, cost);
+                let cost = carried(paid, current, ScopeKind::Global.index(), &|_| 0, 0, cost);
                 let _ = b.refund(cost.min(b.policy().capacity()));
             } else {
                 let now = self.now_on(current);
                 for limit in 0..current.words.len() {
-                    let cost = carried(paid, current, ScopeKind::Global.index(), 0, limit, cost);
+                    let cost = carried(
+                        paid,
+                        current,
+                        ScopeKind::Global.index(),
+                        &|_| 0,
+                        limit,
+                        cost,
+                    );
                     refund_global(current, limit, &self.clock, cost, now);
                 }
             }
@@ -227,9 +232,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             if let (Some(m), Some(scope), true) =
                 (self.maps.get(kind), Scope::of(r, kind), cost > 0)
             {
-                m.refund(&scope, &|tier, limit| {
-                    carried(paid, current, k, tier, limit, cost)
-                });
+                m.refund(paid, current, &scope, cost);
             }
         }
         self.give_back_remote(r, c);
@@ -321,7 +324,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 return Err(ScopeReserveError::RemoteScope { scope });
             }
             let now = self.now_on(g);
-            let ready_at = self.maps.with_slots(request, &costs, now, |slots| {
+            let ready_at = self.maps.with_slots(g, request, &costs, now, |slots| {
                 // With a map's lock held the generation cannot change; with none it may.
                 if !std::ptr::eq(self.generation(), g) {
                     return Err(Retry);

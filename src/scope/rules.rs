@@ -648,11 +648,18 @@ pub enum Reshape {
     },
     /// The work classes change other than in their costs: names, order or number.
     Classes,
-    /// The tiers a kind's overridden keys use change other than in their policies
-    /// (names, number of policies), or the overridden keys or their tiers change.
-    Overrides {
+    /// Keys leaving their tiers for their kind's rule do not fit the rule's map: it
+    /// holds its `max_keys`, and the reconfiguration would move in more keys than it
+    /// has room for (less the keys it moves out to tiers). Sweep the limiter, raise the
+    /// rule's `max_keys` (a new limiter), or move fewer keys at once.
+    TierRoom {
         /// The kind.
         kind: ScopeKind,
+        /// Keys that would move into the rule's map (each counted once, in each of its
+        /// policies' maps).
+        keys: usize,
+        /// Room the map has for them.
+        room: usize,
     },
 }
 
@@ -683,10 +690,10 @@ impl fmt::Display for Reshape {
             Reshape::Classes => f.write_str(
                 "the work classes change other than in their costs (names, order or number)",
             ),
-            Reshape::Overrides { kind } => write!(
+            Reshape::TierRoom { kind, keys, room } => write!(
                 f,
-                "the overridden {kind} keys, their tiers, or those tiers' names or numbers of \
-                 policies change"
+                "{keys} {kind} keys would leave their tiers for the rule's map, which has room \
+                 for {room}"
             ),
         }
     }

@@ -41,6 +41,24 @@ pub(crate) struct KindTiers {
     pub(crate) keys: Vec<(Scope, u8)>,
 }
 
+/// A kind's tiers without their policies: each used tier's name and number of
+/// policies, and each overridden key's tier. Keys whose tiers keep their shape across a
+/// reconfiguration keep their maps (whose policies may change in place).
+pub(crate) type TierShape = (Vec<(String, usize)>, Vec<(Scope, u8)>);
+
+impl KindTiers {
+    /// The layout without its policies.
+    pub(crate) fn shape(&self) -> TierShape {
+        (
+            self.tiers
+                .iter()
+                .map(|(name, p)| (name.clone(), p.as_slice().len()))
+                .collect(),
+            self.keys.clone(),
+        )
+    }
+}
+
 /// Checks the rule set's tiers and overrides and lays them out per kind.
 ///
 /// # Errors
