@@ -658,9 +658,22 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         if policy.layout().units_of(cost).is_none() {
             return Err(crate::error::cost_exceeds_capacity(policy.layout(), cost));
         }
+        self.refund_if(key, cost, || true);
+        Ok(())
+    }
+
+    /// [`refund`](KeyedLimiter::refund) of `cost` (capped at the capacity), given only
+    /// if `valid()` holds under the key's shard lock: `false`, with nothing given back,
+    /// when it does not (a scoped limiter's switch moved the key to another map since
+    /// the caller chose this one).
+    pub(crate) fn refund_if<Q>(&self, key: &Q, cost: u64, valid: impl FnOnce() -> bool) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let now = self.clock.now_nanos();
         self.reanchor_if_due(now);
-        with_table!(&self.store, t => self.refund_in(t, key, |epoch, bucket, hint| {
+        with_table!(&self.store, t => self.refund_in(t, key, valid, |epoch, bucket, hint| {
             let layout = epoch.policy.layout();
             // Capped at the capacity of the policy the bucket is in now.
             let units = layout.units_of(cost.min(layout.capacity())).unwrap_or(0);
@@ -671,8 +684,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
                 return None;
             }
             Some(full_at(layout, &bucket.snapshot(layout, now), now))
-        }));
-        Ok(())
+        }))
     }
 
     /// Tokens `key` has now (fractional): its bucket's balance, or a fresh bucket's for a
@@ -1000,27 +1012,33 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         })
     }
 
-    /// Refunds `key`'s bucket, if it is in the map, with `refund`, which is given the
-    /// shard's epoch and hint and returns the time the bucket is now full when that may
-    /// be earlier.
+    /// Refunds `key`'s bucket, if it is in the map and `valid()` holds under its shard
+    /// lock (else `false`), with `refund`, which is given the shard's epoch and hint and
+    /// returns the time the bucket is now full when that may be earlier.
     fn refund_in<V: Extra, Q>(
         &self,
         t: &Table<K, V, S>,
         key: &Q,
+        valid: impl FnOnce() -> bool,
         refund: impl FnOnce(&MapEpoch, &RawBucket, u64) -> Option<u64>,
-    ) where
+    ) -> bool
+    where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = t.hash_of(key);
         let i = t.shard_index(hash);
         self.read_current(t, i, |epoch, shard| {
+            if !valid() {
+                return false;
+            }
             if let Some(entry) = shard.table.find(hash, |e| e.key.borrow() == key) {
                 if let Some(at) = refund(epoch, &entry.bucket, t.hint(i)) {
                     t.lower_hint(i, at);
                 }
             }
-        });
+            true
+        })
     }
 
     /// Runs `f` on `key`'s slot with the slot's shard locked (read side for an existing

@@ -193,11 +193,19 @@ pub(super) trait KindMapOps {
     /// `None` when `scope` is not of this kind or has no bucket.
     fn stored_word(&self, g: &Generation, scope: &Scope) -> Option<u64>;
     fn for_each_counters(&self, g: &Generation, f: &mut dyn FnMut(Scope, CounterSnapshot));
-    /// Gives each of `scope`'s buckets in `current` back what `cost` tokens taken from
-    /// it under `paid` are now ([`carried`]: through every switch since, each with the
-    /// key's tier then), capped at the capacity; nothing when `scope` is not of this
-    /// kind or its key is not in the map.
-    fn refund(&self, paid: &Generation, current: &Generation, scope: &Scope, cost: u64);
+    /// Gives each of `scope`'s buckets back what `cost` tokens taken from it under
+    /// `paid` are in the `current()` generation ([`carried`]: through every switch
+    /// since, each with the key's tier then), capped at the capacity, on that
+    /// generation's maps (again on the next one's, when a switch replaced it before the
+    /// bucket's lock was taken); nothing when `scope` is not of this kind or its key is
+    /// not in the map.
+    fn refund<'g>(
+        &self,
+        paid: &'g Generation,
+        current: &dyn Fn() -> &'g Generation,
+        scope: &Scope,
+        cost: u64,
+    );
     /// The local tier of `scope`'s key in `g` (0: the rule's); `None` when `scope` is not
     /// of this kind.
     fn tier_of(&self, g: &Generation, scope: &Scope) -> Option<u8>;
@@ -338,16 +346,34 @@ where
         }
     }
 
-    fn refund(&self, paid: &Generation, current: &Generation, scope: &Scope, cost: u64) {
+    fn refund<'g>(
+        &self,
+        paid: &'g Generation,
+        current: &dyn Fn() -> &'g Generation,
+        scope: &Scope,
+        cost: u64,
+    ) {
         let Some(key) = (self.key_of)(scope) else {
             return;
         };
-        let (_, l) = self.limits_of(current, &key);
         let tier_in = |g: &Generation| self.limits_of(g, &key).0;
-        for (limit, m) in l.maps().enumerate() {
-            let c = carried(paid, current, self.kind.index(), &tier_in, limit, cost);
-            // Capped at the capacity, as any refund; an evicted key gets nothing.
-            let _ = m.refund(&key, c.min(m.policy().capacity()));
+        for limit in 0..MAX_POLICIES_PER_RULE {
+            let mut spins = 0u32;
+            loop {
+                let g = current();
+                let Some(m) = self.limits_of(g, &key).1.limit(limit) else {
+                    return;
+                };
+                let c = carried(paid, g, self.kind.index(), &tier_in, limit, cost);
+                // Given only while `g` is current (checked under the key's lock, which a
+                // switch's barrier waits for): a switch may have moved the key to
+                // another map since. Capped at the capacity, as any refund; an evicted
+                // key gets nothing.
+                if m.refund_if(&key, c, || ptr::eq(current(), g)) {
+                    break;
+                }
+                crate::sync::spin(&mut spins);
+            }
         }
     }
 

@@ -232,7 +232,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             if let (Some(m), Some(scope), true) =
                 (self.maps.get(kind), Scope::of(r, kind), cost > 0)
             {
-                m.refund(paid, current, &scope, cost);
+                m.refund(paid, &|| self.generation(), &scope, cost);
             }
         }
         self.give_back_remote(r, c);

@@ -1,0 +1,321 @@
+//! Moving keys between tiers in a running `ScopedLimiter`: a reconfiguration that
+//! overrides keys anew, takes overrides away or adds, renames or removes tiers moves each
+//! key's buckets to its new maps, converted with its kind's strategy as of the switch;
+//! keys that would not fit the rule's map are refused whole; give-backs across a move
+//! are converted; requests and give-backs racing moves neither lose nor mint tokens.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use tokengate::scope::*;
+use tokengate::{Inherit, ManualClock, Policy};
+
+fn p(capacity: u64, rate: f64) -> Policy {
+    Policy::new(capacity, rate).unwrap()
+}
+
+fn tenant(t: u64) -> Scope {
+    Scope::Tenant(TenantId(t))
+}
+
+/// Tenants 10 per key, tier "gold" 100, tier "silver" 50; class "one" costs 1 tenant
+/// token; `overrides` lists each overridden tenant and its tier.
+fn rules(how: Inherit, max_keys: usize, overrides: &[(u64, &str)]) -> RuleSet {
+    let mut set = RuleSet::new()
+        .rule(
+            ScopeKind::Tenant,
+            Rule::new(p(10, 1.0)).max_keys(max_keys).inherit(how),
+        )
+        .tier("gold", vec![p(100, 10.0)])
+        .tier("silver", vec![p(50, 5.0)])
+        .class(WorkClass::new("one", 1));
+    for &(t, tier) in overrides {
+        set = set.override_key(tenant(t), tier);
+    }
+    set
+}
+
+fn take(limiter: &ScopedLimiter<ManualClock>, t: u64, n: usize) {
+    let one = limiter.class("one").unwrap();
+    let r = Request::new().tenant(TenantId(t));
+    for _ in 0..n {
+        assert!(limiter.try_acquire(&r, one).unwrap().is_admitted());
+    }
+}
+
+#[test]
+fn keys_move_between_the_rule_and_tiers_with_their_kinds_strategy() {
+    // Before: tenant 1 (rule) 4 of 10, tenant 2 (gold) 60 of 100, tenant 3 (rule)
+    // untouched. After: 1 in gold, 2 back in the rule, 3 in silver, 4 untouched.
+    let cases = [
+        (Inherit::Proportional, 40.0, 6.0, 50.0),
+        (Inherit::AsIs, 4.0, 10.0, 10.0),
+        (Inherit::Reset, 100.0, 10.0, 50.0),
+        // 4 + (100 - 10); 60 - (100 - 10), down to zero; 10 + (50 - 10).
+        (Inherit::Additive, 94.0, 0.0, 50.0),
+    ];
+    for (how, t1, t2, t3) in cases {
+        let clock = ManualClock::new();
+        let limiter = rules(how, 100, &[(2, "gold")])
+            .build_with_clock(clock.clone())
+            .unwrap();
+        take(&limiter, 1, 6);
+        take(&limiter, 2, 40);
+        assert_eq!(limiter.len(ScopeKind::Tenant), 2);
+        let done = limiter
+            .reconfigure(rules(how, 100, &[(1, "gold"), (3, "silver")]))
+            .unwrap();
+        assert_eq!(done.reconfigurations, 1);
+        assert_eq!(done.maps, 2, "{how:?}: gold's and silver's new maps");
+        assert_eq!(limiter.available(&tenant(1)), Some(t1), "{how:?}");
+        assert_eq!(limiter.available(&tenant(2)), Some(t2), "{how:?}");
+        assert_eq!(limiter.available(&tenant(3)), Some(t3), "{how:?}");
+        assert_eq!(limiter.available(&tenant(4)), Some(10.0), "{how:?}");
+        let capacity = |t| limiter.policies_for(&tenant(t)).unwrap()[0].capacity();
+        assert_eq!((capacity(1), capacity(2), capacity(3)), (100, 10, 50));
+        // Each key decides on its new bucket.
+        let one = limiter.class("one").unwrap();
+        let r = Request::new().tenant(TenantId(1));
+        let d = limiter.try_acquire(&r, one).unwrap();
+        assert!(d.is_admitted());
+        assert_eq!(limiter.available(&tenant(1)), Some(t1 - 1.0), "{how:?}");
+        let remaining = d.decision(tenant(1)).unwrap().tokens_remaining();
+        assert_eq!(remaining, t1 - 1.0, "{how:?}: decided on the new bucket");
+    }
+}
+
+#[test]
+fn a_key_in_its_start_state_moves_as_one() {
+    // Tenant 5 never came: a full bucket of 10. As is, it holds 10 in gold, not 100.
+    let clock = ManualClock::new();
+    let limiter = rules(Inherit::AsIs, 100, &[])
+        .build_with_clock(clock.clone())
+        .unwrap();
+    limiter
+        .reconfigure(rules(Inherit::AsIs, 100, &[(5, "gold")]))
+        .unwrap();
+    assert_eq!(limiter.available(&tenant(5)), Some(10.0));
+    // Back to the rule, full again: no entry is kept for it.
+    limiter.reconfigure(rules(Inherit::AsIs, 100, &[])).unwrap();
+    assert_eq!(limiter.available(&tenant(5)), Some(10.0));
+    assert_eq!(limiter.len(ScopeKind::Tenant), 0);
+}
+
+#[test]
+fn tiers_are_added_renamed_and_removed_and_keys_between_them_keep_their_tokens() {
+    let clock = ManualClock::new();
+    let set = |tiers: &[(&str, Policy)], overrides: &[(u64, &str)]| {
+        let mut s = RuleSet::new()
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(10, 1.0)).inherit(Inherit::Proportional),
+            )
+            .class(WorkClass::new("one", 1));
+        for &(name, policy) in tiers {
+            s = s.tier(name, vec![policy]);
+        }
+        for &(t, tier) in overrides {
+            s = s.override_key(tenant(t), tier);
+        }
+        s
+    };
+    let limiter = set(&[("gold", p(100, 10.0))], &[(1, "gold"), (2, "gold")])
+        .build_with_clock(clock.clone())
+        .unwrap();
+    take(&limiter, 1, 30);
+    take(&limiter, 2, 50);
+    // Renamed with the same policy: the words move as they are.
+    limiter
+        .reconfigure(set(
+            &[("premium", p(100, 10.0))],
+            &[(1, "premium"), (2, "premium")],
+        ))
+        .unwrap();
+    assert_eq!(limiter.available(&tenant(1)), Some(70.0));
+    assert_eq!(limiter.available(&tenant(2)), Some(50.0));
+    // Split between two tiers, one new.
+    limiter
+        .reconfigure(set(
+            &[("premium", p(100, 10.0)), ("bronze", p(20, 1.0))],
+            &[(1, "premium"), (2, "bronze")],
+        ))
+        .unwrap();
+    assert_eq!(limiter.available(&tenant(1)), Some(70.0));
+    assert_eq!(limiter.available(&tenant(2)), Some(10.0), "50/100 of 20");
+    // Every tier gone: the keys are back in the rule.
+    limiter.reconfigure(set(&[], &[])).unwrap();
+    assert_eq!(limiter.available(&tenant(1)), Some(7.0));
+    assert_eq!(limiter.available(&tenant(2)), Some(5.0));
+    assert_eq!(limiter.reconfigurations(), 3);
+    assert_eq!(limiter.len(ScopeKind::Tenant), 2);
+}
+
+#[test]
+fn a_tier_with_other_limits_keeps_the_ones_both_have() {
+    // The rule: 10 with a slow second limit of 30; tier "bulk": one limit of 100.
+    let set = |overrides: &[(u64, &str)]| {
+        let mut s = RuleSet::new()
+            .rule(
+                ScopeKind::User,
+                Rule::with_policies(vec![p(10, 1.0), p(30, 0.1)])
+                    .unwrap()
+                    .inherit(Inherit::AsIs),
+            )
+            .tier("bulk", vec![p(100, 10.0)])
+            .class(WorkClass::new("one", 1));
+        for &(u, tier) in overrides {
+            s = s.override_key(Scope::User(UserId(u)), tier);
+        }
+        s
+    };
+    let user = Scope::User(UserId(7));
+    let limiter = set(&[]).build_with_clock(ManualClock::new()).unwrap();
+    let one = limiter.class("one").unwrap();
+    let r = Request::new().user(UserId(7));
+    for _ in 0..6 {
+        assert!(limiter.try_acquire(&r, one).unwrap().is_admitted());
+    }
+    assert_eq!(limiter.available_in(&user, 1), Some(24.0));
+    limiter.reconfigure(set(&[(7, "bulk")])).unwrap();
+    // Limit 0 as is (4 of 100); limit 1 goes with the tier that lacks it.
+    assert_eq!(limiter.available(&user), Some(4.0));
+    assert_eq!(limiter.available_in(&user, 1), None);
+    limiter.reconfigure(set(&[])).unwrap();
+    // Back: limit 0 as is; limit 1 starts as a new key's would (full).
+    assert_eq!(limiter.available(&user), Some(4.0));
+    assert_eq!(limiter.available_in(&user, 1), Some(30.0));
+}
+
+#[test]
+fn keys_leaving_tiers_must_fit_the_rules_map_or_nothing_changes() {
+    let clock = ManualClock::new();
+    // The rule's map holds 2 keys: tenants 1 and 2 fill it; tenant 9 is gold.
+    let limiter = rules(Inherit::AsIs, 2, &[(9, "gold")])
+        .build_with_clock(clock.clone())
+        .unwrap();
+    take(&limiter, 1, 1);
+    take(&limiter, 2, 1);
+    take(&limiter, 9, 30);
+    let before = [1, 2, 9].map(|t| limiter.stored_word(&tenant(t)));
+    assert_eq!(
+        limiter
+            .reconfigure(rules(Inherit::AsIs, 2, &[]))
+            .unwrap_err(),
+        RuleError::Reshape(Reshape::TierRoom {
+            kind: ScopeKind::Tenant,
+            keys: 1,
+            room: 0,
+        })
+    );
+    assert_eq!(limiter.reconfigurations(), 0);
+    assert_eq!([1, 2, 9].map(|t| limiter.stored_word(&tenant(t))), before);
+    assert_eq!(limiter.available(&tenant(9)), Some(70.0));
+    assert_eq!(limiter.policies_for(&tenant(9)).unwrap()[0].capacity(), 100);
+    // Tenant 1 leaving for silver makes room for tenant 9.
+    limiter
+        .reconfigure(rules(Inherit::AsIs, 2, &[(1, "silver")]))
+        .unwrap();
+    assert_eq!(
+        limiter.available(&tenant(9)),
+        Some(10.0),
+        "70, capped at 10"
+    );
+    assert_eq!(limiter.available(&tenant(1)), Some(9.0));
+    // Tenant 9 full (no entry kept), 2 in the rule, 1 in silver.
+    assert_eq!(limiter.len(ScopeKind::Tenant), 2);
+}
+
+#[test]
+fn a_give_back_across_a_move_gives_back_what_the_move_made_of_the_take() {
+    // Tenant 1 takes 4 of 10, then moves to gold (100): a refund afterwards leaves it
+    // where the move alone would have (as if the 4 had not been taken).
+    for (how, after_move, after_refund) in [
+        (Inherit::Proportional, 60.0, 100.0),
+        (Inherit::AsIs, 6.0, 10.0),
+        (Inherit::Reset, 100.0, 100.0),
+        (Inherit::Additive, 96.0, 100.0),
+    ] {
+        let limiter = rules(how, 100, &[])
+            .build_with_clock(ManualClock::new())
+            .unwrap();
+        let one = limiter.class("one").unwrap();
+        let r = Request::new().tenant(TenantId(1));
+        let mut charges = Vec::new();
+        for _ in 0..4 {
+            charges.push(limiter.try_acquire(&r, one).unwrap().charge().unwrap());
+        }
+        limiter
+            .reconfigure(rules(how, 100, &[(1, "gold")]))
+            .unwrap();
+        assert_eq!(limiter.available(&tenant(1)), Some(after_move), "{how:?}");
+        for c in &charges {
+            limiter.refund(c);
+        }
+        assert_eq!(limiter.available(&tenant(1)), Some(after_refund), "{how:?}");
+    }
+}
+
+#[test]
+fn requests_and_give_backs_racing_moves_neither_lose_nor_mint_tokens() {
+    // Every tier and the rule hold 100 tokens (other rates, a frozen clock): as is, a
+    // move keeps every token. Two threads pay and give back 63 of 64 admissions on
+    // tenants 0..8 while a third moves the tenants between the rule and the tiers.
+    let set = |round: u64| {
+        let mut s = RuleSet::new()
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(100, 1.0)).inherit(Inherit::AsIs),
+            )
+            .tier("a", vec![p(100, 2.0)])
+            .tier("b", vec![p(100, 3.0)])
+            .class(WorkClass::new("one", 1));
+        for t in 0..8u64 {
+            match (t + round) % 3 {
+                0 => {}
+                1 => s = s.override_key(tenant(t), "a"),
+                _ => s = s.override_key(tenant(t), "b"),
+            }
+        }
+        s
+    };
+    let clock = ManualClock::new();
+    let limiter = Arc::new(set(0).build_with_clock(clock).unwrap());
+    let one = limiter.class("one").unwrap();
+    let net = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (limiter, net, stop) = (Arc::clone(&limiter), Arc::clone(&net), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) || i < 20_000 {
+                    let t = (i * 7 + w * 3) % 8;
+                    let r = Request::new().tenant(TenantId(t));
+                    let d = limiter.try_acquire(&r, one).unwrap();
+                    if let Some(c) = d.charge() {
+                        if i % 64 == 0 {
+                            net.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            limiter.refund(&c);
+                        }
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for round in 1..=300 {
+        limiter.reconfigure(set(round)).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let left: f64 = (0..8).map(|t| limiter.available(&tenant(t)).unwrap()).sum();
+    assert_eq!(
+        left + net.load(Ordering::Relaxed) as f64,
+        800.0,
+        "tokens lost or minted across the moves ({left} left)"
+    );
+    assert_eq!(limiter.reconfigurations(), 300);
+}
