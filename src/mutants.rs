@@ -101,3 +101,8 @@ pub static KEYED_SEARCH_SKIPS_OTHER_SHARDS: AtomicBool = AtomicBool::new(false);
 /// sealing them: a request holding no lock can still pay an old word after the switch
 /// converted it (tokens spent twice, or a decision on the old policy after the switch).
 pub static SCOPED_SWITCH_SKIPS_SEAL: AtomicBool = AtomicBool::new(false);
+
+/// A scoped limiter's keyed give-back made on the maps it chose without checking, under
+/// the key's lock, that their generation is still current: a switch that moved the key
+/// to another tier's maps meanwhile leaves the give-back on maps no request reads.
+pub static SCOPED_REFUND_SKIPS_RECHECK: AtomicBool = AtomicBool::new(false);

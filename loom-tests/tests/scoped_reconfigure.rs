@@ -184,3 +184,72 @@ fn a_request_holding_a_map_lock_is_decided_wholly_on_one_generation() {
     };
     Model::exhaustive("scoped reconfigure: keyed request vs switch", 4).check(model);
 }
+
+/// A key's give-back and a request racing a switch that moves the key from its rule
+/// (capacity 2) to a tier (capacity 3), as is: every token is accounted for, on
+/// whichever maps the key is in when each lands.
+fn tier_move_racing_a_give_back_and_a_request() {
+    let set = |gold: bool| {
+        let s = RuleSet::new()
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(2)).max_keys(4).shards(1).inherit(Inherit::AsIs),
+            )
+            .tier("gold", vec![p(3)])
+            .class(WorkClass::new("one", 1));
+        if gold {
+            s.override_key(Scope::Tenant(TenantId(1)), "gold")
+        } else {
+            s
+        }
+    };
+    spawn(move || {
+        // A fixed hasher: the model must be deterministic.
+        let hasher = BuildHasherDefault::<DefaultHasher>::default();
+        let limiter = Arc::new(set(false).build_with(Forward::new(), hasher).unwrap());
+        let one = limiter.class("one").unwrap();
+        let r = Request::new().tenant(TenantId(1));
+        let charge = limiter.try_acquire(&r, one).unwrap().charge().unwrap();
+        let a = {
+            let limiter = limiter.clone();
+            spawn(move || {
+                limiter.refund(&charge);
+                i64::from(limiter.try_acquire(&r, one).unwrap().is_admitted())
+            })
+        };
+        let s = {
+            let limiter = limiter.clone();
+            spawn(move || limiter.reconfigure(set(true)).unwrap())
+        };
+        let net = a.join().unwrap();
+        s.join().unwrap();
+        let tenant = limiter.available(&Scope::Tenant(TenantId(1))).unwrap();
+        assert_eq!(
+            limiter.policies_for(&Scope::Tenant(TenantId(1))).unwrap()[0].capacity(),
+            3
+        );
+        assert_eq!(
+            net as f64 + tenant,
+            2.0,
+            "tokens lost or minted by the move: net taken {net}, {tenant} left"
+        );
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn a_tier_move_racing_a_give_back_and_a_request_loses_and_mints_nothing() {
+    Model::exhaustive("scoped reconfigure: tier move vs give-back", 4)
+        .check(tier_move_racing_a_give_back_and_a_request);
+}
+
+#[test]
+fn a_give_back_that_does_not_recheck_its_generation_is_caught() {
+    let message = Model::exhaustive("scoped reconfigure: tier move vs give-back", 4)
+        .expect_violation(
+            &tokengate::mutants::SCOPED_REFUND_SKIPS_RECHECK,
+            tier_move_racing_a_give_back_and_a_request,
+        );
+    assert!(message.contains("lost or minted"), "{message}");
+}

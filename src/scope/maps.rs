@@ -369,7 +369,9 @@ where
                 // switch's barrier waits for): a switch may have moved the key to
                 // another map since. Capped at the capacity, as any refund; an evicted
                 // key gets nothing.
-                if m.refund_if(&key, c, || ptr::eq(current(), g)) {
+                if m.refund_if(&key, c, || {
+                    mutant!(SCOPED_REFUND_SKIPS_RECHECK) || ptr::eq(current(), g)
+                }) {
                     break;
                 }
                 crate::sync::spin(&mut spins);
