@@ -15,14 +15,14 @@
 //! of policies and [`RuleSet::override_key`] gives a key one (tenant 42 gets ten times
 //! the rule). An overridden key pays its tier's buckets, in maps of its own bounded by
 //! the number of overrides, all or none with the request's other scopes; a kind without
-//! overrides pays what it paid without them. The table is fixed when the limiter is
-//! built: a key's tier changes by rebuilding the limiter. See
-//! [`ScopedLimiter::policies_for`].
+//! overrides pays what it paid without them. See [`ScopedLimiter::policies_for`].
 //!
-//! A running limiter takes new policies (of its rules and tiers) and new class costs in
-//! place ([`ScopedLimiter::reconfigure`]), every bucket carrying its tokens over with its
-//! rule's [`Inherit`] strategy ([`Rule::inherit`]), each request decided
-//! wholly on the old configuration or wholly on the new.
+//! A running limiter takes new policies (of its rules and tiers), new tiers and
+//! overrides, and new class costs in place ([`ScopedLimiter::reconfigure`]), every
+//! bucket carrying its tokens over with its rule's [`Inherit`] strategy
+//! ([`Rule::inherit`]), a key whose tier changes moving its buckets to its new tier's
+//! maps the same way, each request decided wholly on the old configuration or wholly
+//! on the new.
 //!
 //! Chosen keyed kinds may live in a remote store shared by several limiters
 //! ([`Rule::remote`], [`RemoteScopes`]), while the global scope and the other kinds stay

@@ -117,15 +117,29 @@ impl Shape {
 }
 
 impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
-    /// Replaces the limiter's policies (of every rule and tier) and its classes' costs
-    /// while it runs, carrying every bucket's tokens over with its rule's
-    /// [`Inherit`] strategy ([`Rule::inherit`]; a tier's keys use their kind's rule's).
+    /// Replaces the limiter's policies (of every rule and tier), its tiers and per-key
+    /// overrides, and its classes' costs while it runs, carrying every bucket's tokens
+    /// over with its rule's [`Inherit`] strategy ([`Rule::inherit`]; a tier's keys use
+    /// their kind's rule's).
     ///
     /// `rules` is checked whole, as [`RuleSet::build`] checks it, and must have the
     /// running limiter's shape ([`Reshape`]): the same kinds with rules, each with as
-    /// many policies, the same map options, leasing and remote kinds, the same
-    /// overridden keys in the same tiers (whose policies may change), and the same
-    /// classes in the same order (whose costs may change). Remote kinds keep their
+    /// many policies, the same map options, leasing and remote kinds, and the same
+    /// classes in the same order (whose costs may change). Tiers may be added, renamed,
+    /// removed or given other policies, and keys overridden anew or no longer: a key
+    /// whose tier changes (to or from its rule, or between tiers) moves its buckets to
+    /// its new tier's maps, each converted from its old policy to the new one with its
+    /// kind's strategy as of the switch reading, limit by limit (a limit the new tier
+    /// lacks goes; one the old lacked starts as a new key's), while every map's barrier
+    /// is held and before the new configuration is published: a request decides with
+    /// the key's old buckets or its new ones, never both. A key that never came, or
+    /// whose moved bucket is in its new policy's start state, gets no entry. The rule's
+    /// maps must have room for the keys moving back to them (those not in them already,
+    /// less the keys moving out): else [`Reshape::TierRoom`], checked under the barrier
+    /// (so not by [`check_reconfigure`](ScopedLimiter::check_reconfigure)); a kind's
+    /// tier maps are laid out anew when its tiers change (costing the overridden keys'
+    /// buckets, at most [`MAX_OVERRIDES`](crate::scope::MAX_OVERRIDES), under the
+    /// barrier), and switched in place when only their policies change. Remote kinds keep their
     /// policies (their store holds them); a leased global scope is switched as
     /// [`LeasedBucket::reconfigure`](crate::LeasedBucket::reconfigure) switches it (its
     /// slots' tokens join the converted balance), before the new configuration is
@@ -156,14 +170,20 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// would have (up to a token less), except where the switch's cap or floor bound: as
     /// is capped at `B'`, or additive shrunk to zero, may have made less of the take
     /// than `cost`, and the give-back then credits up to `cost` more than the switch
-    /// alone would have left (never above the capacity). A give-back racing a further
-    /// switch is converted up to the configuration it read.
+    /// alone would have left (never above the capacity). A key's give-back is
+    /// converted with the key's tier in each configuration (`cost * B' / B` between its
+    /// old tier's capacity and its new one's, nothing for a limit it did not pay), and
+    /// made on the maps of the configuration it was converted for, checked under the
+    /// key's lock: one that a switch overtakes is converted again and goes to the key's
+    /// new maps. A global give-back racing a further switch is converted up to the
+    /// configuration it read.
     ///
     /// Rules and tiers whose policies do not change keep their buckets untouched,
     /// whatever their strategy (a reload that changed a comment refills nothing); a rule
     /// set equal to the running one switches nothing. Concurrent reconfigurations are
     /// applied one after the other. Each keeps its configuration (a few kilobytes, more
-    /// with many tiers) until the limiter is dropped. The remote store given with `rules`,
+    /// with many tiers; a replaced tier table keeps its override table, its maps
+    /// emptied) until the limiter is dropped. The remote store given with `rules`,
     /// if any, is not used: the limiter keeps the store it was built with.
     ///
     /// ```

@@ -457,8 +457,10 @@ impl RuleSet {
     /// request's other scopes, and a refusal names `scope` and the limit of the tier
     /// that refused. Replaces an earlier override of the same key.
     ///
-    /// The table is fixed when the limiter is built: a key's tier changes by rebuilding
-    /// the limiter (its buckets then start afresh). [`build`](RuleSet::build) refuses an
+    /// A running limiter takes a new table with
+    /// [`ScopedLimiter::reconfigure`](crate::scope::ScopedLimiter::reconfigure): a key
+    /// whose tier changes carries its tokens to its new tier's buckets with its kind's
+    /// strategy. [`build`](RuleSet::build) refuses an
     /// unknown tier ([`RuleError::UnknownTier`]), a key of the global scope
     /// ([`RuleError::OverrideOnGlobal`]) or of a kind without a rule
     /// ([`RuleError::OverrideWithoutRule`]), and more than [`MAX_OVERRIDES`](crate::scope::MAX_OVERRIDES) keys

@@ -5,8 +5,9 @@
 //! policy of the tier, like a rule with several policies) holding at most the keys
 //! overridden to that tier, and an immutable table from key to tier. A request of a kind
 //! without overrides pays what it paid before: the empty table costs one predicted
-//! branch. A key's tier is fixed for the life of the limiter: a tier change takes effect
-//! by rebuilding it.
+//! branch. Each configuration of a running limiter has its own tables (see `maps`): a
+//! reconfiguration that changes a kind's tiers or overrides lays out new ones and moves
+//! the keys whose tier changes.
 
 use std::collections::BTreeMap;
 

@@ -81,8 +81,9 @@ impl Config {
     /// The engine's [`RuleSet`]: each rule's policies (all paid, all or nothing, with a
     /// refusal naming the limit that refused), map options and lease settings, the
     /// work classes, and the tiers with the per-key overrides (an overridden key pays
-    /// its tier's policies instead of its rule's; a tier change takes effect when the
-    /// limiter is rebuilt from the new file). Shadow rules are included: pass [`shadow_kinds`] to the layer
+    /// its tier's policies instead of its rule's; a reload applied to a running limiter
+    /// moves a key whose tier changed, its tokens carried with its rule's strategy).
+    /// Shadow rules are included: pass [`shadow_kinds`] to the layer
     /// (or skip them with `ScopedLimiter::try_acquire_without`), which decides them
     /// without refusing. The inheritance strategies and evidence figures are not part
     /// of a rule set.

@@ -25,12 +25,12 @@
 //! [`tokengate::ScopedLimiter`] given to [`ConfigWatcher::apply_to`] takes each reload in
 //! place ([`ScopedLimiter::reconfigure`](tokengate::ScopedLimiter::reconfigure)), every
 //! bucket carrying its tokens over with its rule's strategy; a file it cannot take in
-//! place (a rule added or removed, new map bounds, leasing, overridden keys or class
-//! names) is refused whole, the running configuration kept. Tiers and per-key overrides
-//! are built into the engine's rules (an overridden key pays its tier's policies,
-//! [`Config::policies_for`]); the tiers' policies change on reload, but which keys are
-//! overridden is fixed for the life of a limiter, so a key's tier changes by rebuilding
-//! the limiter from the new file. Rules with
+//! place (a rule added or removed, new map bounds, leasing or class names) is refused
+//! whole, the running configuration kept. Tiers and per-key overrides are built into the
+//! engine's rules (an overridden key pays its tier's policies,
+//! [`Config::policies_for`]); a reload may change the tiers and which keys are
+//! overridden, each key whose tier changes carrying its tokens to its new tier with its
+//! rule's strategy. Rules with
 //! several policies ([`RuleConfig::policies`]) are built, each scope paying every one of
 //! them all-or-nothing, except where the engine cannot hold them: more than
 //! [`MAX_POLICIES_PER_RULE`](tokengate::scope::MAX_POLICIES_PER_RULE) policies, a leased

@@ -68,8 +68,8 @@ struct Limiter<C: Clock, S>(Arc<ScopedLimiter<C, S>>);
 
 impl<C, S> Apply for Limiter<C, S>
 where
-    C: Clock + Send + Sync + 'static,
-    S: std::hash::BuildHasher + Send + Sync + 'static,
+    C: Clock + Clone + Send + Sync + 'static,
+    S: std::hash::BuildHasher + Clone + Send + Sync + 'static,
 {
     fn check(&self, config: &Config) -> Result<(), String> {
         let rules = config.rule_set().map_err(|e| e.to_string())?;
@@ -354,8 +354,8 @@ impl ConfigWatcher {
     /// saying why. With several limiters, a file is applied to all or to none.
     pub fn apply_to<C, S>(&self, limiter: Arc<ScopedLimiter<C, S>>)
     where
-        C: Clock + Send + Sync + 'static,
-        S: std::hash::BuildHasher + Send + Sync + 'static,
+        C: Clock + Clone + Send + Sync + 'static,
+        S: std::hash::BuildHasher + Clone + Send + Sync + 'static,
     {
         self.reloader
             .lock()

@@ -247,6 +247,23 @@ fn a_reload_switches_the_running_limiter_in_place_or_not_at_all() {
     assert!(limiter.try_acquire(&request, read).unwrap().is_admitted());
     assert_eq!(limiter.available(&Scope::Global), Some(48.0)); // the new cost
 
+    // A tier and an override added: tenant 5 moves to gold in place, its tokens carried
+    // with its rule's strategy (additive: 18 + (100 - 30)).
+    let gold = "\n[tier.gold]\npolicies = [\"10/s burst 100\"]\n\n\
+                [[override]]\nscope = \"tenant\"\nkey = 5\ntier = \"gold\"\n";
+    std::fs::write(&path, file(50, 30, 2, gold)).unwrap();
+    wait_for(&rx, "the override", |e| {
+        matches!(e, ReloadEvent::Applied { .. })
+    });
+    assert_eq!(limiter.reconfigurations(), 2);
+    let five = Scope::Tenant(TenantId(5));
+    assert_eq!(limiter.policies_for(&five).unwrap()[0].capacity(), 100);
+    assert_eq!(limiter.available(&five), Some(88.0));
+    assert_eq!(
+        watcher.current().policies_for(&five).unwrap()[0].capacity(),
+        100
+    );
+
     // A rule added: not in place. Refused whole; the running one stays, applied.
     let user = "\n[[rule]]\nname = \"u\"\nscope = \"user\"\npolicies = [\"1/s burst 5\"]\n";
     std::fs::write(&path, file(70, 30, 2, user)).unwrap();
@@ -260,7 +277,7 @@ fn a_reload_switches_the_running_limiter_in_place_or_not_at_all() {
         "{e}"
     );
     assert!(e.to_string().contains("build a new one"), "{e}");
-    assert_eq!(limiter.reconfigurations(), 1);
+    assert_eq!(limiter.reconfigurations(), 2);
     assert_eq!(limiter.policy(ScopeKind::Global).unwrap().capacity(), 50);
     assert_eq!(
         watcher.current().rule(ScopeKind::Global).unwrap().policies[0].capacity(),
