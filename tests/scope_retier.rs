@@ -293,7 +293,7 @@ fn requests_and_give_backs_racing_moves_neither_lose_nor_mint_tokens() {
                     let r = Request::new().tenant(TenantId(t));
                     let d = limiter.try_acquire(&r, one).unwrap();
                     if let Some(c) = d.charge() {
-                        if i % 64 == 0 {
+                        if i.is_multiple_of(64) {
                             net.fetch_add(1, Ordering::Relaxed);
                         } else {
                             limiter.refund(&c);

@@ -341,6 +341,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
 
     /// Removes `key`'s bucket from the map: its word in the map's current policy (its
     /// shard converted to it first) and its counters, if the map keeps them.
+    // One body for both tables: the bare one's extra is `()`.
+    #[allow(clippy::unit_arg)]
     pub(crate) fn take(&mut self, key: &K) -> Option<(u64, Option<CounterCells>)> {
         let epochs = &self.map.epochs;
         with_guards!(self, t, g => {
@@ -355,6 +357,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
     /// Gives `key` the bucket `word` (of the map's current policy; its shard converted
     /// to it first), with `counts` as its counters if it gets a new entry and the map
     /// keeps them. `false`, with nothing changed, when the key is new and the map full.
+    // One body for both tables: the bare one's extra is `()`.
+    #[allow(clippy::unit_arg)]
     pub(crate) fn put(&mut self, key: K, word: u64, counts: Option<CounterCells>) -> bool {
         let epochs = &self.map.epochs;
         with_guards!(self, t, g => {
