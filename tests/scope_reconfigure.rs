@@ -404,6 +404,12 @@ fn a_remote_kind_keeps_its_policies_and_the_local_ones_switch() {
             kind: ScopeKind::Tenant
         })
     );
+    // A remote kind has no map: its map options are unused, and may change.
+    let bounded = set(10, 30).rule(
+        ScopeKind::Tenant,
+        Rule::new(p(10, 1.0)).remote().max_keys(5),
+    );
+    assert!(limiter.reconfigure(bounded).is_ok());
 }
 
 #[test]
@@ -683,4 +689,32 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_fixed_lease_the_new_global_policy_cannot_hold_is_refused_whole() {
+    let set = |global: u64| {
+        RuleSet::new()
+            .rule(
+                ScopeKind::Global,
+                Rule::new(p(global, 10.0)).leased(LeaseConfig::new().slots(2).max_lease(50)),
+            )
+            .rule(ScopeKind::Tenant, Rule::new(p(20, 1.0)))
+            .class(WorkClass::new("one", 1))
+    };
+    let limiter = set(100).build_with_clock(ManualClock::new()).unwrap();
+    let one = limiter.class("one").unwrap();
+    let r = Request::new().tenant(TenantId(1));
+    assert!(limiter.try_acquire(&r, one).unwrap().is_admitted());
+    let tenant = limiter.stored_word(&Scope::Tenant(TenantId(1)));
+    let error = limiter.check_reconfigure(&set(40)).unwrap_err();
+    assert!(matches!(error, RuleError::Lease(_)), "{error:?}");
+    assert_eq!(limiter.reconfigure(set(40)).unwrap_err(), error);
+    assert_eq!(limiter.reconfigurations(), 0);
+    assert_eq!(limiter.policy(ScopeKind::Global).unwrap().capacity(), 100);
+    assert_eq!(limiter.stored_word(&Scope::Tenant(TenantId(1))), tenant);
+    assert_eq!(limiter.available(&Scope::Global), Some(99.0));
+    // A capacity that holds the lease goes through.
+    assert!(limiter.reconfigure(set(60)).is_ok());
+    assert_eq!(limiter.policy(ScopeKind::Global).unwrap().capacity(), 60);
 }

@@ -39,7 +39,8 @@ pub struct ScopeReconfigured {
 #[derive(Clone, Debug, PartialEq)]
 struct RuleShape {
     len: usize,
-    /// A keyed kind's map options; for the global kind, only whether it counts.
+    /// A local keyed kind's map options; for the global kind and remote kinds, only
+    /// whether it counts.
     options: Option<KeyedOptions>,
     counters: bool,
     lease: Option<LeaseConfig>,
@@ -54,7 +55,8 @@ impl RuleShape {
         let fixed = rule.remote;
         RuleShape {
             len: rule.policies().len(),
-            options: (kind != ScopeKind::Global).then_some(rule.options),
+            // A remote kind has no map: its map options are unused.
+            options: (kind != ScopeKind::Global && !rule.remote).then_some(rule.options),
             counters: rule.options.counters,
             lease: rule.lease,
             remote: rule.remote,
