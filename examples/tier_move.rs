@@ -44,7 +44,12 @@ fn main() {
     let one = limiter.class("one").expect("a class of this limiter");
     for t in 0..KEYS {
         let r = Request::new().tenant(TenantId(t));
-        assert!(limiter.try_acquire(&r, one).expect("no error").is_admitted());
+        assert!(
+            limiter
+                .try_acquire(&r, one)
+                .expect("no error")
+                .is_admitted()
+        );
     }
     let policies = timed(&limiter, rules(200, false));
     let into = timed(&limiter, rules(200, true));

@@ -631,22 +631,24 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     self.decide(g, slots, class_costs, costs, request, now)
                 })
             };
-            let decision = match decision {
-                Ok(d) => d,
-                Err(ScopeError::Acquire { error, .. }) if is_sealed(&error) => {
+            if let Err(ScopeError::Acquire { error, .. }) = &decision {
+                if is_sealed(error) {
                     self.generations.await_successor(g);
                     // A leased global bucket switched before its generation is
                     // published: the request starts again until it is.
                     crate::sync::spin(&mut spins);
                     continue;
                 }
-                Err(e) => return Err(e),
-            };
-            // The remote kinds after the local ones, outside every lock.
-            return match &self.remote {
-                Some(remote) if decision.is_admitted() => self.pay_remote(remote, decision, costs),
-                _ => Ok(decision),
-            };
+            }
+            // The remote kinds after the local ones, outside every lock. The result is
+            // returned as it is (not unwrapped and wrapped again: a decision is a few
+            // hundred bytes, each move a copy).
+            if let (Some(remote), Ok(d)) = (&self.remote, &decision) {
+                if d.is_admitted() {
+                    return self.pay_remote(remote, *d, costs);
+                }
+            }
+            return decision;
         }
     }
 
