@@ -906,6 +906,9 @@ macro_rules! define_maps {
         #[allow(non_snake_case)]
         pub(super) struct KeyedMaps<C: Clock, S> {
             $($kind: Option<KindMap<($($ty,)+), C, S>>,)*
+            /// Whether any keyed kind has a map: a limiter without one decides its
+            /// requests on the global scope alone.
+            any: bool,
         }
 
         impl<C: Clock + Clone, S: BuildHasher + Clone> KeyedMaps<C, S> {
@@ -916,7 +919,7 @@ macro_rules! define_maps {
                 clock: &C,
                 hasher: &S,
             ) -> Result<KeyedMaps<C, S>, RuleError> {
-                Ok(KeyedMaps {
+                let mut maps = KeyedMaps {
                     $($kind: kind_map(
                         rules,
                         &tiers[ScopeKind::$kind.index()],
@@ -929,7 +932,10 @@ macro_rules! define_maps {
                         },
                         |&($($field,)+)| Scope::$kind($($field),+),
                     )?,)*
-                })
+                    any: false,
+                };
+                maps.any = false $(|| maps.$kind.is_some())*;
+                Ok(maps)
             }
         }
 
@@ -958,9 +964,9 @@ macro_rules! define_maps {
             /// and a cost (the kinds [`with_slots`](KeyedMaps::with_slots) holds a slot of).
             #[inline]
             pub(super) fn pays_keyed(&self, request: &Request, costs: &PerKind<u64>) -> bool {
-                false $(|| (self.$kind.is_some()
+                self.any && (false $(|| (self.$kind.is_some()
                     && costs[ScopeKind::$kind.index()] > 0
-                    $(&& request.$field.is_some())+))*
+                    $(&& request.$field.is_some())+))*)
             }
 
             /// Runs `f` with the slots of every keyed kind `request` pays (at `costs`)
