@@ -30,6 +30,11 @@ pub static LEASE_KEEPS_GLOBAL: AtomicBool = AtomicBool::new(false);
 /// back the tokens out on lease: the capped-refill over-credit.
 pub static CREDIT_IGNORES_LEASES: AtomicBool = AtomicBool::new(false);
 
+/// A `LeasedBucket` credit (a refund, a refill) that reserves two leases, instead of one,
+/// for every slot it finds already closed by another closer: credit withheld for tokens
+/// no hand holds, lost for good (a refund made far below the capacity can vanish).
+pub static RESERVE_COUNTS_CLOSED_TWICE: AtomicBool = AtomicBool::new(false);
+
 /// A slot lease spendable after the tick it was leased in (the expiry removed): the
 /// capped-refill over-credit of a lazily refilled global word.
 pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);

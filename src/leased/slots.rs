@@ -90,8 +90,10 @@ pub(crate) struct Closed {
     pub(crate) taken: u64,
     /// LEASING slots cancelled: each lessee holds at most one lease (or its leftover).
     pub(crate) leasing: u64,
-    /// Slots already CLOSED: each may have tokens in an earlier closer's hand and in a
-    /// cancelled lessee's hand, at most one lease each.
+    /// Slots already CLOSED: each may have tokens in one hand, at most one lease: the
+    /// earlier closer's that took its OPEN tokens, or the lessee's whose lease the first
+    /// close cancelled (never both: a closed slot is neither claimed nor taken from, and
+    /// that hand is stored before its count is dropped).
     pub(crate) closed: u64,
 }
 
