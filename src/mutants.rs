@@ -35,6 +35,11 @@ pub static CREDIT_IGNORES_LEASES: AtomicBool = AtomicBool::new(false);
 /// no hand holds, lost for good (a refund made far below the capacity can vanish).
 pub static RESERVE_COUNTS_CLOSED_TWICE: AtomicBool = AtomicBool::new(false);
 
+/// A `LeasedBucket` credit that reserves nothing for the slots it finds already closed
+/// by another closer, whose hand may still hold the tokens it took from them: given back
+/// after the credit met the cap, they are admitted on top (an over-admission).
+pub static RESERVE_SKIPS_CLOSED_SLOTS: AtomicBool = AtomicBool::new(false);
+
 /// A slot lease spendable after the tick it was leased in (the expiry removed): the
 /// capped-refill over-credit of a lazily refilled global word.
 pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);

@@ -41,6 +41,9 @@ const CAPPED_REFUND: Model = Model::exhaustive("LeasedBucket: capped refund with
 const RACING_REFUNDS: Model =
     Model::exhaustive("LeasedBucket: two refunds racing, far below the cap", 2);
 
+const REFUND_AND_RECLAIM: Model =
+    Model::exhaustive("LeasedBucket: a refund near the cap racing a reclaim", 2);
+
 /// The tick-edge model (two threads each making a trip to the global word, one of them
 /// closing the other's slot) did not finish exhaustively within 15 minutes here; it is
 /// bounded at five preemptions per execution (about 400 000 executions, 40 s; each
@@ -225,6 +228,46 @@ fn racing_refunds_model_catches_a_reserve_counting_closed_slots_twice() {
     RACING_REFUNDS.expect_violation(
         &mutants::RESERVE_COUNTS_CLOSED_TWICE,
         refunds_racing_refunds,
+    );
+}
+
+/// A refund near the cap racing a reclaim that holds a slot's tokens (frozen clock).
+/// Slot 0 leases one token (six left in the pool); one thread reclaims it while the
+/// other refunds two tokens and then asks for eight from slot 1. A plain bucket caps the
+/// refund at 8, so at most 9 are admitted in all. A refunder that finds slot 0 closed by
+/// the reclaim must leave room for the token in the reclaimer's hand (one lease): with
+/// no room, the credit fills the pool to 8, the eight are admitted, and the reclaimed
+/// token, given back after them, is admitted on top (10). The room it leaves may be
+/// withheld for good: at most one lease (two tokens).
+fn refund_racing_a_reclaim() {
+    let clock = Forward::new();
+    let b = Arc::new(bucket(8, &clock));
+    assert_eq!(take(&b, 0, 1), 1);
+    assert_eq!(b.leased_tokens(), 1);
+    let t = {
+        let b = b.clone();
+        thread::spawn(move || b.reclaim())
+    };
+    b.refund(2).unwrap();
+    let eight = take(&b, 1, 8);
+    t.join().unwrap();
+    let total = 1 + eight + drain(&b);
+    assert!(
+        (7..=9).contains(&total),
+        "admitted {total}: a plain bucket admits 9"
+    );
+}
+
+#[test]
+fn a_refund_leaves_room_for_a_reclaimer_s_hand() {
+    assert!(REFUND_AND_RECLAIM.check(refund_racing_a_reclaim).executions > 1);
+}
+
+#[test]
+fn refund_and_reclaim_model_catches_a_reserve_skipping_closed_slots() {
+    REFUND_AND_RECLAIM.expect_violation(
+        &mutants::RESERVE_SKIPS_CLOSED_SLOTS,
+        refund_racing_a_reclaim,
     );
 }
 

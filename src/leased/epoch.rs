@@ -226,11 +226,13 @@ impl Lessees for OtherSlots<'_> {
         // already closed, either the closer that took its OPEN tokens or the lessee whose
         // lease that close cancelled, never both. Whatever this reserves beyond what those
         // hands hold is credit withheld for good.
-        let closed = if mutant!(RESERVE_COUNTS_CLOSED_TWICE) {
-            found.closed.saturating_mul(2)
-        } else {
-            found.closed
-        };
+        let mut closed = found.closed;
+        if mutant!(RESERVE_COUNTS_CLOSED_TWICE) {
+            closed = closed.saturating_mul(2);
+        }
+        if mutant!(RESERVE_SKIPS_CLOSED_SLOTS) {
+            closed = 0;
+        }
         let in_flight = found
             .leasing
             .saturating_add(closed)
