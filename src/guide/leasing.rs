@@ -98,7 +98,9 @@
 //!   hands that cannot exist: with the default lease (`B / (2 * slots)`) the reserve
 //!   reached `B`, and refunds racing each other far below the cap vanished. The loom
 //!   model `refunds_racing_refunds` in `loom-tests/tests/hot.rs` catches that as the
-//!   planted bug `RESERVE_COUNTS_CLOSED_TWICE`.
+//!   planted bug `RESERVE_COUNTS_CLOSED_TWICE`; `refund_racing_a_reclaim` catches the
+//!   opposite, no room for a slot found closed (`RESERVE_SKIPS_CLOSED_SLOTS`: the token
+//!   in the reclaimer's hand is admitted on top of a credit that met the cap).
 //!
 //! The argument is made on a sequential witness: every write to the pool and to
 //! the slots is an `AcqRel` read-modify-write, so each word's modification order is part
