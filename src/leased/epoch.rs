@@ -226,9 +226,9 @@ impl Lessees for OtherSlots<'_> {
         // already closed, either the closer that took its OPEN tokens or the lessee whose
         // lease that close cancelled, never both. Whatever this reserves beyond what those
         // hands hold is credit withheld for good.
-        let mut closed = found.closed;
+        let mut closed = found.closed_with_hand;
         if mutant!(RESERVE_COUNTS_CLOSED_TWICE) {
-            closed = closed.saturating_mul(2);
+            closed = found.closed.saturating_mul(2);
         }
         if mutant!(RESERVE_SKIPS_CLOSED_SLOTS) {
             closed = 0;
