@@ -31,9 +31,10 @@
 //!   and `available()` is equal after every step. Under overlap a
 //!   rejection can come early only by tokens in flight: a request that finds other
 //!   threads mid-exchange cannot count their hands (at most one lease per slot), and a
-//!   credit (a refund, or refill) made while other threads hold slots closed or leases
-//!   in flight is capped at the capacity less one lease (`max_lease`) per such slot, for
-//!   the tokens their hands may still give back. That cap withholds credit only when the
+//!   credit (a refund, or refill) made while other threads hold leases in flight or
+//!   slots closed with their tokens in hand is capped at the capacity less one lease
+//!   (`max_lease`) per such slot, for the tokens their hands may still give back (a
+//!   slot shut empty reserves nothing). That cap withholds credit only when the
 //!   balance plus the credit comes within `slots * max_lease` of the capacity, and what
 //!   it withholds is not restored later (on a frozen clock it stays; refill reaching the
 //!   capacity makes it up), but it leaves the bucket holding at least
