@@ -40,6 +40,11 @@ pub static RESERVE_COUNTS_CLOSED_TWICE: AtomicBool = AtomicBool::new(false);
 /// after the credit met the cap, they are admitted on top (an over-admission).
 pub static RESERVE_SKIPS_CLOSED_SLOTS: AtomicBool = AtomicBool::new(false);
 
+/// A `LeasedBucket` close that takes an OPEN slot's tokens without setting the CLOSED
+/// word's hand bit: a later credit finds the slot closed, reserves nothing for it, and
+/// the tokens in the closer's hand are admitted on top of a credit that met the cap.
+pub static CLOSE_FORGETS_HAND: AtomicBool = AtomicBool::new(false);
+
 /// A slot lease spendable after the tick it was leased in (the expiry removed): the
 /// capped-refill over-credit of a lazily refilled global word.
 pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);

@@ -264,6 +264,11 @@ fn a_refund_leaves_room_for_a_reclaimer_s_hand() {
 }
 
 #[test]
+fn refund_and_reclaim_model_catches_a_close_that_forgets_the_hand() {
+    REFUND_AND_RECLAIM.expect_violation(&mutants::CLOSE_FORGETS_HAND, refund_racing_a_reclaim);
+}
+
+#[test]
 fn refund_and_reclaim_model_catches_a_reserve_skipping_closed_slots() {
     REFUND_AND_RECLAIM.expect_violation(
         &mutants::RESERVE_SKIPS_CLOSED_SLOTS,

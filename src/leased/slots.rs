@@ -280,7 +280,11 @@ impl Slots {
             let mut cur = slot.word.load(Ordering::Acquire);
             loop {
                 let next = match decode(cur) {
-                    State::Open(payload) if payload & self.token_mask == 0 => CLOSED | 1,
+                    State::Open(payload)
+                        if payload & self.token_mask == 0 || mutant!(CLOSE_FORGETS_HAND) =>
+                    {
+                        CLOSED | 1
+                    }
                     State::Open(_) => CLOSED | HAND | 1,
                     State::Leasing => CLOSED | HAND | 2,
                     // The count grows below the bit, which stays.
