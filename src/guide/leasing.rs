@@ -104,7 +104,8 @@
 //!   `loom-tests/tests/hot.rs` catches that as the planted bug
 //!   `RESERVE_COUNTS_CLOSED_TWICE`; `refund_racing_a_reclaim` catches the opposite, no
 //!   room for a slot found closed (`RESERVE_SKIPS_CLOSED_SLOTS`: the token in the
-//!   reclaimer's hand is admitted on top of a credit that met the cap).
+//!   reclaimer's hand is admitted on top of a credit that met the cap), and a close that
+//!   takes a slot's tokens without setting the hand bit (`CLOSE_FORGETS_HAND`).
 //!
 //! The argument is made on a sequential witness: every write to the pool and to
 //! the slots is an `AcqRel` read-modify-write, so each word's modification order is part
