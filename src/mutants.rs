@@ -30,6 +30,21 @@ pub static LEASE_KEEPS_GLOBAL: AtomicBool = AtomicBool::new(false);
 /// back the tokens out on lease: the capped-refill over-credit.
 pub static CREDIT_IGNORES_LEASES: AtomicBool = AtomicBool::new(false);
 
+/// A `LeasedBucket` credit (a refund, a refill) that reserves two leases, instead of one,
+/// for every slot it finds already closed by another closer: credit withheld for tokens
+/// no hand holds, lost for good (a refund made far below the capacity can vanish).
+pub static RESERVE_COUNTS_CLOSED_TWICE: AtomicBool = AtomicBool::new(false);
+
+/// A `LeasedBucket` credit that reserves nothing for the slots it finds already closed
+/// by another closer, whose hand may still hold the tokens it took from them: given back
+/// after the credit met the cap, they are admitted on top (an over-admission).
+pub static RESERVE_SKIPS_CLOSED_SLOTS: AtomicBool = AtomicBool::new(false);
+
+/// A `LeasedBucket` close that takes an OPEN slot's tokens without setting the CLOSED
+/// word's hand bit: a later credit finds the slot closed, reserves nothing for it, and
+/// the tokens in the closer's hand are admitted on top of a credit that met the cap.
+pub static CLOSE_FORGETS_HAND: AtomicBool = AtomicBool::new(false);
+
 /// A slot lease spendable after the tick it was leased in (the expiry removed): the
 /// capped-refill over-credit of a lazily refilled global word.
 pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);

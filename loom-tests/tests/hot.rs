@@ -38,6 +38,12 @@ const FROZEN_THREE: Model = Model {
 
 const CAPPED_REFUND: Model = Model::exhaustive("LeasedBucket: capped refund with a lease out", 2);
 
+const RACING_REFUNDS: Model =
+    Model::exhaustive("LeasedBucket: two refunds racing, far below the cap", 2);
+
+const REFUND_AND_RECLAIM: Model =
+    Model::exhaustive("LeasedBucket: a refund near the cap racing a reclaim", 2);
+
 /// The tick-edge model (two threads each making a trip to the global word, one of them
 /// closing the other's slot) did not finish exhaustively within 15 minutes here; it is
 /// bounded at five preemptions per execution (about 400 000 executions, 40 s; each
@@ -187,6 +193,86 @@ fn capped_refund_model_catches_credit_that_ignores_leases() {
     CAPPED_REFUND.expect_violation(
         &mutants::CREDIT_IGNORES_LEASES,
         capped_refund_with_a_lease_out,
+    );
+}
+
+/// Two refunds racing each other far below the capacity (frozen clock). Six of eight
+/// tokens are taken first (the two left are too few to lease), then two threads each
+/// refund one token: every credit quiesces the slots (the tokens that could be out on
+/// lease would reach the cap), so each refunder may find both slots closed by the other.
+/// Nothing is in any hand, and a plain bucket holds 4 after the refunds, far from its cap
+/// of 8: the drain takes exactly 4. Reserving two leases for every slot found closed
+/// (`2 * 2 * 2` tokens, the whole capacity) withholds a refund for good.
+fn refunds_racing_refunds() {
+    let clock = Forward::new();
+    let b = Arc::new(bucket(8, &clock));
+    assert_eq!(take(&b, 0, 6), 6);
+    assert_eq!(b.leased_tokens(), 0);
+    let t = {
+        let b = b.clone();
+        thread::spawn(move || b.refund(1).unwrap())
+    };
+    b.refund(1).unwrap();
+    t.join().unwrap();
+    assert_eq!(drain(&b), 4, "a refund was lost");
+    assert_eq!(b.leased_tokens(), 0);
+}
+
+#[test]
+fn refunds_racing_refunds_lose_nothing_below_the_cap() {
+    assert!(RACING_REFUNDS.check(refunds_racing_refunds).executions > 1);
+}
+
+#[test]
+fn racing_refunds_model_catches_a_reserve_counting_closed_slots_twice() {
+    RACING_REFUNDS.expect_violation(
+        &mutants::RESERVE_COUNTS_CLOSED_TWICE,
+        refunds_racing_refunds,
+    );
+}
+
+/// A refund near the cap racing a reclaim that holds a slot's tokens (frozen clock).
+/// Slot 0 leases one token (six left in the pool); one thread reclaims it while the
+/// other refunds two tokens and then asks for eight from slot 1. A plain bucket caps the
+/// refund at 8, so at most 9 are admitted in all. A refunder that finds slot 0 closed by
+/// the reclaim must leave room for the token in the reclaimer's hand (one lease): with
+/// no room, the credit fills the pool to 8, the eight are admitted, and the reclaimed
+/// token, given back after them, is admitted on top (10). The room it leaves may be
+/// withheld for good: at most one lease (two tokens).
+fn refund_racing_a_reclaim() {
+    let clock = Forward::new();
+    let b = Arc::new(bucket(8, &clock));
+    assert_eq!(take(&b, 0, 1), 1);
+    assert_eq!(b.leased_tokens(), 1);
+    let t = {
+        let b = b.clone();
+        thread::spawn(move || b.reclaim())
+    };
+    b.refund(2).unwrap();
+    let eight = take(&b, 1, 8);
+    t.join().unwrap();
+    let total = 1 + eight + drain(&b);
+    assert!(
+        (7..=9).contains(&total),
+        "admitted {total}: a plain bucket admits 9"
+    );
+}
+
+#[test]
+fn a_refund_leaves_room_for_a_reclaimer_s_hand() {
+    assert!(REFUND_AND_RECLAIM.check(refund_racing_a_reclaim).executions > 1);
+}
+
+#[test]
+fn refund_and_reclaim_model_catches_a_close_that_forgets_the_hand() {
+    REFUND_AND_RECLAIM.expect_violation(&mutants::CLOSE_FORGETS_HAND, refund_racing_a_reclaim);
+}
+
+#[test]
+fn refund_and_reclaim_model_catches_a_reserve_skipping_closed_slots() {
+    REFUND_AND_RECLAIM.expect_violation(
+        &mutants::RESERVE_SKIPS_CLOSED_SLOTS,
+        refund_racing_a_reclaim,
     );
 }
 

@@ -76,16 +76,36 @@
 //!   slot either comes before the close (and so before the refill) or fails.
 //! * **Tokens in flight are reserved for.** Giving tokens back is exact only when no
 //!   capped credit falls between taking them out and giving them back (otherwise the
-//!   credit was capped without them, and they are added on top). Tokens leave the global
-//!   word only into a slot's view: a lessee's claimed leftover and its new lease are in
-//!   its hand while its slot is LEASING; a cancelled lease stays in the lessee's hand
-//!   while the slot stays closed on its behalf until it has given the tokens back; a
-//!   closer's hand while the slots it closed stay closed. So an adder that closes the
-//!   slots knows how many may still have tokens in a hand (at most one lease each), and
-//!   caps its credit at `B - reserve` instead of `B`. When requests do not overlap
-//!   nothing is ever in flight, the reserve is zero and the result is exact; under
-//!   overlap the reserve can only withhold credit (see the bounds below), never create
-//!   it.
+//!   credit was capped without them, and they are added on top). Tokens leave the
+//!   global word only into a slot's view: a lessee's claimed leftover and its new lease
+//!   are in its hand while its slot is LEASING; a cancelled lease stays in the lessee's
+//!   hand while the slot stays closed on its behalf until it has given the tokens back;
+//!   a closer's hand while the slots it closed stay closed. So an adder that closes the
+//!   slots knows how many may still have tokens in a hand, and caps its credit at
+//!   `B - reserve` instead of `B`, reserving one lease for each slot it found LEASING
+//!   or already closed by a close that took tokens from it or cancelled its lease (the
+//!   CLOSED word's hand bit, cleared when a cancelled lessee has given its lease back;
+//!   a slot shut empty reserves nothing). One lease per slot is enough: a slot has at
+//!   most one hand holding tokens taken through it (its lessee's: its leftover before
+//!   the exchange, its new lease after; or, once closed, either the first closer's,
+//!   which took its OPEN tokens, or the cancelled lessee's, never both, since a closed
+//!   slot is neither claimed nor taken from again until that hand is stored). The bit
+//!   may outlive a closer's hand (it is cleared when the slot reopens), so the reserve
+//!   is a bound, never short. When requests do not overlap nothing is ever in flight,
+//!   the reserve is zero and the result is exact; under overlap the reserve can only
+//!   withhold credit, never create it. What it withholds is lost against the plain
+//!   bucket (only refill reaching the cap makes it up), so it must stay small: it binds
+//!   only when `g + hand + credit` comes within `reserve <= slots * max_lease` of `B`,
+//!   and leaves at least `B - reserve`, so the shortfall never grows beyond
+//!   `slots * max_lease` (see the bounds on [`crate::leased`]). Reserving two leases
+//!   for a slot found closed withheld credit for hands that cannot exist: with the
+//!   default lease (`B / (2 * slots)`) the reserve reached `B`, and refunds racing each
+//!   other far below the cap vanished. The loom model `refunds_racing_refunds` in
+//!   `loom-tests/tests/hot.rs` catches that as the planted bug
+//!   `RESERVE_COUNTS_CLOSED_TWICE`; `refund_racing_a_reclaim` catches the opposite, no
+//!   room for a slot found closed (`RESERVE_SKIPS_CLOSED_SLOTS`: the token in the
+//!   reclaimer's hand is admitted on top of a credit that met the cap), and a close that
+//!   takes a slot's tokens without setting the hand bit (`CLOSE_FORGETS_HAND`).
 //!
 //! The argument is made on a sequential witness: every write to the pool and to
 //! the slots is an `AcqRel` read-modify-write, so each word's modification order is part

@@ -28,7 +28,7 @@ pub(super) struct Epoch<P> {
     /// `log2(slots) + 1`: a lease is at most `spare >> lease_shift`.
     pub(super) lease_shift: u32,
     /// `2 * slots * max_lease` in units, saturated: a bound on tokens outside the global
-    /// word.
+    /// word (twice the tightest, see `Epoch::new`).
     pub(super) max_outstanding_units: u64,
     /// `slots * max_lease` in units, saturated: a bound on tokens held in OPEN slots.
     pub(super) max_held_units: u64,
@@ -50,8 +50,10 @@ impl<P: Pool> Epoch<P> {
         passes: Passes,
     ) -> Epoch<P> {
         let layout = policy.layout();
-        // Per slot: its OPEN tokens, or one lease in a lessee's hand, or (closed) one in a
-        // closer's hand and one in a cancelled lessee's.
+        // Per slot: its OPEN tokens, or one hand's (a lessee's, or, closed, a closer's or a
+        // cancelled lessee's), at most one lease. The bound that decides when a credit
+        // quiesces counts twice that: a margin that costs quiescing, never credit (the
+        // reserve a credit is capped by counts one lease per slot, see `quiesce`).
         let held = (max_lease as u128 * slots as u128) << layout.frac_bits();
         let outstanding = 2 * held;
         Epoch {
@@ -219,11 +221,21 @@ impl Lessees for OtherSlots<'_> {
         }
         self.closed = true;
         let found = self.slots.close(self.keep);
-        // A cancelled lessee holds at most one lease; a slot already closed may have one
-        // in an earlier closer's hand and one in a cancelled lessee's.
+        // Each slot that was not OPEN has at most one hand holding its tokens, and at most
+        // one lease of them (see `Slots::close`): a LEASING slot's lessee, or, for a slot
+        // already closed, either the closer that took its OPEN tokens or the lessee whose
+        // lease that close cancelled, never both. Whatever this reserves beyond what those
+        // hands hold is credit withheld for good.
+        let mut closed = found.closed_with_hand;
+        if mutant!(RESERVE_COUNTS_CLOSED_TWICE) {
+            closed = found.closed.saturating_mul(2);
+        }
+        if mutant!(RESERVE_SKIPS_CLOSED_SLOTS) {
+            closed = 0;
+        }
         let in_flight = found
             .leasing
-            .saturating_add(found.closed.saturating_mul(2))
+            .saturating_add(closed)
             .saturating_mul(self.max_lease);
         Quiesced {
             taken_units: found.taken << self.frac_bits,

@@ -31,10 +31,18 @@
 //!   and `available()` is equal after every step. Under overlap a
 //!   rejection can come early only by tokens in flight: a request that finds other
 //!   threads mid-exchange cannot count their hands (at most one lease per slot), and a
-//!   credit made while leases are in flight withholds up to one lease per in-flight slot
-//!   (`max_lease`, twice for a slot already closed by another closer). So a rejection is
-//!   never early by more than `2 * slots * max_lease` tokens, and never late: the bucket
-//!   never admits what the plain bucket would reject.
+//!   credit (a refund, or refill) made while other threads hold leases in flight or
+//!   slots closed with their tokens in hand is capped at the capacity less one lease
+//!   (`max_lease`) per such slot, for the tokens their hands may still give back (a
+//!   slot shut empty reserves nothing). That cap withholds credit only when the
+//!   balance plus the credit comes within `slots * max_lease` of the capacity, and what
+//!   it withholds is not restored later (on a frozen clock it stays; refill reaching the
+//!   capacity makes it up), but it leaves the bucket holding at least
+//!   `capacity - slots * max_lease`: however many credits are withheld, the shortfall
+//!   against a plain bucket never exceeds `slots * max_lease`. Below that, refunds
+//!   racing admissions and each other lose nothing (`tests/leased_refund.rs`). So a
+//!   rejection is never early by more than `2 * slots * max_lease` tokens, and never
+//!   late: the bucket never admits what the plain bucket would reject.
 //! * **Across a reconfiguration** (see below), nothing is lost or minted. Admissions
 //!   before the switch stay under the old policy's bound; at the switch reading `t`, the
 //!   balance `b` the switch converts is the pool's balance plus every token that was in

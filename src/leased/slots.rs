@@ -7,7 +7,7 @@
 //! +-----+-------------------------------+---------------------------+
 //! | 0 0 |  lease tick (T bits)          |  tokens                   |  OPEN
 //! | 0 1 |  tag                                                      |  LEASING
-//! | 1 0 |  count                                                    |  CLOSED
+//! | 1 0 |h|  count                                                  |  CLOSED
 //! +-----+-----------------------------------------------------------+
 //! ```
 //!
@@ -27,9 +27,12 @@
 //!   the global bucket and only then drops that count ([`Slots::abandon`]). Tokens
 //!   outside the global bucket are therefore always visible in some slot: OPEN (in the
 //!   word), LEASING (in the lessee's hand) or CLOSED (in a closer's or a cancelled
-//!   lessee's hand), which is what lets a closer bound them ([`Closed`]). And since a
-//!   cancelled slot cannot reopen before its lessee has seen the cancellation, a publish
-//!   can never land in a later lease's marker (no ABA).
+//!   lessee's hand), which is what lets a closer bound them ([`Closed`]). The first
+//!   close of a slot sets the CLOSED word's `h` bit ([`HAND`]) when it took tokens from
+//!   it or cancelled a lease: only then may a hand hold tokens taken through the slot,
+//!   and later closers reserve room for them. And since a cancelled slot cannot reopen
+//!   before its lessee has seen the cancellation, a publish can never land in a later
+//!   lease's marker (no ABA).
 //!
 //! # Orderings
 //!
@@ -56,6 +59,14 @@ const OPEN: u64 = 0;
 const LEASING: u64 = 1 << STATE_SHIFT;
 /// State bits of a slot held shut by closers.
 const CLOSED: u64 = 2 << STATE_SHIFT;
+/// In a CLOSED word: set by the close that shut an OPEN slot holding tokens (taking them)
+/// or a LEASING one (cancelling its lease), so a hand may hold tokens taken through the
+/// slot; cleared when the cancelled lessee abandons the slot (its tokens given back) and
+/// when the slot reopens. A closer's hand is stored before its count is dropped, so the
+/// bit may stay set after that hand is stored: a bound, never short.
+const HAND: u64 = 1 << (STATE_SHIFT - 1);
+/// Low bits of a CLOSED word: the close count.
+const COUNT_MASK: u64 = HAND - 1;
 /// Mask of the state bits.
 const STATE_MASK: u64 = 3 << STATE_SHIFT;
 
@@ -90,9 +101,14 @@ pub(crate) struct Closed {
     pub(crate) taken: u64,
     /// LEASING slots cancelled: each lessee holds at most one lease (or its leftover).
     pub(crate) leasing: u64,
-    /// Slots already CLOSED: each may have tokens in an earlier closer's hand and in a
-    /// cancelled lessee's hand, at most one lease each.
+    /// Slots already CLOSED.
     pub(crate) closed: u64,
+    /// Of those, the slots whose [`HAND`] bit is set: each may have tokens in one hand, at
+    /// most one lease: the earlier closer's that took its OPEN tokens, or the lessee's
+    /// whose lease the first close cancelled (never both: a closed slot is neither
+    /// claimed nor taken from, and that hand is stored before its count is dropped). A
+    /// slot shut empty has no such hand.
+    pub(crate) closed_with_hand: u64,
 }
 
 /// A power-of-two array of cache-padded slots.
@@ -246,8 +262,10 @@ impl Slots {
 
     /// Drops the count a cancellation held for the caller (after a failed
     /// [`publish`](Slots::publish), once its tokens are back in the global bucket).
+    /// The slot's [`HAND`] bit is cleared: the bit was set by the close that cancelled
+    /// this lessee (the slot has stayed closed since), whose tokens are now back.
     pub(crate) fn abandon(&self, index: usize) {
-        self.release(&self.slot(index).word);
+        self.release(&self.slot(index).word, true);
     }
 
     /// Closes every slot but `keep`: OPEN tokens are taken, LEASING leases cancelled
@@ -262,8 +280,14 @@ impl Slots {
             let mut cur = slot.word.load(Ordering::Acquire);
             loop {
                 let next = match decode(cur) {
-                    State::Open(_) => CLOSED | 1,
-                    State::Leasing => CLOSED | 2,
+                    State::Open(payload)
+                        if payload & self.token_mask == 0 || mutant!(CLOSE_FORGETS_HAND) =>
+                    {
+                        CLOSED | 1
+                    }
+                    State::Open(_) => CLOSED | HAND | 1,
+                    State::Leasing => CLOSED | HAND | 2,
+                    // The count grows below the bit, which stays.
                     State::Closed(n) => CLOSED | (n + 1),
                 };
                 match slot.word.compare_exchange_weak(
@@ -276,7 +300,10 @@ impl Slots {
                         match decode(cur) {
                             State::Open(payload) => found.taken += payload & self.token_mask,
                             State::Leasing => found.leasing += 1,
-                            State::Closed(_) => found.closed += 1,
+                            State::Closed(n) => {
+                                found.closed += 1;
+                                found.closed_with_hand += u64::from(n & HAND != 0);
+                            }
                         }
                         break;
                     }
@@ -296,7 +323,7 @@ impl Slots {
     pub(crate) fn await_settled(&self) {
         for slot in self.slots.iter() {
             let mut spins = 0u32;
-            while slot.word.load(Ordering::Acquire) != CLOSED | 1 {
+            while slot.word.load(Ordering::Acquire) & !HAND != CLOSED | 1 {
                 crate::sync::spin(&mut spins);
             }
         }
@@ -306,17 +333,19 @@ impl Slots {
     pub(crate) fn reopen(&self, keep: Option<usize>) {
         for (i, slot) in self.slots.iter().enumerate() {
             if Some(i) != keep {
-                self.release(&slot.word);
+                self.release(&slot.word, false);
             }
         }
     }
 
-    /// Drops one close count: CLOSED(1) becomes OPEN and empty.
-    fn release(&self, word: &AtomicU64) {
+    /// Drops one close count: CLOSED(1) becomes OPEN and empty. `hand_back`: the
+    /// caller's hand, the one the [`HAND`] bit stands for, is stored; the bit is cleared.
+    fn release(&self, word: &AtomicU64, hand_back: bool) {
         let mut cur = word.load(Ordering::Acquire);
         loop {
             let next = match decode(cur) {
-                State::Closed(1) => OPEN,
+                State::Closed(n) if n & COUNT_MASK == 1 => OPEN,
+                State::Closed(n) if hand_back => CLOSED | ((n - 1) & COUNT_MASK),
                 State::Closed(n) => CLOSED | (n - 1),
                 other => {
                     debug_assert!(false, "releasing a slot that is not closed: {other:?}");
@@ -415,16 +444,20 @@ mod tests {
             Closed {
                 taken: 7,
                 leasing: 1,
-                closed: 0
+                closed: 0,
+                closed_with_hand: 0,
             }
         );
         let found = slots.close(None);
+        // Slots 0 (its 7 tokens taken) and 1 (a lease cancelled) may have a hand holding
+        // tokens; slot 2 was shut empty.
         assert_eq!(
             found,
             Closed {
                 taken: 0,
                 leasing: 0,
-                closed: 3
+                closed: 3,
+                closed_with_hand: 2,
             }
         );
         assert!(
@@ -442,6 +475,33 @@ mod tests {
         );
         slots.abandon(one);
         assert!(slots.claim(1).is_some());
+    }
+
+    #[test]
+    fn a_slot_shut_empty_or_abandoned_by_its_cancelled_lessee_has_no_hand() {
+        let slots = Slots::new(4, T);
+        lease(&slots, 0, 1, 3);
+        let (one, _) = slots.claim(1).unwrap();
+        slots.close(Some(3)); // takes slot 0's 3, cancels slot 1's lease, shuts 2 empty
+        let found = slots.close(Some(3));
+        assert_eq!((found.closed, found.closed_with_hand), (3, 2));
+        slots.abandon(one); // the cancelled lessee's tokens are back
+        let found = slots.close(Some(3));
+        assert_eq!((found.closed, found.closed_with_hand), (3, 1));
+        for _ in 0..3 {
+            slots.reopen(Some(3));
+        }
+        let found = slots.close(None);
+        assert_eq!(
+            (found.taken, found.closed, found.closed_with_hand),
+            (0, 0, 0)
+        );
+        slots.reopen(None);
+        assert_eq!(
+            (0..4).map(|i| slots.word(i)).sum::<u64>(),
+            0,
+            "all OPEN and empty"
+        );
     }
 
     #[test]
