@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use tokengate::scope::*;
+use tokengate::telemetry::CounterSnapshot;
 use tokengate::{Inherit, ManualClock, Policy};
 
 fn p(capacity: u64, rate: f64) -> Policy {
@@ -46,12 +47,13 @@ fn take(limiter: &ScopedLimiter<ManualClock>, t: u64, n: usize) {
 #[test]
 fn keys_move_between_the_rule_and_tiers_with_their_kinds_strategy() {
     // Before: tenant 1 (rule) 4 of 10, tenant 2 (gold) 60 of 100, tenant 3 (rule)
-    // untouched. After: 1 in gold, 2 back in the rule, 3 in silver, 4 untouched.
+    // untouched. After: 1 in gold, 2 back in the rule, 3 in silver (a key that never
+    // came: it starts there as a new key, full), 4 untouched.
     let cases = [
         (Inherit::Proportional, 40.0, 6.0, 50.0),
-        (Inherit::AsIs, 4.0, 10.0, 10.0),
+        (Inherit::AsIs, 4.0, 10.0, 50.0),
         (Inherit::Reset, 100.0, 10.0, 50.0),
-        // 4 + (100 - 10); 60 - (100 - 10), down to zero; 10 + (50 - 10).
+        // 4 + (100 - 10); 60 - (100 - 10), down to zero.
         (Inherit::Additive, 94.0, 0.0, 50.0),
     ];
     for (how, t1, t2, t3) in cases {
@@ -85,8 +87,9 @@ fn keys_move_between_the_rule_and_tiers_with_their_kinds_strategy() {
 }
 
 #[test]
-fn a_key_in_its_start_state_moves_as_one() {
-    // Tenant 5 never came: a full bucket of 10. As is, it holds 10 in gold, not 100.
+fn a_key_without_a_bucket_starts_in_its_new_tier_as_a_new_key() {
+    // Tenant 5 never came: in gold it is a new key there (full), as it would be in a
+    // limiter built with the override, and as a map switched in place treats it.
     let clock = ManualClock::new();
     let limiter = rules(Inherit::AsIs, 100, &[])
         .build_with_clock(clock.clone())
@@ -94,11 +97,65 @@ fn a_key_in_its_start_state_moves_as_one() {
     limiter
         .reconfigure(rules(Inherit::AsIs, 100, &[(5, "gold")]))
         .unwrap();
-    assert_eq!(limiter.available(&tenant(5)), Some(10.0));
-    // Back to the rule, full again: no entry is kept for it.
+    assert_eq!(limiter.available(&tenant(5)), Some(100.0));
+    assert_eq!(limiter.len(ScopeKind::Tenant), 0);
+    // Back to the rule: no entry either.
     limiter.reconfigure(rules(Inherit::AsIs, 100, &[])).unwrap();
     assert_eq!(limiter.available(&tenant(5)), Some(10.0));
     assert_eq!(limiter.len(ScopeKind::Tenant), 0);
+    // Into a start-empty tier: empty, as a new key of it; no bucket is made for it.
+    let empty = RuleSet::new()
+        .rule(
+            ScopeKind::Tenant,
+            Rule::new(p(10, 1.0)).inherit(Inherit::Proportional),
+        )
+        .tier("gold", vec![p(100, 10.0).start_empty()])
+        .class(WorkClass::new("one", 1));
+    let limiter = empty.clone().build_with_clock(clock.clone()).unwrap();
+    limiter
+        .reconfigure(empty.override_key(tenant(5), "gold"))
+        .unwrap();
+    assert_eq!(limiter.available(&tenant(5)), Some(0.0));
+    assert_eq!(limiter.len(ScopeKind::Tenant), 0);
+}
+
+#[test]
+fn a_keys_counts_move_with_it_and_none_are_lost() {
+    // Counters on: tenant 1 moves between the rule and gold ten times (reset: its bucket
+    // starts anew each time, so its counters go to the evicted counts); every admission
+    // stays counted, in the key's counters or the evicted ones.
+    let set = |gold: bool| {
+        let s = RuleSet::new()
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(10, 1.0)).counters(true).inherit(Inherit::Reset),
+            )
+            .tier("gold", vec![p(100, 10.0)])
+            .class(WorkClass::new("one", 1));
+        if gold {
+            s.override_key(tenant(1), "gold")
+        } else {
+            s
+        }
+    };
+    for how_many in [3, 10] {
+        let limiter = set(false).build_with_clock(ManualClock::new()).unwrap();
+        for round in 0..10 {
+            take(&limiter, 1, how_many);
+            limiter.reconfigure(set(round % 2 == 0)).unwrap();
+        }
+        let counted = |s: Option<CounterSnapshot>| s.map_or(0, |s| s.total().admitted_requests);
+        let key = counted(limiter.counters(&tenant(1)));
+        let evicted = limiter
+            .evicted_counters(ScopeKind::Tenant)
+            .total()
+            .admitted_requests;
+        assert_eq!(
+            key + evicted,
+            10 * how_many as u64,
+            "key {key}, evicted {evicted}"
+        );
+    }
 }
 
 #[test]

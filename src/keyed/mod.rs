@@ -371,16 +371,28 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
 
     /// Adds a moved key's counters to the map's evicted counts (as an evicted key's).
     pub(crate) fn fold_counts(&self, cells: &CounterCells) {
-        self.map.evicted_counts.add(&cells.snapshot());
+        self.fold_snapshot(&cells.snapshot());
     }
 
-    /// Removes every key (a tier's map whose keys all moved to other maps).
+    /// Adds `counts` to the map's evicted counts.
+    pub(crate) fn fold_snapshot(&self, counts: &CounterSnapshot) {
+        self.map.evicted_counts.add(counts);
+    }
+
+    /// Removes every key (a tier's map whose keys all moved to other maps), their
+    /// counts added to the map's evicted ones.
     pub(crate) fn clear(&mut self) {
+        let evicted = &self.map.evicted_counts;
         with_guards!(self, t, g => {
             for shard in g.iter_mut() {
-                t.clear(shard);
+                t.clear(shard, evicted);
             }
         }, ())
+    }
+
+    /// The map's evicted keys' counts (see [`KeyedLimiter::evicted_counters`]).
+    pub(crate) fn evicted(&self) -> CounterSnapshot {
+        self.map.evicted_counts.snapshot()
     }
 
     /// Publishes the epoch of `policy` from the switch reading `at`, as

@@ -41,6 +41,8 @@ pub(crate) trait Extra: Default + Send + Sync {
     /// The extra of a key that moved in with `cells` (fresh counters when it came
     /// without any).
     fn from_cells(cells: Option<CounterCells>) -> Self;
+    /// Adds the counts of `other` (a moved key's) to these.
+    fn absorb(&self, other: Self);
 }
 
 impl Extra for () {
@@ -58,6 +60,8 @@ impl Extra for () {
     }
 
     fn from_cells(_: Option<CounterCells>) {}
+
+    fn absorb(&self, _: ()) {}
 }
 
 impl Extra for CounterCells {
@@ -76,6 +80,10 @@ impl Extra for CounterCells {
 
     fn from_cells(cells: Option<CounterCells>) -> CounterCells {
         cells.unwrap_or_default()
+    }
+
+    fn absorb(&self, other: CounterCells) {
+        self.add(&other.snapshot());
     }
 }
 
@@ -310,10 +318,18 @@ impl<K, V, S> Table<K, V, S> {
     }
 
     /// Under a shard's write lock (`shard`): removes every entry (a map whose keys all
-    /// moved elsewhere), giving its memory back.
-    pub(crate) fn clear(&self, shard: &mut Shard<K, V>) {
+    /// moved elsewhere), giving its memory back; each entry's counts are added to
+    /// `evicted`.
+    pub(crate) fn clear(&self, shard: &mut Shard<K, V>, evicted: &CounterCells)
+    where
+        V: Extra,
+    {
         let n = shard.table.len();
-        shard.table = HashTable::new();
+        for e in std::mem::take(&mut shard.table) {
+            if let Some(counts) = e.extra.counts() {
+                evicted.add(&counts);
+            }
+        }
         self.len.fetch_sub(n, Ordering::Relaxed);
     }
 }
@@ -356,7 +372,10 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
         extra: V,
     ) -> bool {
         if let Some(e) = shard.table.find(hash, |e| e.key == key) {
+            // An entry a request made meanwhile (one that then found its configuration
+            // replaced): the moved word replaces its fresh one, the counts add up.
             e.bucket.set(word);
+            e.extra.absorb(extra);
         } else {
             if !self.claim() {
                 return false;

@@ -97,9 +97,9 @@ pub(super) struct TierTable<K, C: Clock, S> {
 pub(super) struct KindMap<K, C: Clock, S> {
     kind: ScopeKind,
     rule: Limits<K, C, S>,
-    /// Every tier table the kind has had (boxed: their addresses are what generations
-    /// hold), kept until the limiter is dropped; a replaced table's maps are emptied.
-    tables: Mutex<Vec<Box<TierTable<K, C, S>>>>,
+    /// Every tier table the kind has had (at fixed addresses: generations hold them),
+    /// kept until the limiter is dropped; a replaced table's maps are emptied.
+    tables: Mutex<Vec<Kept<TierTable<K, C, S>>>>,
     /// The rule's map options, its clock and hasher: for the maps of the tiers a
     /// reconfiguration lays out.
     options: KeyedOptions,
@@ -119,7 +119,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KindMap<K, C, S> {
             return None;
         }
         // SAFETY: a non-null `TableRef` of this kind in a generation was made by this
-        // map (`table_ref`) from one of the boxes in `tables`, which are never moved
+        // map (`keep`) from one of the tables in `tables`, which are never moved
         // out nor freed before the map is dropped; `&self` outlives the borrow.
         Some(unsafe { &*p.cast::<TierTable<K, C, S>>() })
     }
@@ -160,15 +160,42 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KindMap<K, C, S> {
 
     /// Keeps `table` for the limiter's life and returns its reference.
     fn keep(&self, table: TierTable<K, C, S>) -> (TableRef, &TierTable<K, C, S>) {
-        let table = Box::new(table);
-        let p: *const TierTable<K, C, S> = &*table;
+        let kept = Kept::new(table);
+        let p = kept.get();
         self.tables
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(table);
-        // SAFETY: the box was just moved into `tables`, which keeps it (never moved out
-        // nor freed) until `self` is dropped; moving a box does not move its contents.
+            .push(kept);
+        // SAFETY: `tables` keeps the table at this address (never moved nor freed) until
+        // `self` is dropped.
         (TableRef(p.cast()), unsafe { &*p })
+    }
+}
+
+/// A value kept at a fixed address until it is dropped, shared through raw pointers
+/// (a tier table, which generations point to).
+struct Kept<T>(ptr::NonNull<T>);
+
+// SAFETY: a `Kept<T>` owns its `T` as a `Box<T>` would.
+unsafe impl<T: Send> Send for Kept<T> {}
+// SAFETY: as above; shared access gives `&T` only.
+unsafe impl<T: Sync> Sync for Kept<T> {}
+
+impl<T> Kept<T> {
+    fn new(value: T) -> Kept<T> {
+        Kept(ptr::NonNull::from(Box::leak(Box::new(value))))
+    }
+
+    fn get(&self) -> *const T {
+        self.0.as_ptr()
+    }
+}
+
+impl<T> Drop for Kept<T> {
+    fn drop(&mut self) {
+        // SAFETY: from `Box::leak` in `new`, freed once, here; the raw pointers handed
+        // out are not dereferenced after the kind map holding this is dropped.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
     }
 }
 
@@ -388,9 +415,9 @@ where
             .tables
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        tables.last().map_or(TableRef::default(), |t| {
-            TableRef(ptr::from_ref(&**t).cast())
-        })
+        tables
+            .last()
+            .map_or(TableRef::default(), |t| TableRef(t.get().cast()))
     }
 }
 
@@ -499,12 +526,23 @@ where
         let Some(retier) = &self.retier else {
             return Ok(());
         };
-        for sw in &mut self.rule {
+        for (l, sw) in self.rule.iter_mut().enumerate() {
             let mut needed = 0usize;
             let mut room = sw.room();
             for (k, o, n) in &retier.moved {
-                match (o, n) {
-                    (_, 0) if !sw.contains(k) => needed += 1,
+                match (*o, *n) {
+                    // Back to the rule with a bucket of this limit in its old tier
+                    // (a key without one gets no entry).
+                    (o, 0) if o > 0 => {
+                        let had = self
+                            .old
+                            .get_mut(usize::from(o) - 1)
+                            .and_then(|maps| maps.get_mut(l))
+                            .is_some_and(|m| m.contains(k));
+                        if had && !sw.contains(k) {
+                            needed += 1;
+                        }
+                    }
                     (0, _) if sw.contains(k) => room += 1,
                     _ => {}
                 }
@@ -567,6 +605,7 @@ where
         let Some(retier) = self.retier.as_mut() else {
             return;
         };
+        let mut folded: Vec<CounterCells> = Vec::new();
         for (key, o, n) in std::mem::take(&mut retier.moved) {
             let from = match o {
                 0 => &mut self.rule,
@@ -593,8 +632,12 @@ where
                     0 => rule.policies[l],
                     n => *retier.switches[usize::from(n) - 1][l].policy(),
                 };
-                // A limit the old tier did not have: the key starts there as new.
-                let word = source.and_then(|p| moved_word(&p, word, &target, inherit, now));
+                // A key without a bucket in the old map (it never came, or its full
+                // bucket was evicted), or of a limit the old tier did not have, gets
+                // none: it starts in its new map as a new key does.
+                let word = source
+                    .zip(word)
+                    .and_then(|(p, w)| moved_word(&p, w, &target, inherit, now));
                 if n == 0 {
                     retier.demoted.push((key.clone(), l, word, cells));
                     continue;
@@ -606,17 +649,24 @@ where
                         // A tier's maps are bounded by the keys overridden to it.
                         debug_assert!(put, "a tier's map has room for each of its keys");
                     }
-                    None => {
-                        if let Some(c) = cells {
-                            to.fold_counts(&c);
-                        }
-                    }
+                    None => folded.extend(cells),
                 }
             }
         }
-        // The replaced table's maps are unreachable from the new generation: emptied.
+        // The replaced table's maps are unreachable from the new generation: emptied,
+        // and their keys' counts, with those of the keys that moved without a bucket,
+        // kept with the rule's evicted ones (a replaced table's maps are read no more).
+        let counted = self.rule.first().filter(|_| self.map.options.counters);
         for sw in self.old.iter_mut().flatten() {
             sw.clear();
+            if let Some(rule) = counted {
+                rule.fold_snapshot(&sw.evicted());
+            }
+        }
+        if let Some(rule) = counted {
+            for c in &folded {
+                rule.fold_counts(c);
+            }
         }
     }
 
@@ -655,18 +705,19 @@ where
                     let Some(sw) = self.rule.get_mut(l) else {
                         continue;
                     };
-                    let folded = match word {
+                    match word {
                         Some(w) => {
                             let put = sw.put(key, w, cells);
                             debug_assert!(put, "room checked by begin_switch");
-                            None
                         }
-                        // Its start state: no entry (one that a request of the old
-                        // configuration created meanwhile goes).
-                        None => sw.take(&key).and_then(|(_, c)| c).or(cells),
-                    };
-                    if let Some(c) = folded {
-                        sw.fold_counts(&c);
+                        None => {
+                            // Its start state: no entry (one that a request of the old
+                            // configuration made meanwhile goes); the counts are kept.
+                            let stray = sw.take(&key).and_then(|(_, c)| c);
+                            for c in stray.iter().chain(&cells) {
+                                sw.fold_counts(c);
+                            }
+                        }
                     }
                 }
                 switched += retier.switches.iter().map(Vec::len).sum::<usize>();
@@ -676,24 +727,16 @@ where
     }
 }
 
-/// The word `key` gets in a map of policy `to` when it moves there from a map of policy
-/// `from` where it held `word` (`None`: no entry, its start state) at the switch
-/// reading `now`: the same word when the policies are equal, else converted with
-/// `inherit`. `None` when the result is the new map's start state for a start-full
-/// policy, or empty for a start-empty one (no entry: the key then starts there as a new
-/// key does, never with more than the conversion gives).
-fn moved_word(
-    from: &Policy,
-    word: Option<u64>,
-    to: &Policy,
-    inherit: Inherit,
-    now: u64,
-) -> Option<u64> {
+/// The word a key gets in a map of policy `to` when it moves there from a map of policy
+/// `from` where its bucket's word is `word`, at the switch reading `now`: the same word
+/// when the policies are equal, else converted with `inherit`. `None` when the result
+/// is the new map's start state for a start-full policy, or empty for a start-empty one
+/// (no entry: the key then starts there as a new key does, never with more than the
+/// conversion gives).
+fn moved_word(from: &Policy, word: u64, to: &Policy, inherit: Inherit, now: u64) -> Option<u64> {
     if from == to {
-        return word;
+        return Some(word);
     }
-    let layout = from.layout();
-    let word = word.unwrap_or_else(|| layout.start_word(layout.tick_of(now), from.starts_full()));
     let c = convert_between(from, word, now, to, inherit);
     let start = if to.starts_full() {
         i128::from(to.capacity()) << to.layout().frac_bits()

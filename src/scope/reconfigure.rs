@@ -328,13 +328,6 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             report.push(done);
         }
         next.words = words.into_boxed_slice();
-        // Keys changing tiers move (converted as of the same reading) before the new
-        // generation, which routes them to their new maps, is published.
-        for (kind, s) in &mut held {
-            if let Some(rule) = next.policies.rules[kind.index()].as_ref() {
-                s.move_keys(rule, inherit[kind.index()], now);
-            }
-        }
         if let (Some(b), Some(&policy)) = (self.leased(), global_policies.first()) {
             // Switched before the new generation is published: a request of the old
             // one that reaches the new epoch finds its epoch gone and starts again.
@@ -345,6 +338,15 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
                 report.push(r);
             }
             next.leased_epoch = b.epoch_id();
+        }
+        // Keys changing tiers move (converted as of the same reading) before the new
+        // generation, which routes them to their new maps, is published, and after
+        // everything that may fail or unwind (the leased switch reads a clock): the
+        // moves empty the old maps, and cannot be undone.
+        for (kind, s) in &mut held {
+            if let Some(rule) = next.policies.rules[kind.index()].as_ref() {
+                s.move_keys(rule, inherit[kind.index()], now);
+            }
         }
         self.generations.publish(old, next);
         for unseal in unseals {
