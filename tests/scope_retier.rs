@@ -376,3 +376,65 @@ fn requests_and_give_backs_racing_moves_neither_lose_nor_mint_tokens() {
     );
     assert_eq!(limiter.reconfigurations(), 300);
 }
+
+#[test]
+fn requests_racing_moves_leave_no_stray_entries_and_every_count() {
+    // Two threads pay tenant 1 while a third moves it between the rule and gold 2,000
+    // times (as is). A request that waited out a move on its old map must not leave an
+    // entry there: the key has one entry in all, and every admission is counted in its
+    // counters or the evicted ones.
+    let set = |gold: bool| {
+        let s = RuleSet::new()
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(1_000_000, 1.0))
+                    .counters(true)
+                    .inherit(Inherit::AsIs),
+            )
+            .tier("gold", vec![p(1_000_000, 2.0)])
+            .class(WorkClass::new("one", 1));
+        if gold {
+            s.override_key(tenant(1), "gold")
+        } else {
+            s
+        }
+    };
+    let limiter = Arc::new(set(false).build_with_clock(ManualClock::new()).unwrap());
+    let one = limiter.class("one").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let r = Request::new().tenant(TenantId(1));
+                let mut admitted = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    admitted += u64::from(limiter.try_acquire(&r, one).unwrap().is_admitted());
+                }
+                admitted
+            })
+        })
+        .collect();
+    for round in 0..2_000 {
+        limiter.reconfigure(set(round % 2 == 0)).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let admitted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert_eq!(
+        limiter.len(ScopeKind::Tenant),
+        1,
+        "one entry for the one key"
+    );
+    let key = limiter
+        .counters(&tenant(1))
+        .map_or(0, |s| s.total().admitted_requests);
+    let evicted = limiter
+        .evicted_counters(ScopeKind::Tenant)
+        .total()
+        .admitted_requests;
+    assert_eq!(key + evicted, admitted, "key {key}, evicted {evicted}");
+    assert_eq!(
+        limiter.available(&tenant(1)),
+        Some(1_000_000.0 - admitted as f64)
+    );
+}

@@ -415,7 +415,12 @@ struct SharedBucket {
 /// nowhere because the map is full.
 pub(crate) enum Slot<'a, C> {
     Bucket(Handle<'a, C>),
-    Full { max_keys: usize },
+    Full {
+        max_keys: usize,
+    },
+    /// The caller's check failed before a new key was inserted
+    /// ([`KeyedLimiter::with_slot_if`]; never from [`KeyedLimiter::with_slot`]).
+    Stale,
 }
 
 /// One token bucket per key, for any `K: Hash + Eq`, with at most `max_keys` keys.
@@ -632,6 +637,10 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
                 self.count_key_limit(cost, attempt);
                 Err(KeyedError::KeyLimit { max_keys })
             }
+            // Not made by `with_slot`; were it, nothing was taken.
+            Slot::Stale => Err(KeyedError::KeyLimit {
+                max_keys: self.max_keys(),
+            }),
         })
     }
 
@@ -1070,8 +1079,27 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.with_slot_if(key, now, &|| true, f)
+    }
+
+    /// [`with_slot`](KeyedLimiter::with_slot), but a key not in the map is inserted only
+    /// if `valid()` holds under the shard's write lock; else `f` gets [`Slot::Stale`]
+    /// and nothing is inserted (a scoped request whose configuration a switch replaced
+    /// while it waited: the switch may have moved the key to another map).
+    #[inline]
+    pub(crate) fn with_slot_if<Q, R>(
+        &self,
+        key: &Q,
+        now: u64,
+        valid: &dyn Fn() -> bool,
+        f: impl FnOnce(Slot<'_, C>) -> R,
+    ) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.reanchor_if_due(now);
-        with_table!(&self.store, t => self.slot_in(t, key, now, f))
+        with_table!(&self.store, t => self.slot_in(t, key, now, valid, f))
     }
 
     #[inline]
@@ -1080,6 +1108,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         t: &Table<K, V, S>,
         key: &Q,
         now: u64,
+        valid: &dyn Fn() -> bool,
         f: impl FnOnce(Slot<'_, C>) -> R,
     ) -> R
     where
@@ -1106,7 +1135,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
             }
             self.convert_shard(t, shard);
         }
-        self.slot_slow(t, shard, hash, key, now, f)
+        self.slot_slow(t, shard, hash, key, now, valid, f)
     }
 
     /// A key not found under the read lock: under the write lock, found or inserted (at
@@ -1122,6 +1151,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         hash: u64,
         key: &Q,
         now: u64,
+        valid: &dyn Fn() -> bool,
         f: impl FnOnce(Slot<'_, C>) -> R,
     ) -> R
     where
@@ -1131,6 +1161,12 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         let mut claimed = false;
         loop {
             let mut guard = t.write(shard);
+            if !valid() {
+                if claimed {
+                    t.release_claim();
+                }
+                return f(Slot::Stale);
+            }
             // The epoch current under the lock, the shard converted to it.
             let epoch = self.epochs.current();
             let ctx = self.sweep_ctx(epoch, now);

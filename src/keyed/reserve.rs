@@ -122,6 +122,10 @@ where
         let now = self.clock().now_nanos();
         let (reserved_at, ready_at) = self.with_slot(&key, now, |slot| match slot {
             Slot::Full { max_keys } => Err(KeyedReserveError::KeyLimit { max_keys }),
+            // Not made by `with_slot`; were it, nothing was reserved.
+            Slot::Stale => Err(KeyedReserveError::KeyLimit {
+                max_keys: self.max_keys(),
+            }),
             Slot::Bucket(h) => {
                 let units = h.layout.units_of(cost).ok_or(KeyedReserveError::Reserve(
                     ReserveError::CostExceedsCapacity {

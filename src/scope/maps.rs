@@ -878,6 +878,7 @@ where
 fn with<K, C, S, R>(
     map: &Option<KindMap<K, C, S>>,
     g: &Generation,
+    valid: &dyn Fn() -> bool,
     key: Option<K>,
     cost: u64,
     now: u64,
@@ -895,19 +896,21 @@ where
             match l.extra.as_slice() {
                 [] => l
                     .map
-                    .with_slot(k, now, |a| f((t, [Some(a), None, None, None]))),
-                [b] => l.map.with_slot(k, now, |a| {
-                    b.with_slot(k, now, |b| f((t, [Some(a), Some(b), None, None])))
+                    .with_slot_if(k, now, valid, |a| f((t, [Some(a), None, None, None]))),
+                [b] => l.map.with_slot_if(k, now, valid, |a| {
+                    b.with_slot_if(k, now, valid, |b| f((t, [Some(a), Some(b), None, None])))
                 }),
-                [b, c] => l.map.with_slot(k, now, |a| {
-                    b.with_slot(k, now, |b| {
-                        c.with_slot(k, now, |c| f((t, [Some(a), Some(b), Some(c), None])))
+                [b, c] => l.map.with_slot_if(k, now, valid, |a| {
+                    b.with_slot_if(k, now, valid, |b| {
+                        c.with_slot_if(k, now, valid, |c| f((t, [Some(a), Some(b), Some(c), None])))
                     })
                 }),
-                [b, c, d, ..] => l.map.with_slot(k, now, |a| {
-                    b.with_slot(k, now, |b| {
-                        c.with_slot(k, now, |c| {
-                            d.with_slot(k, now, |d| f((t, [Some(a), Some(b), Some(c), Some(d)])))
+                [b, c, d, ..] => l.map.with_slot_if(k, now, valid, |a| {
+                    b.with_slot_if(k, now, valid, |b| {
+                        c.with_slot_if(k, now, valid, |c| {
+                            d.with_slot_if(k, now, valid, |d| {
+                                f((t, [Some(a), Some(b), Some(c), Some(d)]))
+                            })
                         })
                     })
                 }),
@@ -920,16 +923,17 @@ where
 /// Nests one `with` per keyed kind, in list order (the lock order), then calls `$f` with
 /// every kind's slot.
 macro_rules! nest {
-    ($maps:ident, $g:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
+    ($maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
         $f([(0, [None, None, None, None]) $(, $held)*])
     };
     (
-        $maps:ident, $g:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
+        $maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
         [$kind:ident ($($field:ident),+) $(, $rest:ident ($($rest_field:ident),+))*]
     ) => {
         with(
             &$maps.$kind,
             $g,
+            $valid,
             match ($($request.$field,)+) {
                 ($(Some($field),)+) => Some(($($field,)+)),
                 #[allow(unreachable_patterns)]
@@ -937,7 +941,7 @@ macro_rules! nest {
             },
             $costs[ScopeKind::$kind.index()],
             $now,
-            |$kind| nest!($maps, $g, $request, $costs, $now, $f, [$($held)* $kind], [$($rest ($($rest_field),+)),*]),
+            |$kind| nest!($maps, $g, $valid, $request, $costs, $now, $f, [$($held)* $kind], [$($rest ($($rest_field),+)),*]),
         )
     };
 }
@@ -1014,19 +1018,22 @@ macro_rules! define_maps {
 
             /// Runs `f` with the slots of every keyed kind `request` pays (at `costs`)
             /// held, taking the maps' shard locks nested in kind order, and within a
-            /// kind in policy order; `None`s for the global kind and for kinds the
-            /// request does not pay.
+            /// kind in policy order, each map's of generation `g`; `None`s for the global
+            /// kind and for kinds the request does not pay. A key new to its map is
+            /// inserted only while `valid()` (`g` is current) holds under the map's lock:
+            /// else its slot is [`Slot::Stale`] (a switch may have moved the key).
             #[inline]
             #[allow(non_snake_case)]
             pub(super) fn with_slots<R>(
                 &self,
                 g: &Generation,
+                valid: &dyn Fn() -> bool,
                 request: &Request,
                 costs: &PerKind<u64>,
                 now: u64,
                 f: impl FnOnce(PerKind<KindSlots<'_, C>>) -> R,
             ) -> R {
-                nest!(self, g, request, costs, now, f, [], [$($kind ($($field),+)),*])
+                nest!(self, g, valid, request, costs, now, f, [], [$($kind ($($field),+)),*])
             }
         }
     };

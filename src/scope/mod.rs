@@ -622,14 +622,21 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 self.decide_global(g, class_costs, costs, request, now)
             } else {
                 // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
-                self.maps.with_slots(g, request, costs, now, |slots| {
-                    // With a map's lock held the generation cannot change (a switch holds
-                    // every map's barrier); with none held it may have.
-                    if !std::ptr::eq(self.generation(), g) {
-                        return Err(RETRY);
-                    }
-                    self.decide(g, slots, class_costs, costs, request, now)
-                })
+                self.maps.with_slots(
+                    g,
+                    &|| std::ptr::eq(self.generation(), g),
+                    request,
+                    costs,
+                    now,
+                    |slots| {
+                        // With a map's lock held the generation cannot change (a switch holds
+                        // every map's barrier); with none held it may have.
+                        if !std::ptr::eq(self.generation(), g) {
+                            return Err(RETRY);
+                        }
+                        self.decide(g, slots, class_costs, costs, request, now)
+                    },
+                )
             };
             if let Err(ScopeError::Acquire { error, .. }) = &decision {
                 if is_sealed(error) {
@@ -750,6 +757,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     Some(Slot::Bucket(h)) => {
                         handles[k * MAX_POLICIES_PER_RULE + l] = Some(Payer::Word(h))
                     }
+                    // Only when `g` was replaced (which the caller checked): start again.
+                    Some(Slot::Stale) => return Err(RETRY),
                     Some(Slot::Full { max_keys }) => {
                         // Refused before any bucket is touched.
                         debug_assert_eq!(

@@ -324,13 +324,20 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 return Err(ScopeReserveError::RemoteScope { scope });
             }
             let now = self.now_on(g);
-            let ready_at = self.maps.with_slots(g, request, &costs, now, |slots| {
-                // With a map's lock held the generation cannot change; with none it may.
-                if !std::ptr::eq(self.generation(), g) {
-                    return Err(Retry);
-                }
-                self.reserve_slots(g, slots, &costs, request, now, max_wait)
-            });
+            let ready_at = self.maps.with_slots(
+                g,
+                &|| std::ptr::eq(self.generation(), g),
+                request,
+                &costs,
+                now,
+                |slots| {
+                    // With a map's lock held the generation cannot change; with none it may.
+                    if !std::ptr::eq(self.generation(), g) {
+                        return Err(Retry);
+                    }
+                    self.reserve_slots(g, slots, &costs, request, now, max_wait)
+                },
+            );
             let ready_at = match ready_at {
                 Ok(r) => r?,
                 Err(Retry) => {
@@ -390,6 +397,8 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 match slot {
                     None => {}
                     Some(Slot::Bucket(h)) => handles[k * MAX_POLICIES_PER_RULE + l] = Some(h),
+                    // Only when `g` was replaced (which the caller checked): start again.
+                    Some(Slot::Stale) => return Err(Retry),
                     Some(Slot::Full { max_keys }) => {
                         let kind = ScopeKind::ALL[k];
                         return Ok(Err(ScopeReserveError::KeyLimit {
