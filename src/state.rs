@@ -222,6 +222,13 @@ pub struct Layout {
     base_units: u64,
     max_units: u64,
     token_mask: u64,
+    /// `2^T - 1`: the tick field's values, shifted down.
+    tick_mask: u64,
+    /// `2^S - 1`: the nanoseconds of a reading into its tick.
+    nanos_mask: u64,
+    /// `F` and `S` as a [`Decision`](crate::Decision) packs them, so that building one
+    /// computes nothing from them.
+    decision_shifts: u64,
     /// Ticks after which any balance has refilled to `max_units`: `ceil(max_units / R)`.
     fill_ticks: u64,
     /// Tick differences `d <= forward_max` read as forward, the others as behind.
@@ -350,6 +357,9 @@ impl Layout {
             base_units,
             max_units,
             token_mask: (1u64 << token_bits) - 1,
+            tick_mask,
+            nanos_mask: (1u64 << tick_shift) - 1,
+            decision_shifts: crate::decision::pack_shifts(frac_bits, tick_shift),
             fill_ticks,
             forward_max: tick_mask - window,
             tolerance_ticks,
@@ -471,6 +481,18 @@ impl Layout {
         }
     }
 
+    /// Nanoseconds from the start of the tick containing `nanos` to `nanos`.
+    #[inline]
+    pub(crate) fn nanos_into_tick(&self, nanos: u64) -> u64 {
+        nanos & self.nanos_mask
+    }
+
+    /// `F` and `S` packed as a [`Decision`](crate::Decision) carries them.
+    #[inline]
+    pub(crate) fn decision_shifts(&self) -> u64 {
+        self.decision_shifts
+    }
+
     /// The tick containing `nanos`: `nanos >> S`.
     #[inline]
     pub fn tick_of(&self, nanos: u64) -> u64 {
@@ -577,18 +599,28 @@ impl Layout {
     pub fn refill(&self, word: u64, now_tick: u64) -> Snapshot {
         let stored = word & !self.token_mask;
         let units = word & self.token_mask;
-        let now = self.tick_field(now_tick);
-        if now == stored {
-            // Same tick: nothing to add. A branch, not a select, so that under load (many
-            // decisions per tick) the new word depends on the loaded one only, not on the
-            // clock reading's arithmetic (measured: BENCHMARKS.md).
+        // Ticks from the stored tick to `now_tick`, modulo 2^T.
+        let elapsed = now_tick.wrapping_sub(word >> self.token_bits) & self.tick_mask;
+        if elapsed <= self.forward_max {
+            if elapsed == 0 {
+                // Same tick: nothing to add. A branch, not a select, so that under load
+                // (many decisions per tick) the new word depends on the loaded one only,
+                // not on the clock reading's arithmetic (measured: BENCHMARKS.md).
+                return Snapshot {
+                    units: units.min(self.max_units),
+                    tick_field: stored,
+                    behind: 0,
+                };
+            }
+            // `min(elapsed, fill_ticks) * R < max_units + R`, so the sum cannot overflow.
+            let added = elapsed.min(self.fill_ticks) * self.refill_per_tick;
             return Snapshot {
-                units: units.min(self.max_units),
-                tick_field: stored,
+                units: (units + added).min(self.max_units),
+                tick_field: self.tick_field(now_tick),
                 behind: 0,
             };
         }
-        if stored.wrapping_sub(now) == 1 << self.token_bits {
+        if elapsed == self.tick_mask {
             // The next edge, where a write near full anchored: also nothing to add, and
             // the path of every decision under load near full. A branch of its own, with
             // a constant `behind`, for the same reason.
@@ -598,18 +630,7 @@ impl Layout {
                 behind: 1,
             };
         }
-        let elapsed = now.wrapping_sub(stored) >> self.token_bits;
-        if elapsed <= self.forward_max {
-            // `min(elapsed, fill_ticks) * R < max_units + R`, so the sum cannot overflow.
-            let added = elapsed.min(self.fill_ticks) * self.refill_per_tick;
-            Snapshot {
-                units: (units + added).min(self.max_units),
-                tick_field: now,
-                behind: 0,
-            }
-        } else {
-            self.behind(stored, units, now)
-        }
+        self.behind(stored, units, self.tick_field(now_tick))
     }
 
     #[inline]
