@@ -25,7 +25,7 @@ use crate::decision::Decision;
 use crate::error::{AcquireError, cost_exceeds_capacity};
 use crate::pass::Passes;
 use crate::policy::Policy;
-use crate::state::{Layout, SEALED, Snapshot};
+use crate::state::{FirstTake, Layout, SEALED, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
 
 /// What a transition step decided: the word to write (if any) and the result.
@@ -347,36 +347,147 @@ impl RawBucket {
         cost: u64,
     ) -> Result<Decision, AcquireError> {
         let Some(cost_units) = layout.units_of(cost) else {
-            return Err(cost_exceeds_capacity(layout, cost));
+            return Err(cost_over_capacity(layout, cost));
         };
         if cost_units == 0 {
-            // Nothing to take: admitted whatever the balance or the clock, nothing written.
-            let Ok(snapshot) = self.snapshot_in::<S>(layout, now) else {
-                return Err(SEALED_ERROR);
-            };
-            return Ok(Decision::new(layout, &snapshot, now, cost, 0, true));
+            return self.acquire_nothing::<S>(layout, now, cost);
         }
-        // The step returns the whole result, so that the decision is built where it is
-        // returned.
-        self.transition_or::<S, C, _>(
-            layout,
-            clock,
-            now,
-            true,
-            |snapshot, now| match layout.take(snapshot, cost_units) {
-                Some(next) => (
-                    Some(next),
-                    Ok(Decision::new(layout, snapshot, now, cost, cost_units, true)),
-                ),
-                None => (
-                    None,
-                    Ok(Decision::new(
-                        layout, snapshot, now, cost, cost_units, false,
-                    )),
-                ),
+        let now = clock.observe(now);
+        let cur = self.word.load(Ordering::Relaxed);
+        if S::check(cur).is_err() {
+            return Err(SEALED_ERROR);
+        }
+        // The first attempt of the CAS loop, decided on the loaded word without forming a
+        // snapshot: a refusal returns at once, writing nothing (I5). Everything else (a
+        // lost CAS, a reading behind the stored tick) is out of line with its arguments
+        // in registers, so that the hot path keeps few values alive (measured:
+        // BENCHMARKS.md, "Rejection path").
+        match layout.first_take(cur, layout.tick_of(now), cost_units) {
+            FirstTake::Short { balance } => {
+                Ok(Decision::with_balance(layout, balance, 0, now, cost, false))
+            }
+            FirstTake::Take {
+                next,
+                balance,
+                behind,
+            } => match self.word.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => Ok(Decision::with_balance(
+                    layout, balance, behind, now, cost, true,
+                )),
+                Err(actual) => self.acquire_contended::<S, C>(layout, clock, now, cost, actual),
             },
-            |_| Err(SEALED_ERROR),
-        )
+            FirstTake::Elsewhere => self.acquire_behind::<S, C>(layout, clock, now, cost, cur),
+        }
+    }
+
+    /// [`try_acquire_in`](Self::try_acquire_in) on the loaded word `cur` where
+    /// [`Layout::first_take`] does not decide (a reading behind the stored tick, but for
+    /// a take at the next edge): the first attempt of the CAS loop on the refilled
+    /// snapshot, from `cur`, then the loop's slow paths. Out of line, and not cold: a
+    /// reading a tick or two behind is a lost race, not rare under contention.
+    #[inline(never)]
+    fn acquire_behind<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+        cur: u64,
+    ) -> Result<Decision, AcquireError> {
+        let cost_units = cost << layout.frac_bits();
+        let snapshot = layout.refill(cur, layout.tick_of(now));
+        if snapshot.behind() > layout.tolerance_ticks() {
+            return self.acquire_after_reread::<S, C>(layout, clock, cost);
+        }
+        let Some(next) = layout.take(&snapshot, cost_units) else {
+            // A rejection writes nothing (I5).
+            return Ok(Decision::new(
+                layout, &snapshot, now, cost, cost_units, false,
+            ));
+        };
+        match self
+            .word
+            .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(Decision::new(
+                layout, &snapshot, now, cost, cost_units, true,
+            )),
+            Err(actual) => self.acquire_contended::<S, C>(layout, clock, now, cost, actual),
+        }
+    }
+
+    /// The step of [`try_acquire_in`](Self::try_acquire_in) for `cost` (`cost_units`):
+    /// the whole result, so that the decision is built where it is returned.
+    #[inline(always)]
+    fn acquire_step<'a>(
+        layout: &'a Layout,
+        cost: u64,
+        cost_units: u64,
+    ) -> impl FnMut(&Snapshot, u64) -> Step<Result<Decision, AcquireError>> + 'a {
+        move |snapshot, now| match layout.take(snapshot, cost_units) {
+            Some(next) => (
+                Some(next),
+                Ok(Decision::new(layout, snapshot, now, cost, cost_units, true)),
+            ),
+            None => (
+                None,
+                Ok(Decision::new(
+                    layout, snapshot, now, cost, cost_units, false,
+                )),
+            ),
+        }
+    }
+
+    /// [`try_acquire_in`](Self::try_acquire_in) after its first CAS was lost to `actual`.
+    #[cold]
+    #[inline(never)]
+    fn acquire_contended<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+        actual: u64,
+    ) -> Result<Decision, AcquireError> {
+        let step = Self::acquire_step(layout, cost, cost << layout.frac_bits());
+        self.transition_contended::<S, C, _>(layout, clock, now, true, actual, step, |_| {
+            Err(SEALED_ERROR)
+        })
+    }
+
+    /// [`try_acquire_in`](Self::try_acquire_in) once its reading was found well behind
+    /// the stored tick.
+    #[cold]
+    #[inline(never)]
+    fn acquire_after_reread<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        cost: u64,
+    ) -> Result<Decision, AcquireError> {
+        let step = Self::acquire_step(layout, cost, cost << layout.frac_bits());
+        self.transition_after_reread::<S, C, _>(layout, clock, step, |_| Err(SEALED_ERROR))
+    }
+
+    /// [`try_acquire_in`](Self::try_acquire_in) for a cost of zero: admitted whatever
+    /// the balance or the clock, nothing written.
+    #[cold]
+    #[inline(never)]
+    fn acquire_nothing<S: Seal>(
+        &self,
+        layout: &Layout,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, AcquireError> {
+        let Ok(snapshot) = self.snapshot_in::<S>(layout, now) else {
+            return Err(SEALED_ERROR);
+        };
+        Ok(Decision::new(layout, &snapshot, now, cost, 0, true))
     }
 
     /// Gives back `units` (already validated): never fails, never creates credit.
@@ -491,6 +602,13 @@ impl RawBucket {
         S::check(word)?;
         Ok(layout.refill(word, layout.tick_of(now)))
     }
+}
+
+/// [`cost_exceeds_capacity`], out of line: the hot path only branches to it.
+#[cold]
+#[inline(never)]
+fn cost_over_capacity(layout: &Layout, cost: u64) -> AcquireError {
+    cost_exceeds_capacity(layout, cost)
 }
 
 /// How far behind the stored tick a reading may be before the transition reads the clock

@@ -49,6 +49,12 @@ const ADMITTED: u64 = 1;
 const FRAC_SHIFT: u32 = 8;
 const TICK_SHIFT: u32 = 16;
 
+/// `frac_bits` and `tick_shift` in their places in [`Decision`]'s `bits`, computed once
+/// per layout.
+pub(crate) const fn pack_shifts(frac_bits: u32, tick_shift: u32) -> u64 {
+    (frac_bits as u64) << FRAC_SHIFT | (tick_shift as u64) << TICK_SHIFT
+}
+
 impl Decision {
     #[inline]
     pub(crate) fn new(
@@ -96,16 +102,13 @@ impl Decision {
         cost: u64,
         admitted: bool,
     ) -> Decision {
-        let shift = layout.tick_shift();
-        let into_tick = now_nanos & ((1u64 << shift) - 1);
+        let into_tick = layout.nanos_into_tick(now_nanos);
         Decision {
             cost,
             balance,
             refill_per_tick: layout.refill_per_tick(),
-            lead_nanos: ((behind << shift) as i64) - into_tick as i64,
-            bits: u64::from(admitted)
-                | u64::from(layout.frac_bits()) << FRAC_SHIFT
-                | u64::from(shift) << TICK_SHIFT,
+            lead_nanos: ((behind << layout.tick_shift()) as i64) - into_tick as i64,
+            bits: u64::from(admitted) | layout.decision_shifts(),
         }
     }
 
@@ -131,9 +134,7 @@ impl Decision {
             balance,
             refill_per_tick: layout.refill_per_tick(),
             lead_nanos,
-            bits: u64::from(admitted)
-                | u64::from(layout.frac_bits()) << FRAC_SHIFT
-                | u64::from(layout.tick_shift()) << TICK_SHIFT,
+            bits: u64::from(admitted) | layout.decision_shifts(),
         }
     }
 

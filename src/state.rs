@@ -222,6 +222,13 @@ pub struct Layout {
     base_units: u64,
     max_units: u64,
     token_mask: u64,
+    /// `2^T - 1`: the tick field's values, shifted down.
+    tick_mask: u64,
+    /// `2^S - 1`: the nanoseconds of a reading into its tick.
+    nanos_mask: u64,
+    /// `F` and `S` as a [`Decision`](crate::Decision) packs them, so that building one
+    /// computes nothing from them.
+    decision_shifts: u64,
     /// Ticks after which any balance has refilled to `max_units`: `ceil(max_units / R)`.
     fill_ticks: u64,
     /// Tick differences `d <= forward_max` read as forward, the others as behind.
@@ -254,6 +261,22 @@ pub struct Snapshot {
     /// The tick this state is at, already shifted into the tick field.
     tick_field: u64,
     behind: u64,
+}
+
+/// What [`Layout::first_take`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FirstTake {
+    /// Refused, read forward (`behind` zero): the balance, as
+    /// [`Layout::balance_units`] gives it.
+    Short { balance: i64 },
+    /// The word to store, the balance after the take, and the snapshot's `behind`.
+    Take {
+        next: u64,
+        balance: i64,
+        behind: u64,
+    },
+    /// Neither: [`refill`](Layout::refill) and [`take`](Layout::take) decide.
+    Elsewhere,
 }
 
 impl Snapshot {
@@ -350,6 +373,9 @@ impl Layout {
             base_units,
             max_units,
             token_mask: (1u64 << token_bits) - 1,
+            tick_mask,
+            nanos_mask: (1u64 << tick_shift) - 1,
+            decision_shifts: crate::decision::pack_shifts(frac_bits, tick_shift),
             fill_ticks,
             forward_max: tick_mask - window,
             tolerance_ticks,
@@ -471,6 +497,18 @@ impl Layout {
         }
     }
 
+    /// Nanoseconds from the start of the tick containing `nanos` to `nanos`.
+    #[inline]
+    pub(crate) fn nanos_into_tick(&self, nanos: u64) -> u64 {
+        nanos & self.nanos_mask
+    }
+
+    /// `F` and `S` packed as a [`Decision`](crate::Decision) carries them.
+    #[inline]
+    pub(crate) fn decision_shifts(&self) -> u64 {
+        self.decision_shifts
+    }
+
     /// The tick containing `nanos`: `nanos >> S`.
     #[inline]
     pub fn tick_of(&self, nanos: u64) -> u64 {
@@ -577,18 +615,28 @@ impl Layout {
     pub fn refill(&self, word: u64, now_tick: u64) -> Snapshot {
         let stored = word & !self.token_mask;
         let units = word & self.token_mask;
-        let now = self.tick_field(now_tick);
-        if now == stored {
-            // Same tick: nothing to add. A branch, not a select, so that under load (many
-            // decisions per tick) the new word depends on the loaded one only, not on the
-            // clock reading's arithmetic (measured: BENCHMARKS.md).
+        // Ticks from the stored tick to `now_tick`, modulo 2^T.
+        let elapsed = now_tick.wrapping_sub(word >> self.token_bits) & self.tick_mask;
+        if elapsed <= self.forward_max {
+            if elapsed == 0 {
+                // Same tick: nothing to add. A branch, not a select, so that under load
+                // (many decisions per tick) the new word depends on the loaded one only,
+                // not on the clock reading's arithmetic (measured: BENCHMARKS.md).
+                return Snapshot {
+                    units: units.min(self.max_units),
+                    tick_field: stored,
+                    behind: 0,
+                };
+            }
+            // `min(elapsed, fill_ticks) * R < max_units + R`, so the sum cannot overflow.
+            let added = elapsed.min(self.fill_ticks) * self.refill_per_tick;
             return Snapshot {
-                units: units.min(self.max_units),
-                tick_field: stored,
+                units: (units + added).min(self.max_units),
+                tick_field: self.tick_field(now_tick),
                 behind: 0,
             };
         }
-        if stored.wrapping_sub(now) == 1 << self.token_bits {
+        if elapsed == self.tick_mask {
             // The next edge, where a write near full anchored: also nothing to add, and
             // the path of every decision under load near full. A branch of its own, with
             // a constant `behind`, for the same reason.
@@ -598,18 +646,7 @@ impl Layout {
                 behind: 1,
             };
         }
-        let elapsed = now.wrapping_sub(stored) >> self.token_bits;
-        if elapsed <= self.forward_max {
-            // `min(elapsed, fill_ticks) * R < max_units + R`, so the sum cannot overflow.
-            let added = elapsed.min(self.fill_ticks) * self.refill_per_tick;
-            Snapshot {
-                units: (units + added).min(self.max_units),
-                tick_field: now,
-                behind: 0,
-            }
-        } else {
-            self.behind(stored, units, now)
-        }
+        self.behind(stored, units, self.tick_field(now_tick))
     }
 
     #[inline]
@@ -651,6 +688,56 @@ impl Layout {
             .units
             .checked_sub(cost_units)
             .is_some_and(|left| left >= self.base_units)
+    }
+
+    /// A take of `cost_units` (at most `capacity * 2^F`) decided on `word` at `now_tick`
+    /// where that is simple: a reading at or forward of the stored tick, or one tick
+    /// behind a word anchored at the next edge (see [`store`](Layout::store)). The same
+    /// answer as [`refill`](Layout::refill) then [`take`](Layout::take) there, in fewer
+    /// steps: a refusal is found before the snapshot is formed, and a balance short of
+    /// such a cost needs no cap at `max_units`.
+    #[inline(always)]
+    pub(crate) fn first_take(&self, word: u64, now_tick: u64, cost_units: u64) -> FirstTake {
+        let elapsed = now_tick.wrapping_sub(word >> self.token_bits) & self.tick_mask;
+        let units = word & self.token_mask;
+        // At most `max_units`: `base + cost_units` cannot overflow, and a balance below
+        // it is below the cap.
+        let need = self.base_units + cost_units;
+        if elapsed <= self.forward_max {
+            // As in `refill`: `min(elapsed, fill_ticks) * R < max_units + R`.
+            let held = units + elapsed.min(self.fill_ticks) * self.refill_per_tick;
+            if held < need {
+                return FirstTake::Short {
+                    balance: held as i64 - self.base_units as i64,
+                };
+            }
+            if elapsed == 0 {
+                // Same tick: a path of its own, so that under load (many decisions per
+                // tick) the new word depends on the loaded one only (see `refill`).
+                return self.take_at(word & !self.token_mask, units, cost_units, 0);
+            }
+            return self.take_at(self.tick_field(now_tick), held, cost_units, 0);
+        }
+        if elapsed == self.tick_mask && units.min(self.max_units) >= need {
+            return self.take_at(word & !self.token_mask, units, cost_units, 1);
+        }
+        FirstTake::Elsewhere
+    }
+
+    /// [`FirstTake::Take`] of `cost_units` from `units` (capped) at `tick_field`.
+    #[inline(always)]
+    fn take_at(&self, tick_field: u64, units: u64, cost_units: u64, behind: u64) -> FirstTake {
+        let snapshot = Snapshot {
+            units: units.min(self.max_units),
+            tick_field,
+            behind,
+        };
+        let left = snapshot.units - cost_units;
+        FirstTake::Take {
+            next: self.store(&snapshot, left),
+            balance: left as i64 - self.base_units as i64,
+            behind,
+        }
     }
 
     /// Takes `cost_units` from a snapshot: the new word, or `None` when the balance is
@@ -875,5 +962,85 @@ mod tests {
         let l = Layout::new(1, 0, 0, MAX_REFILL_PER_TICK, 0).unwrap();
         let w = l.start_word(0, false);
         assert_eq!(l.refill(w, (1 << 61) - 1).units(), l.max_units());
+    }
+
+    /// What [`Layout::first_take`] must agree with: the snapshot's take, its balance
+    /// after the take (or before, refused), and its `behind`.
+    fn by_refill(l: &Layout, word: u64, now_tick: u64, cost_units: u64) -> FirstTake {
+        let s = l.refill(word, now_tick);
+        match l.take(&s, cost_units) {
+            Some(next) => FirstTake::Take {
+                next,
+                balance: l.balance_units(&s) - cost_units as i64,
+                behind: s.behind(),
+            },
+            None => FirstTake::Short {
+                balance: l.balance_units(&s),
+            },
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 20_000,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// `first_take` decides as `refill` then `take` wherever it decides: the same
+        /// word, balance and `behind`; a refusal only on a forward reading; `Elsewhere`
+        /// only behind the stored tick (a next-edge refusal included).
+        #[test]
+        fn first_take_equals_refill_then_take(
+            capacity in proptest::prop_oneof![1u64..10, 1u64..1_000_000_000],
+            rate_exp in -3.0f64..9.0,
+            reserve_ms in proptest::prop_oneof![proptest::strategy::Just(0u64), 0u64..10_000],
+            word_tick in proptest::prelude::any::<u64>(),
+            units_share in 0u64..=1_000,
+            ahead in proptest::prop_oneof![
+                0u64..4,
+                proptest::prelude::any::<u64>(),
+                (u64::MAX - 4)..=u64::MAX,
+            ],
+            cost_share in 1u64..=1_000,
+            units_at_cost in proptest::prelude::any::<bool>(),
+        ) {
+            let policy = crate::Policy::builder(capacity, 10f64.powf(rate_exp))
+                .max_reservation(std::time::Duration::from_millis(reserve_ms))
+                .build();
+            let Ok(policy) = policy else {
+                return Ok(());
+            };
+            let l = *policy.layout();
+            let cost = (capacity * cost_share).div_ceil(1_000).max(1);
+            let cost_units = l.units_of(cost).unwrap();
+            let units = if units_at_cost {
+                // Exactly the cost: the edge between a take and a refusal.
+                l.base_units() + cost_units
+            } else {
+                (l.max_units() as u128 * units_share as u128 / 1_000) as u64
+            };
+            let word = l.encode(word_tick, units).unwrap();
+            let now_tick = word_tick.wrapping_add(ahead);
+            let expected = by_refill(&l, word, now_tick, cost_units);
+            let snapshot = l.refill(word, now_tick);
+            match l.first_take(word, now_tick, cost_units) {
+                FirstTake::Elsewhere => {
+                    let refused = matches!(expected, FirstTake::Short { .. });
+                    proptest::prop_assert!(
+                        snapshot.behind() > 1 || (snapshot.behind() == 1 && refused),
+                        "elsewhere at behind {}", snapshot.behind()
+                    );
+                }
+                FirstTake::Short { balance } => {
+                    proptest::prop_assert_eq!(snapshot.behind(), 0);
+                    proptest::prop_assert_eq!(FirstTake::Short { balance }, expected);
+                }
+                take => {
+                    proptest::prop_assert!(snapshot.behind() <= 1);
+                    proptest::prop_assert_eq!(take, expected);
+                }
+            }
+        }
     }
 }

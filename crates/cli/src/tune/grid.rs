@@ -121,7 +121,7 @@ enum Engine {
     },
     Reserve {
         buckets: HashMap<u32, Bucket<ManualClock>>,
-        policy: Policy,
+        policy: Box<Policy>,
         max_wait: Duration,
     },
 }
@@ -170,10 +170,12 @@ impl Cell {
                 }
             }
             Some(max_wait) => Engine::Reserve {
-                policy: Policy::builder(capacity, rate)
-                    .max_reservation(max_wait)
-                    .build()
-                    .map_err(|e| e.to_string())?,
+                policy: Box::new(
+                    Policy::builder(capacity, rate)
+                        .max_reservation(max_wait)
+                        .build()
+                        .map_err(|e| e.to_string())?,
+                ),
                 buckets: HashMap::new(),
                 max_wait,
             },
@@ -233,7 +235,7 @@ impl Cell {
                 } => {
                     let bucket = buckets
                         .entry(e.key)
-                        .or_insert_with(|| Bucket::with_clock(*policy, self.clock.clone()));
+                        .or_insert_with(|| Bucket::with_clock(**policy, self.clock.clone()));
                     match bucket.reserve(cost, *max_wait) {
                         Ok(r) => {
                             let wait = r.wait();
