@@ -134,10 +134,14 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// kind's strategy as of the switch reading, limit by limit (a limit the new tier
     /// lacks goes; one the old lacked starts as a new key's), while every map's barrier
     /// is held and before the new configuration is published: a request decides with
-    /// the key's old buckets or its new ones, never both. A key that never came, or
-    /// whose moved bucket is in its new policy's start state, gets no entry. The rule's
-    /// maps must have room for the keys moving back to them (those not in them already,
-    /// less the keys moving out): else [`Reshape::TierRoom`], checked under the barrier
+    /// the key's old buckets or its new ones, never both. A key without a bucket in
+    /// its old maps (it never came, or its full bucket was evicted) starts in its new
+    /// tier as a new key does there, as after a switch in place; a moved bucket that is
+    /// its new policy's start state (or empty, under a start-empty policy) is not kept
+    /// either. A key's counters move with it (or join the kind's evicted counts when
+    /// its bucket is not kept). The rule's maps must have room for the keys moving back
+    /// to them with a bucket (less the keys moving out): else [`Reshape::TierRoom`],
+    /// checked under the barrier
     /// (so not by [`check_reconfigure`](ScopedLimiter::check_reconfigure)); a kind's
     /// tier maps are laid out anew when its tiers change (costing the overridden keys'
     /// buckets, at most [`MAX_OVERRIDES`](crate::scope::MAX_OVERRIDES), under the
@@ -183,9 +187,12 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// Rules and tiers whose policies do not change keep their buckets untouched,
     /// whatever their strategy (a reload that changed a comment refills nothing); a rule
     /// set equal to the running one switches nothing. Concurrent reconfigurations are
-    /// applied one after the other. Each keeps its configuration (a few kilobytes, more
-    /// with many tiers; a replaced tier table keeps its override table, its maps
-    /// emptied) until the limiter is dropped. The remote store given with `rules`,
+    /// applied one after the other. Each keeps its configuration until the limiter is
+    /// dropped (a request may still hold it): about 6 KiB for a switch of policies; a
+    /// switch that changes a kind's tiers also keeps the replaced tier table, its
+    /// override table and its emptied maps (about 8 KiB for one overridden key, 73 KiB
+    /// for 1,000 keys in 4 tiers of 2 limits: build a new limiter now and then when
+    /// reloads move keys often). The remote store given with `rules`,
     /// if any, is not used: the limiter keeps the store it was built with.
     ///
     /// ```
