@@ -1135,7 +1135,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
             }
             self.convert_shard(t, shard);
         }
-        self.slot_slow(t, shard, hash, key, now, valid, f)
+        self.slot_slow(t, (shard, hash), key, now, valid, f)
     }
 
     /// A key not found under the read lock: under the write lock, found or inserted (at
@@ -1147,8 +1147,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     fn slot_slow<V: Extra, Q, R>(
         &self,
         t: &Table<K, V, S>,
-        shard: usize,
-        hash: u64,
+        (shard, hash): (usize, u64),
         key: &Q,
         now: u64,
         valid: &dyn Fn() -> bool,
