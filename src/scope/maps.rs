@@ -882,7 +882,7 @@ fn with<K, C, S, R>(
     key: Option<K>,
     cost: u64,
     now: u64,
-    f: impl FnOnce(KindSlots<'_, C>) -> R,
+    f: impl FnOnce(&KindSlots<'_, C>) -> R,
 ) -> R
 where
     K: Hash + Eq + Clone + Send + Sync,
@@ -896,27 +896,29 @@ where
             match l.extra.as_slice() {
                 [] => l
                     .map
-                    .with_slot_if(k, now, valid, |a| f((t, [Some(a), None, None, None]))),
+                    .with_slot_if(k, now, valid, |a| f(&(t, [Some(a), None, None, None]))),
                 [b] => l.map.with_slot_if(k, now, valid, |a| {
-                    b.with_slot_if(k, now, valid, |b| f((t, [Some(a), Some(b), None, None])))
+                    b.with_slot_if(k, now, valid, |b| f(&(t, [Some(a), Some(b), None, None])))
                 }),
                 [b, c] => l.map.with_slot_if(k, now, valid, |a| {
                     b.with_slot_if(k, now, valid, |b| {
-                        c.with_slot_if(k, now, valid, |c| f((t, [Some(a), Some(b), Some(c), None])))
+                        c.with_slot_if(k, now, valid, |c| {
+                            f(&(t, [Some(a), Some(b), Some(c), None]))
+                        })
                     })
                 }),
                 [b, c, d, ..] => l.map.with_slot_if(k, now, valid, |a| {
                     b.with_slot_if(k, now, valid, |b| {
                         c.with_slot_if(k, now, valid, |c| {
                             d.with_slot_if(k, now, valid, |d| {
-                                f((t, [Some(a), Some(b), Some(c), Some(d)]))
+                                f(&(t, [Some(a), Some(b), Some(c), Some(d)]))
                             })
                         })
                     })
                 }),
             }
         }
-        _ => f((0, [None, None, None, None])),
+        _ => f(&(0, [None, None, None, None])),
     }
 }
 
@@ -924,7 +926,7 @@ where
 /// every kind's slot.
 macro_rules! nest {
     ($maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
-        $f([(0, [None, None, None, None]) $(, $held)*])
+        $f([&(0, [None, None, None, None]) $(, $held)*])
     };
     (
         $maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
@@ -1031,7 +1033,7 @@ macro_rules! define_maps {
                 request: &Request,
                 costs: &PerKind<u64>,
                 now: u64,
-                f: impl FnOnce(PerKind<KindSlots<'_, C>>) -> R,
+                f: impl FnOnce(PerKind<&KindSlots<'_, C>>) -> R,
             ) -> R {
                 nest!(self, g, valid, request, costs, now, f, [], [$($kind ($($field),+)),*])
             }

@@ -511,7 +511,7 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
 
 /// The slots of each keyed kind's limits while their locks are held: `None` when the
 /// request does not pay that kind.
-type Held<'a, C> = PerKind<KindSlots<'a, C>>;
+type Held<'a, 'b, C> = PerKind<&'a KindSlots<'b, C>>;
 
 /// A request met a global word a reconfiguration sealed: it decided and kept nothing,
 /// and starts again on the new generation.
@@ -739,7 +739,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     fn decide<'s>(
         &'s self,
         g: &'s Generation,
-        slots: Held<'_, C>,
+        slots: Held<'_, '_, C>,
         class_costs: &'s PerKind<u64>,
         costs: &PerKind<u64>,
         request: &Request,
@@ -749,10 +749,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l`.
         let mut handles: [Option<Payer<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
         handles[..MAX_POLICIES_PER_RULE].copy_from_slice(&self.global_payers(g, costs));
-        for (k, (tier, limits)) in slots.into_iter().enumerate() {
+        for (k, &&(tier, ref limits)) in slots.iter().enumerate() {
             decision.in_tier(k, tier);
-            for (l, slot) in limits.into_iter().enumerate() {
-                match slot {
+            for (l, slot) in limits.iter().enumerate() {
+                match *slot {
                     None => {}
                     Some(Slot::Bucket(h)) => {
                         handles[k * MAX_POLICIES_PER_RULE + l] = Some(Payer::Word(h))

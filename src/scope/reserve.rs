@@ -378,7 +378,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     fn reserve_slots(
         &self,
         g: &Generation,
-        slots: PerKind<KindSlots<'_, C>>,
+        slots: PerKind<&KindSlots<'_, C>>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
@@ -391,10 +391,10 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
         // are `words`).
         let mut handles: [Option<Handle<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
         let mut tiers = [0u8; ScopeKind::COUNT];
-        for (k, (tier, limits)) in slots.into_iter().enumerate() {
+        for (k, &&(tier, ref limits)) in slots.iter().enumerate() {
             tiers[k] = tier;
-            for (l, slot) in limits.into_iter().enumerate() {
-                match slot {
+            for (l, slot) in limits.iter().enumerate() {
+                match *slot {
                     None => {}
                     Some(Slot::Bucket(h)) => handles[k * MAX_POLICIES_PER_RULE + l] = Some(h),
                     // Only when `g` was replaced (which the caller checked): start again.
