@@ -106,6 +106,45 @@ impl Reloader {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Applies `config` to every running limiter, in order. One that refuses it (what
+    /// its check cannot see: the keys a tier change moves back must fit the rule's map
+    /// as it is now) changes nothing there; those before it are switched back to the
+    /// running configuration (a second switch, carrying tokens with its strategies
+    /// again), and the file is refused.
+    fn apply(&self, appliers: &[Box<dyn Apply>], config: &Config) -> Result<(), ConfigError> {
+        for (i, a) in appliers.iter().enumerate() {
+            match a.apply(config) {
+                Ok(done) => tracing::info!(
+                    file = %self.path.display(),
+                    reconfigurations = done.reconfigurations,
+                    maps = done.maps,
+                    "configuration applied to the running limiter"
+                ),
+                Err(why) => {
+                    let running = self.current.load_full();
+                    for earlier in &appliers[..i] {
+                        if let Err(e) = earlier.apply(&running) {
+                            tracing::error!(
+                                file = %self.path.display(),
+                                error = %e,
+                                "a running limiter could not be switched back"
+                            );
+                        }
+                    }
+                    return Err(ConfigError::Invalid {
+                        file: self.path.clone(),
+                        problems: vec![Problem {
+                            location: None,
+                            field: String::new(),
+                            kind: ProblemKind::Engine(why),
+                        }],
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Reads, validates and publishes the file; tells subscribers. `Ok(false)` when
     /// the text is the one published and nothing was rejected since.
     fn reload(&self) -> Result<bool, ConfigError> {
@@ -138,29 +177,24 @@ impl Reloader {
             });
         let event = match outcome {
             Ok(None) => return Ok(false),
-            Ok(Some((text, config))) => {
-                for a in &inner.appliers {
-                    match a.apply(&config) {
-                        Ok(done) => tracing::info!(
-                            file = %self.path.display(),
-                            reconfigurations = done.reconfigurations,
-                            maps = done.maps,
-                            "configuration applied to the running limiter"
-                        ),
-                        // Checked just above, under the same lock: not expected.
-                        Err(why) => tracing::error!(
-                            file = %self.path.display(),
-                            error = %why,
-                            "configuration not applied to a running limiter"
-                        ),
-                    }
+            Ok(Some((text, config))) => match self.apply(&inner.appliers, &config) {
+                Ok(()) => {
+                    let current = Arc::new(config);
+                    let previous = self.current.swap(Arc::clone(&current));
+                    inner.text = text;
+                    inner.rejected = false;
+                    ReloadEvent::Applied { previous, current }
                 }
-                let current = Arc::new(config);
-                let previous = self.current.swap(Arc::clone(&current));
-                inner.text = text;
-                inner.rejected = false;
-                ReloadEvent::Applied { previous, current }
-            }
+                Err(e) => {
+                    tracing::warn!(
+                        file = %self.path.display(),
+                        error = %e,
+                        "configuration refused by a running limiter; the running one stays"
+                    );
+                    inner.rejected = true;
+                    ReloadEvent::Rejected(e)
+                }
+            },
             Err(e) => {
                 tracing::warn!(
                     file = %self.path.display(),
@@ -344,14 +378,19 @@ impl ConfigWatcher {
     }
 
     /// Applies every later reload to `limiter` (built from this watcher's
-    /// configuration, [`Config::rule_set`]): its policies and class costs are switched
-    /// in place ([`ScopedLimiter::reconfigure`]), each rule's buckets carrying their
-    /// tokens over with the rule's `inheritance`. A file the limiter cannot take in
-    /// place (another shape: a rule added or removed, new map bounds, new overrides or
-    /// classes; see [`tokengate::scope::Reshape`]) is refused like an invalid file: the
-    /// running configuration stays published and applied, a warning is logged, and
-    /// subscribers get [`ReloadEvent::Rejected`] with a [`ProblemKind::Engine`] problem
-    /// saying why. With several limiters, a file is applied to all or to none.
+    /// configuration, [`Config::rule_set`]): its policies, tiers, overrides and class
+    /// costs are switched in place ([`ScopedLimiter::reconfigure`]), each rule's
+    /// buckets carrying their tokens over with the rule's `inheritance` (a key whose
+    /// tier changes too). A file the limiter cannot take in place (another shape: a rule
+    /// added or removed, new map bounds or classes; or keys leaving their tiers that do
+    /// not fit the rule's map; see [`tokengate::scope::Reshape`]) is refused like an
+    /// invalid file: the running configuration stays published and applied, a warning
+    /// is logged, and subscribers get [`ReloadEvent::Rejected`] with a
+    /// [`ProblemKind::Engine`] problem saying why. With several limiters, a file is
+    /// applied to all or to none: each is checked first, and should one still refuse
+    /// it (room is known only while its switch holds its maps), those that took it are
+    /// switched back to the running configuration (a second switch, carrying tokens
+    /// with its strategies again).
     pub fn apply_to<C, S>(&self, limiter: Arc<ScopedLimiter<C, S>>)
     where
         C: Clock + Clone + Send + Sync + 'static,

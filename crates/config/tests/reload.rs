@@ -285,3 +285,68 @@ fn a_reload_switches_the_running_limiter_in_place_or_not_at_all() {
         "the running configuration stays published"
     );
 }
+
+#[test]
+fn a_reload_a_running_limiter_cannot_take_is_refused_whole() {
+    // The tenant rule's map holds 2 keys. Tenants 1 and 2 fill it; tenant 9 is gold
+    // and has spent. A reload that takes 9's override away would move a bucket into a
+    // full map: the limiter refuses it (what `check_reconfigure` cannot see), so the
+    // file is refused and the running configuration stays, published and applied.
+    let text = |gold: bool| {
+        let mut t = String::from(
+            "[[rule]]\nname = \"t\"\nscope = \"tenant\"\npolicies = [\"1/s burst 10\"]\n\
+             max_keys = 2\ninheritance = \"as_is\"\n\n\
+             [tier.gold]\npolicies = [\"10/s burst 100\"]\n\n\
+             [[class]]\nname = \"read\"\ncost = 1\n",
+        );
+        if gold {
+            t.push_str("\n[[override]]\nscope = \"tenant\"\nkey = 9\ntier = \"gold\"\n");
+        }
+        t
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, text(true)).unwrap();
+    let watcher = ConfigWatcher::start(
+        &path,
+        WatchOptions::new().debounce(Duration::from_millis(50)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let limiter = Arc::new(
+        watcher
+            .current()
+            .rule_set()
+            .unwrap()
+            .build_with_clock(ManualClock::new())
+            .unwrap(),
+    );
+    watcher.apply_to(Arc::clone(&limiter));
+    let (tx, rx) = mpsc::channel();
+    watcher.subscribe(move |e| {
+        let _ = tx.send(e.clone());
+    });
+    let read = limiter.class("read").unwrap();
+    for t in [1, 2, 9] {
+        let r = Request::new().tenant(TenantId(t));
+        assert!(limiter.try_acquire(&r, read).unwrap().is_admitted());
+    }
+    let nine = Scope::Tenant(TenantId(9));
+    std::fs::write(&path, text(false)).unwrap();
+    let ReloadEvent::Rejected(e) = wait_for(&rx, "the refusal", |e| {
+        matches!(e, ReloadEvent::Rejected(_))
+    }) else {
+        unreachable!()
+    };
+    assert!(
+        matches!(&e.problems()[0].kind, ProblemKind::Engine(m) if m.contains("room")),
+        "{e}"
+    );
+    assert_eq!(limiter.reconfigurations(), 0);
+    assert_eq!(limiter.policies_for(&nine).unwrap()[0].capacity(), 100);
+    assert_eq!(limiter.available(&nine), Some(99.0));
+    assert_eq!(
+        watcher.current().policies_for(&nine).unwrap()[0].capacity(),
+        100,
+        "the running configuration stays published"
+    );
+}
