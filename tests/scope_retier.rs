@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
+use proptest::strategy::Strategy;
 use tokengate::scope::*;
 use tokengate::telemetry::CounterSnapshot;
 use tokengate::{Inherit, ManualClock, Policy};
@@ -441,4 +442,106 @@ fn requests_racing_moves_leave_no_stray_entries_and_every_count() {
         limiter.available(&tenant(1)),
         Some(1_000_000.0 - admitted as f64)
     );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+    /// Random histories on real nanoseconds: four tenants paying while their tiers
+    /// change (rule, "a", "b", with changing policies, start-empty ones among them) at
+    /// random readings with random strategies decide as one live bucket per tenant,
+    /// made on its first request with its tier's policy then, and switched to its new
+    /// tier's policy at the same readings with the same strategy; a key that moved and
+    /// ended full under a start-full policy is a new key again (its map keeps no entry
+    /// for it, as for one that never came).
+    #[test]
+    fn keys_moving_between_tiers_decide_as_live_buckets_switched_at_the_same_readings(
+        start in 0u64..(1 << 40),
+        steps in proptest::collection::vec(
+            proptest::prop_oneof![
+                3 => (0u64..2_000_000_000).prop_map(|d| (0u8, d)),
+                6 => (0u64..1_000).prop_map(|c| (1u8, c)),
+                1 => (0u64..1_000_000).prop_map(|s| (2u8, s)),
+            ],
+            1..80,
+        ),
+    ) {
+        use tokengate::LiveBucket;
+        let policies = [
+            p(8, 3.0),
+            p(50, 100.0),
+            Policy::new(5, 0.25).unwrap().start_empty(),
+            p(200, 7.0),
+            Policy::new(40, 2.0).unwrap().start_empty(),
+        ];
+        // A configuration: the rule's, a's and b's policy, each tenant's tier (0: the
+        // rule), the strategy.
+        let set = |pol: [usize; 3], tiers: [usize; 4], how: Inherit| {
+            let mut set = RuleSet::new()
+                .rule(
+                    ScopeKind::Tenant,
+                    Rule::new(policies[pol[0]]).max_keys(64).inherit(how),
+                )
+                .tier("a", vec![policies[pol[1]]])
+                .tier("b", vec![policies[pol[2]]]);
+            for (t, &tier) in tiers.iter().enumerate() {
+                if tier > 0 {
+                    set = set.override_key(tenant(t as u64), ["a", "b"][tier - 1]);
+                }
+            }
+            for c in 1..=5 {
+                set = set.class(WorkClass::new(format!("c{c}"), c));
+            }
+            set
+        };
+        let policy_of = |pol: [usize; 3], tier: usize| policies[pol[tier]];
+        let clock = ManualClock::new();
+        clock.set(std::time::Duration::from_nanos(start));
+        let (mut pol, mut tiers) = ([0, 1, 3], [0, 0, 1, 2]);
+        let limiter = set(pol, tiers, Inherit::Reset).build_with_clock(clock.clone()).unwrap();
+        let classes: Vec<ClassId> = (1..=5).map(|c| limiter.class(&format!("c{c}")).unwrap()).collect();
+        let mut model: Vec<Option<LiveBucket<ManualClock>>> = (0..4).map(|_| None).collect();
+        for (i, (kind, v)) in steps.into_iter().enumerate() {
+            match kind {
+                0 => clock.advance(std::time::Duration::from_nanos(v)),
+                1 => {
+                    let t = (v % 4) as usize;
+                    let cost = 1 + (v / 4) % 5;
+                    let d = limiter
+                        .try_acquire(&Request::new().tenant(TenantId(t as u64)), classes[cost as usize - 1])
+                        .unwrap();
+                    let b = model[t].get_or_insert_with(|| LiveBucket::with_clock(policy_of(pol, tiers[t]), clock.clone()));
+                    let m = b.try_acquire(cost).unwrap();
+                    proptest::prop_assert_eq!(d.is_admitted(), m.is_admitted(), "step {} tenant {} cost {}", i, t, cost);
+                }
+                _ => {
+                    let next_pol = [(v % 5) as usize, ((v / 5) % 5) as usize, ((v / 25) % 5) as usize];
+                    let next_tiers = [0, 1, 2, 3].map(|t| ((v / 125 / 3u64.pow(t)) % 3) as usize);
+                    let how = tokengate_testkit::reconfigure::STRATEGIES[((v / 10_125) % 4) as usize];
+                    // Every capacity holds every class (at most 5): always taken.
+                    limiter.reconfigure(set(next_pol, next_tiers, how)).unwrap();
+                    // New overrides lay the tiers out anew: every key overridden before
+                    // or after moves to new maps; a moved bucket that ends full under a
+                    // start-full policy is a new key's (no entry kept). Otherwise each
+                    // map switches in place.
+                    let retier = tiers != next_tiers;
+                    for t in 0..4 {
+                        let (from, to) = (policy_of(pol, tiers[t]), policy_of(next_pol, next_tiers[t]));
+                        let moved = retier && (tiers[t] > 0 || next_tiers[t] > 0);
+                        if from == to {
+                            continue;
+                        }
+                        if let Some(b) = &model[t] {
+                            b.reconfigure(to, how);
+                            if moved && to.starts_full() && b.available() == to.capacity() as f64 {
+                                model[t] = None;
+                            }
+                        }
+                    }
+                    pol = next_pol;
+                    tiers = next_tiers;
+                }
+            }
+        }
+    }
 }

@@ -510,7 +510,7 @@ struct Retier<'a, K, C: Clock, S> {
     /// generation is published anyway), by local tier, in policy order.
     switches: Vec<Vec<Switch<'a, K, C, S>>>,
     /// Keys moving back to the rule: key, limit, the word of the rule's new policy
-    /// (`None`: its start state, no entry), and the counters that move with it.
+    /// (`None`: full, a new key's, no entry), and the counters that move with it.
     demoted: Vec<(K, usize, Option<u64>, Option<CounterCells>)>,
 }
 
@@ -711,7 +711,7 @@ where
                             debug_assert!(put, "room checked by begin_switch");
                         }
                         None => {
-                            // Its start state: no entry (one that a request of the old
+                            // Full, a new key's: no entry (one that a request of the old
                             // configuration made meanwhile goes); the counts are kept.
                             let stray = sw.take(&key).and_then(|(_, c)| c);
                             for c in stray.iter().chain(&cells) {
@@ -730,20 +730,15 @@ where
 /// The word a key gets in a map of policy `to` when it moves there from a map of policy
 /// `from` where its bucket's word is `word`, at the switch reading `now`: the same word
 /// when the policies are equal, else converted with `inherit`. `None` when the result
-/// is the new map's start state for a start-full policy, or empty for a start-empty one
-/// (no entry: the key then starts there as a new key does, never with more than the
-/// conversion gives).
+/// is a full bucket of a start-full policy: identical to a new key's, so no entry is
+/// kept (as eviction drops one).
 fn moved_word(from: &Policy, word: u64, to: &Policy, inherit: Inherit, now: u64) -> Option<u64> {
     if from == to {
         return Some(word);
     }
     let c = convert_between(from, word, now, to, inherit);
-    let start = if to.starts_full() {
-        i128::from(to.capacity()) << to.layout().frac_bits()
-    } else {
-        0
-    };
-    (c.to_units != start).then_some(c.word)
+    let full = i128::from(to.capacity()) << to.layout().frac_bits();
+    (!(to.starts_full() && c.to_units == full)).then_some(c.word)
 }
 
 /// The maps of the tiers `tiers` lays out for `kind` (whose rule's maps are `rule`),

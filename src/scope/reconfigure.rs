@@ -137,8 +137,8 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// the key's old buckets or its new ones, never both. A key without a bucket in
     /// its old maps (it never came, or its full bucket was evicted) starts in its new
     /// tier as a new key does there, as after a switch in place; a moved bucket that is
-    /// its new policy's start state (or empty, under a start-empty policy) is not kept
-    /// either. A key's counters move with it (or join the kind's evicted counts when
+    /// full under a start-full policy is not kept either (it is a new key's bucket, as
+    /// eviction knows). A key's counters move with it (or join the kind's evicted counts when
     /// its bucket is not kept). The rule's maps must have room for the keys moving back
     /// to them with a bucket (less the keys moving out): else [`Reshape::TierRoom`],
     /// checked under the barrier
