@@ -883,6 +883,24 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
     }
 
+    /// `read` of `kind`'s map on the current generation, read again when a switch
+    /// replaced the generation meanwhile (its maps may have been emptied by a tier
+    /// move); `None` when the kind has no map.
+    fn read_keyed<R>(
+        &self,
+        read: impl Fn(&dyn KindMapOps, &Generation) -> R,
+        kind: ScopeKind,
+    ) -> Option<R> {
+        let m = self.map(kind)?;
+        loop {
+            let g = self.generation();
+            let r = read(m, g);
+            if std::ptr::eq(self.generation(), g) {
+                return Some(r);
+            }
+        }
+    }
+
     /// The map of a keyed kind, type-erased over its key.
     fn map(&self, kind: ScopeKind) -> Option<&dyn KindMapOps> {
         self.maps.get(kind)
@@ -899,7 +917,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 .counters
                 .as_ref()
                 .map(StripedCounters::snapshot),
-            _ => self.map(scope.kind())?.counters(self.generation(), scope),
+            _ => self.read_keyed(|m, g| m.counters(g, scope), scope.kind())?,
         }
     }
 
@@ -960,9 +978,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         match (scope, limit) {
             (_, 0) => self.available(scope),
             (Scope::Global, l) => self.global_available(l),
-            (_, l) => self
-                .map(scope.kind())?
-                .available_in(self.generation(), scope, l),
+            (_, l) => self.read_keyed(|m, g| m.available_in(g, scope, l), scope.kind())?,
         }
     }
 
@@ -976,9 +992,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Some(b) => b.available(),
                 None => self.global_available(0)?,
             },
-            _ => self
-                .map(scope.kind())?
-                .available(self.generation(), scope)?,
+            _ => self.read_keyed(|m, g| m.available(g, scope), scope.kind())??,
         })
     }
 
@@ -1089,9 +1103,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     self.generations.await_successor(g);
                 },
             },
-            _ => self
-                .map(scope.kind())?
-                .stored_word(self.generation(), scope),
+            _ => self.read_keyed(|m, g| m.stored_word(g, scope), scope.kind())?,
         }
     }
 }
