@@ -105,7 +105,7 @@ fn model_global(after_switch: &Tally) {
 #[test]
 fn a_switch_racing_requests_and_a_give_back_loses_and_mints_nothing() {
     let after = Tally::new();
-    // Exhaustive, it runs 168,715 executions (54 s); at most 3 preemptions, 5,293.
+    // Exhaustive, it runs 168,715 executions (54 s); at most 3 preemptions, 5,308.
     Model {
         preemption_bound: Some(3),
         ..Model::exhaustive("scoped reconfigure: requests vs switch", 4)
