@@ -110,6 +110,8 @@ fn main() {
     let leased_coarse_admit = LeasedBucket::with_clock(admit(), coarse.clone());
     let leased_reject = LeasedBucket::new(reject());
     let _ = leased_reject.try_acquire(1);
+    let leased_coarse_reject = LeasedBucket::with_clock(reject(), coarse.clone());
+    let _ = leased_coarse_reject.try_acquire(1);
     let leased_slot_admit = LeasedBucket::with_clock(
         Policy::new(1 << 36, 1.0).expect("valid policy"),
         ManualClock::new(),
@@ -231,6 +233,12 @@ fn main() {
             "leased_reject",
             Box::new(|| {
                 let _ = black_box(black_box(&leased_reject).try_acquire(1));
+            }),
+        ),
+        (
+            "leased_coarse_reject",
+            Box::new(|| {
+                let _ = black_box(black_box(&leased_coarse_reject).try_acquire(1));
             }),
         ),
         (

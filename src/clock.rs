@@ -308,10 +308,11 @@ impl CoarseClock {
 impl Clock for CoarseClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
+        // quanta's `Instant` is a count of nanoseconds, and the difference a `Duration`
+        // made from it: the count again, which fits a `u64` (no saturation), and which
+        // the compiler forms without the division into seconds.
         let d = self.inner.recent().saturating_duration_since(self.origin);
-        d.as_secs()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(d.subsec_nanos()))
+        d.as_nanos() as u64
     }
 
     /// Quanta's recent time never moves back: one atomic the upkeep thread advances.

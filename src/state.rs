@@ -690,6 +690,19 @@ impl Layout {
             .is_some_and(|left| left >= self.base_units)
     }
 
+    /// The units `word` holds at `now_tick` (refilled, not capped at `max_units`) when the
+    /// reading is at or forward of the stored tick, else `None`. Below any `base +
+    /// cost_units` (at most `max_units`) it is what [`refill`](Layout::refill) holds,
+    /// and at or above it so is `refill`'s: a read-only refusal decides on it alone.
+    /// On [`SEALED`] it is above `max_units` (a token field of all ones), never short.
+    #[inline(always)]
+    pub(crate) fn forward_units(&self, word: u64, now_tick: u64) -> Option<u64> {
+        let elapsed = now_tick.wrapping_sub(word >> self.token_bits) & self.tick_mask;
+        // As in `refill`: `min(elapsed, fill_ticks) * R < max_units + R`.
+        (elapsed <= self.forward_max)
+            .then(|| (word & self.token_mask) + elapsed.min(self.fill_ticks) * self.refill_per_tick)
+    }
+
     /// A take of `cost_units` (at most `capacity * 2^F`) decided on `word` at `now_tick`
     /// where that is simple: a reading at or forward of the stored tick, or one tick
     /// behind a word anchored at the next edge (see [`store`](Layout::store)). The same
@@ -1024,6 +1037,16 @@ mod tests {
             let now_tick = word_tick.wrapping_add(ahead);
             let expected = by_refill(&l, word, now_tick, cost_units);
             let snapshot = l.refill(word, now_tick);
+            // `forward_units`, capped, is `refill`'s balance wherever it answers (a
+            // forward reading, `behind` zero).
+            if let Some(units) = l.forward_units(word, now_tick) {
+                proptest::prop_assert_eq!(snapshot.behind(), 0);
+                proptest::prop_assert_eq!(units.min(l.max_units()), snapshot.units());
+            }
+            // A sealed word is never short of any cost (a refusal on it would be wrong).
+            if let Some(units) = l.forward_units(SEALED, now_tick) {
+                proptest::prop_assert!(units > l.max_units());
+            }
             match l.first_take(word, now_tick, cost_units) {
                 FirstTake::Elsewhere => {
                     let refused = matches!(expected, FirstTake::Short { .. });

@@ -30,7 +30,10 @@
 //! 3. **Reject, read-only**: the global balance (refilled) plus every slot's tokens cannot
 //!    pay. Nothing is written, as on a plain bucket (I5). When the global balance plus
 //!    the most the slots can hold (`slots * max_lease`) cannot pay, the slots are not
-//!    even read: such a rejection loads the pool alone.
+//!    even read: such a rejection loads the pool alone. With the
+//!    [`LocalPool`](crate::leased::LocalPool), a rejection on a reading at or after the
+//!    word's tick is decided inline on the loaded word, before any call, with the same
+//!    loads (the pool word, then the slots, in order, only until they could pay).
 //! 4. **Reclaim**: the pool cannot pay, but the slots together could. The thread
 //!    closes every other slot,
 //!    taking the tokens idle in them (and cancelling leases in flight, which their

@@ -831,8 +831,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         self.acquire_at(epoch, slot, cost, now(epoch))
     }
 
-    /// The capacity check and the slot spend on `epoch`; [`Self::acquire_slow`] when the
-    /// slot cannot pay.
+    /// The capacity check and the slot spend on `epoch`, then, when the slot cannot pay,
+    /// the read-only rejection on the pool word ([`Self::refusal_on_word`]), inline so
+    /// that a rejection makes no call; [`Self::acquire_slow`] when neither decides.
     #[inline(always)]
     fn acquire_at(
         &self,
@@ -841,9 +842,14 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, AcquireError> {
-        match Self::from_slot(epoch, slot, cost, now) {
+        // Formed once, for the slot and the pool word both.
+        let now_tick = epoch.policy.layout().tick_of(now);
+        match Self::from_slot_at(epoch, slot, cost, now, now_tick) {
             Some(out) => out,
-            None => self.acquire_slow(epoch, slot, cost, now),
+            None => match Self::refusal_on_word(epoch, cost, now, now_tick) {
+                Some(refused) => Ok(refused),
+                None => self.acquire_slow(epoch, slot, cost, now),
+            },
         }
     }
 
@@ -856,12 +862,24 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
     ) -> Option<Result<Decision, AcquireError>> {
+        Self::from_slot_at(epoch, slot, cost, now, epoch.policy.layout().tick_of(now))
+    }
+
+    /// [`from_slot`](Self::from_slot) with `now`'s tick, `now_tick`, already formed.
+    #[inline(always)]
+    fn from_slot_at(
+        epoch: &Epoch<P>,
+        slot: usize,
+        cost: u64,
+        now: u64,
+        now_tick: u64,
+    ) -> Option<Result<Decision, AcquireError>> {
         let layout = epoch.policy.layout();
         if cost > layout.capacity() {
             return Some(Err(cost_exceeds_capacity(layout, cost)));
         }
         if cost > 0 {
-            if let Some(left) = epoch.slots.consume(slot, cost, layout.tick_of(now)) {
+            if let Some(left) = epoch.slots.consume(slot, cost, now_tick) {
                 let balance = (left << layout.frac_bits()) as i64;
                 return Some(Ok(Decision::with_balance(
                     layout, balance, 0, now, cost, true,
@@ -869,6 +887,42 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             }
         }
         None
+    }
+
+    /// [`read_only_refusal`](Self::read_only_refusal) decided on the [`LocalPool`]'s
+    /// word as loaded, without forming a snapshot, where that is simple: a cost of at
+    /// least one, and a reading at or forward of the word's tick (so `behind` is zero and
+    /// no reread is due). The same refusal, balance and loads (the pool word, then the
+    /// slots only if they might pay) as the trip's; `None` leaves the decision to the trip
+    /// (a sealed word included).
+    #[inline(always)]
+    fn refusal_on_word(epoch: &Epoch<P>, cost: u64, now: u64, now_tick: u64) -> Option<Decision> {
+        let local = epoch.local()?;
+        if cost == 0 {
+            return None;
+        }
+        let layout = epoch.policy.layout();
+        let word = local.load();
+        // Uncapped: below `needed` (at most `max_units`) it is the refilled balance, and
+        // at or above it the capped balance is too, so the refusal is the same. A sealed
+        // word needs no test of its own: its token field, all ones, is above
+        // `max_units`, so it is never short and goes to the trip.
+        let pool = layout.forward_units(word, now_tick)?;
+        let needed = layout.base_units() + (cost << layout.frac_bits());
+        if pool >= needed {
+            return None;
+        }
+        let mut units = pool;
+        if pool.saturating_add(epoch.max_held_units) >= needed {
+            // `pool + held * 2^F < needed` exactly when `held * 2^F <= needed - pool - 1`,
+            // that is `held <= (needed - pool - 1) >> F`; then `held * 2^F` cannot
+            // overflow.
+            let frac_bits = layout.frac_bits();
+            let most = (needed - pool - 1) >> frac_bits;
+            units += epoch.slots.held_at_most(most)? << frac_bits;
+        }
+        let balance = units as i64 - layout.base_units() as i64;
+        Some(Decision::with_balance(layout, balance, 0, now, cost, false))
     }
 
     /// The trip to the pool: lease, reclaim, or reject; on a replaced epoch, again on the

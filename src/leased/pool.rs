@@ -671,6 +671,13 @@ impl LocalPool {
         }
     }
 
+    /// The word as it is now (an acquiring load): [`SEALED`](crate::state::SEALED) once
+    /// a reconfiguration replaced it.
+    #[inline(always)]
+    pub(crate) fn load(&self) -> u64 {
+        self.word.load(Ordering::Acquire)
+    }
+
     /// [`Pool::peek`] on a word that may be sealed.
     #[inline]
     pub(crate) fn peek_in(&self, layout: &Layout, now: u64) -> Result<PoolState, Replaced> {

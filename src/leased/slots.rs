@@ -377,6 +377,30 @@ impl Slots {
             })
             .sum()
     }
+
+    /// [`held`](Slots::held) when it is at most `most` tokens, else `None`, loading the
+    /// slots' lines in order only until the sum exceeds `most` (the same loads as
+    /// `held` up to there). For a rejection that must count the slots: inlined, one
+    /// select per slot and no unrolling, so that it keeps few registers alive.
+    #[inline(always)]
+    pub(crate) fn held_at_most(&self, most: u64) -> Option<u64> {
+        #[cfg(all(test, not(loom)))]
+        SCANS.with(|n| n.set(n.get() + 1));
+        let mut held = 0u64;
+        for slot in self.slots.iter() {
+            let word = slot.word.load(Ordering::Acquire);
+            // OPEN is zero in the state bits; LEASING and CLOSED words hold no tokens.
+            held += if word & STATE_MASK == OPEN {
+                word & self.token_mask
+            } else {
+                0
+            };
+            if held > most {
+                return None;
+            }
+        }
+        Some(held)
+    }
 }
 
 #[cfg(all(test, not(loom)))]
