@@ -1,6 +1,6 @@
 //! A scoped limiter's configuration over time: what a request is decided with (the work
-//! classes, every kind's policies, the plain global scope's words), one *generation*
-//! per reconfiguration.
+//! classes, every kind's policies, the plain global scope's words, each keyed kind's
+//! tier table), one *generation* per reconfiguration.
 //!
 //! A request loads the current generation once and is decided on it alone. A
 //! reconfiguration ([`ScopedLimiter::reconfigure`](super::ScopedLimiter::reconfigure))
