@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokengate::{Inherit, KeyedLimiter, LiveBucket, ManualClock, Policy};
-use tokengate_testkit::reconfigure::STRATEGIES;
+use tokengate_testkit::reconfigure::{STRATEGIES, switch_policies};
 
 fn map(policy: Policy, clock: &ManualClock, max_keys: usize) -> KeyedLimiter<u64, ManualClock> {
     KeyedLimiter::builder(policy, max_keys)
@@ -198,12 +198,7 @@ proptest! {
             1..80,
         ),
     ) {
-        let policies = [
-            Policy::new(10, 7.0).unwrap(),
-            Policy::new(100, 333.0).unwrap(),
-            Policy::new(3, 0.5).unwrap().start_empty(),
-            Policy::new(1_000, 1e6).unwrap(),
-        ];
+        let policies = switch_policies();
         let clock = ManualClock::new();
         clock.set(Duration::from_nanos(start));
         let m = map(policies[0], &clock, 16);

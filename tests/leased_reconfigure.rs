@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use tokengate::leased::{LeaseConfig, LeaseConfigError};
 use tokengate::{AcquireError, Inherit, LeasedBucket, LiveBucket, ManualClock, Policy};
 use tokengate_testkit::Ideal;
-use tokengate_testkit::reconfigure::STRATEGIES;
+use tokengate_testkit::reconfigure::{STRATEGIES, switch_policies};
 
 /// A bucket of 100 (10/s, time frozen) on two slots leasing at most 10, with 30 tokens
 /// left, 7 of them idle in slots (placed by `try_acquire_on`).
@@ -345,12 +345,7 @@ proptest! {
         start in 0u64..(1 << 40),
         steps in prop::collection::vec(step(), 1..60),
     ) {
-        let policies = [
-            Policy::new(10, 7.0).unwrap(),
-            Policy::new(100, 333.0).unwrap(),
-            Policy::new(3, 0.5).unwrap().start_empty(),
-            Policy::new(1_000, 1e6).unwrap(),
-        ];
+        let policies = switch_policies();
         let clock = ManualClock::new();
         clock.set(Duration::from_nanos(start));
         let config = LeaseConfig::new().slots(4);

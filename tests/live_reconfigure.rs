@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use tokengate::inherit::{self, Inherit};
 use tokengate::{LiveBucket, ManualClock, Policy};
 use tokengate_testkit::Ideal;
-use tokengate_testkit::reconfigure::{STRATEGIES, check_conversion};
+use tokengate_testkit::reconfigure::{STRATEGIES, check_conversion, switch_policies};
 
 #[test]
 fn each_strategy_carries_the_tokens_it_promises() {
@@ -225,12 +225,7 @@ proptest! {
         start in 0u64..(1 << 40),
         steps in prop::collection::vec(step(), 1..60),
     ) {
-        let policies = [
-            Policy::new(10, 7.0).unwrap(),
-            Policy::new(100, 333.0).unwrap(),
-            Policy::new(3, 0.5).unwrap().start_empty(),
-            Policy::new(1_000, 1e6).unwrap(),
-        ];
+        let policies = switch_policies();
         let clock = ManualClock::new();
         clock.set(Duration::from_nanos(start));
         let bucket = LiveBucket::with_clock(policies[0], clock.clone());

@@ -9,7 +9,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use tokengate::ManualClock;
-use tokengate::scope::{Request, Scope, ScopeKind, TenantId};
+use tokengate::scope::{Request, Scope, ScopeKind, ScopedLimiter, TenantId};
 use tokengate_config::{
     ConfigError, ConfigWatcher, ProblemKind, ReloadEvent, WatchError, WatchOptions,
 };
@@ -33,6 +33,28 @@ fn start(path: &Path) -> (ConfigWatcher, Receiver<ReloadEvent>) {
         let _ = tx.send(e.clone());
     });
     (watcher, rx)
+}
+
+/// [`start`], with a limiter built from the file's configuration that every later
+/// reload is applied to.
+fn start_applied(
+    path: &Path,
+) -> (
+    ConfigWatcher,
+    Receiver<ReloadEvent>,
+    Arc<ScopedLimiter<ManualClock>>,
+) {
+    let (watcher, rx) = start(path);
+    let limiter = Arc::new(
+        watcher
+            .current()
+            .rule_set()
+            .unwrap()
+            .build_with_clock(ManualClock::new())
+            .unwrap(),
+    );
+    watcher.apply_to(Arc::clone(&limiter));
+    (watcher, rx, limiter)
 }
 
 /// Waits for the first event `want` accepts (a save may be seen half-written first: a
@@ -209,24 +231,7 @@ fn a_reload_switches_the_running_limiter_in_place_or_not_at_all() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     std::fs::write(&path, file(100, 10, 1, "")).unwrap();
-    let watcher = ConfigWatcher::start(
-        &path,
-        WatchOptions::new().debounce(Duration::from_millis(50)),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let limiter = Arc::new(
-        watcher
-            .current()
-            .rule_set()
-            .unwrap()
-            .build_with_clock(ManualClock::new())
-            .unwrap(),
-    );
-    watcher.apply_to(Arc::clone(&limiter));
-    let (tx, rx) = mpsc::channel();
-    watcher.subscribe(move |e| {
-        let _ = tx.send(e.clone());
-    });
+    let (watcher, rx, limiter) = start_applied(&path);
     let read = limiter.class("read").unwrap();
     let request = Request::new().tenant(TenantId(5));
     for _ in 0..10 {
@@ -307,24 +312,7 @@ fn a_reload_a_running_limiter_cannot_take_is_refused_whole() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     std::fs::write(&path, text(true)).unwrap();
-    let watcher = ConfigWatcher::start(
-        &path,
-        WatchOptions::new().debounce(Duration::from_millis(50)),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let limiter = Arc::new(
-        watcher
-            .current()
-            .rule_set()
-            .unwrap()
-            .build_with_clock(ManualClock::new())
-            .unwrap(),
-    );
-    watcher.apply_to(Arc::clone(&limiter));
-    let (tx, rx) = mpsc::channel();
-    watcher.subscribe(move |e| {
-        let _ = tx.send(e.clone());
-    });
+    let (watcher, rx, limiter) = start_applied(&path);
     let read = limiter.class("read").unwrap();
     for t in [1, 2, 9] {
         let r = Request::new().tenant(TenantId(t));

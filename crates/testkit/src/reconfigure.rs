@@ -19,6 +19,18 @@ pub const STRATEGIES: [Inherit; 4] = [
     Inherit::Additive,
 ];
 
+/// The policies random switch histories move between (`Step::Switch(i, _)` picks
+/// `[i]`): a small slow one, a fast one, a start-empty one that refills in seconds, and
+/// one refilled in a microsecond.
+pub fn switch_policies() -> [Policy; 4] {
+    [
+        Policy::new(10, 7.0).expect("a valid policy"),
+        Policy::new(100, 333.0).expect("a valid policy"),
+        Policy::new(3, 0.5).expect("a valid policy").start_empty(),
+        Policy::new(1_000, 1e6).expect("a valid policy"),
+    ]
+}
+
 /// One step of a live bucket's history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LiveOp {
