@@ -908,21 +908,29 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         // word needs no test of its own: its token field, all ones, is above
         // `max_units`, so it is never short and goes to the trip.
         let pool = layout.forward_units(word, now_tick)?;
+        let units = Self::short_with_slots(epoch, pool, cost)?;
+        let balance = units as i64 - layout.base_units() as i64;
+        Some(Decision::with_balance(layout, balance, 0, now, cost, false))
+    }
+
+    /// The units the pool (`pool`, refilled) and the slots hold together when they are
+    /// short of `cost`; `None` when they could pay it. The slots are read only when
+    /// they might make up the difference, in order, and only until they could.
+    #[inline(always)]
+    fn short_with_slots(epoch: &Epoch<P>, pool: u64, cost: u64) -> Option<u64> {
+        let layout = epoch.policy.layout();
         let needed = layout.base_units() + (cost << layout.frac_bits());
         if pool >= needed {
             return None;
         }
-        let mut units = pool;
-        if pool.saturating_add(epoch.max_held_units) >= needed {
-            // `pool + held * 2^F < needed` exactly when `held * 2^F <= needed - pool - 1`,
-            // that is `held <= (needed - pool - 1) >> F`; then `held * 2^F` cannot
-            // overflow.
-            let frac_bits = layout.frac_bits();
-            let most = (needed - pool - 1) >> frac_bits;
-            units += epoch.slots.held_at_most(most)? << frac_bits;
+        if pool.saturating_add(epoch.max_held_units) < needed {
+            return Some(pool);
         }
-        let balance = units as i64 - layout.base_units() as i64;
-        Some(Decision::with_balance(layout, balance, 0, now, cost, false))
+        // `pool + held * 2^F < needed` exactly when `held * 2^F <= needed - pool - 1`,
+        // that is `held <= (needed - pool - 1) >> F`; then `held * 2^F` cannot overflow.
+        let frac_bits = layout.frac_bits();
+        let most = (needed - pool - 1) >> frac_bits;
+        Some(pool + (epoch.slots.held_at_most(most)? << frac_bits))
     }
 
     /// The trip to the pool: lease, reclaim, or reject; on a replaced epoch, again on the
@@ -1090,16 +1098,16 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
     ) -> Option<Decision> {
         let layout = epoch.policy.layout();
-        let needed = layout.base_units() + (cost << layout.frac_bits());
-        let mut units = state.units;
-        if units.saturating_add(epoch.max_held_units) >= needed {
-            let held = epoch.slots.held().saturating_mul(1 << layout.frac_bits());
-            units = units.saturating_add(held);
-        }
-        (units < needed).then(|| {
-            let balance = units as i64 - layout.base_units() as i64;
-            Decision::with_balance(layout, balance, state.behind_ticks, now, cost, false)
-        })
+        let units = Self::short_with_slots(epoch, state.units, cost)?;
+        let balance = units as i64 - layout.base_units() as i64;
+        Some(Decision::with_balance(
+            layout,
+            balance,
+            state.behind_ticks,
+            now,
+            cost,
+            false,
+        ))
     }
 
     /// [`read_only_refusal`](Self::read_only_refusal) on the pool as it is now,
