@@ -57,7 +57,7 @@ pub struct Args {
         short = 'e',
         value_name = "ENGINE",
         value_delimiter = ',',
-        default_value = "tokengate,tokengate-coarse,tokengate-leased,tokengate-leased-coarse,governor,mutex,tokengate-keyed,governor-keyed"
+        default_value = "tokengate,tokengate-coarse,tokengate-leased,tokengate-leased-coarse,governor,mutex,tokengate-keyed,governor-keyed,floor-keyed"
     )]
     engines: Vec<Engine>,
 

@@ -14,7 +14,7 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Barrier;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -126,6 +126,9 @@ pub enum Engine {
     TokengateKeyed,
     /// governor's keyed limiter (`check_key`), default dashmap store and hasher.
     GovernorKeyed,
+    /// The keyed floor: 2^18 atomic words indexed by the key's hash (no key stored, no
+    /// lookup), one TSC read, one load and one CAS: the least a keyed admission can cost.
+    FloorKeyed,
     /// tokengate `LeasedBucket`: core-local leases, on the TSC clock.
     Leased,
     /// tokengate `LeasedBucket` on the coarse clock (the local path reads one shared,
@@ -135,7 +138,7 @@ pub enum Engine {
 
 impl Engine {
     /// Every engine, in table order.
-    pub const ALL: [Engine; 8] = [
+    pub const ALL: [Engine; 9] = [
         Engine::Tokengate,
         Engine::TokengateCoarse,
         Engine::Leased,
@@ -144,6 +147,7 @@ impl Engine {
         Engine::Mutex,
         Engine::TokengateKeyed,
         Engine::GovernorKeyed,
+        Engine::FloorKeyed,
     ];
 
     /// The command-line value.
@@ -155,6 +159,7 @@ impl Engine {
             Engine::Mutex => "mutex",
             Engine::TokengateKeyed => "tokengate-keyed",
             Engine::GovernorKeyed => "governor-keyed",
+            Engine::FloorKeyed => "floor-keyed",
             Engine::Leased => "tokengate-leased",
             Engine::LeasedCoarse => "tokengate-leased-coarse",
         }
@@ -169,6 +174,7 @@ impl Engine {
             Engine::Mutex => "Mutex<f64 bucket>",
             Engine::TokengateKeyed => "tokengate keyed",
             Engine::GovernorKeyed => "governor keyed",
+            Engine::FloorKeyed => "floor (hashed words)",
             Engine::Leased => "tokengate leased (TSC clock)",
             Engine::LeasedCoarse => "tokengate leased (coarse clock)",
         }
@@ -183,7 +189,7 @@ impl Engine {
             | Engine::LeasedCoarse
             | Engine::Governor
             | Engine::Mutex => &[Regime::Admit, Regime::Reject],
-            Engine::TokengateKeyed | Engine::GovernorKeyed => &[Regime::Keyed],
+            Engine::TokengateKeyed | Engine::GovernorKeyed | Engine::FloorKeyed => &[Regime::Keyed],
         }
     }
 
@@ -228,6 +234,7 @@ impl Engine {
                 limiter.fill();
                 visit.visit(&limiter)
             }
+            Engine::FloorKeyed => visit.visit(&KeyedFloor::new()),
         })
     }
 }
@@ -298,6 +305,51 @@ impl Limiter for Keyed {
     fn decide(&self, rng: &mut u64) -> bool {
         let key = random_key(rng);
         matches!(black_box(self.0.try_acquire(&key, 1)), Ok(d) if d.is_admitted())
+    }
+}
+
+/// The keyed floor: [`KeyedFloor::WORDS`] atomic words, a key's word picked by its hash
+/// (tokengate's default hasher), then what the one-bucket floor does: one TSC read through
+/// the path `QuantaClock` uses, one load, one CAS. No key is stored or compared, so two
+/// keys may share a word: not a limiter, the least a keyed admission can cost.
+pub struct KeyedFloor {
+    words: Box<[AtomicU64]>,
+    hasher: tokengate::keyed::KeyHasher,
+    clock: QuantaClock,
+}
+
+impl KeyedFloor {
+    /// 2^18 words (2 MiB): room for [`KEYS`] keys at a load like a hash table's.
+    pub const WORDS: usize = 1 << 18;
+
+    /// Zeroed words, a fresh seeded hasher.
+    pub fn new() -> KeyedFloor {
+        KeyedFloor {
+            words: (0..Self::WORDS).map(|_| AtomicU64::new(0)).collect(),
+            hasher: tokengate::keyed::KeyHasher::default(),
+            clock: QuantaClock::new(),
+        }
+    }
+}
+
+impl Default for KeyedFloor {
+    fn default() -> Self {
+        KeyedFloor::new()
+    }
+}
+
+impl Limiter for KeyedFloor {
+    #[inline]
+    fn decide(&self, rng: &mut u64) -> bool {
+        let key = random_key(rng);
+        let hash = self.hasher.hash_one(key);
+        let word = &self.words[(hash >> (64 - Self::WORDS.trailing_zeros())) as usize];
+        let now = self.clock.now_nanos();
+        let cur = word.load(Ordering::Relaxed);
+        black_box(
+            word.compare_exchange(cur, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok(),
+        )
     }
 }
 
