@@ -596,7 +596,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     ///   above the capacity (no key is created).
     /// - [`KeyedError::KeyLimit`] for a new key when the map is full and the overflow
     ///   policy is [`Overflow::Reject`].
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
     where
         K: Borrow<Q>,
@@ -611,7 +611,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// # Errors
     ///
     /// As [`try_acquire`](KeyedLimiter::try_acquire).
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_as<Q>(
         &self,
         key: &Q,
@@ -622,14 +622,28 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let policy = self.policy();
-        if cost > policy.capacity() {
-            return Err(crate::error::cost_exceeds_capacity(policy.layout(), cost).into());
-        }
+        // A cost above the capacity is refused by the bucket's own take for a key in
+        // the map, and before any key is made for one that is not.
         if let Some(out) =
             with_table!(&self.store, t => self.acquire_present(t, key, cost, attempt))
         {
             return out;
+        }
+        self.acquire_slow(key, cost, attempt)
+    }
+
+    /// [`try_acquire_as`](KeyedLimiter::try_acquire_as) for a key not found in the
+    /// current epoch, or with a pass due: out of line, so that the found key's path
+    /// inlines into its caller.
+    #[inline(never)]
+    fn acquire_slow<Q>(&self, key: &Q, cost: u64, attempt: Attempt) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let policy = self.policy();
+        if cost > policy.capacity() {
+            return Err(crate::error::cost_exceeds_capacity(policy.layout(), cost).into());
         }
         let now = self.clock.now_nanos();
         self.with_slot(key, now, |slot| self.decide(slot, cost, now, attempt))

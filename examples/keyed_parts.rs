@@ -1,0 +1,166 @@
+//! Where a keyed decision's time goes: the keyed floor, a bare sharded hash table with and
+//! without its read lock, the clock read before or after the lookup, tokengate's
+//! `KeyedLimiter` and governor's keyed limiter, each over the same 100,000 `u64` keys
+//! picked uniformly at random, one thread, in one process (ns per decision, best of five
+//! runs of 20 million). Figures: BENCHMARKS.md, "Keyed lookups".
+//!
+//! `cargo run --release --example keyed_parts [FILTER]`
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crossbeam_utils::sync::ShardedLock;
+use hashbrown::HashTable;
+use tokengate::keyed::KeyHasher;
+use tokengate::{Clock, KeyedLimiter, Policy, QuantaClock};
+
+const KEYS: u64 = 100_000;
+const CALLS: u64 = 20_000_000;
+const SHARD_BITS: u32 = 3;
+
+/// A key in `0..KEYS` from a xorshift64 state (the `bench` subcommand's generator).
+fn random_key(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    ((u128::from(x) * u128::from(KEYS)) >> 64) as u64
+}
+
+fn measure(filter: &str, name: &str, mut decide: impl FnMut(u64) -> bool) -> Option<f64> {
+    if !name.contains(filter) {
+        return None;
+    }
+    let best = (0..5)
+        .map(|_| {
+            let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+            let start = Instant::now();
+            for _ in 0..CALLS {
+                black_box(decide(random_key(&mut state)));
+            }
+            start.elapsed().as_nanos() as f64 / CALLS as f64
+        })
+        .fold(f64::MAX, f64::min);
+    println!("{name:58} {best:6.1} ns");
+    Some(best)
+}
+
+/// A key and its word, as a keyed map stores them (16 bytes).
+struct Entry {
+    key: u64,
+    word: AtomicU64,
+}
+
+/// One load and one CAS writing `now`: the floor's write.
+fn cas(word: &AtomicU64, now: u64) -> bool {
+    let cur = word.load(Ordering::Relaxed);
+    word.compare_exchange(cur, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+}
+
+fn main() {
+    let filter = std::env::args().nth(1).unwrap_or_default();
+    let clock = QuantaClock::new();
+    let hasher = KeyHasher::default();
+    let shard = |hash: u64| ((hash >> (57 - SHARD_BITS)) & ((1 << SHARD_BITS) - 1)) as usize;
+
+    let words: Vec<AtomicU64> = (0..1 << 18).map(|_| AtomicU64::new(0)).collect();
+    measure(
+        &filter,
+        "floor: 2^18 hashed words, clock after the hash",
+        |k| {
+            let word = &words[(hasher.hash_one(k) >> 46) as usize];
+            cas(word, clock.now_nanos())
+        },
+    );
+    measure(&filter, "floor: 2^18 hashed words, clock first", |k| {
+        let now = clock.now_nanos();
+        cas(&words[(hasher.hash_one(k) >> 46) as usize], now)
+    });
+
+    let mut tables: Vec<HashTable<Entry>> =
+        (0..1 << SHARD_BITS).map(|_| HashTable::new()).collect();
+    let locked: Vec<ShardedLock<HashTable<Entry>>> = (0..1 << SHARD_BITS)
+        .map(|_| ShardedLock::new(HashTable::new()))
+        .collect();
+    for key in 0..KEYS {
+        let hash = hasher.hash_one(key);
+        let rehash = |e: &Entry| hasher.hash_one(e.key);
+        let entry = || Entry {
+            key,
+            word: AtomicU64::new(0),
+        };
+        tables[shard(hash)].insert_unique(hash, entry(), rehash);
+        locked[shard(hash)]
+            .write()
+            .expect("not poisoned")
+            .insert_unique(hash, entry(), rehash);
+    }
+    measure(
+        &filter,
+        "8 hashbrown shards, no lock, clock after the lookup",
+        |k| {
+            let hash = hasher.hash_one(k);
+            let e = tables[shard(hash)]
+                .find(hash, |e| e.key == k)
+                .expect("every key is in");
+            cas(&e.word, clock.now_nanos())
+        },
+    );
+    measure(&filter, "8 hashbrown shards, no lock, clock first", |k| {
+        let now = clock.now_nanos();
+        let hash = hasher.hash_one(k);
+        let e = tables[shard(hash)]
+            .find(hash, |e| e.key == k)
+            .expect("every key is in");
+        cas(&e.word, now)
+    });
+    measure(
+        &filter,
+        "8 hashbrown shards, ShardedLock read, clock after the lookup",
+        |k| {
+            let hash = hasher.hash_one(k);
+            let t = locked[shard(hash)].read().expect("not poisoned");
+            let e = t.find(hash, |e| e.key == k).expect("every key is in");
+            cas(&e.word, clock.now_nanos())
+        },
+    );
+    measure(
+        &filter,
+        "8 hashbrown shards, ShardedLock read, clock first",
+        |k| {
+            let now = clock.now_nanos();
+            let hash = hasher.hash_one(k);
+            let t = locked[shard(hash)].read().expect("not poisoned");
+            let e = t.find(hash, |e| e.key == k).expect("every key is in");
+            cas(&e.word, now)
+        },
+    );
+
+    let policy = Policy::new(100, 1000.0).expect("a valid policy");
+    let limiter = KeyedLimiter::<u64>::builder(policy, 1 << 20)
+        .shards(1 << SHARD_BITS)
+        .build()
+        .expect("a valid map");
+    for key in 0..KEYS {
+        let _ = limiter.try_acquire(&key, 1);
+    }
+    measure(
+        &filter,
+        "tokengate KeyedLimiter::try_acquire",
+        |k| matches!(limiter.try_acquire(&k, 1), Ok(d) if d.is_admitted()),
+    );
+
+    let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("not zero"))
+        .allow_burst(NonZeroU32::new(100).expect("not zero"));
+    let governor = governor::RateLimiter::keyed(quota);
+    for key in 0..KEYS {
+        let _ = governor.check_key(&key);
+    }
+    measure(&filter, "governor keyed check_key", |k| {
+        governor.check_key(&k).is_ok()
+    });
+}
