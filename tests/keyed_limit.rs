@@ -257,3 +257,30 @@ fn idle_buckets_read_their_balance_past_the_wrap_with_no_manual_sweep() {
         }
     }
 }
+
+/// A map whose only operations are admissions of keys it holds (the path that decides a
+/// found key under its shard's read lock, the clock read after the lookup) still runs its
+/// re-anchoring passes: a drained key idle for three wraps while another key is taken
+/// from every tenth of a wrap is then full for an admission of the whole capacity.
+#[test]
+fn a_map_that_only_admits_its_keys_still_runs_its_passes() {
+    let policy = Policy::new(166, 3.173e9).unwrap().start_empty();
+    let wrap = policy.wrap_period();
+    let clock = ManualClock::new();
+    let l = KeyedLimiter::<u64, _>::builder(policy, 16)
+        .clock(clock.clone())
+        .eviction(Eviction::Lossless)
+        .build()
+        .unwrap();
+    // Both keys made (start-empty), refilled, key 1 drained to a third.
+    let _ = l.try_acquire(&1, 0).unwrap();
+    let _ = l.try_acquire(&2, 0).unwrap();
+    clock.advance(Duration::from_micros(1));
+    assert!(l.try_acquire(&1, 2 * policy.capacity() / 3).unwrap().is_admitted());
+    for _ in 0..30 {
+        clock.advance(wrap / 10);
+        assert!(l.try_acquire(&2, 1).unwrap().is_admitted());
+    }
+    let d = l.try_acquire(&1, policy.capacity()).unwrap();
+    assert!(d.is_admitted(), "key 1 idle for three wraps: {d:?}");
+}
