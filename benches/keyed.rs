@@ -7,7 +7,8 @@
 //! - `keyed_100k/*`: one `try_acquire(key, 1)` on a map of 100,000 `u64` keys (policy:
 //!   burst 100, 1000/s), keys picked uniformly at random from a precomputed sequence.
 //!   tokengate with its default hasher (aHash), with std's SipHash, with foldhash, with
-//!   counters on, and governor's `check_key` (DashMap, SipHash).
+//!   counters on, governor's `check_key` (DashMap, SipHash), and the keyed floor (2^18
+//!   atomic words indexed by the key's aHash, one TSC read, one load, one CAS).
 //! - `global_counters/*`: a scoped limiter with only the global scope, counters on or off,
 //!   on one thread and on N threads at once (N from `TOKENGATE_THREADS`, 1 to 1024,
 //!   default: all cores), admitting and rejecting (a rejection writes nothing to the
@@ -16,12 +17,13 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use tokengate::{
-    KeyedLimiter, Policy, ScopedLimiter, leased::LeaseConfig, scope::Request, scope::Rule,
-    scope::RuleSet, scope::ScopeKind, scope::WorkClass,
+    Clock, KeyedLimiter, Policy, QuantaClock, ScopedLimiter, leased::LeaseConfig, scope::Request,
+    scope::Rule, scope::RuleSet, scope::ScopeKind, scope::WorkClass,
 };
 
 mod common;
@@ -90,6 +92,20 @@ fn keyed_100k(c: &mut Criterion) {
     });
     g.bench_function("governor_keyed", |b| {
         b.iter(|| gov.check_key(black_box(&next())).is_ok())
+    });
+    // The keyed floor: a word picked by the key's hash (no key stored or compared), one
+    // TSC read, one load, one CAS.
+    let words: Vec<AtomicU64> = (0..1 << 18).map(|_| AtomicU64::new(0)).collect();
+    let hasher = tokengate::keyed::KeyHasher::default();
+    let clock = QuantaClock::new();
+    g.bench_function("floor_hashed_words", |b| {
+        b.iter(|| {
+            let word = &words[(hasher.hash_one(black_box(next())) >> 46) as usize];
+            let now = clock.now_nanos();
+            let cur = word.load(Ordering::Relaxed);
+            word.compare_exchange(cur, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        })
     });
     g.finish();
 }
