@@ -4,7 +4,8 @@
 //! picked uniformly at random, one thread, in one process (ns per decision, best of five
 //! runs of 20 million). Figures: BENCHMARKS.md, "Keyed lookups".
 //!
-//! `cargo run --release --example keyed_parts [FILTER]`
+//! `cargo run --release --example keyed_parts [FILTER]`; with `KEYED_PARTS_CALLS=N`, one run
+//! of N calls per case (for instruction counts: run under callgrind with two values of N).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -34,14 +35,18 @@ fn measure(filter: &str, name: &str, mut decide: impl FnMut(u64) -> bool) -> Opt
     if !name.contains(filter) {
         return None;
     }
-    let best = (0..5)
+    let (runs, calls) = match std::env::var("KEYED_PARTS_CALLS").map(|n| n.parse::<u64>()) {
+        Ok(Ok(n)) if n > 0 => (1, n),
+        _ => (5, CALLS),
+    };
+    let best = (0..runs)
         .map(|_| {
             let mut state = 0x9E37_79B9_7F4A_7C15_u64;
             let start = Instant::now();
-            for _ in 0..CALLS {
+            for _ in 0..calls {
                 black_box(decide(random_key(&mut state)));
             }
-            start.elapsed().as_nanos() as f64 / CALLS as f64
+            start.elapsed().as_nanos() as f64 / calls as f64
         })
         .fold(f64::MAX, f64::min);
     println!("{name:58} {best:6.1} ns");
