@@ -455,8 +455,9 @@ pub(crate) enum Slot<'a, C> {
 /// the probe, see below), takes the read side of that shard's
 /// [`ShardedLock`](crossbeam_utils::sync::ShardedLock) (each thread locks its own
 /// cache-padded inner lock, so readers on different cores do not bounce one line), finds
-/// the entry and runs the bucket's CAS. Nothing is allocated. A new key is the slow path:
-/// the shard's write lock, a second look, and an insertion.
+/// the entry, reads the clock (after the lookup, so that the reading overlaps the
+/// lookup's cache misses) and runs the bucket's CAS. Nothing is allocated. A new key is
+/// the slow path: the shard's write lock, a second look, and an insertion.
 ///
 /// # Memory
 ///
