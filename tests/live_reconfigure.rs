@@ -125,11 +125,13 @@ fn racing_admissions_refunds_and_switches_neither_lose_nor_mint_tokens() {
 
 #[test]
 fn concurrent_reconfigurations_apply_one_after_the_other() {
-    // Each switch to capacity 2x with `Additive` adds what the capacity grew by: the
-    // final balance counts every one of them exactly once.
+    // Each switch with `Additive` adds what the capacity changed by: the final balance
+    // counts every one of them exactly once. A thread that read the capacity before the
+    // other grew it switches to a smaller one (a full bucket then loses a token): the
+    // changes are summed with their signs.
     let bucket = LiveBucket::with_clock(Policy::new(1, 1.0).unwrap(), ManualClock::new());
     let capacity = AtomicU64::new(1);
-    let added = AtomicU64::new(0);
+    let added = AtomicI64::new(0);
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| {
@@ -138,7 +140,7 @@ fn concurrent_reconfigurations_apply_one_after_the_other() {
                     let c = bucket.policy().capacity();
                     let switch =
                         bucket.reconfigure(Policy::new(c + 1, 1.0).unwrap(), Inherit::Additive);
-                    added.fetch_add((switch.after - switch.before) as u64, Ordering::Relaxed);
+                    added.fetch_add((switch.after - switch.before) as i64, Ordering::Relaxed);
                     capacity.fetch_max(c + 1, Ordering::Relaxed);
                 }
             });
