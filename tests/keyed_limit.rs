@@ -276,7 +276,11 @@ fn a_map_that_only_admits_its_keys_still_runs_its_passes() {
     let _ = l.try_acquire(&1, 0).unwrap();
     let _ = l.try_acquire(&2, 0).unwrap();
     clock.advance(Duration::from_micros(1));
-    assert!(l.try_acquire(&1, 2 * policy.capacity() / 3).unwrap().is_admitted());
+    assert!(
+        l.try_acquire(&1, 2 * policy.capacity() / 3)
+            .unwrap()
+            .is_admitted()
+    );
     for _ in 0..30 {
         clock.advance(wrap / 10);
         assert!(l.try_acquire(&2, 1).unwrap().is_admitted());
