@@ -121,6 +121,17 @@ pub(crate) fn spin(spins: &mut u32) {
     }
 }
 
+/// Lets other threads run while this one waits: `std`'s yield, or loom's, which tells
+/// the model that this thread spins (a plain yield under loom leaves it exploring the
+/// spinning thread's loads without end).
+#[inline]
+pub(crate) fn yield_now() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}
+
 /// A keyed map's shard lock: crossbeam's `ShardedLock` (readers on different cores lock
 /// different cache lines), or loom's `RwLock` so that loom schedules around it.
 #[cfg(not(loom))]

@@ -763,6 +763,12 @@ impl<K, V> Drop for ShardWrite<'_, K, V> {
         // The access ends, then sections may enter again (the `Release` store orders this
         // writer's changes before any section that reads it clear), then the lock goes.
         self.shard = None;
+        // Under loom, a panic is a failed model, unwinding outside loom's execution:
+        // nothing is left to model, and a loom operation would abort the process.
+        #[cfg(loom)]
+        if std::thread::panicking() {
+            return;
+        }
         self.writing.store(0, Ordering::Release);
     }
 }
@@ -786,6 +792,11 @@ impl<K, V> Section<'_, K, V> {
 impl<K, V> Drop for Section<'_, K, V> {
     #[inline(always)]
     fn drop(&mut self) {
+        // As in `ShardWrite`'s drop: under loom, a panic is a failed model.
+        #[cfg(loom)]
+        if std::thread::panicking() {
+            return;
+        }
         self.record.store(0, Ordering::Release);
     }
 }
