@@ -121,3 +121,12 @@ pub static SCOPED_SWITCH_SKIPS_SEAL: AtomicBool = AtomicBool::new(false);
 /// the key's lock, that their generation is still current: a switch that moved the key
 /// to another tier's maps meanwhile leaves the give-back on maps no request reads.
 pub static SCOPED_REFUND_SKIPS_RECHECK: AtomicBool = AtomicBool::new(false);
+
+/// A keyed shard's writer that takes the write lock and sets the shard's writing flag
+/// without waiting for the reader sections already in the shard: it changes the shard
+/// while a lock-free reader still reads it.
+pub static WRITER_SKIPS_READERS: AtomicBool = AtomicBool::new(false);
+
+/// A keyed reader section that ignores the shard's writing flag: it reads the shard
+/// while a writer that did not see its record changes it.
+pub static READER_SKIPS_FLAG: AtomicBool = AtomicBool::new(false);

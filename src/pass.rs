@@ -158,7 +158,7 @@ impl Passes {
             if due != RUNNING {
                 return self.idle_since(due, now);
             }
-            std::thread::yield_now();
+            crate::sync::yield_now();
         }
     }
 
@@ -193,7 +193,7 @@ impl Passes {
             if due == RUNNING {
                 // Another thread runs the pass: wait for it (once per period, for the
                 // time a pass takes), then read the clock again.
-                std::thread::yield_now();
+                crate::sync::yield_now();
                 due = self.due.load(Ordering::Acquire);
                 if due != RUNNING {
                     return clock.now_nanos().max(now);
@@ -224,7 +224,7 @@ impl Passes {
         loop {
             let due = self.due.load(Ordering::Acquire);
             if due == RUNNING {
-                std::thread::yield_now();
+                crate::sync::yield_now();
                 continue;
             }
             let now = clock.now_nanos();

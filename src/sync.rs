@@ -7,12 +7,98 @@
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
+
+/// A cell whose contents are shared by a protocol of the caller's (a keyed shard, read
+/// in a reader section or under its lock): `std`'s `UnsafeCell` behind raw pointers, or
+/// loom's, whose pointers report to the model every access that no synchronization
+/// orders against a conflicting one.
+#[cfg(loom)]
+pub(crate) use loom::cell::{ConstPtr, MutPtr, UnsafeCell as RawCell};
+
+/// See the loom build's `RawCell`.
+#[cfg(not(loom))]
+pub(crate) struct RawCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> RawCell<T> {
+    pub(crate) fn new(value: T) -> RawCell<T> {
+        RawCell(std::cell::UnsafeCell::new(value))
+    }
+
+    #[inline(always)]
+    pub(crate) fn get(&self) -> ConstPtr<T> {
+        ConstPtr(self.0.get())
+    }
+
+    #[inline(always)]
+    pub(crate) fn get_mut(&self) -> MutPtr<T> {
+        MutPtr(self.0.get())
+    }
+}
+
+/// A shared pointer into a [`RawCell`].
+#[cfg(not(loom))]
+pub(crate) struct ConstPtr<T>(*const T);
+
+#[cfg(not(loom))]
+impl<T> ConstPtr<T> {
+    /// # Safety
+    ///
+    /// No `&mut` to the contents may exist while the returned reference lives.
+    #[inline(always)]
+    pub(crate) unsafe fn deref(&self) -> &T {
+        // SAFETY: the pointer is the cell's, valid while the cell lives (the borrow of
+        // the cell this pointer was made from); exclusion is the caller's contract.
+        unsafe { &*self.0 }
+    }
+}
+
+/// A shared reference through an exclusive pointer (for a `Deref` of a guard that
+/// holds one).
+///
+/// # Safety
+///
+/// As [`MutPtr::deref`]: no `&mut` to the contents may exist while the result lives.
+#[cfg(not(loom))]
+#[inline(always)]
+pub(crate) unsafe fn shared<T>(p: &MutPtr<T>) -> &T {
+    // SAFETY: the pointer is valid while the cell lives; exclusion is the caller's.
+    unsafe { &*p.0 }
+}
+
+/// See the other build's `shared`.
+///
+/// # Safety
+///
+/// As [`MutPtr::deref`].
+#[cfg(loom)]
+pub(crate) unsafe fn shared<T>(p: &MutPtr<T>) -> &T {
+    // SAFETY: the caller's contract; loom checks the access.
+    unsafe { p.deref() }
+}
+
+/// An exclusive pointer into a [`RawCell`].
+#[cfg(not(loom))]
+pub(crate) struct MutPtr<T>(*mut T);
+
+#[cfg(not(loom))]
+impl<T> MutPtr<T> {
+    /// # Safety
+    ///
+    /// No other reference to the contents may exist while the returned one lives.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn deref(&self) -> &mut T {
+        // SAFETY: as `ConstPtr::deref`; exclusivity is the caller's contract.
+        unsafe { &mut *self.0 }
+    }
+}
 
 /// One step of waiting for another thread to finish a few instructions (a live bucket's
 /// switch): spin a while, then yield. Under loom, yield at once so that the model
@@ -33,6 +119,17 @@ pub(crate) fn spin(spins: &mut u32) {
             std::thread::yield_now();
         }
     }
+}
+
+/// Lets other threads run while this one waits: `std`'s yield, or loom's, which tells
+/// the model that this thread spins (a plain yield under loom leaves it exploring the
+/// spinning thread's loads without end).
+#[inline]
+pub(crate) fn yield_now() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::thread::yield_now();
 }
 
 /// A keyed map's shard lock: crossbeam's `ShardedLock` (readers on different cores lock

@@ -4,6 +4,7 @@
 mod epoch;
 mod handle;
 mod options;
+mod readers;
 mod reserve;
 mod table;
 
@@ -26,7 +27,6 @@ use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::policy::Policy;
-use crate::sync::ShardWriteGuard;
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
 
 pub(crate) use epoch::convert_between;
@@ -293,8 +293,8 @@ macro_rules! with_table {
 /// stores (none under the loom mutant that skips the barrier).
 enum Guards<'a, K> {
     Skipped,
-    Bare(Vec<ShardWriteGuard<'a, table::Shard<K, ()>>>),
-    Counted(Vec<ShardWriteGuard<'a, table::Shard<K, CounterCells>>>),
+    Bare(Vec<table::ShardWrite<'a, K, ()>>),
+    Counted(Vec<table::ShardWrite<'a, K, CounterCells>>),
 }
 
 /// A map's reconfiguration barrier while it is held ([`KeyedLimiter::begin_switch`]):
@@ -650,9 +650,12 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         self.with_slot(key, now, |slot| self.decide(slot, cost, now, attempt))
     }
 
-    /// A key in the map, in the current epoch, with no pass due: decided under its
-    /// shard's read lock, the clock read after the lookup. `None`, with nothing done, in
-    /// every other case ([`with_slot`](KeyedLimiter::with_slot) decides those).
+    /// A key in the map, in the current epoch, with no pass due: decided in a reader
+    /// section of its shard (no lock: the bucket's CAS is the path's one atomic
+    /// read-modify-write), or under its shard's read lock when the section cannot be
+    /// entered (a writer holds the shard), the clock read after the lookup. `None`, with
+    /// nothing done, in every other case ([`with_slot`](KeyedLimiter::with_slot) decides
+    /// those), the section left first.
     ///
     /// The clock is read once the key's entry is found: the reading then overlaps the
     /// lookup's cache misses instead of delaying the lock and the probe (measured:
@@ -670,15 +673,45 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         Q: Hash + Eq + ?Sized,
     {
         let hash = t.hash_of(key);
-        let guard = t.read(t.shard_index(hash));
-        // Read under the lock: a switch publishes with every shard locked.
+        let i = t.shard_index(hash);
+        if let Some(section) = t.enter(i) {
+            // Dropped before the section.
+            let ptr = section.shard();
+            // SAFETY: in a reader section of shard `i` no writer holds the shard (one
+            // that arrives waits for the section to end) and so no `&mut` to it exists;
+            // the reference does not outlive `ptr`, dropped before `section`.
+            let shard = unsafe { ptr.deref() };
+            return self.acquire_in(shard, hash, key, cost, attempt);
+        }
+        let guard = t.read(i);
+        self.acquire_in(&guard, hash, key, cost, attempt)
+    }
+
+    /// [`acquire_present`](KeyedLimiter::acquire_present) on its shard, read in a
+    /// section or under the lock.
+    #[inline(always)]
+    fn acquire_in<V: Extra, Q>(
+        &self,
+        shard: &table::Shard<K, V>,
+        hash: u64,
+        key: &Q,
+        cost: u64,
+        attempt: Attempt,
+    ) -> Option<Result<Decision, KeyedError>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        // Read in the section or under the lock: a switch publishes with every shard
+        // write-locked, each waiting out its sections.
         let epoch = self.epochs.current();
-        if guard.epoch != epoch.number {
+        if shard.epoch != epoch.number {
             return None;
         }
-        let e = guard.table.find(hash, |e| e.key.borrow() == key)?;
+        let e = shard.table.find(hash, |e| e.key.borrow() == key)?;
         let now = self.clock.now_nanos();
-        // The pass locks every shard: it runs (on the path below) with this lock dropped.
+        // The pass locks every shard: it runs (on the path below) once the section is
+        // left or the lock dropped.
         if epoch.passes.is_due(now) {
             return None;
         }

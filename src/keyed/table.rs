@@ -23,7 +23,13 @@ use super::epoch::{Epochs, MapEpoch};
 use crate::bucket::{Fixed, RawBucket};
 use crate::clock::{Clock, Monotonic};
 use crate::state::{Layout, Snapshot};
-use crate::sync::{AtomicU64, AtomicUsize, Ordering, ShardLock, ShardReadGuard, ShardWriteGuard};
+use crossbeam_utils::CachePadded;
+
+use super::readers;
+use crate::sync::{
+    AtomicU64, AtomicUsize, ConstPtr, MutPtr, Ordering, RawCell, ShardLock, ShardReadGuard,
+    ShardWriteGuard, fence,
+};
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot};
 
 /// At most 2^10 shards.
@@ -149,8 +155,45 @@ impl std::ops::AddAssign for SweepReport {
     }
 }
 
+/// One shard: its lock and, beside it, its data, reached under the lock or in a reader
+/// section (see [`Table::enter`]).
+struct ShardCell<K, V> {
+    lock: ShardLock<()>,
+    data: RawCell<Shard<K, V>>,
+}
+
+// SAFETY: the shard's data is shared between threads only as `ShardLock` would share a
+// `Shard` (`&Shard` to readers, `&mut Shard` to one writer at a time), so the bounds are
+// `ShardLock<Shard>`'s: `K` and `V` sent between threads and shared. Readers are those
+// holding the read lock and those in a reader section; a writer holds the write lock and
+// has waited out every reader section of the shard, which none enters meanwhile (the
+// protocol on [`Table::enter`] and [`Table::write`]).
+unsafe impl<K: Send + Sync, V: Send + Sync> Sync for ShardCell<K, V> {}
+
+/// How many threads can hold reader records in one table: four per core, at least 16,
+/// at most 256 (a thread with a higher reader index takes the read lock instead).
+#[cfg(not(loom))]
+fn record_count() -> usize {
+    let cores = std::thread::available_parallelism().map_or(4, usize::from);
+    (4 * cores).next_power_of_two().clamp(16, 256)
+}
+
+/// Under loom: the models' few threads.
+#[cfg(loom)]
+fn record_count() -> usize {
+    4
+}
+
 pub(crate) struct Table<K, V, S> {
-    shards: Box<[ShardLock<Shard<K, V>>]>,
+    shards: Box<[ShardCell<K, V>]>,
+    /// Reader records, one per reader index ([`readers::index`]): `i + 1` while that
+    /// thread is in a reader section of shard `i`, else 0. Each is written by its own
+    /// thread only (plain stores, no read-modify-write), read by writers.
+    records: Box<[CachePadded<AtomicUsize>]>,
+    /// Per shard, 1 while a writer holds its write lock and may be changing its data
+    /// (set before the writer waits out the shard's reader sections), else 0. Written
+    /// under the write lock only; read by each reader section.
+    writing: Box<[AtomicUsize]>,
     /// Per shard, clock nanoseconds before which no bucket of the shard can be evicted: a
     /// lower bound of the time its first bucket refills to full (`u64::MAX` when the
     /// shard holds no bucket). Lowered by whatever may bring that time forward (a new
@@ -182,12 +225,19 @@ impl<K, V, S> Table<K, V, S> {
         debug_assert!(shard_bits <= MAX_SHARD_BITS);
         Table {
             shards: (0..1usize << shard_bits)
-                .map(|_| {
-                    ShardLock::new(Shard {
+                .map(|_| ShardCell {
+                    lock: ShardLock::new(()),
+                    data: RawCell::new(Shard {
                         epoch: 0,
                         table: HashTable::new(),
-                    })
+                    }),
                 })
+                .collect(),
+            records: (0..record_count())
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            writing: (0..1usize << shard_bits)
+                .map(|_| AtomicUsize::new(0))
                 .collect(),
             hints: (0..1usize << shard_bits)
                 .map(|_| AtomicU64::new(u64::MAX))
@@ -222,23 +272,78 @@ impl<K, V, S> Table<K, V, S> {
     /// Read lock on shard `i`. Poisoning is ignored: hashbrown's tables stay consistent
     /// when a key's `Hash` or `Eq` panics, and buckets are single atomic words.
     #[inline]
-    pub(crate) fn read(&self, i: usize) -> ShardReadGuard<'_, Shard<K, V>> {
-        self.shards[i]
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn read(&self, i: usize) -> ShardRead<'_, K, V> {
+        let cell = &self.shards[i];
+        let lock = cell.lock.read().unwrap_or_else(PoisonError::into_inner);
+        ShardRead {
+            shard: cell.data.get(),
+            _lock: lock,
+        }
+    }
+
+    /// Enters a reader section of shard `i`: its data may then be read
+    /// ([`Section::shard`]) without its lock, and no writer changes it until the section
+    /// is dropped. `None`, with nothing held, when a writer holds the shard, when this
+    /// thread has no record in this table (a reader index beyond the records) or is in a
+    /// section of this table already (a key's `Eq` deciding on the same map): the caller
+    /// takes the read lock instead.
+    ///
+    /// No read-modify-write: the record is this thread's alone. The record's store and
+    /// the writer's flag store are each followed by a `SeqCst` fence before the other's
+    /// load (Dekker's pattern): of a reader entering and a writer arriving, at least one
+    /// sees the other's store. A reader that sees the flag leaves; a writer that sees the
+    /// record waits until it is 0 again (its `Acquire` load of the section's `Release`
+    /// exit orders the section's reads before the writer's changes). A reader that sees
+    /// the flag clear either read the clearing store (`Release`, after the writer's last
+    /// change) or entered before the writer's fence, and the writer waits for it.
+    #[inline(always)]
+    pub(crate) fn enter(&self, i: usize) -> Option<Section<'_, K, V>> {
+        let record = self.records.get(readers::index())?;
+        if record.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        record.store(i + 1, Ordering::Relaxed);
+        let section = Section {
+            record,
+            cell: &self.shards[i],
+        };
+        fence(Ordering::SeqCst);
+        if self.writing[i].load(Ordering::Acquire) != 0 && !mutant!(READER_SKIPS_FLAG) {
+            // Dropping the section clears the record.
+            return None;
+        }
+        Some(section)
     }
 
     /// Every shard's write lock, in shard order: no operation runs on the map while they
     /// are held (a reconfiguration's barrier).
-    pub(crate) fn write_all(&self) -> Vec<ShardWriteGuard<'_, Shard<K, V>>> {
+    pub(crate) fn write_all(&self) -> Vec<ShardWrite<'_, K, V>> {
         (0..self.shards.len()).map(|i| self.write(i)).collect()
     }
 
-    /// Write lock on shard `i` (see [`read`](Table::read) on poisoning).
-    pub(crate) fn write(&self, i: usize) -> ShardWriteGuard<'_, Shard<K, V>> {
-        self.shards[i]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// Write lock on shard `i` (see [`read`](Table::read) on poisoning), held once the
+    /// shard's reader sections are over: sets the shard's writing flag, then waits until
+    /// no record shows a section of the shard (see [`enter`](Table::enter)). Sections
+    /// entered afterwards see the flag and take the read lock, which waits for this one.
+    pub(crate) fn write(&self, i: usize) -> ShardWrite<'_, K, V> {
+        let cell = &self.shards[i];
+        let lock = cell.lock.write().unwrap_or_else(PoisonError::into_inner);
+        let writing = &self.writing[i];
+        writing.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if !mutant!(WRITER_SKIPS_READERS) {
+            for record in self.records.iter() {
+                let mut spins = 0;
+                while record.load(Ordering::Acquire) == i + 1 {
+                    crate::sync::spin(&mut spins);
+                }
+            }
+        }
+        ShardWrite {
+            shard: Some(cell.data.get_mut()),
+            writing,
+            _lock: lock,
+        }
     }
 
     /// Claims room for one key; `false` at the maximum.
@@ -584,7 +689,10 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
     /// Bytes held by the shard tables (control bytes and entries) and the shard locks.
     pub(crate) fn allocated_bytes(&self) -> usize {
         let locks = self.shards.len()
-            * (std::mem::size_of::<ShardLock<Shard<K, V>>>() + std::mem::size_of::<AtomicU64>());
+            * (std::mem::size_of::<ShardCell<K, V>>()
+                + std::mem::size_of::<AtomicU64>()
+                + std::mem::size_of::<AtomicUsize>())
+            + self.records.len() * std::mem::size_of::<CachePadded<AtomicUsize>>();
         // Each `ShardedLock` also holds 8 cache-padded inner locks on the heap.
         let inner = self.shards.len() * 8 * 128;
         (0..self.shards.len())
@@ -592,6 +700,104 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
             .sum::<usize>()
             + locks
             + inner
+    }
+}
+
+/// A shard read-locked ([`Table::read`]): derefs to its data.
+pub(crate) struct ShardRead<'a, K, V> {
+    // Dropped first: the access ends before the lock is released.
+    shard: ConstPtr<Shard<K, V>>,
+    _lock: ShardReadGuard<'a, ()>,
+}
+
+impl<K, V> std::ops::Deref for ShardRead<'_, K, V> {
+    type Target = Shard<K, V>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Shard<K, V> {
+        // SAFETY: the read lock is held, so no writer holds the write lock, the only way
+        // to a `&mut Shard` (`ShardWrite`).
+        unsafe { self.shard.deref() }
+    }
+}
+
+/// A shard write-locked with its reader sections waited out ([`Table::write`]): derefs
+/// (mutably) to its data. Dropping it clears the shard's writing flag, then unlocks.
+pub(crate) struct ShardWrite<'a, K, V> {
+    /// `None` only while being dropped.
+    shard: Option<MutPtr<Shard<K, V>>>,
+    writing: &'a AtomicUsize,
+    _lock: ShardWriteGuard<'a, ()>,
+}
+
+impl<K, V> ShardWrite<'_, K, V> {
+    #[inline(always)]
+    fn ptr(&self) -> &MutPtr<Shard<K, V>> {
+        self.shard.as_ref().expect("set until the guard is dropped")
+    }
+}
+
+impl<K, V> std::ops::Deref for ShardWrite<'_, K, V> {
+    type Target = Shard<K, V>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Shard<K, V> {
+        // SAFETY: this guard holds the write lock (no read guard exists) and the
+        // shard's writing flag, set before it waited until no reader section of the
+        // shard remained (none is entered while the flag is set): no other reference to
+        // the shard exists; `&self` shares it only for as long as this borrow.
+        unsafe { crate::sync::shared(self.ptr()) }
+    }
+}
+
+impl<K, V> std::ops::DerefMut for ShardWrite<'_, K, V> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut Shard<K, V> {
+        // SAFETY: as `deref`, and `&mut self` makes this the only borrow of the guard.
+        unsafe { self.ptr().deref() }
+    }
+}
+
+impl<K, V> Drop for ShardWrite<'_, K, V> {
+    fn drop(&mut self) {
+        // The access ends, then sections may enter again (the `Release` store orders this
+        // writer's changes before any section that reads it clear), then the lock goes.
+        self.shard = None;
+        // Under loom, a panic is a failed model, unwinding outside loom's execution:
+        // nothing is left to model, and a loom operation would abort the process.
+        #[cfg(loom)]
+        if std::thread::panicking() {
+            return;
+        }
+        self.writing.store(0, Ordering::Release);
+    }
+}
+
+/// A thread's reader section of one shard ([`Table::enter`]): the shard's data may be
+/// read while it lives. Dropping it (also when a key's `Hash` or `Eq` panics) clears the
+/// thread's record.
+pub(crate) struct Section<'a, K, V> {
+    record: &'a AtomicUsize,
+    cell: &'a ShardCell<K, V>,
+}
+
+impl<K, V> Section<'_, K, V> {
+    /// A pointer to the shard's data, to be dropped before the section.
+    #[inline(always)]
+    pub(crate) fn shard(&self) -> ConstPtr<Shard<K, V>> {
+        self.cell.data.get()
+    }
+}
+
+impl<K, V> Drop for Section<'_, K, V> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // As in `ShardWrite`'s drop: under loom, a panic is a failed model.
+        #[cfg(loom)]
+        if std::thread::panicking() {
+            return;
+        }
+        self.record.store(0, Ordering::Release);
     }
 }
 

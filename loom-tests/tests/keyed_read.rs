@@ -1,0 +1,147 @@
+//! A keyed map's found key decided in a reader section (no lock) while a writer changes
+//! the same shard: a new key inserted (the table grown, its entries moved), a sweep that
+//! evicts the very key being decided, a policy switch converting the shard.
+//!
+//! Frozen clock, one shard, so every token is accounted for. Besides each model's
+//! exactness assertions, loom checks every access to the shard's data: a reader section
+//! that overlaps a writer's changes, with no synchronization ordering them, is reported
+//! as a causality violation. The two deliberate bugs below (a writer that does not wait
+//! for the sections in its shard, a section that ignores the shard's writing flag) are
+//! caught by each model.
+#![cfg(loom)]
+
+use loom::sync::Arc;
+use loom::thread;
+use loom_tests::{Forward, Model, Tally};
+use tokengate::{Inherit, KeyedLimiter, Policy};
+
+type Map = KeyedLimiter<u64, Forward>;
+
+fn map(capacity: u64, max_keys: usize) -> Arc<Map> {
+    Arc::new(
+        KeyedLimiter::builder(Policy::new(capacity, 1.0).unwrap(), max_keys)
+            .clock(Forward::new()) // frozen
+            .shards(1)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Reader: takes 1 twice from key 1 (full, capacity 2). Writer: a request for key 4, new,
+/// whose insertion grows the shard's table (keys 1 to 3 fill its first allocation), so
+/// every entry moves. Both admissions and the new key's are exact.
+fn decide_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
+    || {
+        let map = map(2, 8);
+        for k in 1..=3 {
+            assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
+        }
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || {
+                [map.try_acquire(&1, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
+            })
+        };
+        let inserted = map.try_acquire(&4, 1).unwrap().is_admitted();
+        let admitted = reader.join().unwrap();
+        assert_eq!(admitted, [true, true], "a found key's admission lost");
+        assert!(inserted, "the new key refused");
+        assert_eq!(map.len(), 4);
+        assert_eq!(map.available(&1), 0.0, "tokens lost or minted on key 1");
+        assert_eq!(map.available(&4), 1.0, "tokens lost or minted on key 4");
+    }
+}
+
+/// Reader: takes 1 from key 1 (full, capacity 2). Writer: a sweep, which evicts key 1 if
+/// it is still full. Either the take came first (the key kept, 1 left) or the key was
+/// evicted and the take made it afresh (1 left): the same balance either way. (In every
+/// execution loom 0.7 explores, the sweep evicts: the reader's section overlaps it, as
+/// the deliberate bugs below show, but its take never completes before the sweep reads
+/// the bucket.)
+fn decide_racing_an_eviction(evicted: Tally) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        let map = map(2, 4);
+        assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || map.try_acquire(&1, 1).unwrap().is_admitted())
+        };
+        let report = map.sweep();
+        let admitted = reader.join().unwrap();
+        assert!(admitted, "the key's admission lost");
+        assert_eq!(map.len(), 1);
+        assert_eq!(
+            map.available(&1),
+            1.0,
+            "tokens lost or minted across the eviction: {report:?}"
+        );
+        evicted.hit_if(report.evicted == 1);
+    }
+}
+
+/// Reader: takes 1 from key 1 twice (full, capacity 2). Writer: switches to capacity 3,
+/// `Additive` (one token more). The key ends with 3 less what the reader took.
+fn decide_racing_a_switch() -> impl Fn() + Sync + Send + 'static {
+    || {
+        let map = map(2, 4);
+        assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || {
+                [map.try_acquire(&1, 1), map.try_acquire(&1, 1)]
+                    .map(|d| i64::from(d.unwrap().is_admitted()))
+                    .iter()
+                    .sum::<i64>()
+            })
+        };
+        map.reconfigure(Policy::new(3, 1.0).unwrap(), Inherit::Additive);
+        let net = reader.join().unwrap();
+        assert_eq!(net, 2, "an admission refused with tokens left");
+        assert_eq!(
+            map.available(&1) + net as f64,
+            3.0,
+            "tokens lost or minted at the switch: net taken {net}"
+        );
+    }
+}
+
+const INSERT: Model = Model::exhaustive("keyed read: found key vs insert (table grows)", 2);
+const EVICT: Model = Model::exhaustive("keyed read: found key vs sweep evicting it", 2);
+const SWITCH: Model = Model::exhaustive("keyed read: found key vs switch", 2);
+
+#[test]
+fn a_found_key_decided_without_a_lock_races_an_insert_exactly() {
+    INSERT.check(decide_racing_an_insert());
+}
+
+#[test]
+fn a_found_key_decided_without_a_lock_races_its_eviction_exactly() {
+    let evicted = Tally::new();
+    EVICT.check(decide_racing_an_eviction(evicted.clone()));
+    assert!(evicted.get() > 0, "the sweep never evicted the key");
+}
+
+#[test]
+fn a_found_key_decided_without_a_lock_races_a_switch_exactly() {
+    SWITCH.check(decide_racing_a_switch());
+}
+
+fn assert_race(message: &str) {
+    assert!(message.contains("Causality violation"), "{message}");
+}
+
+#[test]
+fn a_writer_that_skips_the_readers_is_caught() {
+    let bug = &tokengate::mutants::WRITER_SKIPS_READERS;
+    assert_race(&INSERT.expect_violation(bug, decide_racing_an_insert()));
+    assert_race(&EVICT.expect_violation(bug, decide_racing_an_eviction(Tally::new())));
+    assert_race(&SWITCH.expect_violation(bug, decide_racing_a_switch()));
+}
+
+#[test]
+fn a_reader_that_skips_the_writing_flag_is_caught() {
+    let bug = &tokengate::mutants::READER_SKIPS_FLAG;
+    assert_race(&INSERT.expect_violation(bug, decide_racing_an_insert()));
+    assert_race(&EVICT.expect_violation(bug, decide_racing_an_eviction(Tally::new())));
+    assert_race(&SWITCH.expect_violation(bug, decide_racing_a_switch()));
+}
