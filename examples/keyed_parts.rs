@@ -159,6 +159,30 @@ fn main() {
         |k| matches!(limiter.try_acquire(&k, 1), Ok(d) if d.is_admitted()),
     );
 
+    // New keys: each call inserts one (the shard's write lock, the table growing), 2^20
+    // keys into a map of 2^21, a fresh map per run.
+    let fresh = std::cell::RefCell::new(None::<(KeyedLimiter<u64>, u64)>);
+    measure(
+        &filter,
+        "tokengate new keys (one insert per call, 2^20 keys)",
+        |_| {
+            let mut slot = fresh.borrow_mut();
+            let (map, next) = slot.get_or_insert_with(|| {
+                let map = KeyedLimiter::<u64>::builder(policy, 1 << 21)
+                    .shards(1 << SHARD_BITS)
+                    .build()
+                    .expect("a valid map");
+                (map, 0)
+            });
+            *next += 1;
+            let admitted = matches!(map.try_acquire(next, 1), Ok(d) if d.is_admitted());
+            if *next == 1 << 20 {
+                *slot = None;
+            }
+            admitted
+        },
+    );
+
     let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("not zero"))
         .allow_burst(NonZeroU32::new(100).expect("not zero"));
     let governor = governor::RateLimiter::keyed(quota);

@@ -178,10 +178,12 @@ fn record_count() -> usize {
     (4 * cores).next_power_of_two().clamp(16, 256)
 }
 
-/// Under loom: the models' few threads.
+/// Under loom: two records, for the models' threads (the main thread and one more take
+/// indices 0 and 1; a third takes the read lock), each record a fence and a load more in
+/// every write lock's wait.
 #[cfg(loom)]
 fn record_count() -> usize {
-    4
+    2
 }
 
 pub(crate) struct Table<K, V, S> {
@@ -193,7 +195,8 @@ pub(crate) struct Table<K, V, S> {
     /// Per shard, 1 while a writer holds its write lock and may be changing its data
     /// (set before the writer waits out the shard's reader sections), else 0. Written
     /// under the write lock only; read by each reader section.
-    writing: Box<[AtomicUsize]>,
+    /// Padded: a writer of one shard does not disturb the sections of the others.
+    writing: Box<[CachePadded<AtomicUsize>]>,
     /// Per shard, clock nanoseconds before which no bucket of the shard can be evicted: a
     /// lower bound of the time its first bucket refills to full (`u64::MAX` when the
     /// shard holds no bucket). Lowered by whatever may bring that time forward (a new
@@ -237,7 +240,7 @@ impl<K, V, S> Table<K, V, S> {
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
             writing: (0..1usize << shard_bits)
-                .map(|_| AtomicUsize::new(0))
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
             hints: (0..1usize << shard_bits)
                 .map(|_| AtomicU64::new(u64::MAX))
@@ -286,7 +289,9 @@ impl<K, V, S> Table<K, V, S> {
     /// is dropped. `None`, with nothing held, when a writer holds the shard, when this
     /// thread has no record in this table (a reader index beyond the records) or is in a
     /// section of this table already (a key's `Eq` deciding on the same map): the caller
-    /// takes the read lock instead.
+    /// takes the read lock instead. (Such a nested decision is no safer than under the
+    /// read lock: with a writer waiting on the shard, or for a key the nested call must
+    /// insert, it waits for its own outer section, as it waited for its own read lock.)
     ///
     /// No read-modify-write: the record is this thread's alone. The record's store and
     /// the writer's flag store are each followed by a `SeqCst` fence before the other's
@@ -302,7 +307,9 @@ impl<K, V, S> Table<K, V, S> {
         if record.load(Ordering::Relaxed) != 0 {
             return None;
         }
-        record.store(i + 1, Ordering::Relaxed);
+        // `Release`: a writer that reads this store (the section's exit store of 0 on an
+        // earlier shard overwritten unseen) must still be ordered after that section.
+        record.store(i + 1, Ordering::Release);
         let section = Section {
             record,
             cell: &self.shards[i],
@@ -691,7 +698,7 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
         let locks = self.shards.len()
             * (std::mem::size_of::<ShardCell<K, V>>()
                 + std::mem::size_of::<AtomicU64>()
-                + std::mem::size_of::<AtomicUsize>())
+                + std::mem::size_of::<CachePadded<AtomicUsize>>())
             + self.records.len() * std::mem::size_of::<CachePadded<AtomicUsize>>();
         // Each `ShardedLock` also holds 8 cache-padded inner locks on the heap.
         let inner = self.shards.len() * 8 * 128;
