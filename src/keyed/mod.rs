@@ -451,13 +451,20 @@ pub(crate) enum Slot<'a, C> {
 ///
 /// # Hot path
 ///
-/// A lookup of an existing key hashes it once (the same hash picks the shard and drives
-/// the probe, see below), takes the read side of that shard's
-/// [`ShardedLock`](crossbeam_utils::sync::ShardedLock) (each thread locks its own
-/// cache-padded inner lock, so readers on different cores do not bounce one line), finds
-/// the entry, reads the clock (after the lookup, so that the reading overlaps the
-/// lookup's cache misses) and runs the bucket's CAS. Nothing is allocated. A new key is
-/// the slow path: the shard's write lock, a second look, and an insertion.
+/// A decision on an existing key ([`try_acquire`](KeyedLimiter::try_acquire)) hashes it
+/// once (the same hash picks the shard and drives the probe, see below), enters a
+/// *reader section* of the shard instead of locking it (the thread's own record in the
+/// map stores the shard, a `SeqCst` fence, the shard's writing flag is read: no atomic
+/// read-modify-write; a writer sets the flag and waits until no record names its shard,
+/// so it never changes a shard a section reads), finds the entry, reads the clock (after
+/// the lookup, so that the reading overlaps the lookup's cache misses) and runs the
+/// bucket's CAS, the path's one read-modify-write. A thread without a record (more live
+/// threads than the map has records: four per core, 16 to 256) or finding a writer
+/// there takes the read side of the shard's
+/// [`ShardedLock`](crossbeam_utils::sync::ShardedLock) instead, as every other read does
+/// (each thread locks its own cache-padded inner lock, so readers on different cores do
+/// not bounce one line). Nothing is allocated. A new key is the slow path: the shard's
+/// write lock, a second look, and an insertion.
 ///
 /// # Memory
 ///
