@@ -130,3 +130,8 @@ pub static WRITER_SKIPS_READERS: AtomicBool = AtomicBool::new(false);
 /// A keyed reader section that ignores the shard's writing flag: it reads the shard
 /// while a writer that did not see its record changes it.
 pub static READER_SKIPS_FLAG: AtomicBool = AtomicBool::new(false);
+
+/// A keyed reader section entered with a relaxed store of its record: a writer that
+/// reads it (the thread's exit from an earlier section of the writer's shard overwritten
+/// unseen) is not ordered after that earlier section's reads.
+pub static SECTION_ENTRY_RELAXED: AtomicBool = AtomicBool::new(false);

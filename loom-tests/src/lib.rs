@@ -299,6 +299,39 @@ pub fn balance_now<C: tokengate::Clock>(bucket: &tokengate::Bucket<C>) -> i64 {
     layout.balance_units(&snapshot)
 }
 
+/// A hasher that puts key `k` in shard `k & 1` of a two-shard keyed map (the shard is
+/// bit 56 of the hash): the same shards in every execution, as loom requires.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByParity;
+
+/// [`ByParity`]'s hasher: the key itself, its parity copied to bit 56.
+#[derive(Debug)]
+pub struct ParityHasher(u64);
+
+impl std::hash::Hasher for ParityHasher {
+    fn finish(&self) -> u64 {
+        ((self.0 & 1) << 56) | self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl std::hash::BuildHasher for ByParity {
+    type Hasher = ParityHasher;
+
+    fn build_hasher(&self) -> ParityHasher {
+        ParityHasher(0)
+    }
+}
+
 /// A [`ManualClock`](tokengate::ManualClock) that the models only ever move forward,
 /// and that says so ([`Clock::is_monotonic`](tokengate::Clock::is_monotonic)): the
 /// limiters then read it as they read the crate's real clocks, without the high-water

@@ -12,7 +12,7 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Forward, Model, Tally};
+use loom_tests::{ByParity, Forward, Model, Tally};
 use tokengate::{Inherit, KeyedLimiter, Policy};
 
 type Map = KeyedLimiter<u64, Forward>;
@@ -105,9 +105,60 @@ fn decide_racing_a_switch() -> impl Fn() + Sync + Send + 'static {
     }
 }
 
+/// Two shards (key `k` in shard `k & 1`). Reader: takes 1 from key 2 (shard 0), then from
+/// key 1 (shard 1). Writer: a request for key 4, new, in shard 0. The writer may find the
+/// reader's record already naming shard 1 (its exit from shard 0 overwritten): that
+/// entry's store must still order the reader's reads of shard 0 before the writer's
+/// changes (a `Release` store; a relaxed one is caught below).
+fn decide_in_two_shards_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
+    || {
+        let map = Arc::new(
+            KeyedLimiter::<u64>::builder(Policy::new(2, 1.0).unwrap(), 8)
+                .clock(Forward::new()) // frozen
+                .hasher(ByParity)
+                .shards(2)
+                .build()
+                .unwrap(),
+        );
+        for k in [1, 2] {
+            assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
+        }
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || {
+                [map.try_acquire(&2, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
+            })
+        };
+        let inserted = map.try_acquire(&4, 1).unwrap().is_admitted();
+        let admitted = reader.join().unwrap();
+        assert_eq!(admitted, [true, true], "a found key's admission lost");
+        assert!(inserted, "the new key refused");
+        assert_eq!(map.len(), 3);
+        for (key, left) in [(1, 1.0), (2, 1.0), (4, 1.0)] {
+            assert_eq!(
+                map.available(&key),
+                left,
+                "tokens lost or minted on key {key}"
+            );
+        }
+    }
+}
+
 const INSERT: Model = Model::exhaustive("keyed read: found key vs insert (table grows)", 2);
 const EVICT: Model = Model::exhaustive("keyed read: found key vs sweep evicting it", 2);
 const SWITCH: Model = Model::exhaustive("keyed read: found key vs switch", 2);
+const TWO_SHARDS: Model = Model::exhaustive("keyed read: two shards, found keys vs an insert", 2);
+
+#[test]
+fn found_keys_in_two_shards_race_an_insert_exactly() {
+    TWO_SHARDS.check(decide_in_two_shards_racing_an_insert());
+}
+
+#[test]
+fn a_section_entered_with_a_relaxed_store_is_caught() {
+    let bug = &tokengate::mutants::SECTION_ENTRY_RELAXED;
+    assert_race(&TWO_SHARDS.expect_violation(bug, decide_in_two_shards_racing_an_insert()));
+}
 
 #[test]
 fn a_found_key_decided_without_a_lock_races_an_insert_exactly() {

@@ -8,44 +8,11 @@
 //! maximum.
 #![cfg(loom)]
 
-use std::hash::{BuildHasher, Hasher};
-
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Forward, Model, Tally};
+use loom_tests::{ByParity, Forward, Model, Tally};
 use tokengate::keyed::KeyedError;
 use tokengate::{Decision, KeyedLimiter, Policy};
-
-/// A hasher that puts key `k` in shard `k & 1` of a two-shard map (the shard is bit 56
-/// of the hash): the same shards in every execution, as loom requires.
-#[derive(Clone, Copy, Debug, Default)]
-struct ByParity;
-
-struct ParityHasher(u64);
-
-impl Hasher for ParityHasher {
-    fn finish(&self) -> u64 {
-        ((self.0 & 1) << 56) | self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-impl BuildHasher for ByParity {
-    type Hasher = ParityHasher;
-
-    fn build_hasher(&self) -> ParityHasher {
-        ParityHasher(0)
-    }
-}
 
 type Map = KeyedLimiter<u64, Forward, ByParity>;
 

@@ -309,7 +309,12 @@ impl<K, V, S> Table<K, V, S> {
         }
         // `Release`: a writer that reads this store (the section's exit store of 0 on an
         // earlier shard overwritten unseen) must still be ordered after that section.
-        record.store(i + 1, Ordering::Release);
+        let entry = if mutant!(SECTION_ENTRY_RELAXED) {
+            Ordering::Relaxed
+        } else {
+            Ordering::Release
+        };
+        record.store(i + 1, entry);
         let section = Section {
             record,
             cell: &self.shards[i],
