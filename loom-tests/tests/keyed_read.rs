@@ -1,6 +1,7 @@
 //! A keyed map's found key decided in a reader section (no lock) while a writer changes
 //! the same shard: a new key inserted (the table grown, its entries moved), a sweep that
-//! evicts the very key being decided, a policy switch converting the shard.
+//! evicts the very key being decided, a policy switch converting the shard; two sections
+//! at once against an insert, and one section against two competing inserts.
 //!
 //! Frozen clock, one shard, so every token is accounted for. Besides each model's
 //! exactness assertions, loom checks every access to the shard's data: a reader section
@@ -144,10 +145,97 @@ fn decide_in_two_shards_racing_an_insert() -> impl Fn() + Sync + Send + 'static 
     }
 }
 
+/// Two readers in sections of the same shard at once (the model's main thread and one
+/// more, each with a record), each taking 1 from key 1 (full, capacity 2), while a third
+/// thread inserts key 4, growing the table. The writer waits for both sections; both
+/// admissions and the new key's are exact.
+fn two_sections_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
+    || {
+        let map = map(2, 8);
+        for k in 1..=3 {
+            assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
+        }
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || map.try_acquire(&1, 1).unwrap().is_admitted())
+        };
+        let writer = {
+            let map = map.clone();
+            thread::spawn(move || map.try_acquire(&4, 1).unwrap().is_admitted())
+        };
+        let mine = map.try_acquire(&1, 1).unwrap().is_admitted();
+        let theirs = reader.join().unwrap();
+        let inserted = writer.join().unwrap();
+        assert!(
+            mine && theirs,
+            "a found key's admission lost: {mine} {theirs}"
+        );
+        assert!(inserted, "the new key refused");
+        assert_eq!(map.len(), 4);
+        assert_eq!(map.available(&1), 0.0, "tokens lost or minted on key 1");
+        assert_eq!(map.available(&4), 1.0, "tokens lost or minted on key 4");
+    }
+}
+
+/// One reader taking 1 from key 1 twice (full, capacity 2) while two writers insert keys
+/// 4 and 5 into its shard, competing for the write lock (the first insert grows the
+/// table). Every admission exact, both keys in.
+fn a_section_racing_two_inserts() -> impl Fn() + Sync + Send + 'static {
+    || {
+        let map = map(2, 8);
+        for k in 1..=3 {
+            assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
+        }
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || {
+                [map.try_acquire(&1, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
+            })
+        };
+        let writer = {
+            let map = map.clone();
+            thread::spawn(move || map.try_acquire(&5, 1).unwrap().is_admitted())
+        };
+        let four = map.try_acquire(&4, 1).unwrap().is_admitted();
+        let admitted = reader.join().unwrap();
+        let five = writer.join().unwrap();
+        assert_eq!(admitted, [true, true], "a found key's admission lost");
+        assert!(four && five, "a new key refused: {four} {five}");
+        assert_eq!(map.len(), 5);
+        for (key, left) in [(1, 0.0), (4, 1.0), (5, 1.0)] {
+            assert_eq!(
+                map.available(&key),
+                left,
+                "tokens lost or minted on key {key}"
+            );
+        }
+    }
+}
+
 const INSERT: Model = Model::exhaustive("keyed read: found key vs insert (table grows)", 2);
 const EVICT: Model = Model::exhaustive("keyed read: found key vs sweep evicting it", 2);
 const SWITCH: Model = Model::exhaustive("keyed read: found key vs switch", 2);
 const TWO_SHARDS: Model = Model::exhaustive("keyed read: two shards, found keys vs an insert", 2);
+
+const TWO_READERS: Model = Model::exhaustive("keyed read: two sections vs an insert", 3);
+/// Not exhaustive: two writers' inserts (the table grown by one of them) make too many
+/// interleavings to finish; the bound explores every order of the three threads'
+/// steps that a scheduler with four preemptions makes (96,698 executions).
+const TWO_WRITERS: Model = Model {
+    name: "keyed read: a section vs two inserts",
+    threads: 3,
+    preemption_bound: Some(4),
+};
+
+#[test]
+fn two_sections_race_an_insert_exactly() {
+    TWO_READERS.check(two_sections_racing_an_insert());
+}
+
+#[test]
+fn a_section_races_two_competing_inserts_exactly() {
+    TWO_WRITERS.check(a_section_racing_two_inserts());
+}
 
 #[test]
 fn found_keys_in_two_shards_race_an_insert_exactly() {
@@ -187,6 +275,8 @@ fn a_writer_that_skips_the_readers_is_caught() {
     assert_race(&INSERT.expect_violation(bug, decide_racing_an_insert()));
     assert_race(&EVICT.expect_violation(bug, decide_racing_an_eviction(Tally::new())));
     assert_race(&SWITCH.expect_violation(bug, decide_racing_a_switch()));
+    assert_race(&TWO_READERS.expect_violation(bug, two_sections_racing_an_insert()));
+    assert_race(&TWO_WRITERS.expect_violation(bug, a_section_racing_two_inserts()));
 }
 
 #[test]
