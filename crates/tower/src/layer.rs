@@ -75,6 +75,7 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) quotas: Quotas,
     pub(crate) hasher: RandomState,
     pub(crate) counts: Counts,
+    pub(crate) store_down_admits: bool,
 }
 
 /// A route's resolved options.
@@ -178,6 +179,7 @@ impl<C: Clock> RateLimitLayer<C> {
             legacy: false,
             refusal_body: Arc::new(problem_refused),
             missing: Arc::new(problem_missing),
+            store_down_admits: false,
         }
     }
 
@@ -208,6 +210,7 @@ pub struct RateLimitLayerBuilder<C: Clock = QuantaClock> {
     legacy: bool,
     refusal_body: RefusalBody,
     missing: MissingAnswer,
+    store_down_admits: bool,
 }
 
 impl<C: Clock> fmt::Debug for RateLimitLayerBuilder<C> {
@@ -343,6 +346,19 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         })
     }
 
+    /// What a request gets while the limiter's remote store (its
+    /// [`Rule::remote`](tokengate::scope::Rule::remote) kinds) cannot decide: `false`
+    /// (the default) answers `503 Service Unavailable` with `Retry-After` (the store's
+    /// wait in whole seconds, rounded up, at least 1) and a problem-details body; `true`
+    /// serves the request on its local scopes alone, paid again without the remote
+    /// kinds (a local refusal is still a 429). Either way the event is counted
+    /// ([`EdgeStats::store_unavailable`](crate::EdgeStats::store_unavailable)). Other
+    /// limiter errors (a clock that stepped back) answer `500`.
+    pub fn store_unavailable_admits(mut self, on: bool) -> Self {
+        self.store_down_admits = on;
+        self
+    }
+
     /// Checks the configuration against the limiter and builds the layer.
     ///
     /// # Errors
@@ -414,6 +430,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 quotas: Quotas::new(by_kind),
                 hasher: RandomState::new(),
                 counts: Counts::default(),
+                store_down_admits: self.store_down_admits,
             }),
         })
     }
@@ -428,7 +445,8 @@ impl<C: Clock> RateLimitLayer<C> {
     ///
     /// The layer's own: `tokengate_shadow_rejected_total`, `tokengate_near_limit_total`,
     /// `tokengate_missing_key_total` (by scope kind), `tokengate_delayed_total`,
-    /// `tokengate_delay_cancelled_total`, `tokengate_refunded_total`.
+    /// `tokengate_delay_cancelled_total`, `tokengate_refunded_total`,
+    /// `tokengate_store_unavailable_total`.
     pub fn export_metrics(&self, limiter: &str) {
         self.shared.limiter.export_metrics(limiter);
         let s = self.stats();
@@ -450,5 +468,7 @@ impl<C: Clock> RateLimitLayer<C> {
         metrics::counter!("tokengate_delayed_total", &labels).absolute(s.delayed);
         metrics::counter!("tokengate_delay_cancelled_total", &labels).absolute(s.delay_cancelled);
         metrics::counter!("tokengate_refunded_total", &labels).absolute(s.refunded);
+        metrics::counter!("tokengate_store_unavailable_total", &labels)
+            .absolute(s.store_unavailable);
     }
 }

@@ -16,7 +16,11 @@
 //!   and sleeps on tokio's timer; a client that hangs up gives the tokens back;
 //! - **shadow** ([`shadow`](RateLimitLayerBuilder::shadow),
 //!   [`shadow_scope`](RateLimitLayerBuilder::shadow_scope), [`Route::shadow`]): counts
-//!   and logs the refusal, and admits.
+//!   and logs the refusal, and admits;
+//! - **store down** (a limiter with remote scopes whose store cannot decide): answers
+//!   `503` with the store's `Retry-After`, or, with
+//!   [`store_unavailable_admits`](RateLimitLayerBuilder::store_unavailable_admits),
+//!   serves the request on its local scopes alone; counted either way.
 //!
 //! ```
 //! use std::sync::Arc;

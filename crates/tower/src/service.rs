@@ -5,14 +5,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokengate::owned::OwnedReservation;
 use tokengate::scope::{
-    ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeKind, TenantId, UserId,
+    ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeError, ScopeKind, TenantId, UserId,
 };
 use tokengate::{Clock, QuantaClock, ScopedLimiter};
 use tower_service::Service;
@@ -168,6 +169,7 @@ where
         let limiter = &s.limiter;
         let mut skip = [ScopeKind::Global; 6];
         let mut skipped = 0;
+        let mut remote_skipped = false;
         let decision = loop {
             let d = if skipped == 0 {
                 limiter.try_acquire(&request, options.class)
@@ -176,6 +178,22 @@ where
             };
             let d = match d {
                 Ok(d) => d,
+                Err(ScopeError::RemoteUnavailable { retry_after }) => {
+                    s.counts.store_unavailable();
+                    // Served on the local scopes alone: paid again without the remote
+                    // kinds (which then cannot be unavailable).
+                    if s.store_down_admits && !remote_skipped {
+                        remote_skipped = true;
+                        for kind in limiter.remote_kinds() {
+                            if !skip[..skipped].contains(&kind) {
+                                skip[skipped] = kind;
+                                skipped += 1;
+                            }
+                        }
+                        continue;
+                    }
+                    return ready(store_unavailable(retry_after));
+                }
                 Err(_) => return ready(plain(StatusCode::INTERNAL_SERVER_ERROR)),
             };
             #[cfg(feature = "tracing")]
@@ -293,6 +311,24 @@ fn ready<F, B, E, C: Clock>(response: Response<B>) -> ResponseFuture<F, B, E, C>
         },
         after: None,
     }
+}
+
+/// 503 with `Retry-After` ([`retry_after_seconds`]) and a problem-details
+/// body: the limiter's remote store cannot decide now.
+fn store_unavailable<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
+    let secs = retry_after_seconds(retry_after);
+    let body = format!(
+        r#"{{"type":"about:blank","status":503,"detail":"the rate limit store is unavailable; retry after {secs} s"}}"#
+    );
+    let mut r = plain(StatusCode::SERVICE_UNAVAILABLE);
+    *r.body_mut() = B::from(Bytes::from(body));
+    let headers = r.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    r
 }
 
 fn plain<B: From<Bytes>>(status: StatusCode) -> Response<B> {

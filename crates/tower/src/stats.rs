@@ -1,5 +1,5 @@
 //! The layer's own counts: what the engine's counters cannot see (shadow refusals,
-//! missing keys, delays, refunds, admissions near the limit). Each is a relaxed atomic
+//! missing keys, delays, refunds, admissions near the limit, an unavailable remote store). Each is a relaxed atomic
 //! add on an event that is not the common path (an admission far from the limit adds
 //! nothing); they are read at scrape time.
 
@@ -26,6 +26,10 @@ pub struct EdgeStats {
     pub delay_cancelled: u64,
     /// Admissions whose tokens were given back on the inner service's status.
     pub refunded: u64,
+    /// Requests that found the limiter's remote store unable to decide: answered 503,
+    /// or served on their local scopes alone
+    /// ([`store_unavailable_admits`](crate::RateLimitLayerBuilder::store_unavailable_admits)).
+    pub store_unavailable: u64,
 }
 
 impl EdgeStats {
@@ -43,6 +47,7 @@ pub(crate) struct Counts {
     delayed: CachePadded<AtomicU64>,
     delay_cancelled: CachePadded<AtomicU64>,
     refunded: CachePadded<AtomicU64>,
+    store_unavailable: CachePadded<AtomicU64>,
 }
 
 impl Counts {
@@ -70,6 +75,10 @@ impl Counts {
         self.refunded.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn store_unavailable(&self) {
+        self.store_unavailable.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> EdgeStats {
         let read =
             |a: &[CachePadded<AtomicU64>; 6]| std::array::from_fn(|i| a[i].load(Ordering::Relaxed));
@@ -80,6 +89,7 @@ impl Counts {
             delayed: self.delayed.load(Ordering::Relaxed),
             delay_cancelled: self.delay_cancelled.load(Ordering::Relaxed),
             refunded: self.refunded.load(Ordering::Relaxed),
+            store_unavailable: self.store_unavailable.load(Ordering::Relaxed),
         }
     }
 }

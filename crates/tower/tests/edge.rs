@@ -442,3 +442,104 @@ async fn a_client_that_disconnects_while_waiting_leaves_the_bucket_as_if_it_neve
 fn counted(policy: Policy) -> Rule {
     Rule::new(policy).counters(true)
 }
+
+/// A remote store that is up (admits everything) or down (cannot decide).
+struct Flaky {
+    down: std::sync::atomic::AtomicBool,
+    takes: std::sync::atomic::AtomicU64,
+}
+
+impl tokengate::scope::RemoteScopes for Flaky {
+    fn take(&self, _: &[(Scope, u64)]) -> Result<(), tokengate::scope::RemoteRefusal> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.down.load(Relaxed) {
+            return Err(tokengate::scope::RemoteRefusal::Unavailable {
+                retry_after: Duration::from_millis(1500),
+            });
+        }
+        self.takes.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn give_back(&self, _: &[(Scope, u64)]) {}
+}
+
+/// A local global scope of 3 tokens (no refill to speak of) and the tenant kind in
+/// `store`.
+fn remote_tenant_limiter(store: Arc<Flaky>) -> Arc<ScopedLimiter<ManualClock>> {
+    limiter(
+        RuleSet::new()
+            .rule(ScopeKind::Global, counted(Policy::new(3, 0.001).unwrap()))
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(Policy::new(10, 1.0).unwrap()).remote(),
+            )
+            .remote_scopes(store),
+    )
+}
+
+fn flaky(down: bool) -> Arc<Flaky> {
+    Arc::new(Flaky {
+        down: std::sync::atomic::AtomicBool::new(down),
+        takes: std::sync::atomic::AtomicU64::new(0),
+    })
+}
+
+#[tokio::test]
+async fn an_unavailable_store_is_503_with_retry_after_and_takes_nothing() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store = flaky(true);
+    let limiter = remote_tenant_limiter(store.clone());
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .key(ScopeKind::Tenant, Key::header("x-tenant"))
+        .default_class("metadata")
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    for _ in 0..5 {
+        let r = fetch(&c, addr, "/", &[("x-tenant", "7")]).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.header("retry-after"), Some("2")); // 1.5 s, rounded up
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(r.body.contains("\"status\":503"), "{}", r.body);
+    }
+    assert_eq!(stats.stats().store_unavailable, 5);
+    // The local global scope was given back every token.
+    assert_eq!(limiter.available(&Scope::Global), Some(3.0));
+    // A request naming no remote scope never asks the store.
+    assert_eq!(fetch(&c, addr, "/", &[]).await.status, StatusCode::OK);
+    store.down.store(false, Relaxed);
+    let r = fetch(&c, addr, "/", &[("x-tenant", "7")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(store.takes.load(Relaxed), 1);
+    assert_eq!(stats.stats().store_unavailable, 5);
+}
+
+#[tokio::test]
+async fn an_unavailable_store_can_serve_on_the_local_scopes_alone() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store = flaky(true);
+    let limiter = remote_tenant_limiter(store.clone());
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .key(ScopeKind::Tenant, Key::header("x-tenant"))
+        .default_class("metadata")
+        .store_unavailable_admits(true)
+        .build()
+        .unwrap();
+    let stats = layer.clone();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    // The local global scope still limits: 3 tokens, then 429.
+    for _ in 0..3 {
+        let r = fetch(&c, addr, "/", &[("x-tenant", "7")]).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let refused = fetch(&c, addr, "/", &[("x-tenant", "7")]).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limiter.available(&Scope::Global), Some(0.0));
+    // The refused request never reached the store: local scopes are paid first.
+    assert_eq!(stats.stats().store_unavailable, 3);
+    assert_eq!(store.takes.load(Relaxed), 0);
+}
