@@ -681,7 +681,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     {
         let hash = t.hash_of(key);
         let i = t.shard_index(hash);
-        if let Some(section) = t.enter(i) {
+        if let Some(section) = t.enter(i, hash) {
             // Dropped before the section.
             let ptr = section.shard();
             // SAFETY: in a reader section of shard `i` no writer holds the shard (one
