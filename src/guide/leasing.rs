@@ -33,7 +33,9 @@
 //!    even read: such a rejection loads the pool alone. With the
 //!    [`LocalPool`](crate::leased::LocalPool), a rejection on a reading at or after the
 //!    word's tick is decided inline on the loaded word, before any call, with the same
-//!    loads (the pool word, then the slots, in order, only until they could pay).
+//!    loads (the pool word, then the slots, in order, only until they could pay); a slot
+//!    found mid-lease or closed leaves the decision to the trip, which loads the pool
+//!    word and the slots again and counts such a slot as empty.
 //! 4. **Reclaim**: the pool cannot pay, but the slots together could. The thread
 //!    closes every other slot,
 //!    taking the tokens idle in them (and cancelling leases in flight, which their

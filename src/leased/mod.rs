@@ -894,7 +894,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// least one, and a reading at or forward of the word's tick (so `behind` is zero and
     /// no reread is due). The same refusal, balance and loads (the pool word, then the
     /// slots only if they might pay) as the trip's; `None` leaves the decision to the trip
-    /// (a sealed word included).
+    /// (a sealed word included, and a slot found mid-lease or closed, which the trip
+    /// counts as empty).
     #[inline(always)]
     fn refusal_on_word(epoch: &Epoch<P>, cost: u64, now: u64, now_tick: u64) -> Option<Decision> {
         let local = epoch.local()?;
@@ -908,29 +909,38 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         // word needs no test of its own: its token field, all ones, is above
         // `max_units`, so it is never short and goes to the trip.
         let pool = layout.forward_units(word, now_tick)?;
-        let units = Self::short_with_slots(epoch, pool, cost)?;
+        let units = Self::short_with_slots(epoch, pool, cost, Slots::open_held_at_most)?;
         let balance = units as i64 - layout.base_units() as i64;
         Some(Decision::with_balance(layout, balance, 0, now, cost, false))
     }
 
     /// The units the pool (`pool`, refilled) and the slots hold together when they are
     /// short of `cost`; `None` when they could pay it. The slots are read only when
-    /// they might make up the difference, in order, and only until they could.
+    /// they might make up the difference, in order, and only until they could, by
+    /// `count` ([`Slots::held_at_most`] on the trip, [`Slots::open_held_at_most`] inline,
+    /// which also answers `None` at a slot that is not OPEN, leaving it to the trip).
     #[inline(always)]
-    fn short_with_slots(epoch: &Epoch<P>, pool: u64, cost: u64) -> Option<u64> {
+    fn short_with_slots(
+        epoch: &Epoch<P>,
+        pool: u64,
+        cost: u64,
+        count: impl FnOnce(&Slots, u64) -> Option<u64>,
+    ) -> Option<u64> {
         let layout = epoch.policy.layout();
         let needed = layout.base_units() + (cost << layout.frac_bits());
         if pool >= needed {
             return None;
         }
-        if pool.saturating_add(epoch.max_held_units) < needed {
+        // `pool + max_held < needed`, formed without overflow since `needed > pool`.
+        let missing = needed - pool;
+        if epoch.max_held_units < missing {
             return Some(pool);
         }
-        // `pool + held * 2^F < needed` exactly when `held * 2^F <= needed - pool - 1`,
-        // that is `held <= (needed - pool - 1) >> F`; then `held * 2^F` cannot overflow.
+        // `pool + held * 2^F < needed` exactly when `held * 2^F <= missing - 1`, that is
+        // `held <= (missing - 1) >> F`; then `held * 2^F` cannot overflow.
         let frac_bits = layout.frac_bits();
-        let most = (needed - pool - 1) >> frac_bits;
-        Some(pool + (epoch.slots.held_at_most(most)? << frac_bits))
+        let most = (missing - 1) >> frac_bits;
+        Some(pool + (count(&epoch.slots, most)? << frac_bits))
     }
 
     /// The trip to the pool: lease, reclaim, or reject; on a replaced epoch, again on the
@@ -1098,7 +1108,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
     ) -> Option<Decision> {
         let layout = epoch.policy.layout();
-        let units = Self::short_with_slots(epoch, state.units, cost)?;
+        let units = Self::short_with_slots(epoch, state.units, cost, Slots::held_at_most)?;
         let balance = units as i64 - layout.base_units() as i64;
         Some(Decision::with_balance(
             layout,
@@ -1463,5 +1473,46 @@ mod tests {
         assert!(d.is_rejected());
         assert_eq!(scans(), before + 1);
         assert_eq!(d.tokens_remaining(), 6.0);
+    }
+
+    #[test]
+    fn a_rejection_meeting_a_slot_mid_lease_is_decided_by_the_trip_and_writes_nothing() {
+        let config = LeaseConfig::new().slots(4).max_lease(5);
+        let policy = Policy::new(100, 1.0).unwrap();
+        let clock = ManualClock::new();
+        let bucket = LeasedBucket::with_config(policy, clock.clone(), config).unwrap();
+        assert!(bucket.try_acquire_on(0, 80).unwrap().is_admitted()); // leases 20 / 8
+        assert!(bucket.try_acquire_on(1, 14).unwrap().is_admitted()); // leases 4 / 8 = 0
+        assert_eq!(bucket.leased_tokens(), 2);
+        // A reading past the pool word's tick, which the inline refusal decides on.
+        clock.advance(Duration::from_millis(10));
+        let epoch = bucket.epoch();
+        // Slot 2 mid-lease (it held nothing): the inline count gives up there, and the
+        // trip counts it as empty, as before.
+        let (two, taken) = epoch.slots.claim(2).unwrap();
+        assert_eq!(taken, 0);
+        let words = |epoch: &Epoch<LocalPool>| {
+            let mut words = vec![epoch.local().unwrap().load()];
+            words.extend((0..4).map(|i| epoch.slots.word(i)));
+            words
+        };
+        let before_words = words(epoch);
+        let before = scans();
+        let d = bucket.try_acquire_on(3, 7).unwrap();
+        assert!(d.is_rejected());
+        let remaining = d.tokens_remaining();
+        assert!(
+            (6.0..6.02).contains(&remaining),
+            "the pool's 4 and slot 0's 2: {remaining}"
+        );
+        assert_eq!(scans(), before + 2, "the inline count, then the trip's");
+        assert_eq!(words(epoch), before_words, "the rejection wrote nothing");
+        // The same rejection with every slot OPEN, decided inline on the same counts.
+        assert!(epoch.slots.publish(two, 0, 0));
+        let before = scans();
+        let d = bucket.try_acquire_on(3, 7).unwrap();
+        assert!(d.is_rejected());
+        assert_eq!(d.tokens_remaining(), remaining);
+        assert_eq!(scans(), before + 1);
     }
 }

@@ -188,7 +188,11 @@ impl Slots {
 
     #[inline]
     fn slot(&self, index: usize) -> &Slot {
-        &self.slots[index & self.mask]
+        let index = index & self.mask;
+        debug_assert!(index < self.slots.len());
+        // SAFETY: `mask` is `slots.len() - 1` for a power-of-two length (set in `new`,
+        // never changed), so `index & mask` is below the length.
+        unsafe { self.slots.get_unchecked(index) }
     }
 
     /// The hot path: spends `cost` tokens (at least one) from an OPEN slot leased at
@@ -380,7 +384,7 @@ impl Slots {
 
     /// [`held`](Slots::held) when it is at most `most` tokens, else `None`, loading the
     /// slots' lines in order only until the sum exceeds `most` (the same loads as
-    /// `held` up to there). For a rejection that must count the slots: inlined, one
+    /// `held` up to there). For the trip's rejection, which must count the slots: one
     /// select per slot and no unrolling, so that it keeps few registers alive.
     #[inline(always)]
     pub(crate) fn held_at_most(&self, most: u64) -> Option<u64> {
@@ -395,6 +399,34 @@ impl Slots {
             } else {
                 0
             };
+            if held > most {
+                return None;
+            }
+        }
+        Some(held)
+    }
+
+    /// [`held_at_most`](Slots::held_at_most) when every slot read is OPEN, else `None`
+    /// (as when the sum exceeds `most`), for the inline rejection, which leaves the rare
+    /// slot mid-lease or closed to the trip's [`held_at_most`](Slots::held_at_most). The
+    /// same loads in the same order, up to the first slot that is not OPEN or the sum
+    /// above `most`.
+    ///
+    /// Each word is masked with the token field and the state bits, so that an OPEN word
+    /// gives its tokens and any other word at least [`LEASING`] (`2^62`); with `most`
+    /// taken below `2^62`, such a word takes the sum above it. No overflow: the sum is at
+    /// most `2^62 - 1` before each addition and a masked word below `2^64 - 2^62`.
+    #[inline(always)]
+    pub(crate) fn open_held_at_most(&self, most: u64) -> Option<u64> {
+        #[cfg(all(test, not(loom)))]
+        SCANS.with(|n| n.set(n.get() + 1));
+        let most = most.min(LEASING - 1);
+        // Formed before the loop: an `Acquire` load keeps later loads after it, so a
+        // field read inside the loop would be loaded again for every slot.
+        let mask = self.token_mask | STATE_MASK;
+        let mut held = 0u64;
+        for slot in self.slots.iter() {
+            held += slot.word.load(Ordering::Acquire) & mask;
             if held > most {
                 return None;
             }
@@ -536,5 +568,68 @@ mod tests {
         }
         let _leasing = slots.claim(3).unwrap();
         assert_eq!(slots.held(), 12);
+    }
+
+    /// Every combination of three slots (OPEN holding 0 to 3 tokens at two ticks,
+    /// LEASING, CLOSED with and without a hand) and every bound: the inline count answers
+    /// only where every slot it read was OPEN and the sum stayed within the bound, and
+    /// then as the exact count does.
+    #[test]
+    fn the_inline_count_answers_as_the_exact_one_or_leaves_the_slots_to_it() {
+        let words: Vec<u64> = (0..4)
+            .flat_map(|t| [OPEN | (5 << (62 - T)) | t, OPEN | (6 << (62 - T)) | t])
+            .chain([LEASING | 3, CLOSED | 1, CLOSED | HAND | 2])
+            .collect();
+        let slots = Slots::new(3, T);
+        for &a in &words {
+            for &b in &words {
+                for &c in &words {
+                    for (slot, word) in slots.slots.iter().zip([a, b, c]) {
+                        slot.word.store(word, Ordering::Relaxed);
+                    }
+                    for most in 0..12 {
+                        let exact = slots.held_at_most(most);
+                        let inline = slots.open_held_at_most(most);
+                        // What the inline count should say: OPEN words summed in order,
+                        // giving up at the first other word or a sum above `most`.
+                        let mut expected = Some(0);
+                        for word in [a, b, c] {
+                            expected = expected
+                                .filter(|_| word & STATE_MASK == OPEN)
+                                .map(|held| held + (word & slots.token_mask))
+                                .filter(|&held| held <= most);
+                        }
+                        assert_eq!(inline, expected, "{a:#x} {b:#x} {c:#x}, most {most}");
+                        if inline.is_some() {
+                            assert_eq!(inline, exact);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// With stamps of no bits a slot holds up to `2^62 - 1` tokens: the inline count
+    /// still tells them from a LEASING or CLOSED word, and leaves a sum of `2^62` or
+    /// more to the exact count.
+    #[test]
+    fn the_inline_count_tells_the_largest_slots_from_other_states() {
+        let slots = Slots::new(2, 0);
+        let full = Slots::max_tokens(0);
+        assert_eq!(full, PAYLOAD_MASK);
+        lease(&slots, 0, 0, full);
+        assert_eq!(slots.open_held_at_most(u64::MAX), Some(full));
+        let _leasing = slots.claim(1).unwrap();
+        assert_eq!(slots.open_held_at_most(u64::MAX), None, "slot 1 is LEASING");
+        assert_eq!(slots.held_at_most(u64::MAX), Some(full));
+        let slots = Slots::new(2, 0);
+        lease(&slots, 0, 0, full);
+        lease(&slots, 1, 0, 1);
+        assert_eq!(
+            slots.open_held_at_most(u64::MAX),
+            None,
+            "2^62 tokens in all"
+        );
+        assert_eq!(slots.held_at_most(u64::MAX), Some(full + 1));
     }
 }
