@@ -33,6 +33,7 @@
 
 mod decision;
 mod generation;
+mod inline;
 mod kind;
 mod maps;
 mod reconfigure;
@@ -60,6 +61,7 @@ use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 use decision::{KindPolicies, Policies};
 pub use decision::{Refusal, ScopeDecision, ScopeError};
 use generation::{Generation, Generations, GlobalWord, is_sealed};
+use inline::Inline;
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
 use maps::{KeyedMaps, KindMapOps, KindSlots};
@@ -732,19 +734,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // The buckets paid, in kind then limit order (the order a refusal is named in),
         // each with its kind and limit at the same position of `at`: only what the
         // request pays is written.
-        let mut payers: [Option<Payer<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
-        let mut at = [(0usize, 0usize); MAX_PAYERS];
-        let mut n = 0;
+        let mut payers = Inline::<Payer<'_, C>, MAX_PAYERS>::new();
+        let mut at = Inline::<(usize, usize), MAX_PAYERS>::new();
         if let Some(p) = self.global_payer(g, costs) {
-            payers[0] = Some(p);
-            n = 1;
+            payers.push(p);
+            at.push((ScopeKind::Global.index(), 0));
             for l in 1..MAX_POLICIES_PER_RULE {
                 let Some(w) = GlobalWord::new(g, l, &self.clock, CounterRef::Off) else {
                     break;
                 };
-                payers[n] = Some(Payer::Global(w));
-                at[n] = (ScopeKind::Global.index(), l);
-                n += 1;
+                payers.push(Payer::Global(w));
+                at.push((ScopeKind::Global.index(), l));
             }
         }
         for (k, &&(tier, ref limits)) in slots.iter().enumerate() {
@@ -754,9 +754,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 match *slot {
                     None => break,
                     Some(Slot::Bucket(h)) => {
-                        payers[n] = Some(Payer::Word(h));
-                        at[n] = (k, l);
-                        n += 1;
+                        payers.push(Payer::Word(h));
+                        at.push((k, l));
                     }
                     // Only when `g` was replaced (which the caller checked): start again.
                     Some(Slot::Stale) => return Err(RETRY),
@@ -773,19 +772,18 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 }
             }
         }
-        let Some(filler) = payers[0].as_ref() else {
+        let at = at.as_slice();
+        if at.is_empty() {
             return Ok(decision);
-        };
-        let mut members = [(filler, 0u64); MAX_PAYERS];
-        for ((m, p), &(k, l)) in members.iter_mut().zip(&payers[..n]).zip(&at[..n]) {
-            let Some(p) = p else { continue };
-            *m = (p, costs[k]);
+        }
+        let mut members = Inline::<(&Payer<'_, C>, u64), MAX_PAYERS>::new();
+        for (p, &(k, l)) in payers.as_slice().iter().zip(at) {
+            members.push((p, costs[k]));
             if l == 0 {
                 decision.pays(k, self.is_overflow(g, k, p));
             }
         }
-        let members = &members[..n];
-        let at = &at[..n];
+        let members = members.as_slice();
         let outcome = acquire_all_at(members, Some(now), |i, d| {
             // A scope reports its first limit's decision when admitted.
             if at[i].1 == 0 {
