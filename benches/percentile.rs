@@ -16,7 +16,11 @@
 //! from the slot: the local path alone, the same count under valgrind whatever the
 //! timing); `scoped_global` is a `ScopedLimiter` with
 //! only a global rule of the admit policy, paid by a request with no identity;
-//! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant.
+//! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant;
+//! `scoped_3` is a leased global rule (default lease) with tenant and user rules, all of
+//! the admit policy, paid by a request naming one tenant and one user, and
+//! `multi3_scoped_peer` is `acquire_all` over the same three buckets bare (a
+//! `LeasedBucket` of the default lease and two `Bucket`s, as `&dyn Member`).
 //! Every result passes through `black_box` whole.
 
 use std::hint::black_box;
@@ -24,7 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use governor::RateLimiter;
-use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, WorkClass};
+use tokengate::leased::LeaseConfig;
+use tokengate::multi::Member;
+use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
 use tokengate::{
     Bucket, Clock, CoarseClock, Inherit, LeasedBucket, LiveBucket, ManualClock, Policy,
     QuantaClock, acquire_all,
@@ -90,6 +96,21 @@ fn main() {
         .expect("valid rules");
     let tenant_one = scoped_tenant.class("one").expect("a class of this limiter");
     let tenant_request = Request::new().tenant(TenantId(1));
+    let scoped_3 = RuleSet::new()
+        .rule(
+            ScopeKind::Global,
+            Rule::new(admit()).leased(LeaseConfig::new()),
+        )
+        .rule(ScopeKind::Tenant, Rule::new(admit()))
+        .rule(ScopeKind::User, Rule::new(admit()))
+        .class(WorkClass::new("one", 1))
+        .build()
+        .expect("valid rules");
+    let three_one = scoped_3.class("one").expect("a class of this limiter");
+    let three_request = Request::new().tenant(TenantId(1)).user(UserId(1));
+    let peer_global = LeasedBucket::new(admit());
+    let peer_tenant = Bucket::new(admit());
+    let peer_user = Bucket::new(admit());
     let tg_reject = Bucket::new(reject());
     let _ = tg_reject.try_acquire(1);
     // Reconfigured once, so that every decision goes through a replaced epoch's successor.
@@ -251,6 +272,20 @@ fn main() {
             "multi3",
             Box::new(|| {
                 let set = [(&scopes[0], 1), (&scopes[1], 1), (&scopes[2], 1)];
+                let _ = black_box(acquire_all(black_box(&set)));
+            }),
+        ),
+        (
+            "scoped_3",
+            Box::new(|| {
+                let _ = black_box(black_box(&scoped_3).try_acquire(&three_request, three_one));
+            }),
+        ),
+        (
+            "multi3_scoped_peer",
+            Box::new(|| {
+                let set: [(&dyn Member, u64); 3] =
+                    [(&peer_global, 1), (&peer_tenant, 1), (&peer_user, 1)];
                 let _ = black_box(acquire_all(black_box(&set)));
             }),
         ),

@@ -282,8 +282,13 @@ fn sort_by_id<M: Member + ?Sized>(
     order: &mut [usize],
     requests: &[(&M, u64)],
 ) -> Result<(), MultiError> {
-    let id = |i: usize| requests[i].0.member_id();
     if order.len() <= INLINE_MEMBERS {
+        // Each member's identity read once (a member may have to look it up).
+        let mut ids = [0usize; INLINE_MEMBERS];
+        for (slot, &(member, _)) in ids.iter_mut().zip(requests) {
+            *slot = member.member_id();
+        }
+        let id = |i: usize| ids[i];
         for k in 1..order.len() {
             let mut j = k;
             while j > 0 && id(order[j - 1]) > id(order[j]) {
@@ -291,9 +296,16 @@ fn sort_by_id<M: Member + ?Sized>(
                 j -= 1;
             }
         }
-    } else {
-        order.sort_unstable_by_key(|&i| id(i));
+        return refuse_duplicates(order, id);
     }
+    let id = |i: usize| requests[i].0.member_id();
+    order.sort_unstable_by_key(|&i| id(i));
+    refuse_duplicates(order, id)
+}
+
+/// Refuses positions sorted by `id` that name one member twice.
+#[inline(always)]
+fn refuse_duplicates(order: &[usize], id: impl Fn(usize) -> usize) -> Result<(), MultiError> {
     for pair in order.windows(2) {
         if id(pair[0]) == id(pair[1]) {
             let (first, second) = (pair[0].min(pair[1]), pair[0].max(pair[1]));

@@ -1,6 +1,7 @@
 //! The outcome of a scoped acquisition: admitted by every scope, or refused by one.
 
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use crate::decision::Decision;
@@ -158,8 +159,9 @@ pub(crate) enum Refused {
 #[derive(Clone, Copy)]
 pub struct ScopeDecision<'a> {
     pub(crate) request: Request,
-    /// Each decided kind's parts; zero for the others.
-    parts: PerKind<Parts>,
+    /// Each decided kind's parts, written only for the kinds in `decided` (the others
+    /// are never read): a request writes what it pays, not the whole array.
+    parts: PerKind<MaybeUninit<Parts>>,
     /// For a rate-limit refusal, the time until every scope holds its cost, in
     /// nanoseconds (`u64::MAX` for longer: [`Duration::MAX`]).
     retry_after_nanos: u64,
@@ -189,7 +191,7 @@ impl<'a> ScopeDecision<'a> {
     ) -> ScopeDecision<'a> {
         ScopeDecision {
             request: *request,
-            parts: [Parts::default(); ScopeKind::COUNT],
+            parts: [const { MaybeUninit::uninit() }; ScopeKind::COUNT],
             retry_after_nanos: 0,
             costs,
             policies,
@@ -221,7 +223,7 @@ impl<'a> ScopeDecision<'a> {
     /// reports).
     #[inline]
     pub(crate) fn decides(&mut self, k: usize, d: &Decision) {
-        self.parts[k] = Parts::from(d);
+        self.parts[k] = MaybeUninit::new(Parts::from(d));
         self.decided |= bit(k);
     }
 
@@ -414,10 +416,13 @@ impl<'a> ScopeDecision<'a> {
         if self.decided & bit(k) == 0 {
             return None;
         }
+        // SAFETY: a kind's bit enters `decided` only in `decides`, which writes its parts
+        // first; every other write of `decided` clears bits. So kind `k`'s parts are
+        // initialized.
         let Parts {
             balance,
             lead_nanos,
-        } = self.parts[k];
+        } = unsafe { self.parts[k].assume_init() };
         Some(Decision::from_parts(
             self.policy_of(k)?.layout(),
             balance,

@@ -13,7 +13,7 @@ use crate::keyed::{
     KeyedLimiter, KeyedOptions, Overflow, Slot, SweepReport, Switch, convert_between,
 };
 use crate::policy::Policy;
-use crate::scope::decision::KindPolicies;
+use crate::scope::decision::{KindPolicies, KindSet};
 use crate::scope::generation::{Generation, carried};
 use crate::scope::kind::{
     ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
@@ -917,16 +917,27 @@ where
     }
 }
 
+/// The slots of a kind the request does not pay (`$kind` only counts a place).
+macro_rules! unpaid {
+    ($kind:ident) => {
+        &(0, [None, None, None, None])
+    };
+}
+
 /// Nests one `with` per keyed kind, in list order (the lock order), then calls `$f` with
-/// every kind's slot.
+/// every kind's slot. Once no kind left (this one or a later one) is in `$paid`, calls `$f`
+/// at once: the kinds left hold nothing, and nesting a closure for each costs.
 macro_rules! nest {
-    ($maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*], []) => {
+    ($maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $paid:ident, $f:ident, [$($held:ident)*], []) => {
         $f([&(0, [None, None, None, None]) $(, $held)*])
     };
     (
-        $maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $f:ident, [$($held:ident)*],
+        $maps:ident, $g:ident, $valid:ident, $request:ident, $costs:ident, $now:ident, $paid:ident, $f:ident, [$($held:ident)*],
         [$kind:ident ($($field:ident),+) $(, $rest:ident ($($rest_field:ident),+))*]
     ) => {
+        if $paid >> ScopeKind::$kind.index() == 0 {
+            $f([&(0, [None, None, None, None]) $(, $held)*, unpaid!($kind) $(, unpaid!($rest))*])
+        } else {
         with(
             &$maps.$kind,
             $g,
@@ -938,8 +949,9 @@ macro_rules! nest {
             },
             $costs[ScopeKind::$kind.index()],
             $now,
-            |$kind| nest!($maps, $g, $valid, $request, $costs, $now, $f, [$($held)* $kind], [$($rest ($($rest_field),+)),*]),
+            |$kind| nest!($maps, $g, $valid, $request, $costs, $now, $paid, $f, [$($held)* $kind], [$($rest ($($rest_field),+)),*]),
         )
+        }
     };
 }
 
@@ -1008,9 +1020,15 @@ macro_rules! define_maps {
             /// and a cost (the kinds [`with_slots`](KeyedMaps::with_slots) holds a slot of).
             #[inline]
             pub(super) fn pays_keyed(&self, request: &Request, costs: &PerKind<u64>) -> bool {
-                self.any && (false $(|| (self.$kind.is_some()
+                self.any && self.paid_kinds(request, costs) != 0
+            }
+
+            /// The keyed kinds `request` pays, as bits by [`ScopeKind::index`].
+            #[inline]
+            fn paid_kinds(&self, request: &Request, costs: &PerKind<u64>) -> KindSet {
+                0 $(| (KindSet::from(self.$kind.is_some()
                     && costs[ScopeKind::$kind.index()] > 0
-                    $(&& request.$field.is_some())+))*)
+                    $(&& request.$field.is_some())+) << ScopeKind::$kind.index()))*
             }
 
             /// Runs `f` with the slots of every keyed kind `request` pays (at `costs`)
@@ -1030,7 +1048,8 @@ macro_rules! define_maps {
                 now: u64,
                 f: impl FnOnce(PerKind<&KindSlots<'_, C>>) -> R,
             ) -> R {
-                nest!(self, g, valid, request, costs, now, f, [], [$($kind ($($field),+)),*])
+                let paid = self.paid_kinds(request, costs);
+                nest!(self, g, valid, request, costs, now, paid, f, [], [$($kind ($($field),+)),*])
             }
         }
     };

@@ -33,6 +33,7 @@
 
 mod decision;
 mod generation;
+mod inline;
 mod kind;
 mod maps;
 mod reconfigure;
@@ -60,6 +61,7 @@ use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 use decision::{KindPolicies, Policies};
 pub use decision::{Refusal, ScopeDecision, ScopeError};
 use generation::{Generation, Generations, GlobalWord, is_sealed};
+use inline::Inline;
 use kind::PerKind;
 pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
 use maps::{KeyedMaps, KindMapOps, KindSlots};
@@ -659,23 +661,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
     }
 
-    /// The global scope's buckets of generation `g` as payers, one per limit, when it
-    /// has a rule and `costs` charge it. Only the first counts.
-    fn global_payers<'a>(
-        &'a self,
-        g: &'a Generation,
-        costs: &PerKind<u64>,
-    ) -> [Option<Payer<'a, C>>; MAX_POLICIES_PER_RULE] {
-        let mut payers = [None; MAX_POLICIES_PER_RULE];
-        payers[0] = self.global_payer(g, costs);
-        if payers[0].is_some() {
-            for (l, p) in payers.iter_mut().enumerate().skip(1) {
-                *p = GlobalWord::new(g, l, &self.clock, CounterRef::Off).map(Payer::Global);
-            }
-        }
-        payers
-    }
-
     /// The global bucket (its first limit's) of generation `g` as a payer, when it has a
     /// rule and `costs` charge it.
     #[inline]
@@ -746,16 +731,31 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         now: u64,
     ) -> Result<ScopeDecision<'s>, ScopeError> {
         let mut decision = ScopeDecision::new(request, class_costs, &g.policies);
-        // Kind `k`'s limit `l` at `k * MAX_POLICIES_PER_RULE + l`.
-        let mut handles: [Option<Payer<'_, C>>; MAX_PAYERS] = [None; MAX_PAYERS];
-        handles[..MAX_POLICIES_PER_RULE].copy_from_slice(&self.global_payers(g, costs));
+        // The buckets paid, in kind then limit order (the order a refusal is named in),
+        // each with its kind and limit at the same position of `at`: only what the
+        // request pays is written.
+        let mut payers = Inline::<Payer<'_, C>, MAX_PAYERS>::new();
+        let mut at = Inline::<(usize, usize), MAX_PAYERS>::new();
+        if let Some(p) = self.global_payer(g, costs) {
+            payers.push(p);
+            at.push((ScopeKind::Global.index(), 0));
+            for l in 1..MAX_POLICIES_PER_RULE {
+                let Some(w) = GlobalWord::new(g, l, &self.clock, CounterRef::Off) else {
+                    break;
+                };
+                payers.push(Payer::Global(w));
+                at.push((ScopeKind::Global.index(), l));
+            }
+        }
         for (k, &&(tier, ref limits)) in slots.iter().enumerate() {
             decision.in_tier(k, tier);
+            // A kind's limits are held from the first: a `None` ends them.
             for (l, slot) in limits.iter().enumerate() {
                 match *slot {
-                    None => {}
+                    None => break,
                     Some(Slot::Bucket(h)) => {
-                        handles[k * MAX_POLICIES_PER_RULE + l] = Some(Payer::Word(h))
+                        payers.push(Payer::Word(h));
+                        at.push((k, l));
                     }
                     // Only when `g` was replaced (which the caller checked): start again.
                     Some(Slot::Stale) => return Err(RETRY),
@@ -772,27 +772,18 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 }
             }
         }
-        // Compact the held handles into the member list (no allocation).
-        let Some(filler) = handles.iter().flatten().next() else {
+        let at = at.as_slice();
+        if at.is_empty() {
             return Ok(decision);
-        };
-        let mut members = [(filler, 0u64); MAX_PAYERS];
-        // Each member's kind and limit.
-        let mut at = [(0usize, 0usize); MAX_PAYERS];
-        let mut n = 0;
-        for (i, h) in handles.iter().enumerate() {
-            if let Some(h) = h {
-                let (k, l) = (i / MAX_POLICIES_PER_RULE, i % MAX_POLICIES_PER_RULE);
-                members[n] = (h, costs[k]);
-                at[n] = (k, l);
-                n += 1;
-                if l == 0 {
-                    decision.pays(k, self.is_overflow(k, h));
-                }
+        }
+        let mut members = Inline::<(&Payer<'_, C>, u64), MAX_PAYERS>::new();
+        for (p, &(k, l)) in payers.as_slice().iter().zip(at) {
+            members.push((p, costs[k]));
+            if l == 0 {
+                decision.pays(k, self.is_overflow(g, k, p));
             }
         }
-        let members = &members[..n];
-        let at = &at[..n];
+        let members = members.as_slice();
         let outcome = acquire_all_at(members, Some(now), |i, d| {
             // A scope reports its first limit's decision when admitted.
             if at[i].1 == 0 {
@@ -816,8 +807,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     .expect("a rejection names its decision");
                 let k = at[i].0;
                 let (l, refused) = self.longest_refusal(members, at, i, refused, now);
-                // The kind's counters are its first limit's.
-                if let Some(h) = &handles[k * MAX_POLICIES_PER_RULE] {
+                // The kind's counters are its first limit's (listed first of its kind).
+                if let Some(&(h, _)) = members
+                    .iter()
+                    .zip(at)
+                    .find(|(_, a)| a.0 == k)
+                    .map(|(m, _)| m)
+                {
                     h.counters().record(false, costs[k], attempt);
                 }
                 // Rolled-back decisions are not the outcome: keep the refuser's.
@@ -871,10 +867,16 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     }
 
     /// Whether a bucket of kind `k` is that kind's overflow bucket rather than a key's.
-    fn is_overflow(&self, k: usize, h: &Payer<'_, C>) -> bool {
-        self.map(ScopeKind::ALL[k])
-            .and_then(|m| m.overflow_id())
-            .is_some_and(|id| id == h.member_id())
+    /// A kind whose rule has no shared overflow bucket (its map options, which a
+    /// reconfiguration keeps, say so in every generation) is not looked up.
+    fn is_overflow(&self, g: &Generation, k: usize, h: &Payer<'_, C>) -> bool {
+        g.policies.rules[k]
+            .as_ref()
+            .is_some_and(|p| p.overflow.is_some())
+            && self
+                .map(ScopeKind::ALL[k])
+                .and_then(|m| m.overflow_id())
+                .is_some_and(|id| id == h.member_id())
     }
 
     fn key_limit_counts(&self, g: &Generation, kind: ScopeKind, cost: u64, request: &Request) {
