@@ -28,15 +28,22 @@ fn map(capacity: u64, max_keys: usize) -> Arc<Map> {
     )
 }
 
+/// A map of capacity 2 per key holding keys 1 to 3, full: they fill its table's first
+/// allocation, so the next insertion grows it (every entry moves).
+fn three_keys() -> Arc<Map> {
+    let map = map(2, 8);
+    for k in 1..=3 {
+        assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
+    }
+    map
+}
+
 /// Reader: takes 1 twice from key 1 (full, capacity 2). Writer: a request for key 4, new,
 /// whose insertion grows the shard's table (keys 1 to 3 fill its first allocation), so
 /// every entry moves. Both admissions and the new key's are exact.
 fn decide_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
-        let map = map(2, 8);
-        for k in 1..=3 {
-            assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
-        }
+        let map = three_keys();
         let reader = {
             let map = map.clone();
             thread::spawn(move || {
@@ -151,10 +158,7 @@ fn decide_in_two_shards_racing_an_insert() -> impl Fn() + Sync + Send + 'static 
 /// admissions and the new key's are exact.
 fn two_sections_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
-        let map = map(2, 8);
-        for k in 1..=3 {
-            assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
-        }
+        let map = three_keys();
         let reader = {
             let map = map.clone();
             thread::spawn(move || map.try_acquire(&1, 1).unwrap().is_admitted())
@@ -182,10 +186,7 @@ fn two_sections_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
 /// table). Every admission exact, both keys in.
 fn a_section_racing_two_inserts() -> impl Fn() + Sync + Send + 'static {
     || {
-        let map = map(2, 8);
-        for k in 1..=3 {
-            assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
-        }
+        let map = three_keys();
         let reader = {
             let map = map.clone();
             thread::spawn(move || {
