@@ -478,25 +478,36 @@ fn remote_tenant_limiter(store: Arc<Flaky>) -> Arc<ScopedLimiter<ManualClock>> {
     )
 }
 
-fn flaky(down: bool) -> Arc<Flaky> {
-    Arc::new(Flaky {
-        down: std::sync::atomic::AtomicBool::new(down),
+/// A server whose layer keys the tenant on `x-tenant` over [`remote_tenant_limiter`] with
+/// its store down, serving on the local scopes when the store is down if `admits`: the
+/// store, the limiter, the layer (for its stats) and the address.
+async fn serve_remote_tenant(
+    admits: bool,
+) -> (
+    Arc<Flaky>,
+    Arc<ScopedLimiter<ManualClock>>,
+    RateLimitLayer<ManualClock>,
+    std::net::SocketAddr,
+) {
+    let store = Arc::new(Flaky {
+        down: std::sync::atomic::AtomicBool::new(true),
         takes: std::sync::atomic::AtomicU64::new(0),
-    })
+    });
+    let limiter = remote_tenant_limiter(store.clone());
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .key(ScopeKind::Tenant, Key::header("x-tenant"))
+        .default_class("metadata")
+        .store_unavailable_admits(admits)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer.clone())).await;
+    (store, limiter, layer, addr)
 }
 
 #[tokio::test]
 async fn an_unavailable_store_is_503_with_retry_after_and_takes_nothing() {
     use std::sync::atomic::Ordering::Relaxed;
-    let store = flaky(true);
-    let limiter = remote_tenant_limiter(store.clone());
-    let layer = RateLimitLayer::builder(limiter.clone())
-        .key(ScopeKind::Tenant, Key::header("x-tenant"))
-        .default_class("metadata")
-        .build()
-        .unwrap();
-    let stats = layer.clone();
-    let addr = serve(app(layer)).await;
+    let (store, limiter, stats, addr) = serve_remote_tenant(false).await;
     let c = client();
     for _ in 0..5 {
         let r = fetch(&c, addr, "/", &[("x-tenant", "7")]).await;
@@ -520,16 +531,7 @@ async fn an_unavailable_store_is_503_with_retry_after_and_takes_nothing() {
 #[tokio::test]
 async fn an_unavailable_store_can_serve_on_the_local_scopes_alone() {
     use std::sync::atomic::Ordering::Relaxed;
-    let store = flaky(true);
-    let limiter = remote_tenant_limiter(store.clone());
-    let layer = RateLimitLayer::builder(limiter.clone())
-        .key(ScopeKind::Tenant, Key::header("x-tenant"))
-        .default_class("metadata")
-        .store_unavailable_admits(true)
-        .build()
-        .unwrap();
-    let stats = layer.clone();
-    let addr = serve(app(layer)).await;
+    let (store, limiter, stats, addr) = serve_remote_tenant(true).await;
     let c = client();
     // The local global scope still limits: 3 tokens, then 429.
     for _ in 0..3 {
