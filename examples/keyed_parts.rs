@@ -31,26 +31,54 @@ fn random_key(state: &mut u64) -> u64 {
     ((u128::from(x) * u128::from(KEYS)) >> 64) as u64
 }
 
-fn measure(filter: &str, name: &str, mut decide: impl FnMut(u64) -> bool) -> Option<f64> {
-    if !name.contains(filter) {
-        return None;
+/// One measured case: its name, and a run of a given number of calls giving ns per call.
+type Case<'a> = (&'static str, Box<dyn FnMut(u64) -> f64 + 'a>);
+
+/// `calls` decisions on keys from the generator, in ns per call. A function of its own
+/// for each case (never inlined into `main`), so that each case's loop is allocated
+/// registers alone: inlined into one large `main`, every case spilled its table and
+/// limiter pointers to the stack and reloaded them per call, and how much depended on
+/// the other cases.
+#[inline(never)]
+fn run(decide: &mut impl FnMut(u64) -> bool, calls: u64) -> f64 {
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let start = Instant::now();
+    for _ in 0..calls {
+        black_box(decide(random_key(&mut state)));
     }
+    start.elapsed().as_nanos() as f64 / calls as f64
+}
+
+/// The case `name`, when `filter` selects it.
+fn case<'a>(
+    cases: &mut Vec<Case<'a>>,
+    filter: &str,
+    name: &'static str,
+    mut decide: impl FnMut(u64) -> bool + 'a,
+) {
+    if name.contains(filter) {
+        cases.push((name, Box::new(move |calls| run(&mut decide, calls))));
+    }
+}
+
+/// Runs every case five times (runs of 20 million calls; one run of `KEYED_PARTS_CALLS`
+/// calls when set), the cases' runs interleaved (one run of each in turn, so that every
+/// case meets the same machine: on a shared virtual machine the same code's speed moves
+/// by a third from one second to the next), and prints each case's best run.
+fn report(cases: &mut [Case<'_>]) {
     let (runs, calls) = match std::env::var("KEYED_PARTS_CALLS").map(|n| n.parse::<u64>()) {
         Ok(Ok(n)) if n > 0 => (1, n),
         _ => (5, CALLS),
     };
-    let best = (0..runs)
-        .map(|_| {
-            let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-            let start = Instant::now();
-            for _ in 0..calls {
-                black_box(decide(random_key(&mut state)));
-            }
-            start.elapsed().as_nanos() as f64 / calls as f64
-        })
-        .fold(f64::MAX, f64::min);
-    println!("{name:58} {best:6.1} ns");
-    Some(best)
+    let mut best = vec![f64::MAX; cases.len()];
+    for _ in 0..runs {
+        for ((_, run), best) in cases.iter_mut().zip(&mut best) {
+            *best = best.min(run(calls));
+        }
+    }
+    for ((name, _), best) in cases.iter().zip(best) {
+        println!("{name:58} {best:6.1} ns");
+    }
 }
 
 /// A key and its word, as a keyed map stores them (16 bytes).
@@ -68,24 +96,13 @@ fn cas(word: &AtomicU64, now: u64) -> bool {
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
+    let filter = filter.as_str();
     let clock = QuantaClock::new();
     let hasher = KeyHasher::default();
     let shard = |hash: u64| ((hash >> (57 - SHARD_BITS)) & ((1 << SHARD_BITS) - 1)) as usize;
 
+    // Every contender is built before any is measured; their runs are interleaved.
     let words: Vec<AtomicU64> = (0..1 << 18).map(|_| AtomicU64::new(0)).collect();
-    measure(
-        &filter,
-        "floor: 2^18 hashed words, clock after the hash",
-        |k| {
-            let word = &words[(hasher.hash_one(k) >> 46) as usize];
-            cas(word, clock.now_nanos())
-        },
-    );
-    measure(&filter, "floor: 2^18 hashed words, clock first", |k| {
-        let now = clock.now_nanos();
-        cas(&words[(hasher.hash_one(k) >> 46) as usize], now)
-    });
-
     let mut tables: Vec<HashTable<Entry>> =
         (0..1 << SHARD_BITS).map(|_| HashTable::new()).collect();
     let locked: Vec<ShardedLock<HashTable<Entry>>> = (0..1 << SHARD_BITS)
@@ -104,8 +121,44 @@ fn main() {
             .expect("not poisoned")
             .insert_unique(hash, entry(), rehash);
     }
-    measure(
-        &filter,
+    // What a reader section adds to the bare lookup: a store of the thread's own record
+    // and a full fence before the lookup (a writer's flag is then read: one more load).
+    let record = crossbeam_utils::CachePadded::new(AtomicU64::new(0));
+    let policy = Policy::new(100, 1000.0).expect("a valid policy");
+    let limiter = KeyedLimiter::<u64>::builder(policy, 1 << 20)
+        .shards(1 << SHARD_BITS)
+        .build()
+        .expect("a valid map");
+    for key in 0..KEYS {
+        let _ = limiter.try_acquire(&key, 1);
+    }
+    // New keys: each call inserts one (the shard's write lock, the table growing), 2^20
+    // keys into a map of 2^21, a fresh map per 2^20 calls.
+    let fresh = std::cell::RefCell::new(None::<(KeyedLimiter<u64>, u64)>);
+    let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("not zero"))
+        .allow_burst(NonZeroU32::new(100).expect("not zero"));
+    let governor = governor::RateLimiter::keyed(quota);
+    for key in 0..KEYS {
+        let _ = governor.check_key(&key);
+    }
+
+    let mut cases: Vec<Case<'_>> = Vec::new();
+    case(
+        &mut cases,
+        filter,
+        "floor: 2^18 hashed words, clock after the hash",
+        |k| {
+            let word = &words[(hasher.hash_one(k) >> 46) as usize];
+            cas(word, clock.now_nanos())
+        },
+    );
+    case(&mut cases, filter, "floor: 2^18 hashed words, clock first", |k| {
+        let now = clock.now_nanos();
+        cas(&words[(hasher.hash_one(k) >> 46) as usize], now)
+    });
+    case(
+        &mut cases,
+        filter,
         "8 hashbrown shards, no lock, clock after the lookup",
         |k| {
             let hash = hasher.hash_one(k);
@@ -115,7 +168,7 @@ fn main() {
             cas(&e.word, clock.now_nanos())
         },
     );
-    measure(&filter, "8 hashbrown shards, no lock, clock first", |k| {
+    case(&mut cases, filter, "8 hashbrown shards, no lock, clock first", |k| {
         let now = clock.now_nanos();
         let hash = hasher.hash_one(k);
         let e = tables[shard(hash)]
@@ -123,8 +176,25 @@ fn main() {
             .expect("every key is in");
         cas(&e.word, now)
     });
-    measure(
-        &filter,
+    case(
+        &mut cases,
+        filter,
+        "8 hashbrown shards, store + SeqCst fence, clock after",
+        |k| {
+            let hash = hasher.hash_one(k);
+            record.store(hash, Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let e = tables[shard(hash)]
+                .find(hash, |e| e.key == k)
+                .expect("every key is in");
+            let admitted = cas(&e.word, clock.now_nanos());
+            record.store(0, Ordering::Release);
+            admitted
+        },
+    );
+    case(
+        &mut cases,
+        filter,
         "8 hashbrown shards, ShardedLock read, clock after the lookup",
         |k| {
             let hash = hasher.hash_one(k);
@@ -133,8 +203,9 @@ fn main() {
             cas(&e.word, clock.now_nanos())
         },
     );
-    measure(
-        &filter,
+    case(
+        &mut cases,
+        filter,
         "8 hashbrown shards, ShardedLock read, clock first",
         |k| {
             let now = clock.now_nanos();
@@ -144,26 +215,15 @@ fn main() {
             cas(&e.word, now)
         },
     );
-
-    let policy = Policy::new(100, 1000.0).expect("a valid policy");
-    let limiter = KeyedLimiter::<u64>::builder(policy, 1 << 20)
-        .shards(1 << SHARD_BITS)
-        .build()
-        .expect("a valid map");
-    for key in 0..KEYS {
-        let _ = limiter.try_acquire(&key, 1);
-    }
-    measure(
-        &filter,
+    case(
+        &mut cases,
+        filter,
         "tokengate KeyedLimiter::try_acquire",
         |k| matches!(limiter.try_acquire(&k, 1), Ok(d) if d.is_admitted()),
     );
-
-    // New keys: each call inserts one (the shard's write lock, the table growing), 2^20
-    // keys into a map of 2^21, a fresh map per run.
-    let fresh = std::cell::RefCell::new(None::<(KeyedLimiter<u64>, u64)>);
-    measure(
-        &filter,
+    case(
+        &mut cases,
+        filter,
         "tokengate new keys (one insert per call, 2^20 keys)",
         |_| {
             let mut slot = fresh.borrow_mut();
@@ -182,14 +242,8 @@ fn main() {
             admitted
         },
     );
-
-    let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("not zero"))
-        .allow_burst(NonZeroU32::new(100).expect("not zero"));
-    let governor = governor::RateLimiter::keyed(quota);
-    for key in 0..KEYS {
-        let _ = governor.check_key(&key);
-    }
-    measure(&filter, "governor keyed check_key", |k| {
+    case(&mut cases, filter, "governor keyed check_key", |k| {
         governor.check_key(&k).is_ok()
     });
+    report(&mut cases);
 }
