@@ -38,8 +38,8 @@ fn governor() -> governor::DefaultDirectRateLimiter {
 }
 
 /// governor on its coarse clock (quanta's upkeep time, 1 ms), the peer of
-/// `LeasedBucket<CoarseClock>`. Made first: quanta runs one upkeep thread per process,
-/// and `CoarseClock` shares it.
+/// `LeasedBucket<CoarseClock>` (which keeps an upkeep thread of its own, at the same
+/// interval).
 static UPKEEP: LazyLock<QuantaUpkeepClock> = LazyLock::new(|| {
     QuantaUpkeepClock::from_interval(tokengate::clock::COARSE_INTERVAL).expect("upkeep thread")
 });
@@ -51,7 +51,6 @@ fn coarse_governor() -> CoarseGovernor {
 }
 
 fn coarse() -> CoarseClock {
-    LazyLock::force(&UPKEEP);
     CoarseClock::new().expect("upkeep thread")
 }
 

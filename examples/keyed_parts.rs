@@ -152,10 +152,15 @@ fn main() {
             cas(word, clock.now_nanos())
         },
     );
-    case(&mut cases, filter, "floor: 2^18 hashed words, clock first", |k| {
-        let now = clock.now_nanos();
-        cas(&words[(hasher.hash_one(k) >> 46) as usize], now)
-    });
+    case(
+        &mut cases,
+        filter,
+        "floor: 2^18 hashed words, clock first",
+        |k| {
+            let now = clock.now_nanos();
+            cas(&words[(hasher.hash_one(k) >> 46) as usize], now)
+        },
+    );
     case(
         &mut cases,
         filter,
@@ -168,14 +173,19 @@ fn main() {
             cas(&e.word, clock.now_nanos())
         },
     );
-    case(&mut cases, filter, "8 hashbrown shards, no lock, clock first", |k| {
-        let now = clock.now_nanos();
-        let hash = hasher.hash_one(k);
-        let e = tables[shard(hash)]
-            .find(hash, |e| e.key == k)
-            .expect("every key is in");
-        cas(&e.word, now)
-    });
+    case(
+        &mut cases,
+        filter,
+        "8 hashbrown shards, no lock, clock first",
+        |k| {
+            let now = clock.now_nanos();
+            let hash = hasher.hash_one(k);
+            let e = tables[shard(hash)]
+                .find(hash, |e| e.key == k)
+                .expect("every key is in");
+            cas(&e.word, now)
+        },
+    );
     case(
         &mut cases,
         filter,

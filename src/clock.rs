@@ -2,7 +2,7 @@
 //! manual clock for tests and simulations.
 
 use std::fmt;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -337,7 +337,7 @@ pub const COARSE_INTERVAL: Duration = Duration::from_millis(1);
 
 /// Why the coarse clock could not start.
 #[derive(Debug)]
-pub struct ClockError(quanta::Error);
+pub struct ClockError(std::io::Error);
 
 impl fmt::Display for ClockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -355,26 +355,30 @@ impl std::error::Error for ClockError {
     }
 }
 
-/// The upkeep thread this crate started, if it started one (kept for the process's life).
-static UPKEEP: Mutex<Option<quanta::Handle>> = Mutex::new(None);
+/// The coarse time: a [`QuantaClock`] reading the upkeep thread stores every
+/// [`COARSE_INTERVAL`]. A std atomic in a `static` (loom's cannot be one): its one writer
+/// stores readings of a monotonic clock, so every load is at least any load that
+/// happens-before it (coherence), which is all a coarse clock promises.
+static COARSE_NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The origin every [`CoarseClock`] counts from, fixed by the first one.
-static COARSE_ORIGIN: OnceLock<quanta::Instant> = OnceLock::new();
+/// Whether the upkeep thread runs (it is started once and kept for the process's life).
+static UPKEEP: Mutex<bool> = Mutex::new(false);
 
-/// A coarse clock: quanta's `Clock::recent`, a time an upkeep thread refreshes every
-/// [`COARSE_INTERVAL`] (1 ms), read with one atomic load instead of the counter.
+/// A coarse clock: a time an upkeep thread refreshes every [`COARSE_INTERVAL`] (1 ms),
+/// read with one relaxed load of one process-wide word, inlined where it is read,
+/// instead of the counter.
 ///
 /// For callers who accept up to about a millisecond of staleness in exchange for a
 /// cheaper read. Staleness never creates credit: a stale reading is an earlier time, so
-/// it can only delay refill.
+/// it can only delay refill (a descheduled upkeep thread stops the time, which delays
+/// refill the same way).
 ///
-/// The upkeep thread is process-wide, started by the first `CoarseClock::new()` and kept
-/// for the life of the process. If the application already runs quanta's upkeep thread,
-/// that one is used: then the time stops moving if the application stops its thread,
-/// which delays refill and never creates credit. Every coarse clock in the process counts
-/// from one origin, so buckets on different coarse clocks can share an
-/// [`acquire_all`](crate::acquire_all). (Clocks of different kinds count from different
-/// origins: do not mix them in one acquisition.)
+/// The upkeep thread (`tokengate-coarse-clock`) is process-wide, started by the first
+/// `CoarseClock::new()` and kept for the life of the process; it stores a
+/// [`QuantaClock`] reading each interval, so every coarse clock in the process reads one
+/// time and buckets on different coarse clocks can share an
+/// [`acquire_all`](crate::acquire_all). (Do not mix clocks of different kinds in one
+/// acquisition.)
 ///
 /// ```
 /// use tokengate::{Clock, CoarseClock};
@@ -384,18 +388,9 @@ static COARSE_ORIGIN: OnceLock<quanta::Instant> = OnceLock::new();
 /// assert!(b >= a); // monotonic; it moves once per upkeep interval
 /// # Ok::<(), tokengate::clock::ClockError>(())
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct CoarseClock {
-    inner: quanta::Clock,
-    origin: quanta::Instant,
-}
-
-impl fmt::Debug for CoarseClock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CoarseClock")
-            .field("origin", &self.origin)
-            .finish()
-    }
+    _started: (),
 }
 
 impl CoarseClock {
@@ -403,37 +398,36 @@ impl CoarseClock {
     ///
     /// # Errors
     ///
-    /// [`ClockError`] when the upkeep thread cannot be spawned.
+    /// [`ClockError`] when the upkeep thread cannot be spawned (a later call tries
+    /// again).
     pub fn new() -> Result<CoarseClock, ClockError> {
-        {
-            let mut upkeep = UPKEEP.lock().unwrap_or_else(PoisonError::into_inner);
-            if upkeep.is_none() {
-                match quanta::Upkeep::new(COARSE_INTERVAL).start() {
-                    Ok(handle) => *upkeep = Some(handle),
-                    // Someone else keeps the recent time: use theirs.
-                    Err(quanta::Error::UpkeepRunning) => {}
-                    // Not cached: a later call tries again.
-                    Err(e) => return Err(ClockError(e)),
-                }
-            }
+        let mut started = UPKEEP.lock().unwrap_or_else(PoisonError::into_inner);
+        if !*started {
+            let source = QuantaClock::new();
+            // The first time is there before any clock reads it.
+            COARSE_NOW.store(source.now_nanos(), std::sync::atomic::Ordering::Relaxed);
+            std::thread::Builder::new()
+                .name("tokengate-coarse-clock".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(COARSE_INTERVAL);
+                        COARSE_NOW.store(source.now_nanos(), std::sync::atomic::Ordering::Relaxed);
+                    }
+                })
+                .map_err(ClockError)?;
+            *started = true;
         }
-        let inner = quanta::Clock::new();
-        let origin = *COARSE_ORIGIN.get_or_init(|| inner.recent());
-        Ok(CoarseClock { inner, origin })
+        Ok(CoarseClock { _started: () })
     }
 }
 
 impl Clock for CoarseClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        // quanta's `Instant` is a count of nanoseconds, and the difference a `Duration`
-        // made from it: the count again, which fits a `u64` (no saturation), and which
-        // the compiler forms without the division into seconds.
-        let d = self.inner.recent().saturating_duration_since(self.origin);
-        d.as_nanos() as u64
+        COARSE_NOW.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Quanta's recent time never moves back: one atomic the upkeep thread advances.
+    /// One word, stored by one thread from a monotonic clock: it never moves back.
     #[inline]
     fn is_monotonic(&self) -> bool {
         true
@@ -583,6 +577,28 @@ mod tests {
                     "raw {raw}"
                 );
             }
+        }
+    }
+
+    /// The coarse time is a counter reading taken earlier (never ahead of the counter
+    /// read after it), and it moves: within five seconds (a bound on a busy machine, not
+    /// a timing claim) it passes a counter reading taken before the wait.
+    #[test]
+    fn the_coarse_clock_trails_the_counter_and_moves() {
+        let coarse = CoarseClock::new().unwrap();
+        let counter = QuantaClock::new();
+        for _ in 0..1_000 {
+            let (c, q) = (coarse.now_nanos(), counter.now_nanos());
+            assert!(c <= q, "coarse {c} ahead of the counter {q}");
+        }
+        let before = counter.now_nanos();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while coarse.now_nanos() <= before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the coarse time stood still"
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
