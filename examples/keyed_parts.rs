@@ -1,8 +1,9 @@
 //! Where a keyed decision's time goes: the keyed floor, a bare sharded hash table with and
-//! without its read lock, the clock read before or after the lookup, tokengate's
-//! `KeyedLimiter` and governor's keyed limiter, each over the same 100,000 `u64` keys
-//! picked uniformly at random, one thread, in one process (ns per decision, best of five
-//! runs of 20 million). Figures: BENCHMARKS.md, "Keyed lookups".
+//! without its read lock or a reader section's fence, the clock read before or after the
+//! lookup, tokengate's `KeyedLimiter` and governor's keyed limiter, each over the same
+//! 100,000 `u64` keys picked uniformly at random, one thread, in one process (ns per
+//! decision, best of five runs of 20 million, the cases' runs interleaved). Figures:
+//! BENCHMARKS.md, "Keyed lookups" and "The clocks read inline".
 //!
 //! `cargo run --release --example keyed_parts [FILTER]`; with `KEYED_PARTS_CALLS=N`, one run
 //! of N calls per case (for instruction counts: run under callgrind with two values of N).
