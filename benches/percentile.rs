@@ -23,7 +23,10 @@
 //! the admit policy, paid by a request naming one tenant and one user, and
 //! `multi3_scoped_peer` is `acquire_all` over the same three buckets bare (a
 //! `LeasedBucket` of the default lease and two `Bucket`s, as `&dyn Member`).
-//! Every result passes through `black_box` whole.
+//! Every result passes through `black_box` whole. Each contender is called through a
+//! function of its own that is never inlined (`tg_decide`, `gov_decide`, ...);
+//! `gov_admit_inline` and `gov_reject_inline` call governor straight from the case, as
+//! before, since which shape LLVM compiles better for governor varies.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};

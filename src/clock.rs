@@ -6,6 +6,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::sync::{Arc, AtomicU64, Ordering};
+// The coarse time's word is a `static`, which loom's atomics cannot be.
+use std::sync::atomic::AtomicU64 as StaticU64;
 
 /// A time source in nanoseconds.
 ///
@@ -266,22 +268,13 @@ mod counter {
     /// it is checked on readings across the whole range, and any difference gives 0.
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     pub(super) fn inline_scale(clock: &quanta::Clock) -> u64 {
-        use std::arch::x86_64::__cpuid;
-        // Leaf 0x8000_0000 gives the highest extended leaf; 0x8000_0001 EDX bit 27 is
-        // rdtscp, 0x8000_0007 EDX bit 8 the invariant counter.
-        let highest = __cpuid(0x8000_0000).eax;
-        if highest < 0x8000_0007 {
-            return 0;
-        }
-        let rdtscp = __cpuid(0x8000_0001).edx & (1 << 27) != 0;
-        let invariant = __cpuid(0x8000_0007).edx & (1 << 8) != 0;
         let is_counter = (0..3).all(|_| {
             let before = read();
             let raw = clock.raw();
             let after = read();
             before <= raw && raw <= after
         });
-        if !(rdtscp && invariant && is_counter) {
+        if !(cpu_has_counter() && is_counter) {
             return 0;
         }
         let half = clock.delta_as_nanos(0, 1 << 63);
@@ -301,14 +294,26 @@ mod counter {
             1 << 63,
             u64::MAX,
         ];
-        if scale == 0
-            || probes
-                .iter()
-                .any(|&x| scaled(x, scale) != clock.delta_as_nanos(0, x))
+        // A scale of 0 passes only if quanta's is 0 too, and means "not inline" anyway.
+        if probes
+            .iter()
+            .any(|&x| scaled(x, scale) != clock.delta_as_nanos(0, x))
         {
             return 0;
         }
         scale
+    }
+
+    /// Whether the CPU has the invariant counter and `rdtscp`: what quanta requires
+    /// before it reads the counter.
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    pub(super) fn cpu_has_counter() -> bool {
+        use std::arch::x86_64::__cpuid;
+        // Leaf 0x8000_0000 gives the highest extended leaf; 0x8000_0001 EDX bit 27 is
+        // rdtscp, 0x8000_0007 EDX bit 8 the invariant counter.
+        __cpuid(0x8000_0000).eax >= 0x8000_0007
+            && __cpuid(0x8000_0001).edx & (1 << 27) != 0
+            && __cpuid(0x8000_0007).edx & (1 << 8) != 0
     }
 
     #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
@@ -356,10 +361,10 @@ impl std::error::Error for ClockError {
 }
 
 /// The coarse time: a [`QuantaClock`] reading the upkeep thread stores every
-/// [`COARSE_INTERVAL`]. A std atomic in a `static` (loom's cannot be one): its one writer
+/// [`COARSE_INTERVAL`]. A std atomic (a `static`): its one writer
 /// stores readings of a monotonic clock, so every load is at least any load that
 /// happens-before it (coherence), which is all a coarse clock promises.
-static COARSE_NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static COARSE_NOW: StaticU64 = StaticU64::new(0);
 
 /// Whether the upkeep thread runs (it is started once and kept for the process's life).
 static UPKEEP: Mutex<bool> = Mutex::new(false);
@@ -413,13 +418,13 @@ impl CoarseClock {
         if !*started {
             let source = QuantaClock::new();
             // The first time is there before any clock reads it.
-            COARSE_NOW.store(source.now_nanos(), std::sync::atomic::Ordering::Relaxed);
+            COARSE_NOW.store(source.now_nanos(), Ordering::Relaxed);
             std::thread::Builder::new()
                 .name("tokengate-coarse-clock".into())
                 .spawn(move || {
                     loop {
                         std::thread::sleep(COARSE_INTERVAL);
-                        COARSE_NOW.store(source.now_nanos(), std::sync::atomic::Ordering::Relaxed);
+                        COARSE_NOW.store(source.now_nanos(), Ordering::Relaxed);
                     }
                 })
                 .map_err(ClockError)?;
@@ -432,7 +437,7 @@ impl CoarseClock {
 impl Clock for CoarseClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        COARSE_NOW.load(std::sync::atomic::Ordering::Relaxed)
+        COARSE_NOW.load(Ordering::Relaxed)
     }
 
     /// One word, stored by one thread from a monotonic clock: it never moves back.
@@ -562,11 +567,8 @@ mod tests {
     #[test]
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     fn the_counter_is_read_inline_where_quanta_reads_it() {
-        use std::arch::x86_64::__cpuid;
         let clock = QuantaClock::new();
-        let has_counter = __cpuid(0x8000_0000).eax >= 0x8000_0007
-            && __cpuid(0x8000_0001).edx & (1 << 27) != 0
-            && __cpuid(0x8000_0007).edx & (1 << 8) != 0;
+        let has_counter = counter::cpu_has_counter();
         assert_eq!(clock.reads_counter_inline(), has_counter);
         if !has_counter {
             return;
