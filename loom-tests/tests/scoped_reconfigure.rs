@@ -27,33 +27,45 @@ fn p(capacity: u64) -> Policy {
     Policy::new(capacity, 1.0).unwrap()
 }
 
-/// The global rule: two limits (capacities `caps`), paid together by every request (so
-/// a request meets the seal of one word after taking the other, and gives it back).
-fn two_limits(caps: [u64; 2]) -> RuleSet {
+/// The global rule: one limit per capacity of `caps`, paid together by every request
+/// (with two, a request meets the seal of one word after taking the other, and gives
+/// it back; with one, a request is paid on the global scope's own path, without the
+/// keyed kinds' nest, and a seal sends it to the nest's retry loop).
+fn global_limits(caps: &[u64]) -> RuleSet {
     RuleSet::new()
         .rule(
             ScopeKind::Global,
-            Rule::with_policies(vec![p(caps[0]), p(caps[1])])
+            Rule::with_policies(caps.iter().map(|&c| p(c)).collect())
                 .unwrap()
                 .inherit(Inherit::AsIs),
         )
         .class(WorkClass::new("one", 1))
 }
 
-/// Thread A: pay 1, give it back if admitted, pay 1 again. Thread S: switch the two
-/// global limits from capacities 2 and 3 to 4 and 5 (`AsIs`). `after_switch` counts
+/// Thread A: pay 1, give it back if admitted, pay 1 again. Thread S: switch the global
+/// limits from capacities `before` to `after` (`AsIs`). `after_switch` counts
 /// executions where a request was paid after the switch.
-fn global_switch_racing_requests(after_switch: &Tally) -> impl Fn() + Sync + Send + 'static {
+fn global_switch_racing_requests(
+    before: &'static [u64],
+    after: &'static [u64],
+    after_switch: &Tally,
+) -> impl Fn() + Sync + Send + 'static {
     let after_switch = after_switch.clone();
     move || {
         let after_switch = after_switch.clone();
-        spawn(move || model_global(&after_switch)).join().unwrap();
+        spawn(move || model_global(before, after, &after_switch))
+            .join()
+            .unwrap();
     }
 }
 
-fn model_global(after_switch: &Tally) {
+fn model_global(before: &[u64], after: &'static [u64], after_switch: &Tally) {
     {
-        let limiter = Arc::new(two_limits([2, 3]).build_with_clock(Forward::new()).unwrap());
+        let limiter = Arc::new(
+            global_limits(before)
+                .build_with_clock(Forward::new())
+                .unwrap(),
+        );
         let a = {
             let limiter = limiter.clone();
             spawn(move || {
@@ -74,13 +86,14 @@ fn model_global(after_switch: &Tally) {
         };
         let s = {
             let limiter = limiter.clone();
-            spawn(move || limiter.reconfigure(two_limits([4, 5])).unwrap())
+            spawn(move || limiter.reconfigure(global_limits(after)).unwrap())
         };
         let net = a.join().unwrap();
         let switch = s.join().unwrap();
         assert_eq!(limiter.reconfigurations(), 1);
-        let mut after = false;
-        for (limit, start) in [(0, 2.0), (1, 3.0)] {
+        let mut paid_after = false;
+        for (limit, &start) in before.iter().enumerate() {
+            let start = start as f64;
             let report = switch.global[limit];
             let left = limiter.available_in(&Scope::Global, limit).unwrap();
             assert_eq!(report.after, report.before, "as is, never capped");
@@ -96,9 +109,9 @@ fn model_global(after_switch: &Tally) {
                 "tokens lost or minted at the switch on limit {limit}: net taken {net}, \
                  switch {report:?}, {left} left"
             );
-            after |= taken_after > 0.0;
+            paid_after |= taken_after > 0.0;
         }
-        after_switch.hit_if(after);
+        after_switch.hit_if(paid_after);
     }
 }
 
@@ -110,8 +123,29 @@ fn a_switch_racing_requests_and_a_give_back_loses_and_mints_nothing() {
         preemption_bound: Some(3),
         ..Model::exhaustive("scoped reconfigure: requests vs switch", 4)
     }
-    .check(global_switch_racing_requests(&after));
+    .check(global_switch_racing_requests(&[2, 3], &[4, 5], &after));
     assert!(after.get() > 0, "no request was ever paid after the switch");
+}
+
+/// The same race on a global scope of one limit: its requests are paid on the global
+/// scope's own path, which a seal sends to the retry loop of the keyed kinds' nest.
+#[test]
+fn a_switch_racing_requests_on_the_global_path_loses_and_mints_nothing() {
+    let after = Tally::new();
+    Model::exhaustive("scoped reconfigure: global-only requests vs switch", 4)
+        .check(global_switch_racing_requests(&[2], &[4], &after));
+    assert!(after.get() > 0, "no request was ever paid after the switch");
+}
+
+#[test]
+fn a_switch_that_does_not_seal_is_caught_on_the_global_path() {
+    let after = Tally::new();
+    let message = Model::exhaustive("scoped reconfigure: global-only requests vs switch", 4)
+        .expect_violation(
+            &tokengate::mutants::SCOPED_SWITCH_SKIPS_SEAL,
+            global_switch_racing_requests(&[2], &[4], &after),
+        );
+    assert!(message.contains("lost or minted"), "{message}");
 }
 
 #[test]
@@ -123,7 +157,7 @@ fn a_scoped_switch_that_does_not_seal_is_caught() {
     }
     .expect_violation(
         &tokengate::mutants::SCOPED_SWITCH_SKIPS_SEAL,
-        global_switch_racing_requests(&after),
+        global_switch_racing_requests(&[2, 3], &[4, 5], &after),
     );
     assert!(message.contains("lost or minted"), "{message}");
 }

@@ -204,6 +204,36 @@ impl<'a> ScopeDecision<'a> {
         }
     }
 
+    /// The decision of a request that paid kind `k`'s bucket alone (its first limit,
+    /// no overflow bucket), which decided `d`: an admission, or with `retry_after` a
+    /// rate-limit refusal. Built whole in one expression, so that a caller returning it
+    /// writes it once, in place.
+    #[inline(always)]
+    pub(crate) fn alone(
+        request: &Request,
+        costs: &'a PerKind<u64>,
+        policies: &'a Policies,
+        k: usize,
+        d: &Decision,
+        retry_after: Option<Duration>,
+    ) -> ScopeDecision<'a> {
+        let mut parts = [const { MaybeUninit::uninit() }; ScopeKind::COUNT];
+        parts[k] = MaybeUninit::new(Parts::from(d));
+        ScopeDecision {
+            request: *request,
+            parts,
+            retry_after_nanos: retry_after
+                .map_or(0, |r| u64::try_from(r.as_nanos()).unwrap_or(u64::MAX)),
+            costs,
+            policies,
+            tiers: [0; ScopeKind::COUNT],
+            paid: bit(k),
+            overflow: 0,
+            decided: bit(k),
+            refused: retry_after.map(|_| Refused::RateLimited(ScopeKind::ALL[k], 0)),
+        }
+    }
+
     /// Records that kind `k` paid (into its overflow bucket if `overflow`).
     #[inline]
     pub(crate) fn pays(&mut self, k: usize, overflow: bool) {

@@ -399,7 +399,7 @@ impl<C: Clock> sealed::Sealed for GlobalWord<'_, C> {
     }
 
     /// The limiter ran the word's due pass when it read the request's time.
-    #[inline]
+    #[inline(always)]
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         let core = self.core();
         core.raw()

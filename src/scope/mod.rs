@@ -33,6 +33,8 @@
 
 mod decision;
 mod generation;
+#[cfg(test)]
+mod global_path;
 mod inline;
 mod kind;
 mod maps;
@@ -586,17 +588,45 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         request: &Request,
         class: ClassId,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
-        self.pay(request, class, &[])
+        // A request that pays the global scope alone, on a limiter with no remote store:
+        // decided here, without the keyed kinds' nest (whose set-up a compiler hoists
+        // above its branches) and without the retry loop, which a sealed word sends
+        // the request to (it took nothing there).
+        if class.limiter == self.id && self.remote.is_none() {
+            let g = self.generation();
+            if let Some(work) = g.classes.get(class.index as usize) {
+                let costs = work.costs();
+                if g.global_single && !self.maps.pays_keyed(request, costs) {
+                    return self.pay_global_alone(g, costs, request, class);
+                }
+            }
+        }
+        self.pay_scopes(request, class)
+    }
+
+    /// [`pay`](ScopedLimiter::pay) of every scope, out of line: the path of a request
+    /// that pays a keyed or remote scope, or met a sealed global word.
+    #[inline(never)]
+    fn pay_scopes(
+        &self,
+        request: &Request,
+        class: ClassId,
+    ) -> Result<ScopeDecision<'_>, ScopeError> {
+        self.pay(request, class, &[], true)
     }
 
     /// Pays `class`'s costs (but in the kinds of `skip`) for `request` at one reading of
-    /// the clock, on one generation.
+    /// the clock, on one generation. With `alone_tried` (the caller found the request
+    /// pays keyed scopes, or met a sealed word on the global scope alone), every
+    /// request goes through the keyed kinds' nest, which decides a global-only request
+    /// as [`decide_global`](ScopedLimiter::decide_global) would.
     #[inline]
     fn pay(
         &self,
         request: &Request,
         class: ClassId,
         skip: &[ScopeKind],
+        alone_tried: bool,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
         if class.limiter != self.id {
             return Err(ScopeError::UnknownClass(class));
@@ -620,26 +650,27 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 &skipped
             };
             let now = self.now_on(g);
-            let decision = if g.global_single && !self.maps.pays_keyed(request, costs) {
-                self.decide_global(g, class_costs, costs, request, now)
-            } else {
-                // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
-                self.maps.with_slots(
-                    g,
-                    &|| std::ptr::eq(self.generation(), g),
-                    request,
-                    costs,
-                    now,
-                    |slots| {
-                        // With a map's lock held the generation cannot change (a switch holds
-                        // every map's barrier); with none held it may have.
-                        if !std::ptr::eq(self.generation(), g) {
-                            return Err(RETRY);
-                        }
-                        self.decide(g, slots, class_costs, costs, request, now)
-                    },
-                )
-            };
+            let decision =
+                if !alone_tried && g.global_single && !self.maps.pays_keyed(request, costs) {
+                    self.decide_global(g, class_costs, costs, request, now)
+                } else {
+                    // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
+                    self.maps.with_slots(
+                        g,
+                        &|| std::ptr::eq(self.generation(), g),
+                        request,
+                        costs,
+                        now,
+                        |slots| {
+                            // With a map's lock held the generation cannot change (a switch holds
+                            // every map's barrier); with none held it may have.
+                            if !std::ptr::eq(self.generation(), g) {
+                                return Err(RETRY);
+                            }
+                            self.decide(g, slots, class_costs, costs, request, now)
+                        },
+                    )
+                };
             if let Err(ScopeError::Acquire { error, .. }) = &decision {
                 if is_sealed(error) {
                     self.generations.await_successor(g);
@@ -676,6 +707,64 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         match &global.leased {
             None => GlobalWord::new(g, 0, &self.clock, counters).map(Payer::Global),
             Some(b) => Some(Payer::Leased(b, g, counters)),
+        }
+    }
+
+    /// [`try_acquire`](ScopedLimiter::try_acquire) of a request that pays no keyed or
+    /// remote scope, on generation `g` (whose global scope has one limit): the outcome
+    /// [`decide_global`](ScopedLimiter::decide_global) gives, each decision built where
+    /// it is returned. A sealed global word took nothing: the request starts again on
+    /// [`pay_scopes`](ScopedLimiter::pay_scopes)' loop.
+    #[inline(always)]
+    fn pay_global_alone<'s>(
+        &'s self,
+        g: &'s Generation,
+        costs: &'s PerKind<u64>,
+        request: &Request,
+        class: ClassId,
+    ) -> Result<ScopeDecision<'s>, ScopeError> {
+        let now = self.now_on(g);
+        let Some(payer) = self.global_payer(g, costs) else {
+            return Ok(ScopeDecision::new(request, costs, &g.policies));
+        };
+        let k = ScopeKind::Global.index();
+        let cost = costs[k];
+        // Each kind of global bucket taken from directly: the payer's `match` is not
+        // always inlined, and a call passes the payer through memory.
+        let taken = match payer {
+            Payer::Global(w) => sealed::Sealed::take_at(&w, cost, now),
+            Payer::Leased(b, g, _) => b.take_exactly(g.leased_epoch, cost, now),
+            Payer::Word(h) => sealed::Sealed::take_at(&h, cost, now),
+        };
+        match taken {
+            Ok(d) if d.is_admitted() => {
+                payer.counters().record(true, cost, request.attempt);
+                Ok(ScopeDecision::alone(
+                    request,
+                    costs,
+                    &g.policies,
+                    k,
+                    &d,
+                    None,
+                ))
+            }
+            Ok(d) => {
+                payer.counters().record(false, cost, request.attempt);
+                let retry_after = sealed::Sealed::wait_at(&payer, cost, now);
+                Ok(ScopeDecision::alone(
+                    request,
+                    costs,
+                    &g.policies,
+                    k,
+                    &d,
+                    Some(retry_after),
+                ))
+            }
+            Err(error) if is_sealed(&error) => self.pay_scopes(request, class),
+            Err(error) => Err(ScopeError::Acquire {
+                scope: Scope::Global,
+                error,
+            }),
         }
     }
 

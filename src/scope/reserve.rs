@@ -253,7 +253,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         class: ClassId,
         skip: &[ScopeKind],
     ) -> Result<ScopeDecision<'_>, ScopeError> {
-        self.pay(request, class, skip)
+        self.pay(request, class, skip, false)
     }
 }
 

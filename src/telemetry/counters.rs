@@ -285,8 +285,17 @@ impl CounterRef<'_> {
         }
     }
 
-    #[inline]
+    /// Counts one request where counting is on: a bucket without counters pays one
+    /// compare here, not a call.
+    #[inline(always)]
     pub(crate) fn record(self, admitted: bool, tokens: u64, attempt: Attempt) {
+        if !matches!(self, CounterRef::Off) {
+            self.record_on(admitted, tokens, attempt);
+        }
+    }
+
+    #[inline]
+    fn record_on(self, admitted: bool, tokens: u64, attempt: Attempt) {
         match self {
             CounterRef::Off => {}
             CounterRef::Cells(c) => c.record(admitted, tokens, attempt),
