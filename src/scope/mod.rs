@@ -597,7 +597,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             if let Some(work) = g.classes.get(class.index as usize) {
                 let costs = work.costs();
                 if g.global_single && !self.maps.pays_keyed(request, costs) {
-                    return self.pay_global_alone(g, costs, request, class);
+                    let now = self.now_on(g);
+                    // A sealed global word took nothing: the request starts again on
+                    // `pay_scopes`' loop.
+                    return self.decide_global(g, costs, costs, request, now, || {
+                        self.pay_scopes(request, class)
+                    });
                 }
             }
         }
@@ -652,7 +657,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             let now = self.now_on(g);
             let decision =
                 if !alone_tried && g.global_single && !self.maps.pays_keyed(request, costs) {
-                    self.decide_global(g, class_costs, costs, request, now)
+                    self.decide_global(g, class_costs, costs, request, now, || Err(RETRY))
                 } else {
                     // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
                     self.maps.with_slots(
@@ -710,27 +715,32 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
     }
 
-    /// [`try_acquire`](ScopedLimiter::try_acquire) of a request that pays no keyed or
-    /// remote scope, on generation `g` (whose global scope has one limit): the outcome
-    /// [`decide_global`](ScopedLimiter::decide_global) gives, each decision built where
-    /// it is returned. A sealed global word took nothing: the request starts again on
-    /// [`pay_scopes`](ScopedLimiter::pay_scopes)' loop.
+    /// [`decide`](ScopedLimiter::decide) for a request that pays no keyed scope: one
+    /// bucket is all-or-nothing by itself, so it is paid directly, without the member
+    /// list, ordering and read-only first pass of a multi-bucket acquisition. The
+    /// outcome is the one that acquisition gives for a set of one; a sealed global word
+    /// (nothing taken) gives `on_sealed`'s.
+    ///
+    /// Each outcome is built in one expression where it is returned
+    /// ([`ScopeDecision::alone`]), so that a caller returning it in turn writes the
+    /// 208-byte decision once, in its own caller's place, and the global bucket is
+    /// taken from by its kind (the payer's `match` behind a call passes the payer
+    /// through memory).
     #[inline(always)]
-    fn pay_global_alone<'s>(
+    fn decide_global<'s>(
         &'s self,
         g: &'s Generation,
-        costs: &'s PerKind<u64>,
+        class_costs: &'s PerKind<u64>,
+        costs: &PerKind<u64>,
         request: &Request,
-        class: ClassId,
+        now: u64,
+        on_sealed: impl FnOnce() -> Result<ScopeDecision<'s>, ScopeError>,
     ) -> Result<ScopeDecision<'s>, ScopeError> {
-        let now = self.now_on(g);
         let Some(payer) = self.global_payer(g, costs) else {
-            return Ok(ScopeDecision::new(request, costs, &g.policies));
+            return Ok(ScopeDecision::new(request, class_costs, &g.policies));
         };
         let k = ScopeKind::Global.index();
         let cost = costs[k];
-        // Each kind of global bucket taken from directly: the payer's `match` is not
-        // always inlined, and a call passes the payer through memory.
         let taken = match payer {
             Payer::Global(w) => sealed::Sealed::take_at(&w, cost, now),
             Payer::Leased(b, g, _) => b.take_exactly(g.leased_epoch, cost, now),
@@ -741,7 +751,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 payer.counters().record(true, cost, request.attempt);
                 Ok(ScopeDecision::alone(
                     request,
-                    costs,
+                    class_costs,
                     &g.policies,
                     k,
                     &d,
@@ -753,53 +763,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 let retry_after = sealed::Sealed::wait_at(&payer, cost, now);
                 Ok(ScopeDecision::alone(
                     request,
-                    costs,
+                    class_costs,
                     &g.policies,
                     k,
                     &d,
                     Some(retry_after),
                 ))
             }
-            Err(error) if is_sealed(&error) => self.pay_scopes(request, class),
-            Err(error) => Err(ScopeError::Acquire {
-                scope: Scope::Global,
-                error,
-            }),
-        }
-    }
-
-    /// [`decide`](ScopedLimiter::decide) for a request that pays no keyed scope: one
-    /// bucket is all-or-nothing by itself, so it is paid directly, without the member
-    /// list, ordering and read-only first pass of a multi-bucket acquisition. The
-    /// outcome is the one that acquisition gives for a set of one.
-    #[inline]
-    fn decide_global<'s>(
-        &'s self,
-        g: &'s Generation,
-        class_costs: &'s PerKind<u64>,
-        costs: &PerKind<u64>,
-        request: &Request,
-        now: u64,
-    ) -> Result<ScopeDecision<'s>, ScopeError> {
-        let mut decision = ScopeDecision::new(request, class_costs, &g.policies);
-        let Some(payer) = self.global_payer(g, costs) else {
-            return Ok(decision);
-        };
-        let k = ScopeKind::Global.index();
-        let cost = costs[k];
-        decision.pays(k, false);
-        // A sealed word's error is `RETRY` as it is.
-        match sealed::Sealed::take_at(&payer, cost, now) {
-            Ok(d) if d.is_admitted() => {
-                payer.counters().record(true, cost, request.attempt);
-                decision.decides(k, &d);
-                Ok(decision)
-            }
-            Ok(d) => {
-                payer.counters().record(false, cost, request.attempt);
-                let retry_after = sealed::Sealed::wait_at(&payer, cost, now);
-                Ok(decision.refuse(k, 0, &d, retry_after))
-            }
+            Err(error) if is_sealed(&error) => on_sealed(),
             Err(error) => Err(ScopeError::Acquire {
                 scope: Scope::Global,
                 error,
