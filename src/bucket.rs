@@ -23,6 +23,7 @@ use crossbeam_utils::CachePadded;
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::{AcquireError, cost_exceeds_capacity};
+use crate::multi::{Planned, Prepared};
 use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::state::{FirstTake, Layout, SEALED, Snapshot};
@@ -382,6 +383,114 @@ impl RawBucket {
                 Err(actual) => self.acquire_contended::<S, C>(layout, clock, now, cost, actual),
             },
             FirstTake::Elsewhere => self.acquire_behind::<S, C>(layout, clock, now, cost, cur),
+        }
+    }
+
+    /// The first pass of an all-or-nothing acquisition and its take's work at once (see
+    /// [`Prepared`]): on the word loaded now, the refusal [`refusal`](Self::refusal)
+    /// gives, or the take [`try_acquire`](Self::try_acquire) would make, or neither (a
+    /// cost of zero or above the capacity, a reading the word is ahead of but for a take
+    /// at its edge: the take decides). Writes nothing.
+    #[inline(always)]
+    pub(crate) fn prepare(&self, layout: &Layout, now: u64, cost: u64) -> Prepared {
+        self.prepare_in::<Fixed>(layout, now, cost)
+    }
+
+    /// [`prepare`](Self::prepare) on a word that may be sealed: neither, on a sealed
+    /// word (the take finds the seal).
+    #[inline(always)]
+    pub(crate) fn prepare_in<S: Seal>(&self, layout: &Layout, now: u64, cost: u64) -> Prepared {
+        let Some(cost_units) = layout.units_of(cost).filter(|&u| u > 0) else {
+            return Prepared::Open;
+        };
+        let cur = self.word.load(Ordering::Relaxed);
+        if S::check(cur).is_err() {
+            return Prepared::Open;
+        }
+        let now_tick = layout.tick_of(now);
+        // The same decision as the take's first attempt on `cur`; where that attempt
+        // does not decide, the refusal's own test.
+        match layout.first_take(cur, now_tick, cost_units) {
+            FirstTake::Short { balance } => {
+                Prepared::Refused(Decision::with_balance(layout, balance, 0, now, cost, false))
+            }
+            FirstTake::Take {
+                next,
+                balance,
+                behind,
+            } => {
+                let (balance, lead_nanos) =
+                    Decision::with_balance(layout, balance, behind, now, cost, true).parts();
+                Prepared::Take(Planned {
+                    cur,
+                    next,
+                    balance,
+                    lead_nanos,
+                    aux: 0,
+                })
+            }
+            FirstTake::Elsewhere => {
+                let snapshot = layout.refill(cur, now_tick);
+                if snapshot.behind() > layout.tolerance_ticks()
+                    || layout.can_take(&snapshot, cost_units)
+                {
+                    return Prepared::Open;
+                }
+                Prepared::Refused(Decision::new(
+                    layout, &snapshot, now, cost, cost_units, false,
+                ))
+            }
+        }
+    }
+
+    /// Lands `plan`, which [`prepare`](Self::prepare) made at `now` for `cost`: one
+    /// compare-and-swap from the word it read, else the take's loop from the word found.
+    #[inline(always)]
+    pub(crate) fn commit<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+        plan: &Planned,
+    ) -> Result<Decision, AcquireError> {
+        self.commit_in::<Fixed, C>(layout, clock, now, cost, plan)
+    }
+
+    /// [`commit`](Self::commit) on a word that may be sealed: [`SEALED_ERROR`] when it
+    /// was sealed since it was read.
+    #[inline(always)]
+    pub(crate) fn commit_in<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+        plan: &Planned,
+    ) -> Result<Decision, AcquireError> {
+        let landed = if mutant!(PLANNED_TAKE_STORES_BLIND) {
+            self.word.store(plan.next, Ordering::Release);
+            Ok(plan.cur)
+        } else {
+            self.word.compare_exchange_weak(
+                plan.cur,
+                plan.next,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+        };
+        match landed {
+            Ok(_) => Ok(Decision::from_parts(
+                layout,
+                plan.balance,
+                plan.lead_nanos,
+                cost,
+                true,
+            )),
+            Err(actual) => {
+                let now = clock.observe(now);
+                self.acquire_contended::<S, C>(layout, clock, now, cost, actual)
+            }
         }
     }
 

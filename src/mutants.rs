@@ -135,3 +135,8 @@ pub static READER_SKIPS_FLAG: AtomicBool = AtomicBool::new(false);
 /// reads it (the thread's exit from an earlier section of the writer's shard overwritten
 /// unseen) is not ordered after that earlier section's reads.
 pub static SECTION_ENTRY_RELAXED: AtomicBool = AtomicBool::new(false);
+
+/// An all-or-nothing acquisition's planned take landed by a plain store of the word it
+/// planned, not a compare-and-swap from the word it read: a take by another thread in
+/// between is overwritten (tokens minted).
+pub static PLANNED_TAKE_STORES_BLIND: AtomicBool = AtomicBool::new(false);

@@ -8,6 +8,7 @@ use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::multi::{BucketRef, WordBacked};
+use crate::pass::Passes;
 use crate::state::Layout;
 use crate::telemetry::CounterRef;
 
@@ -54,5 +55,44 @@ impl<C: Clock> WordBacked for Handle<'_, C> {
             layout: self.layout,
             clock: self.clock,
         }
+    }
+}
+
+/// A key's bucket found in a reader section of its shard, valid while the
+/// [`Sections`](super::table::Sections) holding the section are borrowed (see
+/// [`KeyedLimiter::hold`](super::KeyedLimiter::hold)), with the map's passes.
+pub(crate) struct Held<'a, C> {
+    pub(crate) handle: Handle<'a, C>,
+    /// The passes of the map's epoch the handle's layout is of.
+    passes: &'a Passes,
+}
+
+impl<C> Clone for Held<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Held<'_, C> {}
+
+impl<'a, C> Held<'a, C> {
+    #[inline(always)]
+    pub(super) fn new(handle: Handle<'a, C>, passes: &'a Passes) -> Held<'a, C> {
+        Held { handle, passes }
+    }
+
+    /// The map's re-anchoring passes: when one is due, its bucket is not to be decided
+    /// held (the pass locks every shard of the map).
+    #[inline(always)]
+    pub(crate) fn passes(&self) -> &'a Passes {
+        self.passes
+    }
+}
+
+impl<C> fmt::Debug for Held<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("handle", &self.handle)
+            .finish()
     }
 }

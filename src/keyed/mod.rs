@@ -31,9 +31,10 @@ use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounter
 
 pub(crate) use epoch::convert_between;
 use epoch::{Epochs, MapEpoch};
-pub(crate) use handle::Handle;
+pub(crate) use handle::{Handle, Held};
 pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
 pub use reserve::{KeyedCharge, KeyedReserveError};
+pub(crate) use table::Sections;
 pub use table::SweepReport;
 pub(crate) use table::reanchor;
 use table::{Extra, Found, MAX_SHARD_BITS, SweepCtx, Table, full_at};
@@ -724,6 +725,67 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         }
         let h = self.handle(epoch, &e.bucket, e.extra.counter_ref());
         Some(self.decide(Slot::Bucket(h), cost, now, attempt))
+    }
+
+    /// `key`'s bucket held in a reader section of its shard, kept by `sections`, for
+    /// an acquisition that pays it with other maps' buckets (the caller decides at its
+    /// own clock reading, once it has checked [`Held::is_due`]). `None`, with nothing
+    /// held, where [`acquire_present`](KeyedLimiter::acquire_present) would not decide
+    /// in a section: a key not in the map (or not in its current epoch), a writer on
+    /// the shard, a thread without a record in the map's table or in a section of it
+    /// already, or `sections` full; the caller then takes
+    /// [`with_slot`](KeyedLimiter::with_slot)'s path. See [`Sections`] on holding the
+    /// sections of several maps at once.
+    #[inline(always)]
+    pub(crate) fn hold<'h, Q, const N: usize>(
+        &'h self,
+        key: &Q,
+        sections: &'h Sections<'h, N>,
+    ) -> Option<Held<'h, C>>
+    where
+        K: Borrow<Q> + 'static,
+        Q: Hash + Eq + ?Sized,
+    {
+        with_table!(&self.store, t => self.hold_in(t, key, sections))
+    }
+
+    #[inline(always)]
+    fn hold_in<'h, V: Extra + 'static, Q, const N: usize>(
+        &'h self,
+        t: &'h Table<K, V, S>,
+        key: &Q,
+        sections: &'h Sections<'h, N>,
+    ) -> Option<Held<'h, C>>
+    where
+        K: Borrow<Q> + 'static,
+        Q: Hash + Eq + ?Sized,
+    {
+        if sections.is_full() {
+            return None;
+        }
+        let hash = t.hash_of(key);
+        let i = t.shard_index(hash);
+        let section = t.enter(i, hash)?;
+        // Dropped before the section, on every path but the last (declared after it).
+        let ptr = section.shard();
+        // SAFETY: in a reader section of shard `i` no writer holds the shard (one that
+        // arrives waits for the section to end) and so no `&mut` to it exists. The
+        // reference is extended past `ptr`'s borrow to `'h`, but what is read through
+        // it is returned only once `sections` keeps the section (and, under loom,
+        // `ptr`), and is lent for borrows of `sections`, which end it when dropped.
+        let shard: &'h table::Shard<K, V> = unsafe { &*std::ptr::from_ref(ptr.deref()) };
+        // Read in the section: a switch publishes with every shard write-locked, each
+        // waiting out its sections.
+        let epoch = self.epochs.current();
+        if shard.epoch != epoch.number {
+            return None;
+        }
+        let e = shard.table.find(hash, |e| e.key.borrow() == key)?;
+        let handle = self.handle(epoch, &e.bucket, e.extra.counter_ref());
+        section.keep_in(sections);
+        #[cfg(loom)]
+        sections.keep_access(Box::new(ptr));
+        Some(Held::new(handle, &epoch.passes))
     }
 
     /// The decision of [`try_acquire_as`](KeyedLimiter::try_acquire_as) on `slot`.

@@ -49,39 +49,71 @@ fn allocator() -> std::sync::MutexGuard<'static, Allocator> {
     ALLOCATOR.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A thread's index, taken on first use, given back when the thread exits.
-struct Index(std::cell::Cell<usize>);
-
 const NONE: usize = usize::MAX;
 
-impl Drop for Index {
+#[cfg(not(loom))]
+std::thread_local! {
+    /// This thread's index (`NONE` until taken): no destructor of its own, so that
+    /// reading it is one load, valid even during thread-local teardown.
+    static INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(NONE) };
+    /// Gives the index back when the thread exits (registered on the first section).
+    static OWNER: Owner = const { Owner };
+}
+
+/// Owns a thread's index: its destructor clears the index (later sections of the
+/// exiting thread take the read lock) and gives it back.
+#[cfg(not(loom))]
+struct Owner;
+
+#[cfg(not(loom))]
+impl Drop for Owner {
     fn drop(&mut self) {
-        // Under loom the allocator is made afresh for each execution (and may already be
-        // gone when the model's main thread drops its locals): nothing to give back.
-        if cfg!(loom) {
-            return;
-        }
-        let index = self.0.get();
+        let index = INDEX.replace(NONE);
         if index != NONE {
             allocator().give_back(index);
         }
     }
 }
 
+/// This thread's reader index, exclusive among live threads; `usize::MAX` where the
+/// thread cannot hold one (during thread-local teardown), which no table has a record
+/// for.
 #[cfg(not(loom))]
-std::thread_local! {
-    static INDEX: Index = const { Index(std::cell::Cell::new(NONE)) };
+#[inline]
+pub(crate) fn index() -> usize {
+    match INDEX.get() {
+        NONE => first_index(),
+        index => index,
+    }
 }
+
+/// A thread's first [`index`]: taken from the allocator (out of line: once per thread),
+/// once the destructor that gives it back is registered; `NONE` when it can no longer be
+/// (the thread's thread-locals are being destroyed).
+#[cfg(not(loom))]
+#[cold]
+#[inline(never)]
+fn first_index() -> usize {
+    if OWNER.try_with(|_| ()).is_err() {
+        return NONE;
+    }
+    let index = allocator().take();
+    INDEX.set(index);
+    index
+}
+
+/// Under loom: one thread-local, made afresh for each execution, as is the allocator
+/// (which may already be gone when the model's main thread drops its locals: nothing is
+/// given back).
+#[cfg(loom)]
+struct Index(std::cell::Cell<usize>);
 
 #[cfg(loom)]
 loom::thread_local! {
     static INDEX: Index = Index(std::cell::Cell::new(NONE));
 }
 
-/// This thread's reader index, exclusive among live threads; `usize::MAX` where the
-/// thread-local cannot be reached (during thread-local teardown), which no table has a
-/// record for.
-#[inline]
+#[cfg(loom)]
 pub(crate) fn index() -> usize {
     INDEX
         .try_with(|cell| {

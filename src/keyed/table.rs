@@ -372,7 +372,7 @@ impl<K, V, S> Table<K, V, S> {
         };
         record.store(i + 1, entry);
         let section = Section {
-            record,
+            exit: SectionExit { record },
             cell: &self.shards[i],
         };
         fence(Ordering::SeqCst);
@@ -849,19 +849,110 @@ impl<K, V> Drop for ShardWrite<'_, K, V> {
 /// read while it lives. Dropping it (also when a key's `Hash` or `Eq` panics) clears the
 /// thread's record.
 pub(crate) struct Section<'a, K, V> {
-    record: &'a AtomicUsize,
+    exit: SectionExit<'a>,
     cell: &'a ShardCell<K, V>,
 }
 
-impl<K, V> Section<'_, K, V> {
+impl<'a, K, V> Section<'a, K, V> {
     /// A pointer to the shard's data, to be dropped before the section.
     #[inline(always)]
     pub(crate) fn shard(&self) -> ConstPtr<Shard<K, V>> {
         self.cell.data.get()
     }
+
+    /// Hands the section to `sections` (which has room: [`Sections::is_full`]), which
+    /// ends it with the others it holds.
+    #[inline(always)]
+    pub(crate) fn keep_in<const N: usize>(self, sections: &Sections<'a, N>) {
+        let Section { exit, cell: _ } = self;
+        sections.keep(exit);
+    }
 }
 
-impl<K, V> Drop for Section<'_, K, V> {
+/// What ends a reader section: dropping it clears the thread's record (see
+/// [`Table::enter`]).
+struct SectionExit<'a> {
+    record: &'a AtomicUsize,
+}
+
+/// Reader sections of several maps held at once (at most `N`, each of another table),
+/// ended together when this is dropped: what a request paying several keyed maps at
+/// once holds while it pays them, whatever the maps' key and extra types. What is read
+/// in a section is lent for borrows of this alone ([`KeyedLimiter::hold`]).
+///
+/// Entered in one fixed order of the maps (the order their locks are taken in), any
+/// number can be held at once: a section never waits, and a writer waits only for the
+/// sections of the one shard it holds (a barrier's writer, holding every shard of every
+/// map in that order, waits for each in turn, none of which waits for it).
+///
+/// [`KeyedLimiter::hold`]: super::KeyedLimiter::hold
+pub(crate) struct Sections<'a, const N: usize> {
+    /// The records of the sections held, the first `len` of them.
+    records: [std::cell::Cell<*const AtomicUsize>; N],
+    len: std::cell::Cell<usize>,
+    /// Under loom, each shard's tracked read access, ended before the sections.
+    #[cfg(loom)]
+    accesses: std::cell::RefCell<Vec<Box<dyn std::any::Any>>>,
+    /// The tables' records are borrowed for `'a`.
+    _records: std::marker::PhantomData<&'a AtomicUsize>,
+}
+
+impl<'a, const N: usize> Sections<'a, N> {
+    /// No section held.
+    #[inline(always)]
+    pub(crate) fn new() -> Sections<'a, N> {
+        Sections {
+            records: [const { std::cell::Cell::new(std::ptr::null()) }; N],
+            len: std::cell::Cell::new(0),
+            #[cfg(loom)]
+            accesses: std::cell::RefCell::new(Vec::new()),
+            _records: std::marker::PhantomData,
+        }
+    }
+
+    /// Whether `N` sections are held: no more can be.
+    #[inline(always)]
+    pub(crate) fn is_full(&self) -> bool {
+        self.len.get() >= N
+    }
+
+    /// Keeps `exit`'s section (one held at once with `N` others ends at once).
+    #[inline(always)]
+    fn keep(&self, exit: SectionExit<'a>) {
+        let len = self.len.get();
+        if let Some(slot) = self.records.get(len) {
+            slot.set(std::ptr::from_ref(exit.record));
+            std::mem::forget(exit);
+            self.len.set(len + 1);
+        }
+    }
+
+    /// Under loom, keeps a shard's tracked read access until the sections end.
+    #[cfg(loom)]
+    pub(crate) fn keep_access(&self, access: Box<dyn std::any::Any>) {
+        self.accesses.borrow_mut().push(access);
+    }
+}
+
+impl<const N: usize> Drop for Sections<'_, N> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        #[cfg(loom)]
+        {
+            self.accesses.borrow_mut().clear();
+            if std::thread::panicking() {
+                return;
+            }
+        }
+        for record in &self.records[..self.len.get()] {
+            // SAFETY: a record of a table borrowed for `'a`, which this outlives.
+            let record = unsafe { &*record.get() };
+            record.store(0, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for SectionExit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         // As in `ShardWrite`'s drop: under loom, a panic is a failed model.

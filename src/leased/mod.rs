@@ -125,6 +125,7 @@
 //!   a reset to full is still exact, since giving back is capped).
 
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::ptr;
 use std::time::Duration;
 
@@ -135,7 +136,7 @@ use crate::error::AcquireError;
 use crate::error::cost_exceeds_capacity;
 use crate::inherit::Inherit;
 use crate::live::{Reconfigured, convert_sealed};
-use crate::multi::{Member, sealed};
+use crate::multi::{Member, Planned, Prepared, sealed};
 use crate::pass::Passes;
 use crate::policy::Policy;
 use crate::sync::{AtomicPtr, Ordering};
@@ -630,6 +631,78 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
                 Ok(out) => out,
                 Err(Sealed) => Err(SEALED_ERROR),
             },
+        }
+    }
+
+    /// The first pass and the take's work at once (see
+    /// [`Prepared`](crate::multi::Prepared)), on epoch `id` when given (a scoped
+    /// limiter's generation's; neither when it is not current): the take from this
+    /// thread's slot as loaded now, or the refusal
+    /// [`refusal_at`](sealed::Sealed::refusal_at) gives, or neither (a slot that cannot
+    /// pay alone, a pass due: the take decides, leasing or running the pass). Writes
+    /// nothing.
+    #[inline(always)]
+    pub(crate) fn prepare_on(&self, id: Option<usize>, cost: u64, now: u64) -> Prepared {
+        let epoch = self.epoch();
+        let at = ptr::from_ref(epoch) as usize;
+        if id.is_some_and(|id| id != at) {
+            return Prepared::Open;
+        }
+        let now = self.clock.observe(now);
+        let layout = epoch.policy.layout();
+        let slot = thread_index();
+        let now_tick = layout.tick_of(now);
+        if cost > 0 && cost <= layout.capacity() && !epoch.passes.is_due(now) {
+            if let Some((cur, left)) = epoch.slots.plan(slot, cost, now_tick) {
+                let balance = (left << layout.frac_bits()) as i64;
+                let (balance, lead_nanos) =
+                    Decision::with_balance(layout, balance, 0, now, cost, true).parts();
+                return Prepared::Take(Planned {
+                    cur,
+                    next: cur - cost,
+                    balance,
+                    lead_nanos,
+                    aux: at,
+                });
+            }
+        }
+        // As `refusal_at`.
+        if cost == 0 || epoch.slots.can_pay(slot, cost, now_tick) {
+            return Prepared::Open;
+        }
+        match Self::refusal_on_global(epoch, cost, now) {
+            Some(d) => Prepared::Refused(d),
+            None => Prepared::Open,
+        }
+    }
+
+    /// Lands `plan`, made by [`prepare_on`](LeasedBucket::prepare_on) with the same `id`
+    /// at `now` for `cost`: the slot's word taken from as read, when its epoch is still
+    /// current and the word unchanged; else the take on the bucket as it is then (on
+    /// epoch `id` only, when given, as [`take_exactly`](LeasedBucket::take_exactly)).
+    #[inline(always)]
+    pub(crate) fn commit_on(
+        &self,
+        id: Option<usize>,
+        plan: &Planned,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, AcquireError> {
+        let epoch = self.epoch();
+        if ptr::from_ref(epoch) as usize == plan.aux
+            && epoch.slots.land(thread_index(), plan.cur, cost)
+        {
+            return Ok(Decision::from_parts(
+                epoch.policy.layout(),
+                plan.balance,
+                plan.lead_nanos,
+                cost,
+                true,
+            ));
+        }
+        match id {
+            Some(id) => self.take_exactly(id, cost, now),
+            None => sealed::Sealed::take_at(self, cost, now),
         }
     }
 
@@ -1444,6 +1517,14 @@ impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
             return None;
         }
         Self::refusal_on_global(epoch, cost, now)
+    }
+    #[inline]
+    fn prepare(&self, cost: u64, now: u64, plan: &mut MaybeUninit<Prepared>) {
+        plan.write(self.prepare_on(None, cost, now));
+    }
+    #[inline]
+    fn commit(&self, plan: &Planned, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        self.commit_on(None, plan, cost, now)
     }
 }
 

@@ -201,25 +201,50 @@ impl Slots {
     #[inline]
     pub(crate) fn consume(&self, index: usize, cost: u64, now_tick: u64) -> Option<u64> {
         let word = &self.slot(index).word;
-        let stamp = now_tick & self.tick_mask;
         let mut cur = word.load(Ordering::Acquire);
         loop {
-            let stamp = if mutant!(LEASE_NEVER_EXPIRES) && cur & STATE_MASK == OPEN {
-                cur >> self.token_bits
-            } else {
-                stamp
-            };
-            // One comparison checks both the state (OPEN is zero, any other state sets
-            // bits above every stamp) and the lease tick.
-            let tokens = cur & self.token_mask;
-            if cur >> self.token_bits != stamp || tokens < cost {
-                return None;
-            }
+            let tokens = self.payable(cur, cost, now_tick)?;
             match word.compare_exchange_weak(cur, cur - cost, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some(tokens - cost),
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// The tokens a slot whose word is `cur` holds, when [`consume`](Slots::consume)
+    /// would take `cost` of them at `now_tick`: the slot OPEN, leased at that tick, and
+    /// holding enough.
+    #[inline(always)]
+    fn payable(&self, cur: u64, cost: u64, now_tick: u64) -> Option<u64> {
+        let stamp = if mutant!(LEASE_NEVER_EXPIRES) && cur & STATE_MASK == OPEN {
+            cur >> self.token_bits
+        } else {
+            now_tick & self.tick_mask
+        };
+        // One comparison checks both the state (OPEN is zero, any other state sets bits
+        // above every stamp) and the lease tick.
+        let tokens = cur & self.token_mask;
+        (cur >> self.token_bits == stamp && tokens >= cost).then_some(tokens)
+    }
+
+    /// [`consume`](Slots::consume)'s take computed on the slot's word as loaded now,
+    /// writing nothing: the word and the tokens the take would leave, or `None` when it
+    /// would take nothing. [`land`](Slots::land) makes it.
+    #[inline]
+    pub(crate) fn plan(&self, index: usize, cost: u64, now_tick: u64) -> Option<(u64, u64)> {
+        let cur = self.slot(index).word.load(Ordering::Acquire);
+        let tokens = self.payable(cur, cost, now_tick)?;
+        Some((cur, tokens - cost))
+    }
+
+    /// Takes `cost` tokens from the slot whose word [`plan`](Slots::plan) read as `cur`,
+    /// if it is still `cur`; `false`, writing nothing, otherwise.
+    #[inline]
+    pub(crate) fn land(&self, index: usize, cur: u64, cost: u64) -> bool {
+        self.slot(index)
+            .word
+            .compare_exchange(cur, cur - cost, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Whether [`consume`](Slots::consume) would find the slot able to pay `cost` now.

@@ -2,6 +2,7 @@
 //! the one borrowed bucket type every word-backed member goes through.
 
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use crate::bucket::{Bucket, RawBucket};
@@ -11,6 +12,7 @@ use crate::error::AcquireError;
 use crate::state::Layout;
 
 pub(crate) mod sealed {
+    use std::mem::MaybeUninit;
     use std::time::Duration;
 
     use crate::decision::Decision;
@@ -38,8 +40,60 @@ pub(crate) mod sealed {
             let _ = (cost, now);
             None
         }
+
+        /// The read-only first pass with the take's work done on what it read, written
+        /// to `plan`: the refusal [`refusal_at`](Sealed::refusal_at) gives, or the take
+        /// `take_at(cost, now)` would make on the word loaded now, to be landed by
+        /// [`commit`](Sealed::commit), or neither. Writes nothing shared.
+        ///
+        /// Written in place, not returned: a member called through a reference (not
+        /// inlined) returns it through memory, word by word, and a caller moving it on
+        /// would read it back in wider loads than it was stored with, which stall
+        /// (measured: BENCHMARKS.md).
+        #[inline]
+        fn prepare(&self, cost: u64, now: u64, plan: &mut MaybeUninit<Prepared>) {
+            plan.write(match self.refusal_at(cost, now) {
+                Some(d) => Prepared::Refused(d),
+                None => Prepared::Open,
+            });
+        }
+
+        /// Lands the take `plan` that [`prepare`](Sealed::prepare) made at `now` for
+        /// `cost`: one compare-and-swap when the word is still the one it read, else
+        /// `take_at(cost, now)` on the word as it is then.
+        #[inline]
+        fn commit(&self, plan: &Planned, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+            let _ = plan;
+            self.take_at(cost, now)
+        }
+    }
+
+    /// What a member's read-only first pass found ([`Sealed::prepare`]).
+    #[derive(Clone, Copy, Debug)]
+    pub enum Prepared {
+        /// The balance seen cannot pay: the refusal, nothing written.
+        Refused(Decision),
+        /// The balance seen can pay: the take computed on the word read.
+        Take(Planned),
+        /// Only the take can tell (a word behind the reading, a pass due, a slot that
+        /// cannot pay alone, a sealed word): [`Sealed::take_at`] decides.
+        Open,
+    }
+
+    /// A take computed on a word as loaded: `cur` to `next`, and the decision the take
+    /// gives if it lands, as its [`parts`](Decision::parts).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Planned {
+        pub(crate) cur: u64,
+        pub(crate) next: u64,
+        pub(crate) balance: i64,
+        pub(crate) lead_nanos: i64,
+        /// The member's own (a leased bucket's slot index).
+        pub(crate) aux: usize,
     }
 }
+
+pub(crate) use sealed::{Planned, Prepared};
 
 /// A bucket that can take part in [`acquire_all`](crate::acquire_all): a
 /// [`Bucket`], a [`LeasedBucket`](crate::LeasedBucket), and the buckets of the crate's
@@ -201,6 +255,27 @@ impl<T: WordBacked> sealed::Sealed for T {
             return None;
         }
         b.raw.refusal(b.layout, now, cost)
+    }
+
+    #[inline(always)]
+    fn prepare(&self, cost: u64, now: u64, plan: &mut MaybeUninit<Prepared>) {
+        let b = self.bucket_ref();
+        let now = b.clock.observe(now);
+        plan.write(if self.is_due(now) {
+            // The take runs the pass first: no take is planned on the word as it is.
+            match b.raw.refusal(b.layout, now, cost) {
+                Some(d) if !self.idle_at(now) => Prepared::Refused(d),
+                _ => Prepared::Open,
+            }
+        } else {
+            b.raw.prepare(b.layout, now, cost)
+        });
+    }
+
+    #[inline(always)]
+    fn commit(&self, plan: &Planned, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let b = self.bucket_ref();
+        b.raw.commit(b.layout, b.clock, now, cost, plan)
     }
 }
 

@@ -19,6 +19,7 @@
 //! Sets of up to [`INLINE_MEMBERS`] buckets allocate nothing.
 
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use crate::decision::Decision;
@@ -35,7 +36,7 @@ pub use member::Member;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use member::sealed::Sealed as MemberOps;
-pub(crate) use member::{BucketRef, WordBacked, sealed};
+pub(crate) use member::{BucketRef, Planned, Prepared, WordBacked, sealed};
 
 /// Why [`acquire_all`] refused to decide. Nothing was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,7 +188,7 @@ pub fn acquire_all_with<M: Member + ?Sized>(
 pub(crate) fn acquire_all_at<M: Member + ?Sized>(
     requests: &[(&M, u64)],
     now: Option<u64>,
-    mut observe: impl FnMut(usize, &Decision),
+    observe: impl FnMut(usize, &Decision),
 ) -> Result<MultiDecision, MultiError> {
     for (index, &(member, cost)) in requests.iter().enumerate() {
         let capacity = member.capacity();
@@ -218,25 +219,62 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
     if !mutant!(TAKE_IN_LISTED_ORDER) {
         sort_by_id(order, requests)?;
     }
-
     let now = now.unwrap_or_else(|| first.now_nanos());
+    take_in(requests, order, now, observe)
+}
+
+/// The read-only first pass, then the takes in `order` (the position in `requests` of
+/// each member to take, in turn), rolled back on a refusal.
+#[inline(always)]
+fn take_in<M: Member + ?Sized>(
+    requests: &[(&M, u64)],
+    order: &[usize],
+    now: u64,
+    mut observe: impl FnMut(usize, &Decision),
+) -> Result<MultiDecision, MultiError> {
+    let retry_after = || {
+        requests
+            .iter()
+            .map(|&(m, c)| m.wait_at(c, now))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    };
     // First pass, read-only: a set that cannot be paid now is refused without a write
     // (I5), so refused requests neither write the shared buckets' lines nor hold their
     // tokens for a moment. Only a set that passes is taken, and a refusal then (another
     // thread got there first) rolls back. Read in the listed order: the refusal names the
-    // first listed bucket that cannot pay, whatever the buckets' addresses.
-    for (i, &(member, cost)) in requests.iter().enumerate() {
-        if let Some(decision) = member.refusal_at(cost, now) {
-            observe(i, &decision);
+    // first listed bucket that cannot pay, whatever the buckets' addresses. Each member
+    // plans its take on what it read, so that a take is one compare-and-swap when no
+    // other thread wrote the word in between.
+    let mut inline = [const { MaybeUninit::<Prepared>::uninit() }; INLINE_MEMBERS];
+    let mut heap;
+    let plans: &mut [MaybeUninit<Prepared>] = if requests.len() <= INLINE_MEMBERS {
+        &mut inline[..requests.len()]
+    } else {
+        heap = vec![MaybeUninit::uninit(); requests.len()];
+        &mut heap
+    };
+    for ((i, &(m, cost)), plan) in requests.iter().enumerate().zip(plans.iter_mut()) {
+        m.prepare(cost, now, plan);
+        // SAFETY: `prepare` wrote the plan.
+        if let Prepared::Refused(decision) = unsafe { plan.assume_init_ref() } {
+            observe(i, decision);
             return Ok(MultiDecision {
-                refused: Some((i, decision)),
-                retry_after: retry_after(requests, now),
+                refused: Some((i, *decision)),
+                retry_after: retry_after(),
             });
         }
     }
     for (taken, &i) in order.iter().enumerate() {
-        let (member, cost) = requests[i];
-        let outcome = member.take_at(cost, now);
+        let (m, cost) = requests[i];
+        // SAFETY: the first pass wrote a plan for every position (`plans` has one per
+        // request, and a refusal returned before any take). By reference: the plan's
+        // words are read back one by one, as they were stored.
+        let plan = unsafe { plans[i].assume_init_ref() };
+        let outcome = match plan {
+            Prepared::Take(p) => m.commit(p, cost, now),
+            _ => m.take_at(cost, now),
+        };
         if let Ok(d) = &outcome {
             observe(i, d);
             if d.is_admitted() {
@@ -256,7 +294,7 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
         return match outcome {
             Ok(decision) => Ok(MultiDecision {
                 refused: Some((i, decision)),
-                retry_after: retry_after(requests, now),
+                retry_after: retry_after(),
             }),
             Err(error) => Err(MultiError::Bucket { index: i, error }),
         };
@@ -265,15 +303,6 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
         refused: None,
         retry_after: Duration::ZERO,
     })
-}
-
-/// The time until every member of the set holds its cost, seen from `now`.
-fn retry_after<M: Member + ?Sized>(requests: &[(&M, u64)], now: u64) -> Duration {
-    requests
-        .iter()
-        .map(|&(m, c)| m.wait_at(c, now))
-        .max()
-        .unwrap_or(Duration::ZERO)
 }
 
 /// Sorts request positions by member identity (insertion sort for the small inline sets,

@@ -243,6 +243,18 @@ impl<'a> ScopeDecision<'a> {
         }
     }
 
+    /// The class's cost in kind `k`.
+    #[inline]
+    pub(crate) fn class_cost(&self, k: usize) -> u64 {
+        self.costs[k]
+    }
+
+    /// Records that the kinds of `set` paid (none into an overflow bucket).
+    #[inline]
+    pub(crate) fn pays_all(&mut self, set: KindSet) {
+        self.paid |= set;
+    }
+
     /// Records that kind `k`'s key holds the policies of its local tier `tier` (0: the
     /// rule's).
     #[inline]
@@ -283,12 +295,24 @@ impl<'a> ScopeDecision<'a> {
         d: &Decision,
         retry_after: Duration,
     ) -> ScopeDecision<'a> {
+        self.refused_by(k, limit, d, retry_after);
+        self
+    }
+
+    /// [`refuse`](ScopeDecision::refuse) in place.
+    #[inline]
+    pub(crate) fn refused_by(
+        &mut self,
+        k: usize,
+        limit: usize,
+        d: &Decision,
+        retry_after: Duration,
+    ) {
         self.decided = 0;
         self.decides(k, d);
         // At most MAX_POLICIES_PER_RULE limits: the index fits a byte.
         self.refused = Some(Refused::RateLimited(ScopeKind::ALL[k], limit as u8));
         self.retry_after_nanos = u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX);
-        self
     }
 
     /// Whether every scope's cost was taken.

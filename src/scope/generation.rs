@@ -19,6 +19,7 @@
 //! are that generation's. Generations are kept until the limiter is dropped (a request
 //! may still hold a replaced one).
 
+use std::mem::MaybeUninit;
 use std::ptr;
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
-use crate::multi::{Member, sealed};
+use crate::multi::{Member, Planned, Prepared, sealed};
 use crate::scope::decision::Policies;
 use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::maps::TableRef;
@@ -382,6 +383,22 @@ impl<'a, C: Clock> GlobalWord<'a, C> {
     }
 }
 
+impl<C: Clock> GlobalWord<'_, C> {
+    /// [`prepare`](sealed::Sealed::prepare)'s plan.
+    #[inline(always)]
+    pub(super) fn plan(&self, cost: u64, now: u64) -> Prepared {
+        // As the take reads it.
+        let now = self.clock.observe(now);
+        let core = self.core();
+        let passes = core.passes();
+        if passes.is_due(now) && passes.idle_at(now) {
+            return Prepared::Open;
+        }
+        core.raw()
+            .prepare_in::<Sealable>(core.policy().layout(), now, cost)
+    }
+}
+
 impl<C: Clock> Member for GlobalWord<'_, C> {
     #[inline]
     fn member_id(&self) -> usize {
@@ -432,6 +449,18 @@ impl<C: Clock> sealed::Sealed for GlobalWord<'_, C> {
         core.raw()
             .refusal_in::<Sealable>(core.policy().layout(), now, cost)
             .unwrap_or(None)
+    }
+
+    #[inline(always)]
+    fn prepare(&self, cost: u64, now: u64, plan: &mut MaybeUninit<Prepared>) {
+        plan.write(self.plan(cost, now));
+    }
+
+    #[inline(always)]
+    fn commit(&self, plan: &Planned, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        let core = self.core();
+        core.raw()
+            .commit_in::<Sealable, C>(core.policy().layout(), self.clock, now, cost, plan)
     }
 }
 

@@ -10,11 +10,12 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::inherit::Inherit;
 use crate::keyed::{
-    KeyedLimiter, KeyedOptions, Overflow, Slot, SweepReport, Switch, convert_between,
+    KeyedLimiter, KeyedOptions, Overflow, Sections, Slot, SweepReport, Switch, convert_between,
 };
 use crate::policy::Policy;
-use crate::scope::decision::{KindPolicies, KindSet};
+use crate::scope::decision::{KindPolicies, KindSet, bit};
 use crate::scope::generation::{Generation, carried};
+use crate::scope::held::HeldKinds;
 use crate::scope::kind::{
     ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
@@ -917,6 +918,9 @@ where
     }
 }
 
+/// The keyed kinds: at most this many reader sections are held by one request.
+pub(super) const KEYED_KINDS: usize = ScopeKind::COUNT - 1;
+
 /// The slots of a kind the request does not pay (`$kind` only counts a place).
 macro_rules! unpaid {
     ($kind:ident) => {
@@ -1020,15 +1024,60 @@ macro_rules! define_maps {
             /// and a cost (the kinds [`with_slots`](KeyedMaps::with_slots) holds a slot of).
             #[inline]
             pub(super) fn pays_keyed(&self, request: &Request, costs: &PerKind<u64>) -> bool {
-                self.any && self.paid_kinds(request, costs) != 0
+                self.paid_kinds(request, costs) != 0
             }
 
-            /// The keyed kinds `request` pays, as bits by [`ScopeKind::index`].
+            /// The keyed kinds `request` pays, as bits by [`ScopeKind::index`] (none, at
+            /// once, on a limiter without keyed maps).
             #[inline]
-            fn paid_kinds(&self, request: &Request, costs: &PerKind<u64>) -> KindSet {
+            pub(super) fn paid_kinds(&self, request: &Request, costs: &PerKind<u64>) -> KindSet {
+                if !self.any {
+                    return 0;
+                }
                 0 $(| (KindSet::from(self.$kind.is_some()
                     && costs[ScopeKind::$kind.index()] > 0
                     $(&& request.$field.is_some())+) << ScopeKind::$kind.index()))*
+            }
+
+            /// The bucket of every keyed kind in `paid` (kinds `request` pays, from
+            /// [`paid_kinds`](KeyedMaps::paid_kinds)) held in a reader section of its
+            /// shard in generation `g`'s maps, kept by `sections`, the sections entered
+            /// in kind order (the lock order), each listed in `held` with its key's
+            /// local tier. `false` when a kind's bucket cannot be held so (see
+            /// [`KeyedLimiter::hold`]: a new key, a writer on its shard), or its key's
+            /// policies hold several limits: the request then takes
+            /// [`with_slots`](KeyedMaps::with_slots) (what `sections` holds ends with
+            /// it).
+            #[inline(always)]
+            pub(super) fn hold<'h>(
+                &'h self,
+                g: &Generation,
+                request: &Request,
+                paid: KindSet,
+                sections: &'h Sections<'h, KEYED_KINDS>,
+                held: &mut HeldKinds<'h, C>,
+            ) -> bool {
+                $(
+                if paid & bit(ScopeKind::$kind.index()) != 0 {
+                    let key = match ($(request.$field,)+) {
+                        ($(Some($field),)+) => ($($field,)+),
+                        #[allow(unreachable_patterns)]
+                        _ => return false,
+                    };
+                    let Some(m) = self.$kind.as_ref() else {
+                        return false;
+                    };
+                    let (tier, limits) = m.limits_of(g, &key);
+                    if !limits.extra.is_empty() {
+                        return false;
+                    }
+                    let Some(h) = limits.map.hold(&key, sections) else {
+                        return false;
+                    };
+                    held.push(ScopeKind::$kind.index(), tier, h);
+                }
+                )*
+                true
             }
 
             /// Runs `f` with the slots of every keyed kind `request` pays (at `costs`)

@@ -35,6 +35,9 @@ mod decision;
 mod generation;
 #[cfg(test)]
 mod global_path;
+mod held;
+#[cfg(test)]
+mod held_path;
 mod inline;
 mod kind;
 mod maps;
@@ -46,6 +49,7 @@ mod tiers;
 
 use std::fmt;
 use std::hash::BuildHasher;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +60,7 @@ use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, sweep_interval};
 use crate::leased::LeasedBucket;
-use crate::multi::{Member, MultiError, acquire_all_at, sealed};
+use crate::multi::{Member, MultiError, Planned, Prepared, acquire_all_at, sealed};
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
@@ -174,6 +178,24 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
             Payer::Word(h) => h.refusal_at(cost, now),
             Payer::Global(g) => g.refusal_at(cost, now),
             Payer::Leased(b, g, _) => b.refusal_exactly(g.leased_epoch, cost, now),
+        }
+    }
+    #[inline(always)]
+    fn prepare(&self, cost: u64, now: u64, plan: &mut MaybeUninit<Prepared>) {
+        match self {
+            Payer::Word(h) => h.prepare(cost, now, plan),
+            Payer::Global(g) => g.prepare(cost, now, plan),
+            Payer::Leased(b, g, _) => {
+                plan.write(b.prepare_on(Some(g.leased_epoch), cost, now));
+            }
+        }
+    }
+    #[inline(always)]
+    fn commit(&self, plan: &Planned, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        match self {
+            Payer::Word(h) => h.commit(plan, cost, now),
+            Payer::Global(g) => g.commit(plan, cost, now),
+            Payer::Leased(b, g, _) => b.commit_on(Some(g.leased_epoch), plan, cost, now),
         }
     }
 }
@@ -588,21 +610,27 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         request: &Request,
         class: ClassId,
     ) -> Result<ScopeDecision<'_>, ScopeError> {
-        // A request that pays the global scope alone, on a limiter with no remote store:
-        // decided here, without the keyed kinds' nest (whose set-up a compiler hoists
-        // above its branches) and without the retry loop, which a sealed word sends
-        // the request to (it took nothing there).
+        // On a limiter with no remote store and a global scope of one bucket, a request
+        // that pays the global scope alone, or keys already in their maps, is decided
+        // here: without the keyed kinds' nest (whose set-up a compiler hoists above its
+        // branches), its locks, and the retry loop, which a sealed word sends the
+        // request to (it took nothing here). See `held` for the second.
         if class.limiter == self.id && self.remote.is_none() {
             let g = self.generation();
             if let Some(work) = g.classes.get(class.index as usize) {
                 let costs = work.costs();
-                if g.global_single && !self.maps.pays_keyed(request, costs) {
-                    let now = self.now_on(g);
-                    // A sealed global word took nothing: the request starts again on
-                    // `pay_scopes`' loop.
-                    return self.decide_global(g, costs, costs, request, now, || {
-                        self.pay_scopes(request, class)
-                    });
+                if g.global_single {
+                    let paid = self.maps.paid_kinds(request, costs);
+                    if paid == 0 {
+                        let now = self.now_on(g);
+                        // A sealed global word took nothing: the request starts again
+                        // on `pay_scopes`' loop.
+                        return self.decide_global(g, costs, costs, request, now, || {
+                            self.pay_scopes(request, class)
+                        });
+                    }
+                    // Keys already in their maps, held in reader sections.
+                    return self.pay_held(g, costs, request, class, paid);
                 }
             }
         }
@@ -1083,10 +1111,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// nothing).
     #[inline(always)]
     fn now_on(&self, g: &Generation) -> u64 {
-        let now = self.clock.now_nanos();
-        g.words
-            .iter()
-            .fold(now, |now, core| core.at::<Sealable, C>(&self.clock, now))
+        let mut now = self.clock.now_nanos();
+        for core in g.words.iter() {
+            now = core.at::<Sealable, C>(&self.clock, now);
+        }
+        now
     }
 
     /// Sweeps every keyed map ([`KeyedLimiter::sweep`](crate::KeyedLimiter::sweep)) and re-anchors the global bucket

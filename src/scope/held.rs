@@ -1,0 +1,270 @@
+//! A request decided on buckets held in reader sections: no lock, no closure per kind.
+//!
+//! Most requests of a running service name keys already in their maps. For those, on a
+//! limiter with no remote store and a global scope of one bucket, each keyed bucket the
+//! request pays is found in a reader section of its shard ([`KeyedMaps::hold`]), the
+//! sections entered in kind order (the lock order of the [`ScopedLimiter`] docs), and
+//! the buckets are paid all or none in that order, at one clock reading. Every other
+//! request (a new key, a writer on a shard, a rule with several limits, a pass due, a
+//! sealed word) takes the locked path, with nothing taken here.
+//!
+//! Why it decides as the locked path does:
+//!
+//! * A section, like a shard's read lock, keeps every writer out of its shard until it
+//!   ends, so each held bucket stays in its map, at its address, in its epoch. Sections
+//!   never wait, and a writer holds one shard at a time (a switch holds every shard in
+//!   the lock order), so holding several, entered in the lock order, waits on no one.
+//! * A switch publishes a generation only while it holds every map's barrier. Once the
+//!   sections are entered, the generation read before them is checked to be still the
+//!   current one: if it is, it stays current until the sections end, so the request is
+//!   decided wholly on it (as under the locks, see [`generation`](super::generation)).
+//! * The buckets are paid as [`acquire_all`](crate::acquire_all) pays them, less its
+//!   capacity check and its sort: every class cost fits every policy (checked when the
+//!   rules are built and reconfigured), and kind order is one order every request of
+//!   the limiter keeps. A read-only first pass refuses, writing nothing, when a bucket
+//!   seen now cannot pay (naming the first in kind order), each bucket planning its
+//!   take on the word it read; the takes follow in kind order, each one
+//!   compare-and-swap when no other thread wrote the word in between; a take refused
+//!   even so (a race) has every earlier one given back; a take that meets an error
+//!   has every earlier one given back, and the request goes to the locked path.
+//!
+//! [`KeyedMaps::hold`]: super::maps::KeyedMaps::hold
+
+use std::hash::BuildHasher;
+use std::mem::MaybeUninit;
+use std::ptr;
+use std::time::Duration;
+
+use super::decision::KindSet;
+use super::generation::Generation;
+use super::inline::Inline;
+use super::kind::{PerKind, ScopeKind};
+use super::maps::KEYED_KINDS;
+use super::rules::{ClassId, Request};
+use super::{Payer, ScopeDecision, ScopeError, ScopedLimiter};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::keyed::{Handle, Held, Sections};
+use crate::multi::{Prepared, sealed::Sealed};
+use crate::pass::Passes;
+use crate::telemetry::Attempt;
+
+/// One keyed kind's bucket held in a reader section: what the request pays there.
+pub(super) struct Keyed<'h, C> {
+    handle: Handle<'h, C>,
+    cost: u64,
+    kind: usize,
+    tier: u8,
+    passes: &'h Passes,
+}
+
+impl<C> Clone for Keyed<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<C> Copy for Keyed<'_, C> {}
+
+/// The keyed kinds' buckets a request holds, in kind order (the order their sections
+/// were entered in, and the order they are taken in).
+pub(super) struct HeldKinds<'h, C> {
+    costs: &'h PerKind<u64>,
+    list: Inline<Keyed<'h, C>, KEYED_KINDS>,
+}
+
+impl<'h, C> HeldKinds<'h, C> {
+    /// Lists kind `k`'s bucket, held, of a key of local tier `tier`.
+    #[inline(always)]
+    pub(super) fn push(&mut self, k: usize, tier: u8, held: Held<'h, C>) {
+        self.list.push(Keyed {
+            handle: held.handle,
+            cost: self.costs[k],
+            kind: k,
+            tier,
+            passes: held.passes(),
+        });
+    }
+}
+
+impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
+    /// Pays `costs` (of `class`) for `request`, whose keyed kinds are `paid` (not
+    /// empty), on generation `g` (the current one when called), whose global scope has
+    /// at most one bucket: on buckets held in reader sections where it can, else, with
+    /// nothing taken and every section ended, on the locked path (see the module
+    /// docs). Out of line, so that the global scope's own path stays small.
+    #[inline(never)]
+    pub(super) fn pay_held<'s>(
+        &'s self,
+        g: &'s Generation,
+        costs: &'s PerKind<u64>,
+        request: &Request,
+        class: ClassId,
+        paid: KindSet,
+    ) -> Result<ScopeDecision<'s>, ScopeError> {
+        let sections = Sections::<KEYED_KINDS>::new();
+        let mut held = HeldKinds {
+            costs,
+            list: Inline::new(),
+        };
+        let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
+        // With a section held, no switch can publish until it ends; one may have
+        // published before the first was entered.
+        if !all_held || !ptr::eq(self.generation(), g) {
+            // The locked path takes the shards' locks: the sections end first.
+            drop(sections);
+            return self.pay_scopes(request, class);
+        }
+        let now = self.now_on(g);
+        let keyed = held.list.as_slice();
+        // A map's pass locks every shard: it runs on the locked path.
+        if keyed.iter().any(|e| e.passes.is_due(now)) {
+            drop(sections);
+            return self.pay_scopes(request, class);
+        }
+        let global = self.global_payer(g, costs);
+        let global_cost = costs[ScopeKind::Global.index()];
+        let mut decision = ScopeDecision::new(request, costs, &g.policies);
+        // A held bucket is its key's own, never the kind's overflow bucket.
+        decision.pays_all(paid | KindSet::from(global.is_some()));
+        for e in keyed {
+            decision.in_tier(e.kind, e.tier);
+        }
+        let attempt = request.attempt;
+        let refused = |decision: &mut ScopeDecision<'_>, at: Option<usize>, d: &Decision| {
+            self.refused_held(decision, global.as_ref(), keyed, at, d, now, attempt);
+        };
+        // The first pass, read-only, in kind order: a refusal writes nothing.
+        let mut global_plan = MaybeUninit::<Prepared>::uninit();
+        if let Some(p) = &global {
+            p.prepare(global_cost, now, &mut global_plan);
+            // SAFETY: `prepare` wrote the plan.
+            if let Prepared::Refused(d) = unsafe { global_plan.assume_init_ref() } {
+                refused(&mut decision, None, d);
+                return Ok(decision);
+            }
+        }
+        let mut plans = [const { MaybeUninit::<Prepared>::uninit() }; KEYED_KINDS];
+        for (i, (e, plan)) in keyed.iter().zip(plans.iter_mut()).enumerate() {
+            e.handle.prepare(e.cost, now, plan);
+            // SAFETY: `prepare` wrote the plan.
+            if let Prepared::Refused(d) = unsafe { plan.assume_init_ref() } {
+                refused(&mut decision, Some(i), d);
+                return Ok(decision);
+            }
+        }
+        // The takes, in kind order: each lands its plan, or decides on the word as it is
+        // then (a race since the first pass); the buckets taken are given back, newest
+        // first, if one refuses or fails (an error: a sealed word, which a switch that
+        // began after the check above cannot make while a section is held, but the
+        // locked path handles whatever it is).
+        if let Some(p) = &global {
+            // SAFETY: the first pass wrote the plan.
+            let outcome = match unsafe { global_plan.assume_init_ref() } {
+                Prepared::Take(plan) => p.commit(plan, global_cost, now),
+                _ => p.take_at(global_cost, now),
+            };
+            match outcome {
+                Ok(d) if d.is_admitted() => decision.decides(ScopeKind::Global.index(), &d),
+                Ok(d) => {
+                    refused(&mut decision, None, &d);
+                    return Ok(decision);
+                }
+                Err(_) => {
+                    drop(sections);
+                    return self.pay_scopes(request, class);
+                }
+            }
+        }
+        for (i, (e, plan)) in keyed.iter().zip(&plans).enumerate() {
+            // SAFETY: the first pass wrote the plan of every bucket listed.
+            let outcome = match unsafe { plan.assume_init_ref() } {
+                Prepared::Take(plan) => e.handle.commit(plan, e.cost, now),
+                _ => e.handle.take_at(e.cost, now),
+            };
+            match outcome {
+                Ok(d) if d.is_admitted() => decision.decides(e.kind, &d),
+                Ok(d) => {
+                    give_back(global.as_ref(), global_cost, &keyed[..i], now);
+                    refused(&mut decision, Some(i), &d);
+                    return Ok(decision);
+                }
+                Err(_) => {
+                    give_back(global.as_ref(), global_cost, &keyed[..i], now);
+                    drop(sections);
+                    return self.pay_scopes(request, class);
+                }
+            }
+        }
+        if let Some(p) = &global {
+            p.counters().record(true, global_cost, attempt);
+        }
+        for e in keyed {
+            e.handle.counters.record(true, e.cost, attempt);
+        }
+        #[cfg(test)]
+        super::held_path::count_held();
+        Ok(decision)
+    }
+
+    /// Makes `decision` the refusal of the held bucket `keyed[i]` (the global scope's
+    /// for `None`), which decided `d` at `now`, with the time until every bucket the
+    /// request pays holds its cost, and counts it.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn refused_held(
+        &self,
+        decision: &mut ScopeDecision<'_>,
+        global: Option<&Payer<'_, C>>,
+        keyed: &[Keyed<'_, C>],
+        at: Option<usize>,
+        d: &Decision,
+        now: u64,
+        attempt: Attempt,
+    ) {
+        let global_cost = decision.class_cost(ScopeKind::Global.index());
+        let retry_after = global
+            .map(|p| p.wait_at(global_cost, now))
+            .into_iter()
+            .chain(keyed.iter().map(|e| e.handle.wait_at(e.cost, now)))
+            .max()
+            .unwrap_or(Duration::ZERO);
+        let k = match at.and_then(|i| keyed.get(i)) {
+            Some(e) => {
+                e.handle.counters.record(false, e.cost, attempt);
+                e.kind
+            }
+            None => {
+                if let Some(p) = global {
+                    p.counters().record(false, global_cost, attempt);
+                }
+                ScopeKind::Global.index()
+            }
+        };
+        decision.refused_by(k, 0, d, retry_after);
+        #[cfg(test)]
+        super::held_path::count_held();
+    }
+}
+
+/// Gives back what the held path took (the global scope's bucket, if it pays one, and
+/// the keyed buckets `taken`), newest first.
+#[cold]
+#[inline(never)]
+fn give_back<C: Clock>(
+    global: Option<&Payer<'_, C>>,
+    global_cost: u64,
+    taken: &[Keyed<'_, C>],
+    now: u64,
+) {
+    if mutant!(ROLLBACK_SKIPS_REFUND) {
+        return;
+    }
+    for e in taken.iter().rev() {
+        e.handle.refund_at(e.cost, now);
+    }
+    if let Some(p) = global {
+        p.refund_at(global_cost, now);
+    }
+}
