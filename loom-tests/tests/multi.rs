@@ -211,3 +211,15 @@ fn taking_in_listed_order_is_caught() {
         OPPOSITE.expect_violation(&tokengate::mutants::TAKE_IN_LISTED_ORDER, opposite_orders());
     assert!(message.contains("I7"), "{message}");
 }
+
+/// Each take is planned on the word the read-only pass loaded and landed by one
+/// compare-and-swap from it: landed by a plain store instead, a take another thread
+/// made in between is overwritten (a token minted).
+#[test]
+fn a_planned_take_landed_without_a_compare_and_swap_is_caught() {
+    let message = OVERLAPPING.expect_violation(
+        &tokengate::mutants::PLANNED_TAKE_STORES_BLIND,
+        overlapping_sets(&Seen::default()),
+    );
+    assert!(message.contains("conservation"), "{message}");
+}

@@ -22,9 +22,16 @@ use tokengate::{Inherit, Policy};
 
 type Limiter = ScopedLimiter<Forward, BuildHasherDefault<DefaultHasher>>;
 
-/// As in `scoped_reconfigure`: a scoped request's lists live on the stack.
+/// As in `scoped_reconfigure`: a scoped request's lists live on the stack, more than a
+/// loom thread's default holds.
 fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
     thread::Builder::new().stack_size(4 << 20).spawn(f).unwrap()
+}
+
+/// Runs a model's body on a thread of its own (the model's main thread has loom's
+/// default stack).
+fn run(f: impl FnOnce() + Send + 'static) {
+    spawn(f).join().unwrap();
 }
 
 fn p(capacity: u64) -> Policy {
@@ -34,17 +41,22 @@ fn p(capacity: u64) -> Policy {
 /// Tenants and users of `capacity` tokens (a fixed hasher: the model must be
 /// deterministic), one shard each.
 fn rules(capacity: u64) -> RuleSet {
+    rules_of(capacity, capacity)
+}
+
+/// Tenants of `tenants` tokens and users of `users`, one shard each.
+fn rules_of(tenants: u64, users: u64) -> RuleSet {
     RuleSet::new()
         .rule(
             ScopeKind::Tenant,
-            Rule::new(p(capacity))
+            Rule::new(p(tenants))
                 .max_keys(8)
                 .shards(1)
                 .inherit(Inherit::Additive),
         )
         .rule(
             ScopeKind::User,
-            Rule::new(p(capacity))
+            Rule::new(p(users))
                 .max_keys(8)
                 .shards(1)
                 .inherit(Inherit::Additive),
@@ -55,8 +67,12 @@ fn rules(capacity: u64) -> RuleSet {
 /// Tenants 1 to 3 and users 1 and 2 in their maps, full. Three tenants fill the shard's
 /// first allocation: the next one grows it.
 fn limiter() -> Arc<Limiter> {
+    limiter_of(rules(2))
+}
+
+fn limiter_of(rules: RuleSet) -> Arc<Limiter> {
     let limiter = Arc::new(
-        rules(2)
+        rules
             .build_with(Forward::new(), BuildHasherDefault::default())
             .unwrap(),
     );
@@ -79,34 +95,36 @@ fn left(limiter: &Limiter, scope: Scope) -> f64 {
 /// entry moves). Every admission and every balance exact.
 fn held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
-        let limiter = limiter();
-        let one = limiter.class("one").unwrap();
-        let reader = {
-            let limiter = limiter.clone();
-            spawn(move || {
-                let r = Request::new().tenant(TenantId(1)).user(UserId(1));
-                [limiter.try_acquire(&r, one), limiter.try_acquire(&r, one)]
-                    .map(|d| d.unwrap().is_admitted())
-            })
-        };
-        let w = Request::new().tenant(TenantId(4)).user(UserId(2));
-        let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
-        let admitted = reader.join().unwrap();
-        assert_eq!(admitted, [true, true], "a held request's admission lost");
-        assert!(inserted, "the new key's request refused");
-        assert_eq!(limiter.len(ScopeKind::Tenant), 4);
-        for (scope, expected) in [
-            (Scope::Tenant(TenantId(1)), 0.0),
-            (Scope::User(UserId(1)), 0.0),
-            (Scope::Tenant(TenantId(4)), 1.0),
-            (Scope::User(UserId(2)), 1.0),
-        ] {
-            assert_eq!(
-                left(&limiter, scope),
-                expected,
-                "tokens lost or minted on {scope}"
-            );
-        }
+        run(move || {
+            let limiter = limiter();
+            let one = limiter.class("one").unwrap();
+            let reader = {
+                let limiter = limiter.clone();
+                spawn(move || {
+                    let r = Request::new().tenant(TenantId(1)).user(UserId(1));
+                    [limiter.try_acquire(&r, one), limiter.try_acquire(&r, one)]
+                        .map(|d| d.unwrap().is_admitted())
+                })
+            };
+            let w = Request::new().tenant(TenantId(4)).user(UserId(2));
+            let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
+            let admitted = reader.join().unwrap();
+            assert_eq!(admitted, [true, true], "a held request's admission lost");
+            assert!(inserted, "the new key's request refused");
+            assert_eq!(limiter.len(ScopeKind::Tenant), 4);
+            for (scope, expected) in [
+                (Scope::Tenant(TenantId(1)), 0.0),
+                (Scope::User(UserId(1)), 0.0),
+                (Scope::Tenant(TenantId(4)), 1.0),
+                (Scope::User(UserId(2)), 1.0),
+            ] {
+                assert_eq!(
+                    left(&limiter, scope),
+                    expected,
+                    "tokens lost or minted on {scope}"
+                );
+            }
+        })
     }
 }
 
@@ -116,26 +134,29 @@ fn held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
 /// left): the same balances either way, and both scopes paid together.
 fn held_racing_a_sweep(evicted: Tally) -> impl Fn() + Sync + Send + 'static {
     move || {
-        let limiter = limiter();
-        let one = limiter.class("one").unwrap();
-        let reader = {
-            let limiter = limiter.clone();
-            spawn(move || {
-                let r = Request::new().tenant(TenantId(1)).user(UserId(1));
-                limiter.try_acquire(&r, one).unwrap().is_admitted()
-            })
-        };
-        let report = limiter.sweep();
-        let admitted = reader.join().unwrap();
-        assert!(admitted, "the held request's admission lost");
-        for scope in [Scope::Tenant(TenantId(1)), Scope::User(UserId(1))] {
-            assert_eq!(
-                left(&limiter, scope),
-                1.0,
-                "tokens lost or minted on {scope} across the sweep: {report:?}"
-            );
-        }
-        evicted.hit_if(report.evicted > 0);
+        let evicted = evicted.clone();
+        run(move || {
+            let limiter = limiter();
+            let one = limiter.class("one").unwrap();
+            let reader = {
+                let limiter = limiter.clone();
+                spawn(move || {
+                    let r = Request::new().tenant(TenantId(1)).user(UserId(1));
+                    limiter.try_acquire(&r, one).unwrap().is_admitted()
+                })
+            };
+            let report = limiter.sweep();
+            let admitted = reader.join().unwrap();
+            assert!(admitted, "the held request's admission lost");
+            for scope in [Scope::Tenant(TenantId(1)), Scope::User(UserId(1))] {
+                assert_eq!(
+                    left(&limiter, scope),
+                    1.0,
+                    "tokens lost or minted on {scope} across the sweep: {report:?}"
+                );
+            }
+            evicted.hit_if(report.evicted > 0);
+        })
     }
 }
 
@@ -144,34 +165,107 @@ fn held_racing_a_sweep(evicted: Tally) -> impl Fn() + Sync + Send + 'static {
 /// what the reader took, and it took the same from each.
 fn held_racing_a_switch() -> impl Fn() + Sync + Send + 'static {
     || {
-        let limiter = limiter();
-        let one = limiter.class("one").unwrap();
-        let reader = {
-            let limiter = limiter.clone();
-            spawn(move || {
-                let r = Request::new().tenant(TenantId(1)).user(UserId(1));
-                [limiter.try_acquire(&r, one), limiter.try_acquire(&r, one)]
-                    .map(|d| i64::from(d.unwrap().is_admitted()))
-                    .iter()
-                    .sum::<i64>()
-            })
-        };
-        limiter.reconfigure(rules(3)).unwrap();
-        let net = reader.join().unwrap();
-        assert_eq!(net, 2, "an admission refused with tokens left");
-        for scope in [Scope::Tenant(TenantId(1)), Scope::User(UserId(1))] {
-            assert_eq!(
-                left(&limiter, scope) + net as f64,
-                3.0,
-                "tokens lost or minted on {scope} at the switch: net taken {net}"
-            );
-        }
+        run(move || {
+            let limiter = limiter();
+            let one = limiter.class("one").unwrap();
+            let reader = {
+                let limiter = limiter.clone();
+                spawn(move || {
+                    let r = Request::new().tenant(TenantId(1)).user(UserId(1));
+                    [limiter.try_acquire(&r, one), limiter.try_acquire(&r, one)]
+                        .map(|d| i64::from(d.unwrap().is_admitted()))
+                        .iter()
+                        .sum::<i64>()
+                })
+            };
+            limiter.reconfigure(rules(3)).unwrap();
+            let net = reader.join().unwrap();
+            assert_eq!(net, 2, "an admission refused with tokens left");
+            for scope in [Scope::Tenant(TenantId(1)), Scope::User(UserId(1))] {
+                assert_eq!(
+                    left(&limiter, scope) + net as f64,
+                    3.0,
+                    "tokens lost or minted on {scope} at the switch: net taken {net}"
+                );
+            }
+        })
     }
 }
 
-const INSERT: Model = Model::exhaustive("scoped held: two sections vs an insert", 2);
-const SWEEP: Model = Model::exhaustive("scoped held: two sections vs a sweep", 2);
-const SWITCH: Model = Model::exhaustive("scoped held: two sections vs a switch", 2);
+/// Two held requests, tenant 1 with user 1 and tenant 2 with user 1, where user 1 has one
+/// token (the model's body thread and one more: each has a reader record, so both are
+/// held). Exactly one is admitted; the other, if its read-only pass saw the token that
+/// the first then took, loses the race on user 1 after paying its tenant, and gives its
+/// tenant back.
+fn two_held_racing_for_one_token(lost_race: Tally) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        let lost_race = lost_race.clone();
+        run(move || {
+            let limiter = limiter_of(rules_of(2, 1));
+            let one = limiter.class("one").unwrap();
+            // Admitted; the scope named when refused; whether user 1's bucket refused.
+            let pay = move |limiter: &Limiter, tenant: u64| {
+                let r = Request::new().tenant(TenantId(tenant)).user(UserId(1));
+                let d = limiter.try_acquire(&r, one).unwrap();
+                let user_refused = d
+                    .decision(Scope::User(UserId(1)))
+                    .is_some_and(|u| u.is_rejected());
+                (d.is_admitted(), d.refused_scope(), user_refused)
+            };
+            let other = {
+                let limiter = limiter.clone();
+                spawn(move || pay(&limiter, 1))
+            };
+            let mine = pay(&limiter, 2);
+            let theirs = other.join().unwrap();
+            assert!(
+                mine.0 != theirs.0,
+                "all or nothing: not exactly one admitted: {mine:?} {theirs:?}"
+            );
+            let refused = if mine.0 { theirs } else { mine };
+            assert_eq!(refused.1, Some(Scope::User(UserId(1))));
+            assert_eq!(left(&limiter, Scope::User(UserId(1))), 0.0);
+            let tenants = left(&limiter, Scope::Tenant(TenantId(1)))
+                + left(&limiter, Scope::Tenant(TenantId(2)));
+            assert_eq!(
+                tenants, 3.0,
+                "conservation: the refused request kept its tenant's token"
+            );
+            lost_race.hit_if(refused.2);
+        })
+    }
+}
+
+const RACE: Model = Model::exhaustive("scoped held: two requests for one user's last token", 3);
+
+#[test]
+fn two_held_requests_for_one_token_are_all_or_nothing() {
+    let lost = Tally::new();
+    RACE.check(two_held_racing_for_one_token(lost.clone()));
+    assert!(lost.get() > 0, "no execution refused on user 1");
+}
+
+#[test]
+fn a_held_rollback_that_skips_the_refund_is_caught() {
+    let message = RACE.expect_violation(
+        &tokengate::mutants::ROLLBACK_SKIPS_REFUND,
+        two_held_racing_for_one_token(Tally::new()),
+    );
+    assert!(message.contains("conservation"), "{message}");
+}
+
+#[test]
+fn a_held_take_landed_without_a_compare_and_swap_is_caught() {
+    let message = RACE.expect_violation(
+        &tokengate::mutants::PLANNED_TAKE_STORES_BLIND,
+        two_held_racing_for_one_token(Tally::new()),
+    );
+    assert!(message.contains("all or nothing"), "{message}");
+}
+
+const INSERT: Model = Model::exhaustive("scoped held: two sections vs an insert", 3);
+const SWEEP: Model = Model::exhaustive("scoped held: two sections vs a sweep", 3);
+const SWITCH: Model = Model::exhaustive("scoped held: two sections vs a switch", 3);
 
 #[test]
 fn a_held_request_races_an_insert_exactly() {

@@ -26,6 +26,7 @@ impl Allocator {
         }
     }
 
+    #[cfg_attr(loom, allow(dead_code))]
     fn give_back(&mut self, index: usize) {
         self.free.push(index);
     }

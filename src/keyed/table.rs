@@ -795,6 +795,8 @@ impl<K, V> std::ops::Deref for ShardRead<'_, K, V> {
 pub(crate) struct ShardWrite<'a, K, V> {
     /// `None` only while being dropped.
     shard: Option<MutPtr<Shard<K, V>>>,
+    // Noted on drop, outside loom (whose tables are not prefetched).
+    #[cfg_attr(loom, allow(dead_code))]
     prefetch: &'a Prefetch,
     writing: &'a AtomicUsize,
     _lock: ShardWriteGuard<'a, ()>,

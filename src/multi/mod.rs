@@ -220,15 +220,35 @@ pub(crate) fn acquire_all_at<M: Member + ?Sized>(
         sort_by_id(order, requests)?;
     }
     let now = now.unwrap_or_else(|| first.now_nanos());
-    take_in(requests, order, now, observe)
+    take_in(requests, Some(order), now, observe)
+}
+
+/// [`acquire_all_at`] at `now`, for members listed in the order they are to be taken
+/// in: an order every acquirer of these members keeps (a scoped limiter's, by scope
+/// kind then limit), with no member named twice and every cost within its member's
+/// capacity, which the caller's configuration guarantees. The same passes, without the
+/// capacity check and the sort: the order does not depend on where the members are in
+/// memory.
+#[inline]
+pub(crate) fn acquire_listed_at<M: Member + ?Sized>(
+    requests: &[(&M, u64)],
+    now: u64,
+    observe: impl FnMut(usize, &Decision),
+) -> Result<MultiDecision, MultiError> {
+    debug_assert!(
+        requests.iter().all(|&(m, c)| c <= m.capacity()),
+        "every cost within its member's capacity"
+    );
+    take_in(requests, None, now, observe)
 }
 
 /// The read-only first pass, then the takes in `order` (the position in `requests` of
-/// each member to take, in turn), rolled back on a refusal.
+/// each member to take, in turn; the listed order for `None`), rolled back on a
+/// refusal.
 #[inline(always)]
 fn take_in<M: Member + ?Sized>(
     requests: &[(&M, u64)],
-    order: &[usize],
+    order: Option<&[usize]>,
     now: u64,
     mut observe: impl FnMut(usize, &Decision),
 ) -> Result<MultiDecision, MultiError> {
@@ -265,7 +285,9 @@ fn take_in<M: Member + ?Sized>(
             });
         }
     }
-    for (taken, &i) in order.iter().enumerate() {
+    let at = |n: usize| order.map_or(n, |o| o[n]);
+    for taken in 0..requests.len() {
+        let i = at(taken);
         let (m, cost) = requests[i];
         // SAFETY: the first pass wrote a plan for every position (`plans` has one per
         // request, and a refusal returned before any take). By reference: the plan's
@@ -287,8 +309,8 @@ fn take_in<M: Member + ?Sized>(
         } else {
             taken
         };
-        for &j in order[..taken].iter().rev() {
-            let (m, c) = requests[j];
+        for n in (0..taken).rev() {
+            let (m, c) = requests[at(n)];
             m.refund_at(c, now);
         }
         return match outcome {

@@ -60,7 +60,7 @@ use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, sweep_interval};
 use crate::leased::LeasedBucket;
-use crate::multi::{Member, MultiError, Planned, Prepared, acquire_all_at, sealed};
+use crate::multi::{Member, MultiError, Planned, Prepared, acquire_listed_at, sealed};
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
@@ -872,7 +872,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             }
         }
         let members = members.as_slice();
-        let outcome = acquire_all_at(members, Some(now), |i, d| {
+        // Taken in the order listed (kind, then limit): every request of the limiter
+        // lists its buckets in that one order.
+        let outcome = acquire_listed_at(members, now, |i, d| {
             // A scope reports its first limit's decision when admitted.
             if at[i].1 == 0 {
                 decision.decides(at[i].0, d)
