@@ -386,6 +386,94 @@ fn overlapping_scope_sets_with_queued_writers_never_deadlock() {
     }
 }
 
+/// Threads paying a tenant and a user each, keys already in their maps (decided on
+/// buckets held in reader sections, no lock), while another thread inserts new tenants
+/// into the same shard and sweeps (write locks, waiting out the sections): on a frozen
+/// clock, exactly the tenant's capacity is admitted, every user pays exactly its own
+/// admissions, and every refusal names the tenant.
+#[test]
+fn held_requests_racing_inserts_and_sweeps_pay_exactly() {
+    const CAPACITY: u64 = 20_000;
+    const EACH: u64 = 10_000;
+    let clock = ManualClock::new();
+    let l = Arc::new(
+        RuleSet::new()
+            .rule(
+                ScopeKind::Global,
+                counted(p(1_000_000, 1.0)).leased(tokengate::leased::LeaseConfig::new()),
+            )
+            .rule(ScopeKind::Tenant, counted(p(CAPACITY, 1.0)).shards(1))
+            .rule(ScopeKind::User, counted(p(CAPACITY, 1.0)).shards(1))
+            .class(WorkClass::new("one", 1))
+            .build_with_clock(clock)
+            .unwrap(),
+    );
+    let one = l.class("one").unwrap();
+    let threads = 4u64;
+    // Every key made first, and given back: full.
+    for u in 0..threads {
+        let d = l
+            .try_acquire(&Request::new().tenant(TenantId(1)).user(UserId(u)), one)
+            .unwrap();
+        l.refund(&d.charge().unwrap());
+    }
+    let start = Arc::new(std::sync::Barrier::new(threads as usize + 1));
+    let (done, finished) = mpsc::channel();
+    for u in 0..threads {
+        let (l, done, start) = (Arc::clone(&l), done.clone(), Arc::clone(&start));
+        std::thread::spawn(move || {
+            let r = Request::new().tenant(TenantId(1)).user(UserId(u));
+            let mut admitted = 0u64;
+            start.wait();
+            for _ in 0..EACH {
+                let d = l.try_acquire(&r, one).unwrap();
+                if d.is_admitted() {
+                    admitted += 1;
+                } else {
+                    assert_eq!(d.refused_scope(), Some(Scope::Tenant(TenantId(1))));
+                }
+            }
+            done.send((u, admitted)).unwrap();
+        });
+    }
+    let writer = {
+        let (l, start) = (Arc::clone(&l), Arc::clone(&start));
+        std::thread::spawn(move || {
+            start.wait();
+            for t in 0..2000u64 {
+                let d = l
+                    .try_acquire(&Request::new().tenant(TenantId(1_000 + t)), one)
+                    .unwrap();
+                assert!(d.is_admitted());
+                if t % 100 == 0 {
+                    l.sweep();
+                }
+            }
+        })
+    };
+    let mut total = 0;
+    for _ in 0..threads {
+        let (u, admitted) = finished
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a thread did not finish");
+        assert_eq!(
+            l.available(&Scope::User(UserId(u))),
+            Some((CAPACITY - admitted) as f64),
+            "user {u} paid other than its own {admitted} admissions"
+        );
+        total += admitted;
+    }
+    writer.join().unwrap();
+    assert_eq!(
+        total, CAPACITY,
+        "the tenant admitted other than its capacity"
+    );
+    assert_eq!(l.available(&Scope::Tenant(TenantId(1))), Some(0.0));
+    let c = l.counters(&Scope::Tenant(TenantId(1))).unwrap();
+    assert_eq!(c.original.admitted_tokens, CAPACITY + threads);
+    assert_eq!(c.original.rejected_requests, threads * EACH - CAPACITY);
+}
+
 /// A class names the limiter that gave it: another limiter refuses it, even one whose
 /// class at that position exists (and would charge another cost), and takes nothing.
 #[test]
