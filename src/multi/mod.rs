@@ -10,7 +10,9 @@
 //!    acquirers with overlapping sets meet on the first bucket they share instead of each
 //!    holding a part of what the other needs;
 //! 4. a read-only first pass refuses, writing nothing (I5), a set whose balances seen now
-//!    cannot pay; only a set that passes is taken;
+//!    cannot pay; only a set that passes is taken, each take planned on the word the
+//!    first pass read and landed by one compare-and-swap from it (the take's loop runs
+//!    only when another thread wrote the word in between);
 //! 5. if a take is refused even so (another thread took the tokens in between), the
 //!    buckets already taken are refunded in reverse order, each exactly as if it had never
 //!    been taken (I6); the result names the bucket that refused and the time until the

@@ -257,10 +257,14 @@ impl<C: Clock> sealed::Sealed for Payer<'_, C> {
 /// # Locking
 ///
 /// Each keyed kind has its own [`KeyedLimiter`](crate::KeyedLimiter) (its own shards and locks), and a request
-/// has at most one key per kind. The shard locks of a request are taken nested, always in
-/// the order of [`ScopeKind`] (tenant, user, API key, route, tenant route), each at most
-/// once, and held until every bucket has been paid or rolled back; a new key takes its
-/// shard's write lock in that same position. Writers (insertions, sweeps) hold one shard
+/// has at most one key per kind. A request whose keys are all in their maps takes no
+/// lock: each key's bucket is found in a reader section of its shard (which, like a read
+/// lock, keeps writers out until it ends, but never waits and writes only the thread's
+/// own record), the sections entered in the order of [`ScopeKind`] (tenant, user, API
+/// key, route, tenant route) and held until every bucket has been paid or rolled back.
+/// Any other request (a new key, a writer on a shard, a rule with several policies)
+/// takes the shard locks instead, nested in that same order, each at most once, and
+/// held as long; a new key takes its shard's write lock in that same position. Writers (insertions, sweeps) hold one shard
 /// lock at a time; a [`reconfigure`](ScopedLimiter::reconfigure) holds every shard of
 /// every map, taken in that same order (kind, then policy, then tier). Every thread
 /// thus acquires locks in one global order, which rules out the deadlock that reader-writer locks preferring waiting writers (std's, and so
