@@ -729,7 +729,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
 
     /// `key`'s bucket held in a reader section of its shard, kept by `sections`, for
     /// an acquisition that pays it with other maps' buckets (the caller decides at its
-    /// own clock reading, once it has checked [`Held::is_due`]). `None`, with nothing
+    /// own clock reading, once it has checked the map's [`Held::passes`]). `None`, with nothing
     /// held, where [`acquire_present`](KeyedLimiter::acquire_present) would not decide
     /// in a section: a key not in the map (or not in its current epoch), a writer on
     /// the shard, a thread without a record in the map's table or in a section of it
