@@ -86,6 +86,19 @@ fn limiter_of(rules: RuleSet) -> Arc<Limiter> {
     limiter
 }
 
+/// The reader: pays tenant 1 and user 1 `times` times, held (the keys are in their
+/// maps); whether each was admitted.
+fn reader(limiter: &Arc<Limiter>, times: usize) -> thread::JoinHandle<Vec<bool>> {
+    let limiter = limiter.clone();
+    spawn(move || {
+        let one = limiter.class("one").unwrap();
+        let r = Request::new().tenant(TenantId(1)).user(UserId(1));
+        (0..times)
+            .map(|_| limiter.try_acquire(&r, one).unwrap().is_admitted())
+            .collect()
+    })
+}
+
 fn left(limiter: &Limiter, scope: Scope) -> f64 {
     limiter.available(&scope).unwrap()
 }
@@ -98,14 +111,7 @@ fn held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
         run(move || {
             let limiter = limiter();
             let one = limiter.class("one").unwrap();
-            let reader = {
-                let limiter = limiter.clone();
-                spawn(move || {
-                    let r = Request::new().tenant(TenantId(1)).user(UserId(1));
-                    [limiter.try_acquire(&r, one), limiter.try_acquire(&r, one)]
-                        .map(|d| d.unwrap().is_admitted())
-                })
-            };
+            let reader = reader(&limiter, 2);
             let w = Request::new().tenant(TenantId(4)).user(UserId(2));
             let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
             let admitted = reader.join().unwrap();
@@ -137,17 +143,10 @@ fn held_racing_a_sweep(evicted: Tally) -> impl Fn() + Sync + Send + 'static {
         let evicted = evicted.clone();
         run(move || {
             let limiter = limiter();
-            let one = limiter.class("one").unwrap();
-            let reader = {
-                let limiter = limiter.clone();
-                spawn(move || {
-                    let r = Request::new().tenant(TenantId(1)).user(UserId(1));
-                    limiter.try_acquire(&r, one).unwrap().is_admitted()
-                })
-            };
+            let reader = reader(&limiter, 1);
             let report = limiter.sweep();
             let admitted = reader.join().unwrap();
-            assert!(admitted, "the held request's admission lost");
+            assert_eq!(admitted, [true], "the held request's admission lost");
             for scope in [Scope::Tenant(TenantId(1)), Scope::User(UserId(1))] {
                 assert_eq!(
                     left(&limiter, scope),
@@ -167,19 +166,9 @@ fn held_racing_a_switch() -> impl Fn() + Sync + Send + 'static {
     || {
         run(move || {
             let limiter = limiter();
-            let one = limiter.class("one").unwrap();
-            let reader = {
-                let limiter = limiter.clone();
-                spawn(move || {
-                    let r = Request::new().tenant(TenantId(1)).user(UserId(1));
-                    [limiter.try_acquire(&r, one), limiter.try_acquire(&r, one)]
-                        .map(|d| i64::from(d.unwrap().is_admitted()))
-                        .iter()
-                        .sum::<i64>()
-                })
-            };
+            let reader = reader(&limiter, 2);
             limiter.reconfigure(rules(3)).unwrap();
-            let net = reader.join().unwrap();
+            let net = reader.join().unwrap().into_iter().filter(|&a| a).count() as i64;
             assert_eq!(net, 2, "an admission refused with tokens left");
             for scope in [Scope::Tenant(TenantId(1)), Scope::User(UserId(1))] {
                 assert_eq!(
