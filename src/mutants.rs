@@ -136,6 +136,11 @@ pub static READER_SKIPS_FLAG: AtomicBool = AtomicBool::new(false);
 /// unseen) is not ordered after that earlier section's reads.
 pub static SECTION_ENTRY_RELAXED: AtomicBool = AtomicBool::new(false);
 
+/// The one fence of a scoped request's reader sections (`Sections::fence`, after every
+/// section's record is stored) left out: a record store may then be ordered after its
+/// shard's flag load, so a writer and a section can each miss the other.
+pub static SECTIONS_SKIP_FENCE: AtomicBool = AtomicBool::new(false);
+
 /// An all-or-nothing acquisition's planned take landed by a plain store of the word it
 /// planned, not a compare-and-swap from the word it read: a take by another thread in
 /// between is overwritten (tokens minted).

@@ -300,6 +300,16 @@ fn a_writer_that_skips_the_held_sections_is_caught() {
     assert_race(&SWITCH.expect_violation(bug, held_racing_a_switch()));
 }
 
+/// The request's sections share one fence, made once every record is stored: without
+/// it, a record store may follow its shard's flag load.
+#[test]
+fn held_sections_without_their_fence_are_caught() {
+    let bug = &tokengate::mutants::SECTIONS_SKIP_FENCE;
+    assert_race(&INSERT.expect_violation(bug, held_racing_an_insert()));
+    assert_race(&SWEEP.expect_violation(bug, held_racing_a_sweep(Tally::new())));
+    assert_race(&SWITCH.expect_violation(bug, held_racing_a_switch()));
+}
+
 #[test]
 fn a_held_section_that_skips_the_writing_flag_is_caught() {
     let bug = &tokengate::mutants::READER_SKIPS_FLAG;

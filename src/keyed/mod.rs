@@ -34,10 +34,10 @@ use epoch::{Epochs, MapEpoch};
 pub(crate) use handle::{Handle, Held};
 pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
 pub use reserve::{KeyedCharge, KeyedReserveError};
-pub(crate) use table::Sections;
 pub use table::SweepReport;
 pub(crate) use table::reanchor;
 use table::{Extra, Found, MAX_SHARD_BITS, SweepCtx, Table, full_at};
+pub(crate) use table::{Fenced, Sections};
 
 /// The most shards a keyed map may have (2^10).
 pub const MAX_SHARDS: usize = 1 << MAX_SHARD_BITS;
@@ -278,6 +278,14 @@ fn default_shards() -> usize {
 enum Store<K, S> {
     Bare(Table<K, (), S>),
     Counted(Table<K, CounterCells, S>),
+}
+
+/// A reader section announced for a key ([`KeyedLimiter::announce`]): the key's hash
+/// and shard, for [`KeyedLimiter::hold`] once the sections' fence is made.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Announced {
+    hash: u64,
+    shard: usize,
 }
 
 /// Runs `$body` with `$t` bound to the map's table, whichever extra it stores.
@@ -727,26 +735,51 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         Some(self.decide(Slot::Bucket(h), cost, now, attempt))
     }
 
-    /// `key`'s bucket held in a reader section of its shard, kept by `sections`, for
-    /// an acquisition that pays it with other maps' buckets (the caller decides at its
-    /// own clock reading, once it has checked the map's [`Held::passes`]). `None`, with nothing
-    /// held, where [`acquire_present`](KeyedLimiter::acquire_present) would not decide
-    /// in a section: a key not in the map (or not in its current epoch), a writer on
-    /// the shard, a thread without a record in the map's table or in a section of it
-    /// already, or `sections` full; the caller then takes
+    /// The first half of holding `key`'s bucket in a reader section of its shard, kept
+    /// by `sections`, for an acquisition that pays it with other maps' buckets: this
+    /// thread's record names the key's shard ([`Table::announce`]), with no fence yet.
+    /// Once every map's section is announced, [`Sections::fence`] makes the one fence
+    /// they need, and [`hold`](KeyedLimiter::hold) finishes each. `None`, with nothing
+    /// kept, for a thread without a record in the map's table or in a section of it
+    /// already, or `sections` full.
+    #[inline(always)]
+    pub(crate) fn announce<'h, Q, const N: usize>(
+        &'h self,
+        key: &Q,
+        sections: &Sections<'h, N>,
+    ) -> Option<Announced>
+    where
+        Q: Hash + ?Sized,
+    {
+        with_table!(&self.store, t => {
+            let hash = t.hash_of(key);
+            let shard = t.shard_index(hash);
+            t.announce(shard, hash, sections).then_some(Announced { hash, shard })
+        })
+    }
+
+    /// `key`'s bucket held in the reader section `at` announced ([`announce`](KeyedLimiter::announce),
+    /// then `sections`' fence), for an acquisition that pays it with other maps'
+    /// buckets (the caller decides at its own clock reading, once it has checked the
+    /// map's [`Held::passes`]). `None` where
+    /// [`acquire_present`](KeyedLimiter::acquire_present) would not decide in a
+    /// section: a writer on the shard, or a key not in the map (or not in its current
+    /// epoch); the caller then drops `sections` and takes
     /// [`with_slot`](KeyedLimiter::with_slot)'s path. See [`Sections`] on holding the
     /// sections of several maps at once.
     #[inline(always)]
     pub(crate) fn hold<'h, Q, const N: usize>(
         &'h self,
         key: &Q,
+        at: Announced,
+        fenced: &Fenced<'_, 'h, N>,
         sections: &'h Sections<'h, N>,
     ) -> Option<Held<'h, C>>
     where
         K: Borrow<Q> + 'static,
         Q: Hash + Eq + ?Sized,
     {
-        with_table!(&self.store, t => self.hold_in(t, key, sections))
+        with_table!(&self.store, t => self.hold_in(t, key, at, fenced, sections))
     }
 
     #[inline(always)]
@@ -754,25 +787,20 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         &'h self,
         t: &'h Table<K, V, S>,
         key: &Q,
+        at: Announced,
+        fenced: &Fenced<'_, 'h, N>,
         sections: &'h Sections<'h, N>,
     ) -> Option<Held<'h, C>>
     where
         K: Borrow<Q> + 'static,
         Q: Hash + Eq + ?Sized,
     {
-        if sections.is_full() {
-            return None;
-        }
-        let hash = t.hash_of(key);
-        let i = t.shard_index(hash);
-        let section = t.enter(i, hash)?;
-        // Dropped before the section, on every path but the last (declared after it).
-        let ptr = section.shard();
-        // SAFETY: in a reader section of shard `i` no writer holds the shard (one that
-        // arrives waits for the section to end) and so no `&mut` to it exists. The
-        // reference is extended past `ptr`'s borrow to `'h`, but what is read through
-        // it is returned only once `sections` keeps the section (and, under loom,
-        // `ptr`), and is lent for borrows of `sections`, which end it when dropped.
+        let ptr = t.confirm(at.shard, fenced)?;
+        // SAFETY: in a reader section of the shard no writer holds it (one that arrives
+        // waits for the section to end) and so no `&mut` to it exists. The reference is
+        // extended past `ptr`'s borrow to `'h`, but what is read through it is returned
+        // only once `sections` keeps (under loom) `ptr`, and is lent for borrows of
+        // `sections`, which end the section when dropped.
         let shard: &'h table::Shard<K, V> = unsafe { &*std::ptr::from_ref(ptr.deref()) };
         // Read in the section: a switch publishes with every shard write-locked, each
         // waiting out its sections.
@@ -780,11 +808,12 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         if shard.epoch != epoch.number {
             return None;
         }
-        let e = shard.table.find(hash, |e| e.key.borrow() == key)?;
+        let e = shard.table.find(at.hash, |e| e.key.borrow() == key)?;
         let handle = self.handle(epoch, &e.bucket, e.extra.counter_ref());
-        section.keep_in(sections);
         #[cfg(loom)]
         sections.keep_access(Box::new(ptr));
+        #[cfg(not(loom))]
+        let _ = sections;
         Some(Held::new(handle, &epoch.passes))
     }
 

@@ -372,7 +372,7 @@ impl<K, V, S> Table<K, V, S> {
         };
         record.store(i + 1, entry);
         let section = Section {
-            exit: SectionExit { record },
+            _exit: SectionExit { record },
             cell: &self.shards[i],
         };
         fence(Ordering::SeqCst);
@@ -381,6 +381,62 @@ impl<K, V, S> Table<K, V, S> {
             return None;
         }
         Some(section)
+    }
+
+    /// The first half of [`enter`](Table::enter) for a section kept by `sections`
+    /// with others: this thread's record names shard `i` (and the shard's first probe
+    /// is prefetched for `hash`), without the fence. Once every section of a request is
+    /// announced, [`Sections::fence`] makes the one fence they all need, and
+    /// [`confirm`](Table::confirm) finishes each. `false`, with nothing kept, where
+    /// `enter` gives `None` before its fence (no record, a section of this table held
+    /// already) and when `sections` is full.
+    ///
+    /// One fence serves every record stored before it: it orders each of them before
+    /// each flag loaded after it, which is all that Dekker's pattern asks of each
+    /// record and its shard's flag (see `enter`).
+    #[inline(always)]
+    pub(crate) fn announce<'a, const N: usize>(
+        &'a self,
+        i: usize,
+        hash: u64,
+        sections: &Sections<'a, N>,
+    ) -> bool {
+        if sections.is_full() {
+            return false;
+        }
+        self.shards[i].prefetch.issue::<Entry<K, V>>(hash);
+        let Some(record) = self.records.get(readers::index()) else {
+            return false;
+        };
+        if record.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        // `Release`, as in `enter`.
+        let entry = if mutant!(SECTION_ENTRY_RELAXED) {
+            Ordering::Relaxed
+        } else {
+            Ordering::Release
+        };
+        record.store(i + 1, entry);
+        sections.keep(SectionExit { record });
+        true
+    }
+
+    /// The second half of [`enter`](Table::enter) for shard `i`, announced
+    /// ([`announce`](Table::announce)) before `sections`' fence: a pointer to the
+    /// shard's data, to be dropped before `sections`; `None` when a writer holds or
+    /// awaits the shard (the caller then drops `sections` and takes the read locks).
+    #[inline(always)]
+    pub(crate) fn confirm<const N: usize>(
+        &self,
+        i: usize,
+        _fenced: &Fenced<'_, '_, N>,
+    ) -> Option<ConstPtr<Shard<K, V>>> {
+        let cell = self.shards.get(i)?;
+        if self.writing[i].load(Ordering::Acquire) != 0 && !mutant!(READER_SKIPS_FLAG) {
+            return None;
+        }
+        Some(cell.data.get())
     }
 
     /// Every shard's write lock, in shard order: no operation runs on the map while they
@@ -851,7 +907,8 @@ impl<K, V> Drop for ShardWrite<'_, K, V> {
 /// read while it lives. Dropping it (also when a key's `Hash` or `Eq` panics) clears the
 /// thread's record.
 pub(crate) struct Section<'a, K, V> {
-    exit: SectionExit<'a>,
+    /// Ends the section when dropped.
+    _exit: SectionExit<'a>,
     cell: &'a ShardCell<K, V>,
 }
 
@@ -860,14 +917,6 @@ impl<'a, K, V> Section<'a, K, V> {
     #[inline(always)]
     pub(crate) fn shard(&self) -> ConstPtr<Shard<K, V>> {
         self.cell.data.get()
-    }
-
-    /// Hands the section to `sections` (which has room: [`Sections::is_full`]), which
-    /// ends it with the others it holds.
-    #[inline(always)]
-    pub(crate) fn keep_in<const N: usize>(self, sections: &Sections<'a, N>) {
-        let Section { exit, cell: _ } = self;
-        sections.keep(exit);
     }
 }
 
@@ -886,6 +935,12 @@ struct SectionExit<'a> {
 /// number can be held at once: a section never waits, and a writer waits only for the
 /// sections of the one shard it holds (a barrier's writer, holding every shard of every
 /// map in that order, waits for each in turn, none of which waits for it).
+///
+/// Each section is entered in two halves around one fence they all share: every
+/// record is stored first ([`Table::announce`]), then [`fence`](Sections::fence), then
+/// each shard's flag is loaded ([`Table::confirm`]). A request paying two maps makes
+/// one fence, not two (a fence is a locked instruction on x86-64, about as dear as
+/// the bucket's own compare-and-swap).
 ///
 /// [`KeyedLimiter::hold`]: super::KeyedLimiter::hold
 pub(crate) struct Sections<'a, const N: usize> {
@@ -933,6 +988,24 @@ impl<'a, const N: usize> Sections<'a, N> {
     #[cfg(loom)]
     pub(crate) fn keep_access(&self, access: Box<dyn std::any::Any>) {
         self.accesses.borrow_mut().push(access);
+    }
+}
+
+/// The fence of [`Sections::fence`] made: each section announced before it may be
+/// confirmed ([`Table::confirm`]).
+pub(crate) struct Fenced<'s, 'a, const N: usize> {
+    _sections: &'s Sections<'a, N>,
+}
+
+impl<'a, const N: usize> Sections<'a, N> {
+    /// The one `SeqCst` fence between the records of every section announced so far
+    /// ([`Table::announce`]) and the loads of their shards' flags ([`Table::confirm`]).
+    #[inline(always)]
+    pub(crate) fn fence(&self) -> Fenced<'_, 'a, N> {
+        if !mutant!(SECTIONS_SKIP_FENCE) {
+            fence(Ordering::SeqCst);
+        }
+        Fenced { _sections: self }
     }
 }
 

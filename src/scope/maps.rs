@@ -1041,14 +1041,16 @@ macro_rules! define_maps {
 
             /// The bucket of every keyed kind in `paid` (kinds `request` pays, from
             /// [`paid_kinds`](KeyedMaps::paid_kinds)) held in a reader section of its
-            /// shard in generation `g`'s maps, kept by `sections`, the sections entered
-            /// in kind order (the lock order), each listed in `held` with its key's
-            /// local tier. `false` when a kind's bucket cannot be held so (see
-            /// [`KeyedLimiter::hold`]: a new key, a writer on its shard), or its key's
-            /// policies hold several limits: the request then takes
-            /// [`with_slots`](KeyedMaps::with_slots) (what `sections` holds ends with
-            /// it).
+            /// shard in generation `g`'s maps, kept by `sections`, each listed in `held`
+            /// with its key's local tier. The sections are announced in kind order (the
+            /// lock order), then one fence serves them all ([`Sections::fence`]), then
+            /// each is confirmed and its key looked up, in kind order. `false` when a
+            /// kind's bucket cannot be held so (see [`KeyedLimiter::hold`]: a new key, a
+            /// writer on its shard), or its key's policies hold several limits: the
+            /// request then takes [`with_slots`](KeyedMaps::with_slots) (what `sections`
+            /// holds ends with it).
             #[inline(always)]
+            #[allow(non_snake_case)]
             pub(super) fn hold<'h>(
                 &'h self,
                 g: &Generation,
@@ -1058,7 +1060,7 @@ macro_rules! define_maps {
                 held: &mut HeldKinds<'h, C>,
             ) -> bool {
                 $(
-                if paid & bit(ScopeKind::$kind.index()) != 0 {
+                let $kind = if paid & bit(ScopeKind::$kind.index()) != 0 {
                     let key = match ($(request.$field,)+) {
                         ($(Some($field),)+) => ($($field,)+),
                         #[allow(unreachable_patterns)]
@@ -1071,7 +1073,22 @@ macro_rules! define_maps {
                     if !limits.extra.is_empty() {
                         return false;
                     }
-                    let Some(h) = limits.map.hold(&key, sections) else {
+                    let Some(at) = limits.map.announce(&key, sections) else {
+                        return false;
+                    };
+                    Some((key, tier, limits, at))
+                } else {
+                    None
+                };
+                )*
+                let fenced = sections.fence();
+                $(
+                if paid & bit(ScopeKind::$kind.index()) != 0 {
+                    // Announced above (else the request left).
+                    let Some((key, tier, limits, at)) = $kind else {
+                        return false;
+                    };
+                    let Some(h) = limits.map.hold(&key, at, &fenced, sections) else {
                         return false;
                     };
                     held.push(ScopeKind::$kind.index(), tier, h);
