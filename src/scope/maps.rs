@@ -19,7 +19,7 @@ use crate::scope::held::HeldKinds;
 use crate::scope::kind::{
     ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
-use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Reshape, Rule, RuleError};
+use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Reshape, Rule, RuleError, charged};
 use crate::scope::tiers::{KindTiers, TierShape};
 use crate::telemetry::{Attempt, CounterCells, CounterSnapshot};
 
@@ -966,9 +966,9 @@ macro_rules! define_maps {
         #[allow(non_snake_case)]
         pub(super) struct KeyedMaps<C: Clock, S> {
             $($kind: Option<KindMap<($($ty,)+), C, S>>,)*
-            /// Whether any keyed kind has a map: a limiter without one decides its
-            /// requests on the global scope alone.
-            any: bool,
+            /// The keyed kinds that have a map (none: the limiter decides its requests
+            /// on the global scope alone).
+            kinds: KindSet,
         }
 
         impl<C: Clock + Clone, S: BuildHasher + Clone> KeyedMaps<C, S> {
@@ -992,9 +992,9 @@ macro_rules! define_maps {
                         },
                         |&($($field,)+)| Scope::$kind($($field),+),
                     )?,)*
-                    any: false,
+                    kinds: 0,
                 };
-                maps.any = false $(|| maps.$kind.is_some())*;
+                maps.kinds = 0 $(| KindSet::from(maps.$kind.is_some()) << ScopeKind::$kind.index())*;
                 Ok(maps)
             }
         }
@@ -1031,12 +1031,19 @@ macro_rules! define_maps {
             /// once, on a limiter without keyed maps).
             #[inline]
             pub(super) fn paid_kinds(&self, request: &Request, costs: &PerKind<u64>) -> KindSet {
-                if !self.any {
+                self.paid_in(request, charged(costs))
+            }
+
+            /// The keyed kinds `request` pays in a class that costs something in the
+            /// kinds of `charged` ([`WorkClass::charged`](super::rules::WorkClass)): those
+            /// with a map, charged, and named by the request.
+            #[inline]
+            pub(super) fn paid_in(&self, request: &Request, charged: KindSet) -> KindSet {
+                if self.kinds == 0 {
                     return 0;
                 }
-                0 $(| (KindSet::from(self.$kind.is_some()
-                    && costs[ScopeKind::$kind.index()] > 0
-                    $(&& request.$field.is_some())+) << ScopeKind::$kind.index()))*
+                self.kinds & charged & (0 $(| (KindSet::from(true $(&& request.$field.is_some())+)
+                    << ScopeKind::$kind.index()))*)
             }
 
             /// The bucket of every keyed kind in `paid` (kinds `request` pays, from

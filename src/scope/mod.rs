@@ -624,7 +624,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             if let Some(work) = g.classes.get(class.index as usize) {
                 let costs = work.costs();
                 if g.global_single {
-                    let paid = self.maps.paid_kinds(request, costs);
+                    let paid = self.maps.paid_in(request, work.charged());
                     if paid == 0 {
                         let now = self.now_on(g);
                         // A sealed global word took nothing: the request starts again

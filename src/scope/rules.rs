@@ -9,6 +9,7 @@ use crate::inherit::Inherit;
 use crate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedConfigError, KeyedOptions, Overflow};
 use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
+use crate::scope::decision::KindSet;
 use crate::scope::kind::{ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId};
 use crate::scope::remote::{RemoteScopes, RemoteStore};
 use crate::scope::tiers::TierDef;
@@ -245,20 +246,25 @@ impl Rule {
 pub struct WorkClass {
     name: String,
     costs: PerKind<u64>,
+    /// The kinds whose cost is not zero (kept with `costs`).
+    charged: KindSet,
 }
 
 impl WorkClass {
     /// A class costing `cost` tokens in every scope.
     pub fn new(name: impl Into<String>, cost: u64) -> WorkClass {
+        let costs = [cost; ScopeKind::COUNT];
         WorkClass {
             name: name.into(),
-            costs: [cost; ScopeKind::COUNT],
+            costs,
+            charged: charged(&costs),
         }
     }
 
     /// The same class costing `cost` in scopes of `kind`.
     pub fn with_cost(mut self, kind: ScopeKind, cost: u64) -> WorkClass {
         self.costs[kind.index()] = cost;
+        self.charged = charged(&self.costs);
         self
     }
 
@@ -275,6 +281,21 @@ impl WorkClass {
     pub(crate) fn costs(&self) -> &PerKind<u64> {
         &self.costs
     }
+
+    /// The kinds the class costs something in.
+    #[inline]
+    pub(crate) fn charged(&self) -> KindSet {
+        self.charged
+    }
+}
+
+/// The kinds whose cost in `costs` is not zero.
+#[inline]
+pub(crate) fn charged(costs: &PerKind<u64>) -> KindSet {
+    costs
+        .iter()
+        .enumerate()
+        .fold(0, |set, (k, &c)| set | (KindSet::from(c > 0) << k))
 }
 
 /// A work class of one [`ScopedLimiter`](crate::ScopedLimiter), found by name once
