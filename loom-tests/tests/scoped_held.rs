@@ -254,10 +254,10 @@ fn a_held_take_landed_without_a_compare_and_swap_is_caught() {
 
 const INSERT: Model = Model::exhaustive("scoped held: two sections vs an insert", 3);
 const SWEEP: Model = Model::exhaustive("scoped held: two sections vs a sweep", 3);
-/// Bounded: exhaustive, the switch's barrier over both maps makes 135,144 executions
-/// (about 65 s, `a_held_request_races_a_switch_exhaustively`); five preemptions cover
-/// every order of the reader's sections, takes and exits against the switch's steps that
-/// a scheduler preempting five times makes (11,381 executions, 4 s).
+/// Bounded: exhaustive, the switch's barrier over both maps makes 709,903 executions
+/// (about five minutes, `a_held_request_races_a_switch_exhaustively`); five preemptions
+/// cover every order of the reader's sections, takes and exits against the switch's
+/// steps that a scheduler preempting five times makes (19,096 executions, 6 s).
 const SWITCH: Model = Model {
     name: "scoped held: two sections vs a switch",
     threads: 3,
@@ -281,9 +281,9 @@ fn a_held_request_races_a_switch_of_both_kinds_exactly() {
     SWITCH.check(held_racing_a_switch());
 }
 
-/// Run with `-- --ignored`: 135,144 executions, about 65 s.
+/// Run with `-- --ignored`: 709,903 executions, about five minutes.
 #[test]
-#[ignore = "exhaustive, about a minute; the bounded model runs by default"]
+#[ignore = "exhaustive, about five minutes; the bounded model runs by default"]
 fn a_held_request_races_a_switch_exhaustively() {
     Model::exhaustive(SWITCH.name, 3).check(held_racing_a_switch());
 }
