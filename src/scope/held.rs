@@ -5,9 +5,9 @@
 //! request pays is found in a reader section of its shard ([`KeyedMaps::hold`]), the
 //! sections entered in kind order (the lock order of the [`ScopedLimiter`] docs) around
 //! one fence they share, and the buckets are paid all or none in that order, at one
-//! clock reading. Every other
-//! request (a new key, a writer on a shard, a rule with several limits, a pass due, a
-//! sealed word) takes the locked path, with nothing taken here.
+//! clock reading. Every other request (a new key, a writer on a shard, a rule with
+//! several limits, a pass due, a sealed word) takes the locked path, with nothing taken
+//! here.
 //!
 //! Why it decides as the locked path does:
 //!
