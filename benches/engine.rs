@@ -8,6 +8,9 @@
 //!   plus one load (reject).
 //! - `multi_3_scopes`: `acquire_all` over 3 buckets (one clock read for the set) beside a
 //!   single admit.
+//! - `scoped`: a `ScopedLimiter` request paying the global scope alone beside one
+//!   `Bucket::try_acquire`, and one paying a leased global scope, a tenant and a user
+//!   beside `acquire_all` over the same kinds of buckets, bare.
 //! - `contention_admit`, `contention_reject`: ONE shared bucket; `contention_keyed`: one
 //!   keyed limiter over 100,000 `u64` keys picked uniformly at random (tokengate's and
 //!   governor's); every thread count from 1 to N (`TOKENGATE_THREADS`, 1 to 1024, default
@@ -20,13 +23,14 @@
 //!
 //! ```text
 //! cargo bench --bench engine                       # everything: 134 s on 2 cores
-//! cargo bench --bench engine -- 'single_|multi_'   # one-thread figures only
+//! cargo bench --bench engine -- 'single_|multi_|scoped'   # one-thread figures only
 //! TOKENGATE_THREADS=4 cargo bench --bench engine -- contention_
 //! ```
 //!
-//! The whole run is 18 one-thread benchmarks plus 14 per thread count, about 3 s each
-//! (0.5 s warm-up, 2 s of samples, analysis): 134 s measured on 2 cores (build not
-//! counted), so about 12 minutes on 16 cores; `TOKENGATE_THREADS` bounds it.
+//! The whole run is 22 one-thread benchmarks plus 14 per thread count, about 3 s each
+//! (0.5 s warm-up, 2 s of samples, analysis): 134 s measured on 2 cores before the
+//! `scoped` group's four (build not counted), so about 12 minutes on 16 cores;
+//! `TOKENGATE_THREADS` bounds it.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -36,7 +40,10 @@ use std::time::Duration;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group};
 use governor::RateLimiter;
-use tokengate::{Bucket, Clock, CoarseClock, Policy, QuantaClock, acquire_all};
+use tokengate::leased::LeaseConfig;
+use tokengate::multi::Member;
+use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
+use tokengate::{Bucket, Clock, CoarseClock, LeasedBucket, Policy, QuantaClock, acquire_all};
 
 #[path = "../crates/cli/src/mutex_bucket.rs"]
 mod mutex_bucket;
@@ -171,6 +178,56 @@ fn multi_3_scopes(c: &mut Criterion) {
     g.finish();
 }
 
+/// The scoped request path against the buckets it pays, bare: a global-only request
+/// beside one `Bucket::try_acquire`, and a request paying a leased global scope, a
+/// tenant and a user (keys in their maps) beside `acquire_all` over a `LeasedBucket`
+/// and two `Bucket`s as `&dyn Member` (the same three buckets, no lookup).
+fn scoped(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scoped");
+    let admit = || policy(Regime::Admit);
+    let one = Bucket::new(admit());
+    g.bench_function("single_admit", |b| {
+        b.iter(|| black_box(&one).try_acquire(1))
+    });
+    let global = RuleSet::new()
+        .rule(ScopeKind::Global, Rule::new(admit()))
+        .class(WorkClass::new("one", 1))
+        .build()
+        .expect("valid rules");
+    let global_one = global.class("one").expect("a class of this limiter");
+    let anonymous = Request::new();
+    g.bench_function("scoped_global", |b| {
+        b.iter(|| black_box(&global).try_acquire(black_box(&anonymous), global_one))
+    });
+    let three = RuleSet::new()
+        .rule(
+            ScopeKind::Global,
+            Rule::new(admit()).leased(LeaseConfig::new()),
+        )
+        .rule(ScopeKind::Tenant, Rule::new(admit()))
+        .rule(ScopeKind::User, Rule::new(admit()))
+        .class(WorkClass::new("one", 1))
+        .build()
+        .expect("valid rules");
+    let three_one = three.class("one").expect("a class of this limiter");
+    let request = Request::new().tenant(TenantId(1)).user(UserId(1));
+    g.bench_function("scoped_3", |b| {
+        b.iter(|| black_box(&three).try_acquire(black_box(&request), three_one))
+    });
+    let (leased, tenant, user) = (
+        LeasedBucket::new(admit()),
+        Bucket::new(admit()),
+        Bucket::new(admit()),
+    );
+    g.bench_function("acquire_all_3", |b| {
+        b.iter(|| {
+            let set: [(&dyn Member, u64); 3] = [(&leased, 1), (&tenant, 1), (&user, 1)];
+            acquire_all(black_box(&set))
+        })
+    });
+    g.finish();
+}
+
 /// Registers one contention benchmark for a built engine.
 struct Contend<'a, 'b> {
     group: &'a mut BenchmarkGroup<'b, WallTime>,
@@ -227,7 +284,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = single_admit, single_reject, multi_3_scopes, contention_all
+    targets = single_admit, single_reject, multi_3_scopes, scoped, contention_all
 }
 // `criterion_main!` with one step first: a bad TOKENGATE_THREADS is refused before
 // anything is measured, not after the one-thread groups.
