@@ -358,6 +358,24 @@ impl<K, V, S> Table<K, V, S> {
     /// change) or entered before the writer's fence, and the writer waits for it.
     #[inline(always)]
     pub(crate) fn enter(&self, i: usize, hash: u64) -> Option<Section<'_, K, V>> {
+        let section = Section {
+            _exit: self.claim_record(i, hash)?,
+            cell: &self.shards[i],
+        };
+        fence(Ordering::SeqCst);
+        if self.writer_on(i) {
+            // Dropping the section clears the record.
+            return None;
+        }
+        Some(section)
+    }
+
+    /// What [`enter`](Table::enter) and [`announce`](Table::announce) do before the
+    /// fence: prefetches shard `i`'s first probe for `hash`, and stores this thread's
+    /// record naming the shard; `None`, storing nothing, for a thread without a record
+    /// in this table or in a section of it already.
+    #[inline(always)]
+    fn claim_record(&self, i: usize, hash: u64) -> Option<SectionExit<'_>> {
         self.shards[i].prefetch.issue::<Entry<K, V>>(hash);
         let record = self.records.get(readers::index())?;
         if record.load(Ordering::Relaxed) != 0 {
@@ -371,16 +389,14 @@ impl<K, V, S> Table<K, V, S> {
             Ordering::Release
         };
         record.store(i + 1, entry);
-        let section = Section {
-            _exit: SectionExit { record },
-            cell: &self.shards[i],
-        };
-        fence(Ordering::SeqCst);
-        if self.writing[i].load(Ordering::Acquire) != 0 && !mutant!(READER_SKIPS_FLAG) {
-            // Dropping the section clears the record.
-            return None;
-        }
-        Some(section)
+        Some(SectionExit { record })
+    }
+
+    /// What a section checks after the fence: whether a writer holds or awaits shard
+    /// `i` (the section then leaves).
+    #[inline(always)]
+    fn writer_on(&self, i: usize) -> bool {
+        self.writing[i].load(Ordering::Acquire) != 0 && !mutant!(READER_SKIPS_FLAG)
     }
 
     /// The first half of [`enter`](Table::enter) for a section kept by `sections`
@@ -404,21 +420,10 @@ impl<K, V, S> Table<K, V, S> {
         if sections.is_full() {
             return false;
         }
-        self.shards[i].prefetch.issue::<Entry<K, V>>(hash);
-        let Some(record) = self.records.get(readers::index()) else {
+        let Some(exit) = self.claim_record(i, hash) else {
             return false;
         };
-        if record.load(Ordering::Relaxed) != 0 {
-            return false;
-        }
-        // `Release`, as in `enter`.
-        let entry = if mutant!(SECTION_ENTRY_RELAXED) {
-            Ordering::Relaxed
-        } else {
-            Ordering::Release
-        };
-        record.store(i + 1, entry);
-        sections.keep(SectionExit { record });
+        sections.keep(exit);
         true
     }
 
@@ -433,7 +438,7 @@ impl<K, V, S> Table<K, V, S> {
         _fenced: &Fenced<'_, '_, N>,
     ) -> Option<ConstPtr<Shard<K, V>>> {
         let cell = self.shards.get(i)?;
-        if self.writing[i].load(Ordering::Acquire) != 0 && !mutant!(READER_SKIPS_FLAG) {
+        if self.writer_on(i) {
             return None;
         }
         Some(cell.data.get())
