@@ -40,9 +40,7 @@ use std::time::Duration;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group};
 use governor::RateLimiter;
-use tokengate::leased::LeaseConfig;
 use tokengate::multi::Member;
-use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
 use tokengate::{Bucket, Clock, CoarseClock, LeasedBucket, Policy, QuantaClock, acquire_all};
 
 #[path = "../crates/cli/src/mutex_bucket.rs"]
@@ -189,28 +187,11 @@ fn scoped(c: &mut Criterion) {
     g.bench_function("single_admit", |b| {
         b.iter(|| black_box(&one).try_acquire(1))
     });
-    let global = RuleSet::new()
-        .rule(ScopeKind::Global, Rule::new(admit()))
-        .class(WorkClass::new("one", 1))
-        .build()
-        .expect("valid rules");
-    let global_one = global.class("one").expect("a class of this limiter");
-    let anonymous = Request::new();
+    let (global, global_one, anonymous) = common::scoped::global(admit());
     g.bench_function("scoped_global", |b| {
         b.iter(|| black_box(&global).try_acquire(black_box(&anonymous), global_one))
     });
-    let three = RuleSet::new()
-        .rule(
-            ScopeKind::Global,
-            Rule::new(admit()).leased(LeaseConfig::new()),
-        )
-        .rule(ScopeKind::Tenant, Rule::new(admit()))
-        .rule(ScopeKind::User, Rule::new(admit()))
-        .class(WorkClass::new("one", 1))
-        .build()
-        .expect("valid rules");
-    let three_one = three.class("one").expect("a class of this limiter");
-    let request = Request::new().tenant(TenantId(1)).user(UserId(1));
+    let (three, three_one, request) = common::scoped::three(admit());
     g.bench_function("scoped_3", |b| {
         b.iter(|| black_box(&three).try_acquire(black_box(&request), three_one))
     });

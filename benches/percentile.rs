@@ -33,9 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, NotUntil, RateLimiter};
-use tokengate::leased::LeaseConfig;
 use tokengate::multi::Member;
-use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
+use tokengate::scope::Request;
 use tokengate::{
     AcquireError, Bucket, Clock, CoarseClock, Decision, Inherit, LeasedBucket, LiveBucket,
     ManualClock, Policy, QuantaClock, acquire_all,
@@ -142,32 +141,9 @@ fn main() {
     let coarse = CoarseClock::new().expect("coarse clock");
     let word = AtomicU64::new(0);
     let tg_admit = Bucket::new(admit());
-    let scoped_global = RuleSet::new()
-        .rule(ScopeKind::Global, Rule::new(admit()))
-        .class(WorkClass::new("one", 1))
-        .build()
-        .expect("valid rules");
-    let one = scoped_global.class("one").expect("a class of this limiter");
-    let scoped_tenant = RuleSet::new()
-        .rule(ScopeKind::Global, Rule::new(admit()))
-        .rule(ScopeKind::Tenant, Rule::new(admit()))
-        .class(WorkClass::new("one", 1))
-        .build()
-        .expect("valid rules");
-    let tenant_one = scoped_tenant.class("one").expect("a class of this limiter");
-    let tenant_request = Request::new().tenant(TenantId(1));
-    let scoped_3 = RuleSet::new()
-        .rule(
-            ScopeKind::Global,
-            Rule::new(admit()).leased(LeaseConfig::new()),
-        )
-        .rule(ScopeKind::Tenant, Rule::new(admit()))
-        .rule(ScopeKind::User, Rule::new(admit()))
-        .class(WorkClass::new("one", 1))
-        .build()
-        .expect("valid rules");
-    let three_one = scoped_3.class("one").expect("a class of this limiter");
-    let three_request = Request::new().tenant(TenantId(1)).user(UserId(1));
+    let (scoped_global, one, _) = common::scoped::global(admit());
+    let (scoped_tenant, tenant_one, tenant_request) = common::scoped::tenant(admit());
+    let (scoped_3, three_one, three_request) = common::scoped::three(admit());
     let peer_global = LeasedBucket::new(admit());
     let peer_tenant = Bucket::new(admit());
     let peer_user = Bucket::new(admit());

@@ -26,3 +26,61 @@ pub fn max_threads() -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     })
 }
+
+/// The scoped limiters the benches measure, every rule of `policy` and one class `"one"`
+/// costing 1: the global scope alone, the global scope and tenants, or a leased global
+/// scope (default lease) with tenants and users; each with its class and the request
+/// that pays it (no identity, tenant 1, or tenant 1 and user 1).
+#[allow(dead_code)] // not every bench measures the scoped path
+pub mod scoped {
+    use tokengate::Policy;
+    use tokengate::ScopedLimiter;
+    use tokengate::leased::LeaseConfig;
+    use tokengate::scope::{
+        ClassId, Request, Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass,
+    };
+
+    /// A limiter of `rules` with the class `"one"` costing 1, and that class.
+    fn with_one(rules: RuleSet) -> (ScopedLimiter, ClassId) {
+        let limiter = rules
+            .class(WorkClass::new("one", 1))
+            .build()
+            .expect("valid rules");
+        let one = limiter.class("one").expect("a class of this limiter");
+        (limiter, one)
+    }
+
+    /// The global scope alone, and a request with no identity.
+    pub fn global(policy: Policy) -> (ScopedLimiter, ClassId, Request) {
+        let (limiter, one) = with_one(RuleSet::new().rule(ScopeKind::Global, Rule::new(policy)));
+        (limiter, one, Request::new())
+    }
+
+    /// The global scope and tenants, and a request naming tenant 1.
+    pub fn tenant(policy: Policy) -> (ScopedLimiter, ClassId, Request) {
+        let (limiter, one) = with_one(
+            RuleSet::new()
+                .rule(ScopeKind::Global, Rule::new(policy))
+                .rule(ScopeKind::Tenant, Rule::new(policy)),
+        );
+        (limiter, one, Request::new().tenant(TenantId(1)))
+    }
+
+    /// A leased global scope, tenants and users, and a request naming tenant 1 and user 1.
+    pub fn three(policy: Policy) -> (ScopedLimiter, ClassId, Request) {
+        let (limiter, one) = with_one(
+            RuleSet::new()
+                .rule(
+                    ScopeKind::Global,
+                    Rule::new(policy).leased(LeaseConfig::new()),
+                )
+                .rule(ScopeKind::Tenant, Rule::new(policy))
+                .rule(ScopeKind::User, Rule::new(policy)),
+        );
+        (
+            limiter,
+            one,
+            Request::new().tenant(TenantId(1)).user(UserId(1)),
+        )
+    }
+}
