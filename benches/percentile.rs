@@ -16,7 +16,8 @@
 //! `LeasedBucket` (default slots and lease size; `leased_slot_admit` is a bucket of 2^36
 //! tokens on a frozen `ManualClock`, so that every call but a few lease trips is paid
 //! from the slot: the local path alone, the same count under valgrind whatever the
-//! timing); `scoped_global` is a `ScopedLimiter` with
+//! timing; `leased_reject_16` is `leased_reject` on 16 slots, as on a 16-core machine);
+//! `scoped_global` is a `ScopedLimiter` with
 //! only a global rule of the admit policy, paid by a request with no identity;
 //! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant;
 //! `scoped_3` is a leased global rule (default lease) with tenant and user rules, all of
@@ -169,6 +170,10 @@ fn main() {
     let _ = leased_reject.try_acquire(1);
     let leased_coarse_reject = LeasedBucket::with_clock(reject(), coarse.clone());
     let _ = leased_coarse_reject.try_acquire(1);
+    let sixteen = tokengate::leased::LeaseConfig::new().slots(16);
+    let leased_reject_16 = LeasedBucket::with_config(reject(), QuantaClock::new(), sixteen)
+        .expect("valid lease config");
+    let _ = leased_reject_16.try_acquire(1);
     let leased_slot_admit = LeasedBucket::with_clock(
         Policy::new(1 << 36, 1.0).expect("valid policy"),
         ManualClock::new(),
@@ -308,6 +313,12 @@ fn main() {
             "leased_coarse_reject",
             Box::new(|| {
                 let _ = black_box(leased_coarse_decide(black_box(&leased_coarse_reject), 1));
+            }),
+        ),
+        (
+            "leased_reject_16",
+            Box::new(|| {
+                let _ = black_box(leased_decide(black_box(&leased_reject_16), 1));
             }),
         ),
         (

@@ -45,6 +45,12 @@ pub static RESERVE_SKIPS_CLOSED_SLOTS: AtomicBool = AtomicBool::new(false);
 /// the tokens in the closer's hand are admitted on top of a credit that met the cap.
 pub static CLOSE_FORGETS_HAND: AtomicBool = AtomicBool::new(false);
 
+/// A `LeasedBucket` close that lowers the stocked-slot count for a slot it finds
+/// LEASING too, which its lessee still counts (and settles itself): the count drops
+/// below the slots holding tokens, or wraps, and a rejection that trusts it can refuse
+/// what the slots hold.
+pub static CLOSE_UNSTOCKS_LEASES: AtomicBool = AtomicBool::new(false);
+
 /// A slot lease spendable after the tick it was leased in (the expiry removed): the
 /// capped-refill over-credit of a lazily refilled global word.
 pub static LEASE_NEVER_EXPIRES: AtomicBool = AtomicBool::new(false);

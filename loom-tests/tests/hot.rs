@@ -83,12 +83,20 @@ fn take(b: &LeasedBucket<Forward>, slot: usize, cost: u64) -> u64 {
     }
 }
 
-/// Spends whatever is left, one token at a time, from slot 0.
+/// Spends whatever is left, one token at a time, from slot 0. Run once every thread is
+/// joined: the count of stocked slots is then exact, and zero once the slots are empty
+/// (the drain's last rejection reclaimed whatever they held).
 fn drain(b: &LeasedBucket<Forward>) -> u64 {
     let mut n = 0;
     while b.try_acquire_on(0, 1).unwrap().is_admitted() {
         n += 1;
     }
+    assert_eq!(
+        b.leased_tokens(),
+        0,
+        "the drain's last rejection reclaimed the slots"
+    );
+    assert_eq!(b.stocked_slots(), 0, "no slot holds tokens");
     n
 }
 
@@ -133,6 +141,11 @@ fn frozen_clock_model_catches_a_lease_left_in_the_global_word() {
     FROZEN_TWO.expect_violation(&mutants::LEASE_KEEPS_GLOBAL, frozen_two_threads);
 }
 
+#[test]
+fn frozen_clock_model_catches_a_close_that_unstocks_a_lease_in_flight() {
+    FROZEN_TWO.expect_violation(&mutants::CLOSE_UNSTOCKS_LEASES, frozen_two_threads);
+}
+
 /// Three threads on two slots (two share slot 1), frozen clock: exact conservation.
 fn frozen_three_threads() {
     let clock = Forward::new();
@@ -165,21 +178,24 @@ fn frozen_clock_three_threads_admit_exactly_the_balance() {
 
 /// A refund that meets the cap while a lease is out (frozen clock). Thread A leases; the
 /// other thread refunds two tokens nobody took. A plain bucket ends with at most one
-/// token of credit from the refund (it caps at 8), so at most 9 tokens are admitted in
-/// all; crediting the global word without taking the lease back first admits 10.
+/// token of credit from the refund (it caps at 16), so at most 17 tokens are admitted in
+/// all; crediting the global word without taking the lease back first admits 18 (the
+/// lease is two tokens, so that one of them is spent from the slot after the credit: a
+/// slot's last token is the trip's, given back, capped). Fewer is allowed: at most one
+/// lease withheld.
 fn capped_refund_with_a_lease_out() {
     let clock = Forward::new();
-    let b = Arc::new(bucket(8, &clock));
+    let b = Arc::new(bucket(16, &clock));
     let t = {
         let b = b.clone();
-        thread::spawn(move || take(&b, 0, 1)) // leases one more to slot 0
+        thread::spawn(move || take(&b, 0, 1)) // leases two more to slot 0
     };
     b.refund(2).unwrap();
     let taken = t.join().unwrap();
     let total = taken + drain(&b);
     assert!(
-        (8..=9).contains(&total),
-        "admitted {total}, a plain bucket at most 9"
+        (15..=17).contains(&total),
+        "admitted {total}, a plain bucket at most 17"
     );
 }
 
@@ -281,19 +297,20 @@ fn refund_and_reclaim_model_catches_a_reserve_skipping_closed_slots() {
     );
 }
 
-/// The clock advances past a full refill while a lease is out. Slot 0 leases a token at
-/// tick 0; then one thread moves the clock 100 s on and spends on slot 1 (a trip to the
-/// global word: refill, capped at full), while the other waits for the new time and
-/// spends on slot 0. A plain bucket is full after the advance, so the two spends and the
-/// drain take at most 8: 9 in all with the first admission. Spending the tick-0 lease
-/// after the advance admits 10. (Fewer than 9 is allowed: a refill made while the other
+/// The clock advances past a full refill while a lease is out. Slot 0 leases two tokens
+/// at tick 0 (two, so that one can be spent from the slot: its last is the trip's);
+/// then one thread moves the clock 100 s on and spends on slot 1 (a trip to the global
+/// word: refill, capped at full), while the other waits for the new time and spends on
+/// slot 0. A plain bucket is full after the advance, so the two spends and the drain
+/// take at most 16: 17 in all with the first admission. Spending the tick-0 lease after
+/// the advance admits 18. (Fewer than 17 is allowed: a refill made while the other
 /// thread's lease is in flight leaves room for it, at most one lease, 2 tokens.)
 fn tick_edge_with_a_lease_out() {
     const LATER: Duration = Duration::from_secs(100);
     let clock = Forward::new();
-    let b = Arc::new(bucket(8, &clock));
-    let first = take(&b, 0, 1); // slot 0 leases one more at tick 0
-    assert_eq!(b.leased_tokens(), 1);
+    let b = Arc::new(bucket(16, &clock));
+    let first = take(&b, 0, 1); // slot 0 leases two more at tick 0
+    assert_eq!(b.leased_tokens(), 2);
     let advanced = Arc::new(loom::sync::atomic::AtomicBool::new(false));
     let refiller = {
         let (b, clock, advanced) = (b.clone(), clock.clone(), advanced.clone());
@@ -314,8 +331,8 @@ fn tick_edge_with_a_lease_out() {
     };
     let total = first + refiller.join().unwrap() + spender.join().unwrap() + drain(&b);
     assert!(
-        (7..=9).contains(&total),
-        "admitted {total}: a plain bucket admits 9"
+        (15..=17).contains(&total),
+        "admitted {total}: a plain bucket admits 17"
     );
 }
 

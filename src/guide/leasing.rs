@@ -21,16 +21,25 @@
 //! a slot (round-robin on its first use). An admission:
 //!
 //! 1. **Local** (the common case): one clock read, then one load and one CAS on the
-//!    slot's own cache line when the slot holds enough tokens leased in the current tick.
-//!    The pool is not touched.
+//!    slot's own cache line when the slot holds more than the cost, leased in the current
+//!    tick. The pool is not touched. A spend never empties a slot: its last token is
+//!    paid by the next trip, which claims it and gives it back in its exchange (exact,
+//!    as every give-back is). So a slot holding tokens is one a trip stocked and no trip
+//!    or close has emptied since, and the bucket keeps a count of such slots, written
+//!    only by those trips and closes (never by a spend).
 //! 2. **Lease**: the slot holds too few, or its lease is from an earlier tick. The thread
 //!    marks its slot LEASING (taking its leftover), and in one exchange with the pool
 //!    gives the leftover back, pays the cost and takes a batch (the lease); then
 //!    publishes the batch into its slot, stamped with the tick the pool names.
 //! 3. **Reject, read-only**: the global balance (refilled) plus every slot's tokens cannot
 //!    pay. Nothing is written, as on a plain bucket (I5). When the global balance plus
-//!    the most the slots can hold (`slots * max_lease`) cannot pay, the slots are not
-//!    even read: such a rejection loads the pool alone. With the
+//!    the most the slots can hold (`slots * max_lease`) cannot pay, or when the count
+//!    of stocked slots is zero (every slot empty, as under sustained overload, once the
+//!    trips that spent the slots' last tokens have run), the slots are not even read:
+//!    such a rejection loads the pool and the count alone, whatever the slot count. The
+//!    count is raised before a publish that stocks a slot and lowered after the write
+//!    that empties one, so it is never below the OPEN slots holding tokens; a slot
+//!    claimed with tokens stays counted for its lessee until it publishes. With the
 //!    [`LocalPool`](crate::leased::LocalPool), a rejection on a reading at or after the
 //!    word's tick is decided inline on the loaded word, before any call, with the same
 //!    loads (the pool word, then the slots, in order, only until they could pay); a slot

@@ -4,9 +4,12 @@
 //! A [`LeasedBucket`] is a [`Pool`] (the single source of truth for the balance; by
 //! default a [`LocalPool`], one packed word exactly like a plain bucket's) plus a
 //! power-of-two array of cache-padded slots. Most admissions are paid from the calling
-//! thread's slot (a clock read and one CAS on a line no other core writes); the rest make
-//! one exchange with the pool that gives back the slot's leftover, pays the cost and
-//! leases a new batch. The argument for exactness is in the guide:
+//! thread's slot (a clock read and one CAS on a line no other core writes) while it
+//! holds more than the cost; the rest make one exchange with the pool that gives back the
+//! slot's leftover, pays the cost and leases a new batch. A spend never empties a slot
+//! (its last token is paid by that exchange), so the bucket knows, from one count the
+//! exchanges keep, when no slot holds a token: a rejection then reads the pool word and
+//! that count, and no slot. The argument for exactness is in the guide:
 //! [`crate::guide::leasing`].
 //!
 //! - `mod.rs`: [`LeasedBucket`], [`LeaseConfig`].
@@ -88,10 +91,10 @@
 //! [`LiveBucket`](crate::LiveBucket) on random histories with switches.
 //!
 //! Epochs are kept until the bucket is dropped (an operation may still hold a replaced
-//! one): each reconfiguration holds [`LeasedBucket::epoch_bytes`] more (the pool and
-//! the slot array: 512 bytes plus 128 per slot on x86-64). A bucket on another
-//! [`Pool`] cannot be reconfigured in place (a remote store keeps its own policy):
-//! build a new one.
+//! one): each reconfiguration holds [`LeasedBucket::epoch_bytes`] more (the pool, the
+//! slot array and the count of stocked slots: 640 bytes plus 128 per slot on x86-64). A
+//! bucket on another [`Pool`] cannot be reconfigured in place (a remote store keeps its
+//! own policy): build a new one.
 //!
 //! The slot spend pays one pointer load more than before (the current epoch);
 //! `BENCHMARKS.md` ("Leased reconfiguration") has the instruction counts.
@@ -1009,6 +1012,10 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         if epoch.max_held_units < missing {
             return Some(pool);
         }
+        // No slot stocked: no OPEN slot holds a token, and no slot is read.
+        if epoch.slots.stocked() == 0 {
+            return Some(pool);
+        }
         // `pool + held * 2^F < needed` exactly when `held * 2^F <= missing - 1`, that is
         // `held <= (missing - 1) >> F`; then `held * 2^F` cannot overflow.
         let frac_bits = layout.frac_bits();
@@ -1097,6 +1104,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         }
         let claim = epoch.slots.claim(slot);
         let marker = claim.map(|(index, _)| index);
+        // The claim took tokens: the slot stays stocked for this trip until it publishes.
+        let claimed = claim.is_some_and(|(_, tokens)| tokens > 0);
         let returned_units = claim.map_or(0, |(_, tokens)| tokens << layout.frac_bits());
         let mut others = epoch.other_slots(marker);
         let request = LeaseRequest {
@@ -1115,14 +1124,12 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         };
         let mut not_given_back = None;
         if let Some(index) = marker {
-            if !epoch
-                .slots
-                .publish(index, tick, leased_units >> layout.frac_bits())
-            {
+            let tokens = leased_units >> layout.frac_bits();
+            if !epoch.slots.publish(index, tick, tokens, claimed) {
                 // A closer cancelled the lease: it is given back, never spent, and only
                 // then is the slot let go (until then closers count it as in flight).
                 not_given_back = epoch.give_back(layout, leased_units).err();
-                epoch.slots.abandon(index);
+                epoch.slots.abandon(index, claimed || tokens > 0);
             }
         }
         if let Some(replaced) = not_given_back {
@@ -1391,6 +1398,25 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         self.epoch().slots.held()
     }
 
+    /// How many slots hold tokens now (counting a slot whose lessee claimed tokens from
+    /// it and has not yet published): the slots a rejection must read. Zero when every
+    /// slot is empty, and a rejection then reads none. Racy under concurrent trips,
+    /// exact when nothing runs concurrently; at most [`slots`](LeasedBucket::slots).
+    ///
+    /// ```
+    /// use tokengate::{leased::LeaseConfig, LeasedBucket, ManualClock, Policy};
+    /// let config = LeaseConfig::new().slots(2).max_lease(10);
+    /// let bucket = LeasedBucket::with_config(Policy::new(40, 1.0)?, ManualClock::new(), config)?;
+    /// assert!(bucket.try_acquire_on(0, 1)?.is_admitted()); // leases 9 to slot 0
+    /// assert_eq!(bucket.stocked_slots(), 1);
+    /// bucket.reclaim();
+    /// assert_eq!(bucket.stocked_slots(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stocked_slots(&self) -> u64 {
+        self.epoch().slots.stocked()
+    }
+
     /// Number of slots.
     pub fn slots(&self) -> usize {
         self.epoch().slots.len()
@@ -1556,6 +1582,64 @@ mod tests {
         assert_eq!(d.tokens_remaining(), 6.0);
     }
 
+    /// Under overload every slot ends empty, emptied by the trips that spent their last
+    /// tokens or reclaimed them, and the stocked count with them: a rejection then loads
+    /// the pool word and the count, and no slot, however many slots there are.
+    #[test]
+    fn a_steady_rejection_reads_no_slot_once_trips_have_emptied_them() {
+        let config = LeaseConfig::new().slots(4).max_lease(5);
+        let policy = Policy::new(40, 1.0).unwrap();
+        let bucket = LeasedBucket::with_config(policy, ManualClock::new(), config).unwrap();
+        let mut admitted = 0;
+        for _ in 0..20 {
+            for slot in 0..4 {
+                admitted += u64::from(bucket.try_acquire_on(slot, 1).unwrap().is_admitted());
+            }
+        }
+        assert_eq!(admitted, 40, "a frozen clock admits the balance exactly");
+        assert_eq!(bucket.leased_tokens(), 0);
+        let epoch = bucket.epoch();
+        assert_eq!(epoch.slots.stocked(), 0);
+        let words = bucket.slot_words();
+        let before = scans();
+        for slot in 0..4 {
+            let d = bucket.try_acquire_on(slot, 1).unwrap();
+            assert!(d.is_rejected());
+            assert_eq!(d.tokens_remaining(), 0.0);
+        }
+        assert_eq!(scans(), before, "a steady rejection read the slots");
+        assert_eq!(bucket.slot_words(), words, "and wrote nothing");
+        // A token left in one slot is counted again: the rejections read the slots.
+        bucket.refund(2).unwrap();
+        assert!(bucket.try_acquire_on(1, 1).unwrap().is_admitted()); // leases 0: refund spent
+        assert!(bucket.try_acquire_on(0, 1).unwrap().is_admitted());
+        assert_eq!(epoch.slots.stocked(), 0, "leases of nothing stock no slot");
+    }
+
+    /// A slot's last token is spent through a trip, which claims it: the slot never
+    /// holds tokens uncounted, and no token is lost to the rule.
+    #[test]
+    fn a_slot_s_last_token_is_spent_by_a_trip() {
+        let config = LeaseConfig::new().slots(2).max_lease(3);
+        let policy = Policy::new(100, 1.0).unwrap();
+        let bucket = LeasedBucket::with_config(policy, ManualClock::new(), config).unwrap();
+        assert!(bucket.try_acquire_on(0, 1).unwrap().is_admitted()); // leases 3
+        assert_eq!(bucket.leased_tokens(), 3);
+        let d = bucket.try_acquire_on(0, 2).unwrap();
+        assert_eq!(d.tokens_remaining(), 1.0, "paid from the slot, one left");
+        let pool = bucket.epoch().local().unwrap().load();
+        let d = bucket.try_acquire_on(0, 1).unwrap();
+        assert!(d.is_admitted());
+        assert_ne!(
+            bucket.epoch().local().unwrap().load(),
+            pool,
+            "the last token went through the pool"
+        );
+        assert_eq!(bucket.leased_tokens(), 3, "and a new lease was taken");
+        assert_eq!(bucket.epoch().slots.stocked(), 1);
+        assert_eq!(bucket.available(), 96.0);
+    }
+
     #[test]
     fn a_rejection_meeting_a_slot_mid_lease_is_decided_by_the_trip_and_writes_nothing() {
         let config = LeaseConfig::new().slots(4).max_lease(5);
@@ -1589,7 +1673,7 @@ mod tests {
         assert_eq!(scans(), before + 2, "the inline count, then the trip's");
         assert_eq!(words(epoch), before_words, "the rejection wrote nothing");
         // The same rejection with every slot OPEN, decided inline on the same counts.
-        assert!(epoch.slots.publish(two, 0, 0));
+        assert!(epoch.slots.publish(two, 0, 0, false));
         let before = scans();
         let d = bucket.try_acquire_on(3, 7).unwrap();
         assert!(d.is_rejected());

@@ -15,6 +15,9 @@
 //!   `2^T` as in the global word, so stamps wrap with the same period). They are spent by
 //!   [`Slots::consume`], the hot path: one load and one CAS on a line that only the
 //!   threads mapped to this slot write, and only within the tick they were leased in.
+//!   A spend leaves at least one token: a slot is emptied only by a lessee or a closer,
+//!   which keep the count of stocked slots ([`Slots::stocked`]) that lets a rejection
+//!   skip reading the slots when none holds a token.
 //! * A lessee turns its slot OPEN → LEASING (taking the tokens left in it), goes to the
 //!   global bucket, and publishes its new lease LEASING → OPEN.
 //! * A closer (a thread about to add credit to the global bucket, or to reclaim idle
@@ -114,6 +117,14 @@ pub(crate) struct Closed {
 /// A power-of-two array of cache-padded slots.
 pub(crate) struct Slots {
     slots: Box<[CachePadded<Slot>]>,
+    /// How many slots are stocked: OPEN holding tokens, or LEASING for a lessee whose
+    /// claim took tokens (its slot counts until it publishes). Raised before a publish
+    /// that stocks a slot and lowered only after the write that empties one, so it is
+    /// never below the OPEN slots holding tokens, and equal to them when nothing runs
+    /// concurrently. Written only at a trip to the pool that stocks or empties a slot
+    /// (a spend never empties one: see [`Slots::consume`]), so a rejection that finds
+    /// it zero reads no slot.
+    stocked: CachePadded<AtomicU64>,
     mask: usize,
     /// Bits of the token field of an OPEN word: `62 - T`.
     token_bits: u32,
@@ -155,6 +166,7 @@ impl Slots {
                     })
                 })
                 .collect(),
+            stocked: CachePadded::new(AtomicU64::new(0)),
             mask: count - 1,
             token_bits,
             token_mask: Slots::max_tokens(tick_bits),
@@ -196,8 +208,14 @@ impl Slots {
     }
 
     /// The hot path: spends `cost` tokens (at least one) from an OPEN slot leased at
-    /// `now_tick` and holding enough. Returns the tokens left in it, or `None` (writing
-    /// nothing) when the slot is not OPEN, was leased at another tick, or holds fewer.
+    /// `now_tick` and holding more than `cost`. Returns the tokens left in it (at least
+    /// one), or `None` (writing nothing) when the slot is not OPEN, was leased at another
+    /// tick, or holds `cost` or fewer.
+    ///
+    /// A spend never empties a slot: its last tokens are spent by a trip to the pool,
+    /// which claims them (giving them back in its exchange, where they pay). So a slot
+    /// holding tokens stays [stocked](Slots::stocked) until a trip or a close empties
+    /// it, and the count is kept by those alone, never on this path.
     #[inline]
     pub(crate) fn consume(&self, index: usize, cost: u64, now_tick: u64) -> Option<u64> {
         let word = &self.slot(index).word;
@@ -213,7 +231,7 @@ impl Slots {
 
     /// The tokens a slot whose word is `cur` holds, when [`consume`](Slots::consume)
     /// would take `cost` of them at `now_tick`: the slot OPEN, leased at that tick, and
-    /// holding enough.
+    /// holding more than `cost`.
     #[inline(always)]
     fn payable(&self, cur: u64, cost: u64, now_tick: u64) -> Option<u64> {
         let stamp = if mutant!(LEASE_NEVER_EXPIRES) && cur & STATE_MASK == OPEN {
@@ -224,7 +242,8 @@ impl Slots {
         // One comparison checks both the state (OPEN is zero, any other state sets bits
         // above every stamp) and the lease tick.
         let tokens = cur & self.token_mask;
-        (cur >> self.token_bits == stamp && tokens >= cost).then_some(tokens)
+        // More than `cost`: a spend leaves at least one token (see `consume`).
+        (cur >> self.token_bits == stamp && tokens > cost).then_some(tokens)
     }
 
     /// [`consume`](Slots::consume)'s take computed on the slot's word as loaded now,
@@ -252,12 +271,14 @@ impl Slots {
     #[inline]
     pub(crate) fn can_pay(&self, index: usize, cost: u64, now_tick: u64) -> bool {
         let cur = self.slot(index).word.load(Ordering::Acquire);
-        cur >> self.token_bits == now_tick & self.tick_mask && cur & self.token_mask >= cost
+        cur >> self.token_bits == now_tick & self.tick_mask && cur & self.token_mask > cost
     }
 
     /// Marks an OPEN slot LEASING, taking the tokens left in it (of any tick). Returns
     /// the slot's index and those tokens; `None` (writing nothing) when the slot is being
-    /// leased by another thread or is closed.
+    /// leased by another thread or is closed. A slot claimed with tokens stays
+    /// [stocked](Slots::stocked) for its lessee, who settles the count when it publishes
+    /// ([`publish`](Slots::publish)) or abandons the slot ([`abandon`](Slots::abandon)).
     pub(crate) fn claim(&self, index: usize) -> Option<(usize, u64)> {
         let index = index & self.mask;
         let word = &self.slots[index].word;
@@ -274,11 +295,19 @@ impl Slots {
     }
 
     /// Turns the caller's LEASING slot back into an OPEN slot holding `tokens` leased at
-    /// `tick`. `false` (writing nothing) when a closer cancelled the lease: the caller
-    /// must give its tokens back and then [`abandon`](Slots::abandon) the slot.
-    pub(crate) fn publish(&self, index: usize, tick: u64, tokens: u64) -> bool {
+    /// `tick`; `claimed`: the caller's [`claim`](Slots::claim) took tokens (the slot is
+    /// stocked for it). The [stocked](Slots::stocked) count is raised before a publish
+    /// that stocks the slot and lowered after one that empties it. `false` (writing
+    /// nothing to the slot) when a closer cancelled the lease: the caller must give its
+    /// tokens back and then [`abandon`](Slots::abandon) the slot, with
+    /// `claimed || tokens > 0` (whether the slot still counts as stocked).
+    pub(crate) fn publish(&self, index: usize, tick: u64, tokens: u64, claimed: bool) -> bool {
         debug_assert!(tokens <= self.token_mask);
-        self.slot(index)
+        if tokens > 0 && !claimed {
+            self.stocked.fetch_add(1, Ordering::AcqRel);
+        }
+        let published = self
+            .slot(index)
             .word
             .compare_exchange(
                 LEASING,
@@ -286,22 +315,50 @@ impl Slots {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             )
-            .is_ok()
+            .is_ok();
+        if published && tokens == 0 && claimed {
+            self.unstock(1);
+        }
+        published
     }
 
     /// Drops the count a cancellation held for the caller (after a failed
-    /// [`publish`](Slots::publish), once its tokens are back in the global bucket).
-    /// The slot's [`HAND`] bit is cleared: the bit was set by the close that cancelled
-    /// this lessee (the slot has stayed closed since), whose tokens are now back.
-    pub(crate) fn abandon(&self, index: usize) {
+    /// [`publish`](Slots::publish), once its tokens are back in the global bucket), and
+    /// the slot's place in the [stocked](Slots::stocked) count when it had one
+    /// (`stocked`, as `publish` says). The slot's [`HAND`] bit is cleared: the bit was
+    /// set by the close that cancelled this lessee (the slot has stayed closed since),
+    /// whose tokens are now back.
+    pub(crate) fn abandon(&self, index: usize, stocked: bool) {
+        if stocked {
+            self.unstock(1);
+        }
         self.release(&self.slot(index).word, true);
     }
 
-    /// Closes every slot but `keep`: OPEN tokens are taken, LEASING leases cancelled
-    /// (with a count held for their lessee), CLOSED counts raised. Every slot but `keep`
+    /// How many slots are stocked (see the field): zero only when no OPEN slot holds
+    /// tokens, unless a publish is racing the load. Exact when nothing runs
+    /// concurrently.
+    #[inline(always)]
+    pub(crate) fn stocked(&self) -> u64 {
+        self.stocked.load(Ordering::Acquire)
+    }
+
+    /// Lowers the stocked count by `n` slots, emptied by the caller's write.
+    fn unstock(&self, n: u64) {
+        if n > 0 {
+            self.stocked.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Closes every slot but `keep`: OPEN tokens are taken (the slots emptied leave the
+    /// [stocked](Slots::stocked) count), LEASING leases cancelled (with a count held for
+    /// their lessee), CLOSED counts raised. Every slot but `keep`
     /// stays closed until [`reopen`](Slots::reopen) with the same `keep`.
     pub(crate) fn close(&self, keep: Option<usize>) -> Closed {
         let mut found = Closed::default();
+        // OPEN slots taken holding tokens: emptied here, so no longer stocked. (A
+        // LEASING slot stays counted for its lessee, who settles it.)
+        let mut stocked = 0u64;
         for (i, slot) in self.slots.iter().enumerate() {
             if Some(i) == keep {
                 continue;
@@ -327,8 +384,15 @@ impl Slots {
                 ) {
                     Ok(_) => {
                         match decode(cur) {
-                            State::Open(payload) => found.taken += payload & self.token_mask,
-                            State::Leasing => found.leasing += 1,
+                            State::Open(payload) => {
+                                let tokens = payload & self.token_mask;
+                                found.taken += tokens;
+                                stocked += u64::from(tokens > 0);
+                            }
+                            State::Leasing => {
+                                found.leasing += 1;
+                                stocked += u64::from(mutant!(CLOSE_UNSTOCKS_LEASES));
+                            }
                             State::Closed(n) => {
                                 found.closed += 1;
                                 found.closed_with_hand += u64::from(n & HAND != 0);
@@ -340,6 +404,7 @@ impl Slots {
                 }
             }
         }
+        self.unstock(stocked);
         found
     }
 
@@ -479,12 +544,21 @@ mod tests {
     const T: u32 = 40;
 
     fn lease(slots: &Slots, index: usize, tick: u64, tokens: u64) {
-        let (i, _) = slots.claim(index).unwrap();
-        assert!(slots.publish(i, tick, tokens));
+        let (i, held) = slots.claim(index).unwrap();
+        assert!(slots.publish(i, tick, tokens, held > 0));
+    }
+
+    /// The OPEN slots holding tokens, counted by reading every slot.
+    fn holding(slots: &Slots) -> u64 {
+        (0..slots.len())
+            .filter(
+                |&i| matches!(decode(slots.word(i)), State::Open(t) if t & slots.token_mask > 0),
+            )
+            .count() as u64
     }
 
     #[test]
-    fn consume_spends_only_open_slots_leased_this_tick_holding_enough() {
+    fn consume_spends_only_open_slots_leased_this_tick_holding_more_than_the_cost() {
         let slots = Slots::new(2, T);
         // `can_pay`, read-only, agrees with every `consume` before it runs.
         let consume = |i: usize, cost: u64, tick: u64| {
@@ -497,13 +571,60 @@ mod tests {
         let (i, t) = slots.claim(0).unwrap();
         assert_eq!((i, t), (0, 0));
         assert_eq!(consume(0, 1, 7), None, "a LEASING slot is not spendable");
-        assert!(slots.publish(i, 7, 5));
+        assert!(slots.publish(i, 7, 5, false));
         assert_eq!(consume(0, 6, 7), None);
+        assert_eq!(consume(0, 5, 7), None, "a spend leaves a token");
         assert_eq!(consume(0, 1, 8), None, "expired at the next tick");
         assert_eq!(consume(0, 1, 6), None, "nor spendable from an earlier tick");
         assert_eq!(consume(0, 2, 7), Some(3));
-        assert_eq!(consume(2, 3, 7), Some(0), "indices wrap by the mask");
+        assert_eq!(consume(2, 2, 7), Some(1), "indices wrap by the mask");
+        assert_eq!(consume(0, 1, 7), None, "the last token is the trip's");
         assert_eq!(consume(0, 1, 7 + (1 << T)), None);
+        assert_eq!(slots.stocked(), 1, "still stocked: the trip empties it");
+    }
+
+    /// The stocked count follows every write that stocks or empties a slot: a publish
+    /// of tokens, a publish of none after a claim that took some, a close, a cancelled
+    /// lessee's abandon; a claim alone leaves the slot counted for its lessee.
+    #[test]
+    fn the_stocked_count_is_the_open_slots_holding_tokens() {
+        let slots = Slots::new(4, T);
+        let check = |claimed: u64, what: &str| {
+            assert_eq!(slots.stocked(), holding(&slots) + claimed, "{what}");
+        };
+        check(0, "new");
+        lease(&slots, 0, 1, 3);
+        lease(&slots, 1, 1, 2);
+        check(0, "two leases");
+        let (zero, held) = slots.claim(0).unwrap();
+        assert_eq!(held, 3);
+        check(1, "slot 0 claimed with its tokens: counted for its lessee");
+        assert!(slots.publish(zero, 2, 4, true));
+        check(0, "published again holding tokens");
+        let (zero, held) = slots.claim(0).unwrap();
+        assert!(slots.publish(zero, 3, 0, held > 0));
+        check(0, "published empty");
+        assert_eq!(slots.stocked(), 1);
+        let (two, held) = slots.claim(2).unwrap();
+        assert_eq!(held, 0);
+        check(0, "slot 2 claimed empty");
+        lease(&slots, 3, 3, 1);
+        let found = slots.close(Some(3));
+        assert_eq!((found.taken, found.leasing), (2, 1));
+        check(
+            0,
+            "slot 1 emptied by the close; slot 2's lessee holds nothing yet",
+        );
+        assert!(!slots.publish(two, 3, 5, false), "cancelled");
+        check(
+            1,
+            "the cancelled lessee's lease still counts until it abandons",
+        );
+        slots.abandon(two, true);
+        check(0, "abandoned");
+        slots.reopen(Some(3));
+        check(0, "reopened empty");
+        assert_eq!(slots.stocked(), 1, "slot 3 alone");
     }
 
     #[test]
@@ -542,7 +663,7 @@ mod tests {
             }
         );
         assert!(
-            !slots.publish(one, 1, 4),
+            !slots.publish(one, 1, 4, false),
             "a cancelled lease cannot publish"
         );
         assert_eq!(slots.consume(0, 1, 1), None);
@@ -554,8 +675,9 @@ mod tests {
             slots.claim(1).is_none(),
             "held shut for the cancelled lessee"
         );
-        slots.abandon(one);
+        slots.abandon(one, true);
         assert!(slots.claim(1).is_some());
+        assert_eq!(slots.stocked(), 0);
     }
 
     #[test]
@@ -566,7 +688,7 @@ mod tests {
         slots.close(Some(3)); // takes slot 0's 3, cancels slot 1's lease, shuts 2 empty
         let found = slots.close(Some(3));
         assert_eq!((found.closed, found.closed_with_hand), (3, 2));
-        slots.abandon(one); // the cancelled lessee's tokens are back
+        slots.abandon(one, false); // the cancelled lessee's tokens are back
         let found = slots.close(Some(3));
         assert_eq!((found.closed, found.closed_with_hand), (3, 1));
         for _ in 0..3 {
@@ -605,7 +727,8 @@ mod tests {
             .flat_map(|t| [OPEN | (5 << (62 - T)) | t, OPEN | (6 << (62 - T)) | t])
             .chain([LEASING | 3, CLOSED | 1, CLOSED | HAND | 2])
             .collect();
-        let slots = Slots::new(3, T);
+        // A fourth slot, OPEN and empty, adds nothing (slot counts are powers of two).
+        let slots = Slots::new(4, T);
         for &a in &words {
             for &b in &words {
                 for &c in &words {
