@@ -27,7 +27,7 @@
 //!    as every give-back is). So a slot holding tokens is one a trip stocked and no trip
 //!    or close has emptied since, and the bucket keeps a count of such slots, written
 //!    only by those trips and closes (never by a spend).
-//! 2. **Lease**: the slot holds too few, or its lease is from an earlier tick. The thread
+//! 2. **Lease**: the slot holds the cost or fewer, or its lease is from an earlier tick. The thread
 //!    marks its slot LEASING (taking its leftover), and in one exchange with the pool
 //!    gives the leftover back, pays the cost and takes a batch (the lease); then
 //!    publishes the batch into its slot, stamped with the tick the pool names.

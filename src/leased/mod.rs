@@ -1129,7 +1129,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
                 // A closer cancelled the lease: it is given back, never spent, and only
                 // then is the slot let go (until then closers count it as in flight).
                 not_given_back = epoch.give_back(layout, leased_units).err();
-                epoch.slots.abandon(index, claimed || tokens > 0);
+                epoch.slots.abandon(index);
             }
         }
         if let Some(replaced) = not_given_back {
@@ -1400,8 +1400,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
 
     /// How many slots hold tokens now (counting a slot whose lessee claimed tokens from
     /// it and has not yet published): the slots a rejection must read. Zero when every
-    /// slot is empty, and a rejection then reads none. Racy under concurrent trips,
-    /// exact when nothing runs concurrently; at most [`slots`](LeasedBucket::slots).
+    /// slot is empty, and a rejection then reads none. Racy under concurrent trips;
+    /// exact, and at most [`slots`](LeasedBucket::slots), when nothing runs
+    /// concurrently.
     ///
     /// ```
     /// use tokengate::{leased::LeaseConfig, LeasedBucket, ManualClock, Policy};
@@ -1609,7 +1610,8 @@ mod tests {
         }
         assert_eq!(scans(), before, "a steady rejection read the slots");
         assert_eq!(bucket.slot_words(), words, "and wrote nothing");
-        // A token left in one slot is counted again: the rejections read the slots.
+        // Credit arriving again is spent through trips that lease nothing (too little
+        // spare): the slots stay empty and uncounted.
         bucket.refund(2).unwrap();
         assert!(bucket.try_acquire_on(1, 1).unwrap().is_admitted()); // leases 0: refund spent
         assert!(bucket.try_acquire_on(0, 1).unwrap().is_admitted());

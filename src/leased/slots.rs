@@ -119,7 +119,8 @@ pub(crate) struct Slots {
     slots: Box<[CachePadded<Slot>]>,
     /// How many slots are stocked: OPEN holding tokens, or LEASING for a lessee whose
     /// claim took tokens (its slot counts until it publishes). Raised before a publish
-    /// that stocks a slot and lowered only after the write that empties one, so it is
+    /// that stocks a slot and lowered only after the write that leaves one without
+    /// tokens (a close, a publish of nothing, a cancelled publish), so it is
     /// never below the OPEN slots holding tokens, and equal to them when nothing runs
     /// concurrently. Written only at a trip to the pool that stocks or empties a slot
     /// (a spend never empties one: see [`Slots::consume`]), so a rejection that finds
@@ -278,7 +279,8 @@ impl Slots {
     /// the slot's index and those tokens; `None` (writing nothing) when the slot is being
     /// leased by another thread or is closed. A slot claimed with tokens stays
     /// [stocked](Slots::stocked) for its lessee, who settles the count when it publishes
-    /// ([`publish`](Slots::publish)) or abandons the slot ([`abandon`](Slots::abandon)).
+    /// ([`publish`](Slots::publish)), whether the publish lands or finds the lease
+    /// cancelled.
     pub(crate) fn claim(&self, index: usize) -> Option<(usize, u64)> {
         let index = index & self.mask;
         let word = &self.slots[index].word;
@@ -297,13 +299,14 @@ impl Slots {
     /// Turns the caller's LEASING slot back into an OPEN slot holding `tokens` leased at
     /// `tick`; `claimed`: the caller's [`claim`](Slots::claim) took tokens (the slot is
     /// stocked for it). The [stocked](Slots::stocked) count is raised before a publish
-    /// that stocks the slot and lowered after one that empties it. `false` (writing
-    /// nothing to the slot) when a closer cancelled the lease: the caller must give its
-    /// tokens back and then [`abandon`](Slots::abandon) the slot, with
-    /// `claimed || tokens > 0` (whether the slot still counts as stocked).
+    /// that stocks the slot, and lowered after the write when the slot is left without
+    /// tokens: published empty, or cancelled. `false` (writing nothing to the slot) when
+    /// a closer cancelled the lease: the caller must give its tokens back and then
+    /// [`abandon`](Slots::abandon) the slot.
     pub(crate) fn publish(&self, index: usize, tick: u64, tokens: u64, claimed: bool) -> bool {
         debug_assert!(tokens <= self.token_mask);
-        if tokens > 0 && !claimed {
+        let counted = claimed || tokens > 0;
+        if !claimed && tokens > 0 {
             self.stocked.fetch_add(1, Ordering::AcqRel);
         }
         let published = self
@@ -316,28 +319,23 @@ impl Slots {
                 Ordering::Acquire,
             )
             .is_ok();
-        if published && tokens == 0 && claimed {
+        if counted && !(published && tokens > 0) {
             self.unstock(1);
         }
         published
     }
 
     /// Drops the count a cancellation held for the caller (after a failed
-    /// [`publish`](Slots::publish), once its tokens are back in the global bucket), and
-    /// the slot's place in the [stocked](Slots::stocked) count when it had one
-    /// (`stocked`, as `publish` says). The slot's [`HAND`] bit is cleared: the bit was
-    /// set by the close that cancelled this lessee (the slot has stayed closed since),
-    /// whose tokens are now back.
-    pub(crate) fn abandon(&self, index: usize, stocked: bool) {
-        if stocked {
-            self.unstock(1);
-        }
+    /// [`publish`](Slots::publish), once its tokens are back in the global bucket).
+    /// The slot's [`HAND`] bit is cleared: the bit was set by the close that cancelled
+    /// this lessee (the slot has stayed closed since), whose tokens are now back.
+    pub(crate) fn abandon(&self, index: usize) {
         self.release(&self.slot(index).word, true);
     }
 
     /// How many slots are stocked (see the field): zero only when no OPEN slot holds
-    /// tokens, unless a publish is racing the load. Exact when nothing runs
-    /// concurrently.
+    /// tokens, unless a publish is racing the load. Exact, and at most the slot count,
+    /// when nothing runs concurrently.
     #[inline(always)]
     pub(crate) fn stocked(&self) -> u64 {
         self.stocked.load(Ordering::Acquire)
@@ -585,7 +583,7 @@ mod tests {
 
     /// The stocked count follows every write that stocks or empties a slot: a publish
     /// of tokens, a publish of none after a claim that took some, a close, a cancelled
-    /// lessee's abandon; a claim alone leaves the slot counted for its lessee.
+    /// publish; a claim alone leaves the slot counted for its lessee.
     #[test]
     fn the_stocked_count_is_the_open_slots_holding_tokens() {
         let slots = Slots::new(4, T);
@@ -616,11 +614,8 @@ mod tests {
             "slot 1 emptied by the close; slot 2's lessee holds nothing yet",
         );
         assert!(!slots.publish(two, 3, 5, false), "cancelled");
-        check(
-            1,
-            "the cancelled lessee's lease still counts until it abandons",
-        );
-        slots.abandon(two, true);
+        check(0, "a cancelled publish leaves the slot uncounted");
+        slots.abandon(two);
         check(0, "abandoned");
         slots.reopen(Some(3));
         check(0, "reopened empty");
@@ -675,7 +670,7 @@ mod tests {
             slots.claim(1).is_none(),
             "held shut for the cancelled lessee"
         );
-        slots.abandon(one, true);
+        slots.abandon(one);
         assert!(slots.claim(1).is_some());
         assert_eq!(slots.stocked(), 0);
     }
@@ -688,7 +683,7 @@ mod tests {
         slots.close(Some(3)); // takes slot 0's 3, cancels slot 1's lease, shuts 2 empty
         let found = slots.close(Some(3));
         assert_eq!((found.closed, found.closed_with_hand), (3, 2));
-        slots.abandon(one, false); // the cancelled lessee's tokens are back
+        slots.abandon(one); // the cancelled lessee's tokens are back
         let found = slots.close(Some(3));
         assert_eq!((found.closed, found.closed_with_hand), (3, 1));
         for _ in 0..3 {
