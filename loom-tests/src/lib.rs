@@ -34,21 +34,12 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokengate::Decision;
-
-/// Models of one test binary run one at a time: the mutant switches of
-/// `tokengate::mutants` are process-wide, so a model expected to fail must not share the
-/// process with one expected to pass.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    // A model expected to fail panics while holding the lock; the lock guards no data.
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
+use tokengate::mutants::Mutant;
 
 /// What one model run explored.
 #[derive(Clone, Copy, Debug)]
@@ -87,7 +78,6 @@ impl Model {
     where
         F: Fn() + Sync + Send + 'static,
     {
-        let _serial = one_at_a_time();
         let explored = self.run(f);
         println!(
             "loom model {}: {} threads, {} executions, {:.2?}{}",
@@ -106,11 +96,10 @@ impl Model {
     /// Runs the model with the deliberate bug `mutant` (one of `tokengate::mutants`)
     /// switched on, expecting it to fail: returns the failing assertion's message, and
     /// panics if every execution passed. The bug is switched off again afterwards.
-    pub fn expect_violation<F>(&self, mutant: &'static AtomicBool, f: F) -> String
+    pub fn expect_violation<F>(&self, mutant: &'static Mutant, f: F) -> String
     where
         F: Fn() + Sync + Send + 'static,
     {
-        let _serial = one_at_a_time();
         let start = Instant::now();
         let outcome = {
             let _bug = tokengate::mutants::enable(mutant);

@@ -1,7 +1,7 @@
 //! Loom models of `LeasedBucket`: threads leasing, spending, reclaiming and refunding on
 //! one bucket, exhaustively interleaved.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test -p loom-tests --release --test hot`.
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p loom-tests --release -- hot::`.
 //!
 //! Each model is also run with a deliberate bug switched on (`tokengate::mutants`) and
 //! must then fail: that shows the model can see the bug it is there for. The harness

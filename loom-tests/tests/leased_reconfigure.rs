@@ -10,8 +10,8 @@
 //! the old pool's tokens have stored them carries those tokens over outside the
 //! strategy. The models catch both.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test -p loom-tests --release --test
-//! leased_reconfigure`.
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p loom-tests --release --
+//! leased_reconfigure::`.
 #![cfg(loom)]
 
 use loom::sync::Arc;

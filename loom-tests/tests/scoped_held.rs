@@ -291,7 +291,7 @@ fn a_held_request_races_a_switch_exhaustively() {
 /// Each of the three held models, run with `bug` switched on, reports a causality
 /// violation (an access to a shard's data that no synchronization orders against a
 /// writer's).
-fn caught_by_each_held_model(bug: &'static std::sync::atomic::AtomicBool) {
+fn caught_by_each_held_model(bug: &'static tokengate::mutants::Mutant) {
     for message in [
         INSERT.expect_violation(bug, held_racing_an_insert()),
         SWEEP.expect_violation(bug, held_racing_a_sweep(Tally::new())),
