@@ -1,7 +1,5 @@
 //! The layer in front of a real axum server on loopback, driven by a real HTTP client.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +10,7 @@ use tokengate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, WorkClass};
 use tokengate::{ManualClock, Policy, ScopedLimiter};
 use tokengate_tower::{Key, RateLimitLayer, Route};
 
-use support::{client, eventually, get as fetch, list, serve};
+use crate::support::{client, eventually, get as fetch, list, serve};
 
 fn app(layer: RateLimitLayer<ManualClock>) -> Router {
     routes().layer(layer)
@@ -176,11 +174,13 @@ async fn a_routes_class_sets_its_cost_and_its_route_scope() {
     let c = client();
     let t = [("x-tenant", "3")];
     assert_eq!(
-        support::send(&c, addr, "POST", "/export", &t).await.status,
+        crate::support::send(&c, addr, "POST", "/export", &t)
+            .await
+            .status,
         200
     );
     assert_eq!(limiter.available(&Scope::Tenant(TenantId(3))), Some(10.0));
-    let second = support::send(&c, addr, "POST", "/export", &t).await;
+    let second = crate::support::send(&c, addr, "POST", "/export", &t).await;
     assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
     // GET /export matches no route (the route is POST only): the default class.
     assert_eq!(fetch(&c, addr, "/export", &t).await.status, 200);

@@ -1,8 +1,6 @@
 //! The Prometheus endpoint of a real server, scraped by a real client: the counters are
 //! there, read at scrape time, with bounded labels (never a key).
 
-mod support;
-
 use std::sync::Arc;
 
 use axum::Router;
@@ -13,7 +11,7 @@ use tokengate::scope::{Rule, RuleSet, ScopeKind, WorkClass};
 use tokengate::{ManualClock, Policy};
 use tokengate_tower::{Key, RateLimitLayer};
 
-use support::{client, get as fetch, serve};
+use crate::support::{client, get as fetch, serve};
 
 #[tokio::test]
 async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {

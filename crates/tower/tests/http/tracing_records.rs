@@ -1,7 +1,5 @@
 //! Decision records reach `tracing` with the seed's field names.
 
-mod support;
-
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
@@ -14,7 +12,7 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
-use support::{client, get as fetch, serve};
+use crate::support::{client, get as fetch, serve};
 
 /// Records every event of target `tokengate` as `name=value` pairs.
 #[derive(Clone, Default)]

@@ -1,0 +1,9 @@
+//! The layer in front of a real axum server on loopback, driven by a real HTTP client:
+//! decisions and headers (`edge`), the Prometheus endpoint (`metrics_endpoint`), the
+//! decision records reaching `tracing` (`tracing_records`). One test binary, so that the
+//! server, the client and the layer's generic code are compiled once.
+
+mod edge;
+mod metrics_endpoint;
+mod support;
+mod tracing_records;
