@@ -22,6 +22,8 @@
 //! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant;
 //! `scoped_3` is a leased global rule (default lease) with tenant and user rules, all of
 //! the admit policy, paid by a request naming one tenant and one user, and
+//! `scoped_3_users` is `scoped_3` paid by one of 100 tenants and one of 100,000 users
+//! picked at random (the map's keys out of the cache, as with many clients);
 //! `multi3_scoped_peer` is `acquire_all` over the same three buckets bare (a
 //! `LeasedBucket` of the default lease and two `Bucket`s, as `&dyn Member`).
 //! Every result passes through `black_box` whole. Each contender is called through a
@@ -35,7 +37,7 @@ use std::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, NotUntil, RateLimiter};
 use tokengate::multi::Member;
-use tokengate::scope::Request;
+use tokengate::scope::{Request, TenantId, UserId};
 use tokengate::{
     AcquireError, Bucket, Clock, CoarseClock, Decision, Inherit, LeasedBucket, LiveBucket,
     ManualClock, Policy, QuantaClock, acquire_all,
@@ -120,6 +122,24 @@ fn interleaved(batches: usize, calls: &mut [&mut dyn FnMut()]) -> Vec<(f64, f64)
         .collect()
 }
 
+/// Users of `scoped_3_users`.
+const USERS: u64 = 100_000;
+
+/// The request of user `u`, of tenant `u % 100`.
+fn user_request(u: u64) -> Request {
+    Request::new().tenant(TenantId(u % 100)).user(UserId(u))
+}
+
+/// A number below `n` from a xorshift64 state (the `bench` subcommand's key generator).
+fn random_below(state: &mut u64, n: u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    ((u128::from(x) * u128::from(n)) >> 64) as u64
+}
+
 /// `PERCENTILE_BATCHES` (1 to 1,000,000), or 3000.
 fn batches() -> usize {
     common::env_count("PERCENTILE_BATCHES", 1_000_000, || 3000)
@@ -145,6 +165,13 @@ fn main() {
     let (scoped_global, one, _) = common::scoped::global(admit());
     let (scoped_tenant, tenant_one, tenant_request) = common::scoped::tenant(admit());
     let (scoped_3, three_one, three_request) = common::scoped::three(admit());
+    // `scoped_3` with its keys spread: one of 100 tenants and one of 100,000 users (each
+    // user of one tenant) picked at random per request, every user in its map first.
+    let (scoped_3_users, users_one, _) = common::scoped::three(admit());
+    for u in 0..USERS {
+        let _ = scoped_3_users.try_acquire(&user_request(u), users_one);
+    }
+    let mut users_rng = 0x9e37_79b9_7f4a_7c15_u64;
     let peer_global = LeasedBucket::new(admit());
     let peer_tenant = Bucket::new(admit());
     let peer_user = Bucket::new(admit());
@@ -338,6 +365,13 @@ fn main() {
             "scoped_3",
             Box::new(|| {
                 let _ = black_box(black_box(&scoped_3).try_acquire(&three_request, three_one));
+            }),
+        ),
+        (
+            "scoped_3_users",
+            Box::new(|| {
+                let request = user_request(random_below(&mut users_rng, USERS));
+                let _ = black_box(black_box(&scoped_3_users).try_acquire(&request, users_one));
             }),
         ),
         (

@@ -1,6 +1,8 @@
 //! Where a keyed decision's time goes: the keyed floor, a bare sharded hash table with and
 //! without its read lock or a reader section's fence, the clock read before or after the
-//! lookup, tokengate's `KeyedLimiter` and governor's keyed limiter, each over the same
+//! lookup, tokengate's `KeyedLimiter` (reading only whether it admitted, as the others
+//! do, and with its whole result through `black_box`, as the `bench` subcommand reads
+//! every engine's) and governor's keyed limiter, each over the same
 //! 100,000 `u64` keys picked uniformly at random, one thread, in one process (ns per
 //! decision, best of five runs of 20 million, the cases' runs interleaved). Figures:
 //! BENCHMARKS.md, "Keyed lookups" and "The clocks read inline".
@@ -231,6 +233,12 @@ fn main() {
         filter,
         "tokengate KeyedLimiter::try_acquire",
         |k| matches!(limiter.try_acquire(&k, 1), Ok(d) if d.is_admitted()),
+    );
+    case(
+        &mut cases,
+        filter,
+        "tokengate KeyedLimiter::try_acquire, result in black_box",
+        |k| matches!(black_box(limiter.try_acquire(&k, 1)), Ok(d) if d.is_admitted()),
     );
     case(
         &mut cases,
