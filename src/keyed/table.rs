@@ -359,10 +359,13 @@ impl<K, V, S> Table<K, V, S> {
     #[inline(always)]
     pub(crate) fn enter(&self, i: usize, hash: u64) -> Option<Section<'_, K, V>> {
         let section = Section {
-            _exit: self.claim_record(i, hash)?,
+            _exit: self.claim_record(i)?,
             cell: &self.shards[i],
         };
         fence(Ordering::SeqCst);
+        // After the fence: issued before it, the one lookup's prefetch cost more than
+        // it saved (measured: BENCHMARKS.md, "The prefetch after the fence").
+        self.prefetch(i, hash);
         if self.writer_on(i) {
             // Dropping the section clears the record.
             return None;
@@ -370,13 +373,20 @@ impl<K, V, S> Table<K, V, S> {
         Some(section)
     }
 
-    /// What [`enter`](Table::enter) and [`announce`](Table::announce) do before the
-    /// fence: prefetches shard `i`'s first probe for `hash`, and stores this thread's
-    /// record naming the shard; `None`, storing nothing, for a thread without a record
-    /// in this table or in a section of it already.
+    /// Prefetches the first control group and entry a lookup of `hash` in shard `i`
+    /// reads (a hint: nothing is read that the program sees).
     #[inline(always)]
-    fn claim_record(&self, i: usize, hash: u64) -> Option<SectionExit<'_>> {
-        self.shards[i].prefetch.issue::<Entry<K, V>>(hash);
+    fn prefetch(&self, i: usize, hash: u64) {
+        if let Some(cell) = self.shards.get(i) {
+            cell.prefetch.issue::<Entry<K, V>>(hash);
+        }
+    }
+
+    /// What [`enter`](Table::enter) and [`announce`](Table::announce) do before the
+    /// fence: store this thread's record naming shard `i`; `None`, storing nothing, for
+    /// a thread without a record in this table or in a section of it already.
+    #[inline(always)]
+    fn claim_record(&self, i: usize) -> Option<SectionExit<'_>> {
         let record = self.records.get(readers::index())?;
         if record.load(Ordering::Relaxed) != 0 {
             return None;
@@ -400,8 +410,8 @@ impl<K, V, S> Table<K, V, S> {
     }
 
     /// The first half of [`enter`](Table::enter) for a section kept by `sections`
-    /// with others: this thread's record names shard `i` (and the shard's first probe
-    /// is prefetched for `hash`), without the fence. Once every section of a request is
+    /// with others: shard `i`'s first probe for `hash` is prefetched and this thread's
+    /// record names the shard, without the fence. Once every section of a request is
     /// announced, [`Sections::fence`] makes the one fence they all need, and
     /// [`confirm`](Table::confirm) finishes each. `false`, with nothing kept, where
     /// `enter` gives `None` before its fence (no record, a section of this table held
@@ -420,7 +430,11 @@ impl<K, V, S> Table<K, V, S> {
         if sections.is_full() {
             return false;
         }
-        let Some(exit) = self.claim_record(i, hash) else {
+        // Before the fence here (unlike `enter`): the prefetches of a request's maps
+        // then overlap the other maps' announcements (measured: BENCHMARKS.md, "The
+        // prefetch after the fence").
+        self.prefetch(i, hash);
+        let Some(exit) = self.claim_record(i) else {
             return false;
         };
         sections.keep(exit);
