@@ -364,7 +364,8 @@ impl<K, V, S> Table<K, V, S> {
         };
         fence(Ordering::SeqCst);
         // After the fence: issued before it, the one lookup's prefetch cost more than
-        // it saved (measured: BENCHMARKS.md, "The prefetch after the fence").
+        // it saved (measured: BENCHMARKS.md, "Keyed lookups: the prefetch after the
+        // fence").
         self.prefetch(i, hash);
         if self.writer_on(i) {
             // Dropping the section clears the record.
@@ -431,8 +432,8 @@ impl<K, V, S> Table<K, V, S> {
             return false;
         }
         // Before the fence here (unlike `enter`): the prefetches of a request's maps
-        // then overlap the other maps' announcements (measured: BENCHMARKS.md, "The
-        // prefetch after the fence").
+        // then overlap the other maps' announcements (measured: BENCHMARKS.md, "Keyed
+        // lookups: the prefetch after the fence").
         self.prefetch(i, hash);
         let Some(exit) = self.claim_record(i) else {
             return false;
