@@ -12,9 +12,7 @@ use tokengate::{
     scope::ScopeKind, scope::TenantId,
 };
 
-fn p(capacity: u64, rate: f64) -> Policy {
-    Policy::new(capacity, rate).unwrap()
-}
+use crate::support::p;
 
 /// Global 100 at 10/s (leased or not), tenant 30 at 3/s, tenant route 12 at 2/s, and
 /// classes costing 1, 3 and 7 (the last 2 in the global scope).

@@ -9,4 +9,5 @@ mod reconfigure;
 mod remote;
 mod retier;
 mod scopes;
+mod support;
 mod tiers;

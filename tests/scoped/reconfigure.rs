@@ -13,9 +13,7 @@ use tokengate::scope::*;
 use tokengate::{Inherit, LiveBucket, ManualClock, Policy, acquire_all};
 use tokengate_testkit::reconfigure::STRATEGIES;
 
-fn p(capacity: u64, rate: f64) -> Policy {
-    Policy::new(capacity, rate).unwrap()
-}
+use crate::support::p;
 
 /// Global 100, tenants 50, tenant 1 in tier "gold" (200); class "ten" costs 10.
 fn rules(global: Policy, tenant: Policy, gold: Policy, how: Inherit) -> RuleSet {

@@ -14,9 +14,7 @@ use tokengate::scope::{
 };
 use tokengate::{ManualClock, Policy, ScopedLimiter};
 
-fn p(capacity: u64, rate: f64) -> Policy {
-    Policy::new(capacity, rate).unwrap()
-}
+use crate::support::p;
 
 /// The wait the fake store gives for a refusal.
 const STORE_WAIT: Duration = Duration::from_secs(7);

@@ -12,9 +12,7 @@ use tokengate::scope::*;
 use tokengate::telemetry::CounterSnapshot;
 use tokengate::{Inherit, ManualClock, Policy};
 
-fn p(capacity: u64, rate: f64) -> Policy {
-    Policy::new(capacity, rate).unwrap()
-}
+use crate::support::p;
 
 fn tenant(t: u64) -> Scope {
     Scope::Tenant(TenantId(t))

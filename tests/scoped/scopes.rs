@@ -12,9 +12,7 @@ use tokengate::{
     telemetry::Outcome,
 };
 
-fn p(capacity: u64, rate: f64) -> Policy {
-    Policy::new(capacity, rate).unwrap()
-}
+use crate::support::p;
 
 fn classes(rules: RuleSet) -> RuleSet {
     rules

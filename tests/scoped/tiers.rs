@@ -11,21 +11,7 @@ use tokengate::{
     },
 };
 
-fn p(capacity: u64, rate: f64) -> Policy {
-    Policy::new(capacity, rate).unwrap()
-}
-
-/// Added to each step of the manual clock: effective refill rates are rounded down, so
-/// a token due at exactly `n` seconds may arrive a tick later.
-const SLACK: Duration = Duration::from_millis(10);
-
-fn close(a: Option<f64>, b: f64) -> bool {
-    a.is_some_and(|a| (a - b).abs() < 0.05)
-}
-
-fn near(d: Option<Duration>, secs: f64) -> bool {
-    d.is_some_and(|d| (d.as_secs_f64() - secs).abs() < 0.05)
-}
+use crate::support::{SLACK, close, near, p};
 
 /// Admissions of one-token requests in a row until the first refusal.
 fn admitted_in_a_row(limiter: &ScopedLimiter<ManualClock>, request: &Request) -> usize {
