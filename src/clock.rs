@@ -27,6 +27,21 @@ pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's origin.
     fn now_nanos(&self) -> u64;
 
+    /// [`now_nanos`](Clock::now_nanos)'s reading when this clock takes it without a
+    /// function call, else `None`. The limiters' decisions read the clock here and, on
+    /// `None`, start again on a path of their own that calls `now_nanos`: a call on the
+    /// decision's path, however rarely taken, makes every decision save and restore the
+    /// registers that live across it.
+    ///
+    /// The default, `Some(self.now_nanos())`, is right for every clock. A clock whose
+    /// reading calls out of line only in some configurations (the [`QuantaClock`] where
+    /// it does not read the time-stamp counter itself) answers `None` there. Either way
+    /// the reading is the same.
+    #[inline]
+    fn now_inline(&self) -> Option<u64> {
+        Some(self.now_nanos())
+    }
+
     /// Whether a reading is never below any reading taken before it, on any thread (a
     /// reading that happens-after another is at least as large). `false` unless a clock
     /// declares it: then limiters guard its readings with a high-water mark
@@ -48,6 +63,11 @@ impl<C: Clock + ?Sized> Clock for &C {
     }
 
     #[inline]
+    fn now_inline(&self) -> Option<u64> {
+        (**self).now_inline()
+    }
+
+    #[inline]
     fn is_monotonic(&self) -> bool {
         (**self).is_monotonic()
     }
@@ -57,6 +77,11 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     #[inline]
     fn now_nanos(&self) -> u64 {
         (**self).now_nanos()
+    }
+
+    #[inline]
+    fn now_inline(&self) -> Option<u64> {
+        (**self).now_inline()
     }
 
     #[inline]
@@ -135,12 +160,14 @@ impl<C: Clock + ?Sized> Monotonic<C> {
 impl<C: Clock + ?Sized> Clock for Monotonic<C> {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        let reading = self.clock.now_nanos();
-        if self.clock.is_monotonic() {
-            reading
-        } else {
-            self.guarded(reading)
-        }
+        self.observe(self.clock.now_nanos())
+    }
+
+    /// The source's inline reading through the guard (which calls out of line only for
+    /// a source that is not monotonic).
+    #[inline]
+    fn now_inline(&self) -> Option<u64> {
+        Some(self.observe(self.clock.now_inline()?))
     }
 
     #[inline]
@@ -231,11 +258,17 @@ impl Default for QuantaClock {
 impl Clock for QuantaClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        if self.inline_scale != 0 {
-            counter::scaled(counter::read(), self.inline_scale)
-        } else {
-            self.quanta_nanos()
+        match self.now_inline() {
+            Some(now) => now,
+            None => self.quanta_nanos(),
         }
+    }
+
+    /// The counter read inline, where it is; `None` where readings go through quanta's
+    /// calls.
+    #[inline]
+    fn now_inline(&self) -> Option<u64> {
+        (self.inline_scale != 0).then(|| counter::scaled(counter::read(), self.inline_scale))
     }
 
     /// An invariant counter (or the OS monotonic clock) never moves back; what cores
@@ -571,6 +604,13 @@ mod tests {
         let clock = QuantaClock::new();
         let has_counter = counter::cpu_has_counter();
         assert_eq!(clock.reads_counter_inline(), has_counter);
+        // A reading is inline exactly where the counter is, and is then quanta's.
+        assert_eq!(clock.now_inline().is_some(), has_counter);
+        if let Some(b) = clock.now_inline() {
+            let (a, c) = (clock.quanta_nanos(), clock.quanta_nanos());
+            let (b2, c2) = (clock.now_inline().unwrap(), clock.quanta_nanos());
+            assert!(b <= a && a <= c && c <= b2 && b2 <= c2, "{b} {a} {c} {b2} {c2}");
+        }
         if !has_counter {
             return;
         }

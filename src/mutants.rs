@@ -69,6 +69,10 @@ pub static CLOSE_UNSTOCKS_LEASES: Mutant = Mutant("CLOSE_UNSTOCKS_LEASES");
 /// capped-refill over-credit of a lazily refilled global word.
 pub static LEASE_NEVER_EXPIRES: Mutant = Mutant("LEASE_NEVER_EXPIRES");
 
+/// A slot's spend landed by a plain store of the word it read, not a compare-and-swap:
+/// a trip's claim or a close in between is overwritten (its tokens spent twice).
+pub static SPEND_STORES_BLIND: Mutant = Mutant("SPEND_STORES_BLIND");
+
 /// A `LeasedBucket` trip that finds its clock reading well behind the global word decides
 /// at once that the word idled past its wrap (re-anchoring it full), without reading the
 /// clock again after the load: a lost race credited as a full bucket.

@@ -409,3 +409,51 @@ fn a_refund_that_fills_a_bucket_lets_a_new_key_evict_it_at_once() {
         "the full bucket of key 1 was evicted"
     );
 }
+
+/// A clock whose readings are never inline ([`Clock::now_inline`] is `None`).
+#[derive(Clone, Default)]
+struct OutOfLine(ManualClock);
+
+impl tokengate::Clock for OutOfLine {
+    fn now_nanos(&self) -> u64 {
+        tokengate::Clock::now_nanos(&self.0)
+    }
+
+    fn now_inline(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The same requests on a limiter whose clock is read out of line (every found key
+/// then decided off the reader section's path) get the same decisions, sweeps and
+/// evictions included.
+#[test]
+fn a_clock_read_out_of_line_decides_as_one_read_inline() {
+    let clock = ManualClock::new();
+    let policy = Policy::new(20, 50.0).unwrap();
+    let inline = limiter(policy, 64, &clock);
+    let called = KeyedLimiter::builder(policy, 64)
+        .clock(OutOfLine(clock.clone()))
+        .shards(8)
+        .build()
+        .unwrap();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for step in 0..20_000 {
+        match rng.below(10) {
+            0 => clock.advance(Duration::from_micros(rng.below(400_000))),
+            1 => assert_eq!(called.sweep().evicted, inline.sweep().evicted),
+            _ => {
+                let key = rng.below(96);
+                let cost = 1 + rng.below(20);
+                assert_eq!(
+                    called.try_acquire(&key, cost),
+                    inline.try_acquire(&key, cost),
+                    "step {step}, key {key}, cost {cost}"
+                );
+            }
+        }
+    }
+    for key in 0..96 {
+        assert_eq!(called.available(&key), inline.available(&key), "key {key}");
+    }
+}

@@ -123,14 +123,18 @@ fn compare(c: &Case) -> Result<(), TestCaseError> {
     if let Some(lease) = c.max_lease {
         config = config.max_lease(lease);
     }
-    let hot = match LeasedBucket::with_config(policy, clock.clone(), config) {
-        Ok(hot) => hot,
+    let config = match LeasedBucket::with_config(policy, clock.clone(), config) {
+        Ok(_) => config,
         // A lease above what a slot holds for this policy: use the largest allowed.
         Err(tokengate::leased::LeaseConfigError::LeaseOutOfRange { max, .. }) => {
-            LeasedBucket::with_config(policy, clock.clone(), config.max_lease(max)).unwrap()
+            config.max_lease(max)
         }
         Err(e) => panic!("{e}"),
     };
+    let hot = LeasedBucket::with_config(policy, clock.clone(), config).unwrap();
+    // The same bucket on the same clock read out of line: every decision goes through
+    // the path a call to the clock takes, and must be the same.
+    let called = LeasedBucket::with_config(policy, OutOfLine(clock.clone()), config).unwrap();
     let plain = Bucket::with_clock(policy, clock.clone());
     let (mut hot_admitted, mut plain_admitted) = (0u64, 0u64);
     for (step, op) in c.ops.iter().enumerate() {
@@ -138,6 +142,7 @@ fn compare(c: &Case) -> Result<(), TestCaseError> {
             Op::Acquire { slot, cost } => {
                 let held = hot.leased_tokens();
                 let h = hot.try_acquire_on(slot, cost);
+                prop_assert_eq!(called.try_acquire_on(slot, cost), h, "step {}", step);
                 let p = plain.try_acquire(cost);
                 match (h, p) {
                     (Ok(h), Ok(p)) => {
@@ -174,16 +179,24 @@ fn compare(c: &Case) -> Result<(), TestCaseError> {
                 }
             }
             Op::Advance(d) => clock.advance(Duration::from_nanos(d)),
-            Op::Refund(cost) => prop_assert_eq!(hot.refund(cost), plain.refund(cost)),
+            Op::Refund(cost) => {
+                let refunded = hot.refund(cost);
+                prop_assert_eq!(called.refund(cost), refunded);
+                prop_assert_eq!(plain.refund(cost), refunded);
+            }
             Op::Reset => {
                 hot.reset();
+                called.reset();
                 plain.reset();
             }
             Op::Reclaim => {
                 hot.reclaim();
+                called.reclaim();
                 prop_assert_eq!(hot.leased_tokens(), 0);
             }
         }
+        prop_assert_eq!(called.leased_tokens(), hot.leased_tokens());
+        prop_assert_eq!(called.available(), hot.available());
         prop_assert!(hot_admitted <= plain_admitted);
         prop_assert_eq!(
             hot.available(),
@@ -271,6 +284,21 @@ fn a_cost_above_every_lease_is_paid_from_the_global_word_and_the_slots() {
     let d = hot.try_acquire_on(0, 98).unwrap();
     assert!(d.is_admitted(), "{d:?}");
     assert_eq!(hot.available(), 0.0);
+}
+
+/// A clock whose readings are never inline ([`Clock::now_inline`] is `None`): the
+/// limiters decide through the path a clock read out of line takes.
+#[derive(Clone, Default)]
+struct OutOfLine(ManualClock);
+
+impl Clock for OutOfLine {
+    fn now_nanos(&self) -> u64 {
+        self.0.now_nanos()
+    }
+
+    fn now_inline(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A clock that counts its readings.

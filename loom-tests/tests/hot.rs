@@ -36,6 +36,8 @@ const FROZEN_THREE: Model = Model {
     preemption_bound: Some(3),
 };
 
+const SPEND_AND_CLOSE: Model = Model::exhaustive("LeasedBucket: a slot's spend racing a close", 2);
+
 const CAPPED_REFUND: Model = Model::exhaustive("LeasedBucket: capped refund with a lease out", 2);
 
 const RACING_REFUNDS: Model =
@@ -146,6 +148,7 @@ fn frozen_clock_model_catches_a_close_that_unstocks_a_lease_in_flight() {
     FROZEN_TWO.expect_violation(&mutants::CLOSE_UNSTOCKS_LEASES, frozen_two_threads);
 }
 
+
 /// Three threads on two slots (two share slot 1), frozen clock: exact conservation.
 fn frozen_three_threads() {
     let clock = Forward::new();
@@ -174,6 +177,38 @@ fn frozen_three_threads() {
 #[test]
 fn frozen_clock_three_threads_admit_exactly_the_balance() {
     assert!(FROZEN_THREE.check(frozen_three_threads).executions > 1);
+}
+
+/// A spend from a slot racing a reclaim that closes it (frozen clock). Slot 1 holds a
+/// lease of two tokens; one thread spends one of them while the other reclaims every
+/// slot. The spend is one compare-and-swap: when the close lands between its load and
+/// its swap, the swap fails and the spend is decided by a trip to the pool instead
+/// (which finds the slot closed and the tokens back in the pool). Either way the
+/// tokens admitted and drained are the capacity exactly.
+fn spend_racing_a_close() {
+    let clock = Forward::new();
+    let b = Arc::new(bucket(16, &clock));
+    assert_eq!(take(&b, 1, 1), 1); // leases two more to slot 1
+    assert_eq!(b.leased_tokens(), 2);
+    let t = {
+        let b = b.clone();
+        thread::spawn(move || take(&b, 1, 1))
+    };
+    b.reclaim();
+    let spent = t.join().unwrap();
+    assert_eq!(spent, 1, "the bucket could pay");
+    let total = 1 + spent + drain(&b);
+    assert_eq!(total, 16, "admitted {total} of 16");
+}
+
+#[test]
+fn a_spend_racing_a_close_admits_exactly_the_balance() {
+    assert!(SPEND_AND_CLOSE.check(spend_racing_a_close).executions > 1);
+}
+
+#[test]
+fn spend_and_close_model_catches_a_spend_that_overwrites_a_close() {
+    SPEND_AND_CLOSE.expect_violation(&mutants::SPEND_STORES_BLIND, spend_racing_a_close);
 }
 
 /// A refund that meets the cap while a lease is out (frozen clock). Thread A leases; the

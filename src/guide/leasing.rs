@@ -40,11 +40,11 @@
 //!    count is raised before a publish that stocks a slot and lowered after the write
 //!    that empties one, so it is never below the OPEN slots holding tokens; a slot
 //!    claimed with tokens stays counted for its lessee until it publishes. With the
-//!    [`LocalPool`](crate::leased::LocalPool), a rejection on a reading at or after the
-//!    word's tick is decided inline on the loaded word, before any call, with the same
-//!    loads (the pool word, then the slots, in order, only until they could pay); a slot
-//!    found mid-lease or closed leaves the decision to the trip, which loads the pool
-//!    word and the slots again and counts such a slot as empty.
+//!    [`LocalPool`](crate::leased::LocalPool), such a rejection (no slot read) on a
+//!    reading at or after the word's tick is decided inline on the loaded word, before
+//!    any call. One that must count the slots is decided by the trip, which loads the
+//!    slots in order only until they could pay, and counts a slot found mid-lease or
+//!    closed as empty.
 //! 4. **Reclaim**: the pool cannot pay, but the slots together could. The thread
 //!    closes every other slot,
 //!    taking the tokens idle in them (and cancelling leases in flight, which their

@@ -153,7 +153,7 @@ pub(crate) use crate::sync::thread_index;
 use epoch::Epoch;
 use pool::Replaced;
 pub use pool::{LeaseOutcome, LeaseRequest, Lessees, LocalPool, Pool, PoolState, Quiesced};
-use slots::Slots;
+use slots::{Slots, Spend};
 
 /// The most slots a leased bucket may have.
 pub const MAX_SLOTS: usize = 1 << 16;
@@ -886,8 +886,26 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// assert_eq!(bucket.available(), 38.0); // leased tokens still count
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_on(&self, slot: usize, cost: u64) -> Result<Decision, AcquireError> {
+        // Every call off this path is a tail call (a clock read out of line, a pass due,
+        // the trip), so that no value lives across a call and the decision saves few
+        // registers (measured: BENCHMARKS.md, "The leased rejection without calls").
+        let epoch = self.epoch();
+        let Some(now) = self.clock.now_inline() else {
+            return self.acquire_called(slot, cost);
+        };
+        if epoch.passes.is_due(now) {
+            return self.acquire_called(slot, cost);
+        }
+        self.acquire_at(epoch, slot, cost, now)
+    }
+
+    /// [`try_acquire_on`](Self::try_acquire_on) where its inline path would make a call:
+    /// the clock read out of line, or the re-anchoring pass due.
+    #[cold]
+    #[inline(never)]
+    fn acquire_called(&self, slot: usize, cost: u64) -> Result<Decision, AcquireError> {
         self.acquire(slot, cost, |epoch| self.now_on(epoch))
     }
 
@@ -921,8 +939,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         // Formed once, for the slot and the pool word both.
         let now_tick = epoch.policy.layout().tick_of(now);
         match Self::from_slot_at(epoch, slot, cost, now, now_tick) {
-            Some(out) => out,
-            None => match Self::refusal_on_word(epoch, cost, now, now_tick) {
+            Ok(out) => out,
+            Err(Spend::Raced) => self.acquire_slow(epoch, slot, cost, now),
+            Err(_) => match Self::refusal_on_word(epoch, cost, now, now_tick) {
                 Some(refused) => Ok(refused),
                 None => self.acquire_slow(epoch, slot, cost, now),
             },
@@ -930,7 +949,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     }
 
     /// A cost above the capacity refused, or paid from the slot: `None` when the slot
-    /// cannot pay (nothing written).
+    /// did not pay (nothing written).
     #[inline(always)]
     fn from_slot(
         epoch: &Epoch<P>,
@@ -938,10 +957,12 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
     ) -> Option<Result<Decision, AcquireError>> {
-        Self::from_slot_at(epoch, slot, cost, now, epoch.policy.layout().tick_of(now))
+        Self::from_slot_at(epoch, slot, cost, now, epoch.policy.layout().tick_of(now)).ok()
     }
 
-    /// [`from_slot`](Self::from_slot) with `now`'s tick, `now_tick`, already formed.
+    /// [`from_slot`](Self::from_slot) with `now`'s tick, `now_tick`, already formed, and
+    /// why the slot did not pay: [`Spend::Unpayable`] (a cost of zero included) or
+    /// [`Spend::Raced`] (the trip decides it then).
     #[inline(always)]
     fn from_slot_at(
         epoch: &Epoch<P>,
@@ -949,29 +970,33 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
         now_tick: u64,
-    ) -> Option<Result<Decision, AcquireError>> {
+    ) -> Result<Result<Decision, AcquireError>, Spend> {
         let layout = epoch.policy.layout();
         if cost > layout.capacity() {
-            return Some(Err(cost_exceeds_capacity(layout, cost)));
+            return Ok(Err(cost_exceeds_capacity(layout, cost)));
         }
-        if cost > 0 {
-            if let Some(left) = epoch.slots.consume(slot, cost, now_tick) {
+        if cost == 0 {
+            return Err(Spend::Unpayable);
+        }
+        match epoch.slots.consume(slot, cost, now_tick) {
+            Spend::Paid(left) => {
                 let balance = (left << layout.frac_bits()) as i64;
-                return Some(Ok(Decision::with_balance(
+                Ok(Ok(Decision::with_balance(
                     layout, balance, 0, now, cost, true,
-                )));
+                )))
             }
+            other => Err(other),
         }
-        None
     }
 
     /// [`read_only_refusal`](Self::read_only_refusal) decided on the [`LocalPool`]'s
     /// word as loaded, without forming a snapshot, where that is simple: a cost of at
-    /// least one, and a reading at or forward of the word's tick (so `behind` is zero and
-    /// no reread is due). The same refusal, balance and loads (the pool word, then the
-    /// slots only if they might pay) as the trip's; `None` leaves the decision to the trip
-    /// (a sealed word included, and a slot found mid-lease or closed, which the trip
-    /// counts as empty).
+    /// least one, a reading at or forward of the word's tick (so `behind` is zero and no
+    /// reread is due), and no slot to read (the pool cannot pay with the most the slots
+    /// can hold, or no slot is stocked). The same refusal, balance and loads as the
+    /// trip's; `None` leaves the decision to the trip (a sealed word included, and a
+    /// rejection that must count the slots: the loop would keep a dozen values alive, and
+    /// every decision would save registers for it).
     #[inline(always)]
     fn refusal_on_word(epoch: &Epoch<P>, cost: u64, now: u64, now_tick: u64) -> Option<Decision> {
         let local = epoch.local()?;
@@ -985,7 +1010,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         // word needs no test of its own: its token field, all ones, is above
         // `max_units`, so it is never short and goes to the trip.
         let pool = layout.forward_units(word, now_tick)?;
-        let units = Self::short_with_slots(epoch, pool, cost, Slots::open_held_at_most)?;
+        let units = Self::short_with_slots(epoch, pool, cost, |_, _| None)?;
         let balance = units as i64 - layout.base_units() as i64;
         Some(Decision::with_balance(layout, balance, 0, now, cost, false))
     }
@@ -993,8 +1018,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// The units the pool (`pool`, refilled) and the slots hold together when they are
     /// short of `cost`; `None` when they could pay it. The slots are read only when
     /// they might make up the difference, in order, and only until they could, by
-    /// `count` ([`Slots::held_at_most`] on the trip, [`Slots::open_held_at_most`] inline,
-    /// which also answers `None` at a slot that is not OPEN, leaving it to the trip).
+    /// `count` ([`Slots::held_at_most`] on the trip; inline, a count that answers `None`,
+    /// leaving such a rejection to the trip).
     #[inline(always)]
     fn short_with_slots(
         epoch: &Epoch<P>,
@@ -1643,7 +1668,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rejection_meeting_a_slot_mid_lease_is_decided_by_the_trip_and_writes_nothing() {
+    fn a_rejection_that_must_count_the_slots_is_decided_by_the_trip_and_writes_nothing() {
         let config = LeaseConfig::new().slots(4).max_lease(5);
         let policy = Policy::new(100, 1.0).unwrap();
         let clock = ManualClock::new();
@@ -1651,11 +1676,11 @@ mod tests {
         assert!(bucket.try_acquire_on(0, 80).unwrap().is_admitted()); // leases 20 / 8
         assert!(bucket.try_acquire_on(1, 14).unwrap().is_admitted()); // leases 4 / 8 = 0
         assert_eq!(bucket.leased_tokens(), 2);
-        // A reading past the pool word's tick, which the inline refusal decides on.
+        // A reading past the pool word's tick, where the inline refusal decides when no
+        // slot need be read.
         clock.advance(Duration::from_millis(10));
         let epoch = bucket.epoch();
-        // Slot 2 mid-lease (it held nothing): the inline count gives up there, and the
-        // trip counts it as empty, as before.
+        // Slot 2 mid-lease (it held nothing): the trip counts it as empty.
         let (two, taken) = epoch.slots.claim(2).unwrap();
         assert_eq!(taken, 0);
         let words = |epoch: &Epoch<LocalPool>| {
@@ -1672,9 +1697,10 @@ mod tests {
             (6.0..6.02).contains(&remaining),
             "the pool's 4 and slot 0's 2: {remaining}"
         );
-        assert_eq!(scans(), before + 2, "the inline count, then the trip's");
+        assert_eq!(scans(), before + 1, "the trip's count, and no other");
         assert_eq!(words(epoch), before_words, "the rejection wrote nothing");
-        // The same rejection with every slot OPEN, decided inline on the same counts.
+        // The same rejection with every slot OPEN: the slots might pay, so the trip
+        // counts them, on the same counts.
         assert!(epoch.slots.publish(two, 0, 0, false));
         let before = scans();
         let d = bucket.try_acquire_on(3, 7).unwrap();

@@ -147,6 +147,17 @@ impl fmt::Debug for Slots {
     }
 }
 
+/// What one [`consume`](Slots::consume) did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spend {
+    /// The cost was taken; the tokens left in the slot (at least one).
+    Paid(u64),
+    /// The slot cannot pay the cost: nothing written.
+    Unpayable,
+    /// The slot's word changed between the load and the swap: nothing written.
+    Raced,
+}
+
 impl Slots {
     /// The most tokens one slot can hold when stamps have `tick_bits` bits.
     pub(crate) fn max_tokens(tick_bits: u32) -> u64 {
@@ -209,24 +220,35 @@ impl Slots {
     }
 
     /// The hot path: spends `cost` tokens (at least one) from an OPEN slot leased at
-    /// `now_tick` and holding more than `cost`. Returns the tokens left in it (at least
-    /// one), or `None` (writing nothing) when the slot is not OPEN, was leased at another
-    /// tick, or holds `cost` or fewer.
+    /// `now_tick` and holding more than `cost`, in one compare-and-swap. Returns the
+    /// tokens left in it (at least one); [`Spend::Unpayable`] (writing nothing) when the
+    /// slot is not OPEN, was leased at another tick, or holds `cost` or fewer;
+    /// [`Spend::Raced`] (writing nothing) when its word changed between the load and the
+    /// swap. Only a trip or a close writes another thread's slot, so the caller leaves a
+    /// race to its trip rather than looping here: a loop would keep the word's address
+    /// and its fields alive across the swap, and every spend would save registers for
+    /// them.
     ///
     /// A spend never empties a slot: its last tokens are spent by a trip to the pool,
     /// which claims them (giving them back in its exchange, where they pay). So a slot
     /// holding tokens stays [stocked](Slots::stocked) until a trip or a close empties
     /// it, and the count is kept by those alone, never on this path.
     #[inline]
-    pub(crate) fn consume(&self, index: usize, cost: u64, now_tick: u64) -> Option<u64> {
+    pub(crate) fn consume(&self, index: usize, cost: u64, now_tick: u64) -> Spend {
         let word = &self.slot(index).word;
-        let mut cur = word.load(Ordering::Acquire);
-        loop {
-            let tokens = self.payable(cur, cost, now_tick)?;
-            match word.compare_exchange_weak(cur, cur - cost, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(tokens - cost),
-                Err(actual) => cur = actual,
-            }
+        let cur = word.load(Ordering::Acquire);
+        let Some(tokens) = self.payable(cur, cost, now_tick) else {
+            return Spend::Unpayable;
+        };
+        let landed = if mutant!(SPEND_STORES_BLIND) {
+            word.store(cur - cost, Ordering::Release);
+            Ok(cur)
+        } else {
+            word.compare_exchange(cur, cur - cost, Ordering::AcqRel, Ordering::Acquire)
+        };
+        match landed {
+            Ok(_) => Spend::Paid(tokens - cost),
+            Err(_) => Spend::Raced,
         }
     }
 
@@ -493,34 +515,6 @@ impl Slots {
         }
         Some(held)
     }
-
-    /// [`held_at_most`](Slots::held_at_most) when every slot read is OPEN, else `None`
-    /// (as when the sum exceeds `most`), for the inline rejection, which leaves the rare
-    /// slot mid-lease or closed to the trip's [`held_at_most`](Slots::held_at_most). The
-    /// same loads in the same order, up to the first slot that is not OPEN or the sum
-    /// above `most`.
-    ///
-    /// Each word is masked with the token field and the state bits, so that an OPEN word
-    /// gives its tokens and any other word at least [`LEASING`] (`2^62`); with `most`
-    /// taken below `2^62`, such a word takes the sum above it. No overflow: the sum is at
-    /// most `2^62 - 1` before each addition and a masked word below `2^64 - 2^62`.
-    #[inline(always)]
-    pub(crate) fn open_held_at_most(&self, most: u64) -> Option<u64> {
-        #[cfg(all(test, not(loom)))]
-        SCANS.with(|n| n.set(n.get() + 1));
-        let most = most.min(LEASING - 1);
-        // Formed before the loop: an `Acquire` load keeps later loads after it, so a
-        // field read inside the loop would be loaded again for every slot.
-        let mask = self.token_mask | STATE_MASK;
-        let mut held = 0u64;
-        for slot in self.slots.iter() {
-            held += slot.word.load(Ordering::Acquire) & mask;
-            if held > most {
-                return None;
-            }
-        }
-        Some(held)
-    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -561,7 +555,11 @@ mod tests {
         // `can_pay`, read-only, agrees with every `consume` before it runs.
         let consume = |i: usize, cost: u64, tick: u64| {
             let could = slots.can_pay(i, cost, tick);
-            let spent = slots.consume(i, cost, tick);
+            let spent = match slots.consume(i, cost, tick) {
+                Spend::Paid(left) => Some(left),
+                Spend::Unpayable => None,
+                Spend::Raced => panic!("no other thread writes the slots"),
+            };
             assert_eq!(could, spent.is_some(), "slot {i}, cost {cost}, tick {tick}");
             spent
         };
@@ -626,7 +624,7 @@ mod tests {
     fn stamps_wrap_with_the_tick_field() {
         let slots = Slots::new(1, T);
         lease(&slots, 0, (1 << T) + 3, 4);
-        assert_eq!(slots.consume(0, 1, 3), Some(3));
+        assert_eq!(slots.consume(0, 1, 3), Spend::Paid(3));
         assert_eq!(Slots::max_tokens(T), (1 << (62 - T)) - 1);
     }
 
@@ -661,7 +659,7 @@ mod tests {
             !slots.publish(one, 1, 4, false),
             "a cancelled lease cannot publish"
         );
-        assert_eq!(slots.consume(0, 1, 1), None);
+        assert_eq!(slots.consume(0, 1, 1), Spend::Unpayable);
         assert!(slots.claim(2).is_none(), "closed slots cannot be leased");
         slots.reopen(None);
         slots.reopen(Some(3));
@@ -713,11 +711,10 @@ mod tests {
     }
 
     /// Every combination of three slots (OPEN holding 0 to 3 tokens at two ticks,
-    /// LEASING, CLOSED with and without a hand) and every bound: the inline count answers
-    /// only where every slot it read was OPEN and the sum stayed within the bound, and
-    /// then as the exact count does.
+    /// LEASING, CLOSED with and without a hand) and every bound: the rejection's count
+    /// is the OPEN slots' tokens when they are at most the bound, else `None`.
     #[test]
-    fn the_inline_count_answers_as_the_exact_one_or_leaves_the_slots_to_it() {
+    fn the_bounded_count_is_the_open_tokens_within_the_bound() {
         let words: Vec<u64> = (0..4)
             .flat_map(|t| [OPEN | (5 << (62 - T)) | t, OPEN | (6 << (62 - T)) | t])
             .chain([LEASING | 3, CLOSED | 1, CLOSED | HAND | 2])
@@ -730,49 +727,22 @@ mod tests {
                     for (slot, word) in slots.slots.iter().zip([a, b, c]) {
                         slot.word.store(word, Ordering::Relaxed);
                     }
+                    let open: u64 = [a, b, c]
+                        .iter()
+                        .filter(|&&w| w & STATE_MASK == OPEN)
+                        .map(|&w| w & slots.token_mask)
+                        .sum();
+                    assert_eq!(slots.held(), open);
                     for most in 0..12 {
-                        let exact = slots.held_at_most(most);
-                        let inline = slots.open_held_at_most(most);
-                        // What the inline count should say: OPEN words summed in order,
-                        // giving up at the first other word or a sum above `most`.
-                        let mut expected = Some(0);
-                        for word in [a, b, c] {
-                            expected = expected
-                                .filter(|_| word & STATE_MASK == OPEN)
-                                .map(|held| held + (word & slots.token_mask))
-                                .filter(|&held| held <= most);
-                        }
-                        assert_eq!(inline, expected, "{a:#x} {b:#x} {c:#x}, most {most}");
-                        if inline.is_some() {
-                            assert_eq!(inline, exact);
-                        }
+                        let expected = (open <= most).then_some(open);
+                        assert_eq!(
+                            slots.held_at_most(most),
+                            expected,
+                            "{a:#x} {b:#x} {c:#x}, most {most}"
+                        );
                     }
                 }
             }
         }
-    }
-
-    /// With stamps of no bits a slot holds up to `2^62 - 1` tokens: the inline count
-    /// still tells them from a LEASING or CLOSED word, and leaves a sum of `2^62` or
-    /// more to the exact count.
-    #[test]
-    fn the_inline_count_tells_the_largest_slots_from_other_states() {
-        let slots = Slots::new(2, 0);
-        let full = Slots::max_tokens(0);
-        assert_eq!(full, PAYLOAD_MASK);
-        lease(&slots, 0, 0, full);
-        assert_eq!(slots.open_held_at_most(u64::MAX), Some(full));
-        let _leasing = slots.claim(1).unwrap();
-        assert_eq!(slots.open_held_at_most(u64::MAX), None, "slot 1 is LEASING");
-        assert_eq!(slots.held_at_most(u64::MAX), Some(full));
-        let slots = Slots::new(2, 0);
-        lease(&slots, 0, 0, full);
-        lease(&slots, 1, 0, 1);
-        assert_eq!(
-            slots.open_held_at_most(u64::MAX),
-            None,
-            "2^62 tokens in all"
-        );
-        assert_eq!(slots.held_at_most(u64::MAX), Some(full + 1));
     }
 }
