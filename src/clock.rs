@@ -609,7 +609,10 @@ mod tests {
         if let Some(b) = clock.now_inline() {
             let (a, c) = (clock.quanta_nanos(), clock.quanta_nanos());
             let (b2, c2) = (clock.now_inline().unwrap(), clock.quanta_nanos());
-            assert!(b <= a && a <= c && c <= b2 && b2 <= c2, "{b} {a} {c} {b2} {c2}");
+            assert!(
+                b <= a && a <= c && c <= b2 && b2 <= c2,
+                "{b} {a} {c} {b2} {c2}"
+            );
         }
         if !has_counter {
             return;

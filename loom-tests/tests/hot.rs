@@ -148,7 +148,6 @@ fn frozen_clock_model_catches_a_close_that_unstocks_a_lease_in_flight() {
     FROZEN_TWO.expect_violation(&mutants::CLOSE_UNSTOCKS_LEASES, frozen_two_threads);
 }
 
-
 /// Three threads on two slots (two share slot 1), frozen clock: exact conservation.
 fn frozen_three_threads() {
     let clock = Forward::new();
