@@ -17,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::fmt;
+use std::mem::MaybeUninit;
 
 use crossbeam_utils::CachePadded;
 
@@ -337,10 +338,48 @@ impl RawBucket {
         self.try_acquire_in::<Fixed, C>(layout, clock, now, cost)
     }
 
+    /// [`try_acquire`](Self::try_acquire) for a caller that moves the result into a type
+    /// of its own (a keyed map's `Result<Decision, KeyedError>`): the slow paths write
+    /// their result into a place of their own (see [`try_acquire_with`](Self::try_acquire_with)).
+    #[inline(always)]
+    pub(crate) fn try_acquire_apart<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, AcquireError> {
+        self.try_acquire_with::<Fixed, C, true>(layout, clock, now, cost)
+    }
+
     /// [`try_acquire`](Self::try_acquire) on a word that may be sealed: [`SEALED_ERROR`]
     /// when it is.
     #[inline(always)]
     pub(crate) fn try_acquire_in<S: Seal, C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, AcquireError> {
+        self.try_acquire_with::<S, C, false>(layout, clock, now, cost)
+    }
+
+    /// [`try_acquire_in`](Self::try_acquire_in), the slow paths' result written where
+    /// `APART` says.
+    ///
+    /// Without `APART` a slow path (a lost CAS, a reading behind the stored tick) is a
+    /// tail call writing the caller's result: no stack frame on the first attempt's
+    /// path, the best shape for a caller that returns the result as it is
+    /// ([`Bucket::try_acquire`](crate::Bucket::try_acquire)). Where the caller moves the
+    /// result into another type, that shared result stays in memory: the first
+    /// attempt's decision was stored in it word by word, then moved on in 16-byte loads
+    /// that store-to-load forwarding cannot serve, a stall of several nanoseconds on
+    /// every decision. With `APART` a slow path writes into a place of its own, read back
+    /// once it returns, and the first attempt's decision stays in registers (measured:
+    /// BENCHMARKS.md, "Keyed lookups: the slow paths' result apart").
+    #[inline(always)]
+    fn try_acquire_with<S: Seal, C: Clock + ?Sized, const APART: bool>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -380,8 +419,14 @@ impl RawBucket {
                 Ok(_) => Ok(Decision::with_balance(
                     layout, balance, behind, now, cost, true,
                 )),
+                Err(actual) if APART => {
+                    apart(move || self.acquire_contended::<S, C>(layout, clock, now, cost, actual))
+                }
                 Err(actual) => self.acquire_contended::<S, C>(layout, clock, now, cost, actual),
             },
+            FirstTake::Elsewhere if APART => {
+                apart(move || self.acquire_behind::<S, C>(layout, clock, now, cost, cur))
+            }
             FirstTake::Elsewhere => self.acquire_behind::<S, C>(layout, clock, now, cost, cur),
         }
     }
@@ -711,6 +756,22 @@ impl RawBucket {
         S::check(word)?;
         Ok(layout.refill(word, layout.tick_of(now)))
     }
+}
+
+/// Runs the slow path `slow` out of line, its result written into a place of its own,
+/// and reads it back (see [`RawBucket::try_acquire_with`]): the caller's result is then
+/// never written through a pointer, and the compiler keeps a first attempt's result in
+/// registers.
+#[inline(always)]
+fn apart<T>(slow: impl FnOnce() -> T) -> T {
+    #[inline(never)]
+    fn run<T>(slow: impl FnOnce() -> T, out: &mut MaybeUninit<T>) {
+        out.write(slow());
+    }
+    let mut out = MaybeUninit::uninit();
+    run(slow, &mut out);
+    // SAFETY: `run` wrote `out` (a panic in `slow` unwinds past this read).
+    unsafe { out.assume_init() }
 }
 
 /// [`cost_exceeds_capacity`], out of line: the hot path only branches to it.

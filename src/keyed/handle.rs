@@ -41,7 +41,8 @@ impl<C> fmt::Debug for Handle<'_, C> {
 impl<C: Clock> Handle<'_, C> {
     #[inline]
     pub(crate) fn take(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        self.raw.try_acquire(self.layout, self.clock, now, cost)
+        self.raw
+            .try_acquire_apart(self.layout, self.clock, now, cost)
     }
 }
 
