@@ -368,16 +368,17 @@ impl RawBucket {
     /// [`try_acquire_in`](Self::try_acquire_in), the slow paths' result written where
     /// `APART` says.
     ///
-    /// Without `APART` a slow path (a lost CAS, a reading behind the stored tick) is a
-    /// tail call writing the caller's result: no stack frame on the first attempt's
-    /// path, the best shape for a caller that returns the result as it is
-    /// ([`Bucket::try_acquire`](crate::Bucket::try_acquire)). Where the caller moves the
-    /// result into another type, that shared result stays in memory: the first
-    /// attempt's decision was stored in it word by word, then moved on in 16-byte loads
-    /// that store-to-load forwarding cannot serve, a stall of several nanoseconds on
-    /// every decision. With `APART` a slow path writes into a place of its own, read back
-    /// once it returns, and the first attempt's decision stays in registers (measured:
-    /// BENCHMARKS.md, "Keyed lookups: the slow paths' result apart").
+    /// Without `APART` a slow path (a lost CAS, a reading behind the stored tick) writes
+    /// the caller's result in place, with no local of its own and no copy: the better
+    /// shape for a caller that returns the result as it is
+    /// ([`Bucket::try_acquire`](crate::Bucket::try_acquire), 0.2-0.3 ns slower with its
+    /// takes apart). Where the caller moves the result into another type, that shared
+    /// result stays in memory: the first attempt's decision was stored in it word by
+    /// word, then moved on in 16-byte loads that store-to-load forwarding cannot serve,
+    /// a stall of several nanoseconds on every decision. With `APART` a slow path
+    /// writes into a place of its own, read back once it returns, and the first
+    /// attempt's decision stays in registers (measured: BENCHMARKS.md, "Keyed lookups:
+    /// the slow paths' result apart").
     #[inline(always)]
     fn try_acquire_with<S: Seal, C: Clock + ?Sized, const APART: bool>(
         &self,
