@@ -132,8 +132,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             decision.in_tier(e.kind, e.tier);
         }
         let attempt = request.attempt;
-        let refused = |decision: &mut ScopeDecision<'_>, at: Option<usize>, d: &Decision| {
-            self.refused_held(decision, global.as_ref(), keyed, at, d, now, attempt);
+        // By value: a closure borrowing the clock reading and the payer would keep them in
+        // memory on the path that admits.
+        let global_ref = global.as_ref();
+        let refused = move |decision: &mut ScopeDecision<'_>, at: Option<usize>, d: &Decision| {
+            self.refused_held(decision, global_ref, keyed, at, d, now, attempt);
         };
         // The first pass, read-only, in kind order: a refusal writes nothing.
         let mut global_plan = MaybeUninit::<Prepared>::uninit();
