@@ -49,8 +49,16 @@ impl Subscriber for Capture {
 
 #[tokio::test] // current-thread: the server's tasks see this thread's subscriber
 async fn a_refusal_is_a_tracing_event_with_the_seeds_fields() {
+    // `tracing` keeps each callsite's interest process-wide, computed when the callsite
+    // is first hit. With at most one dispatcher registered it asks only the hitting
+    // thread's default, so another test of this binary reaching the refusal's callsite
+    // first, with no subscriber, would switch it off for every thread. A second
+    // dispatcher, alive for the test, makes every registration ask all of them (this
+    // test's capture too), and the rebuild recomputes the callsites already hit.
+    let _anchor = tracing::Dispatch::new(Capture::default());
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(capture.clone());
+    tracing::callsite::rebuild_interest_cache();
     let limiter = Arc::new(
         RuleSet::new()
             .rule(ScopeKind::Tenant, Rule::new(Policy::new(3, 1.0).unwrap()))
