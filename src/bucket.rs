@@ -338,20 +338,6 @@ impl RawBucket {
         self.try_acquire_in::<Fixed, C>(layout, clock, now, cost)
     }
 
-    /// [`try_acquire`](Self::try_acquire) for a caller that moves the result into a type
-    /// of its own (a keyed map's `Result<Decision, KeyedError>`): the slow paths write
-    /// their result into a place of their own (see [`try_acquire_with`](Self::try_acquire_with)).
-    #[inline(always)]
-    pub(crate) fn try_acquire_apart<C: Clock + ?Sized>(
-        &self,
-        layout: &Layout,
-        clock: &Monotonic<C>,
-        now: u64,
-        cost: u64,
-    ) -> Result<Decision, AcquireError> {
-        self.try_acquire_with::<Fixed, C, true>(layout, clock, now, cost)
-    }
-
     /// [`try_acquire`](Self::try_acquire) on a word that may be sealed: [`SEALED_ERROR`]
     /// when it is.
     #[inline(always)]
@@ -378,9 +364,9 @@ impl RawBucket {
     /// a stall of several nanoseconds on every decision. With `APART` a slow path
     /// writes into a place of its own, read back once it returns, and the first
     /// attempt's decision stays in registers (measured: BENCHMARKS.md, "Keyed lookups:
-    /// the slow paths' result apart").
+    /// the slow paths' result apart"). A keyed map's take passes `APART`.
     #[inline(always)]
-    fn try_acquire_with<S: Seal, C: Clock + ?Sized, const APART: bool>(
+    pub(crate) fn try_acquire_with<S: Seal, C: Clock + ?Sized, const APART: bool>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::bucket::RawBucket;
+use crate::bucket::{Fixed, RawBucket};
 use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -41,8 +41,9 @@ impl<C> fmt::Debug for Handle<'_, C> {
 impl<C: Clock> Handle<'_, C> {
     #[inline]
     pub(crate) fn take(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
+        // Apart: the caller moves the result into a `Result<Decision, KeyedError>`.
         self.raw
-            .try_acquire_apart(self.layout, self.clock, now, cost)
+            .try_acquire_with::<Fixed, C, true>(self.layout, self.clock, now, cost)
     }
 }
 

@@ -132,8 +132,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             decision.in_tier(e.kind, e.tier);
         }
         let attempt = request.attempt;
-        // By value: a closure borrowing the clock reading and the payer would keep them in
-        // memory on the path that admits.
+        // By value: borrowing the clock reading and the payer, the closure was compiled
+        // out of line, and they stayed in memory on the path that admits.
         let global_ref = global.as_ref();
         let refused = move |decision: &mut ScopeDecision<'_>, at: Option<usize>, d: &Decision| {
             self.refused_held(decision, global_ref, keyed, at, d, now, attempt);
