@@ -234,6 +234,33 @@ impl<'a> ScopeDecision<'a> {
         }
     }
 
+    /// The admission of a request that paid the kinds of `paid`, each on its own key's
+    /// bucket (no overflow bucket), whose decisions are `parts` (written for the kinds
+    /// of `paid`), its keys in the local `tiers`. Built whole in one expression, so that
+    /// a caller returning it writes it once, in place.
+    #[inline(always)]
+    pub(crate) fn paid_in(
+        request: &Request,
+        costs: &'a PerKind<u64>,
+        policies: &'a Policies,
+        parts: PerKind<MaybeUninit<Parts>>,
+        tiers: PerKind<u8>,
+        paid: KindSet,
+    ) -> ScopeDecision<'a> {
+        ScopeDecision {
+            request: *request,
+            parts,
+            retry_after_nanos: 0,
+            costs,
+            policies,
+            tiers,
+            paid,
+            overflow: 0,
+            decided: paid,
+            refused: None,
+        }
+    }
+
     /// Records that kind `k` paid (into its overflow bucket if `overflow`).
     #[inline]
     pub(crate) fn pays(&mut self, k: usize, overflow: bool) {
@@ -241,12 +268,6 @@ impl<'a> ScopeDecision<'a> {
         if overflow {
             self.overflow |= bit(k);
         }
-    }
-
-    /// The class's cost in kind `k`.
-    #[inline]
-    pub(crate) fn class_cost(&self, k: usize) -> u64 {
-        self.costs[k]
     }
 
     /// Records that the kinds of `set` paid (none into an overflow bucket).

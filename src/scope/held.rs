@@ -36,7 +36,7 @@ use std::mem::MaybeUninit;
 use std::ptr;
 use std::time::Duration;
 
-use super::decision::KindSet;
+use super::decision::{KindSet, Parts, Policies};
 use super::generation::Generation;
 use super::inline::Inline;
 use super::kind::{PerKind, ScopeKind};
@@ -125,27 +125,49 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         let global = self.global_payer(g, costs);
         let global_cost = costs[ScopeKind::Global.index()];
-        let mut decision = ScopeDecision::new(request, costs, &g.policies);
         // A held bucket is its key's own, never the kind's overflow bucket.
-        decision.pays_all(paid | KindSet::from(global.is_some()));
-        for e in keyed {
-            decision.in_tier(e.kind, e.tier);
-        }
+        let paid = paid | KindSet::from(global.is_some());
+        // The decision is made whole where it is returned: its parts and tiers are
+        // gathered here, in locals no call borrows, so that the admission is written
+        // once, into the caller's place, not built here and copied there (measured:
+        // BENCHMARKS.md, "Scoped path: the decision written where it is returned").
+        // The tiers as one word, byte `k` kind `k`'s: bytes stored one by one and read
+        // back as one load would stall on the store buffer.
+        let tiers = keyed
+            .iter()
+            .fold(0u64, |t, e| t | u64::from(e.tier) << (8 * (e.kind & 7)));
+        let mut parts = [const { MaybeUninit::<Parts>::uninit() }; ScopeKind::COUNT];
         let attempt = request.attempt;
-        // By value: borrowing the clock reading and the payer, the closure was compiled
-        // out of line, and they stayed in memory on the path that admits.
+        let policies = &g.policies;
         let global_ref = global.as_ref();
-        let refused = move |decision: &mut ScopeDecision<'_>, at: Option<usize>, d: &Decision| {
-            self.refused_held(decision, global_ref, keyed, at, d, now, attempt);
-        };
+        // Expanded at each refusal, not a closure: a closure called from four places was
+        // compiled out of line, and its captures were stored on the path that admits.
+        macro_rules! refused {
+            ($at:expr, $d:expr) => {
+                self.refused_held(
+                    Base {
+                        request,
+                        costs,
+                        policies,
+                        tiers,
+                        paid,
+                    },
+                    global_ref,
+                    keyed,
+                    $at,
+                    $d,
+                    now,
+                    attempt,
+                )
+            };
+        }
         // The first pass, read-only, in kind order: a refusal writes nothing.
         let mut global_plan = MaybeUninit::<Prepared>::uninit();
         if let Some(p) = &global {
             p.prepare(global_cost, now, &mut global_plan);
             // SAFETY: `prepare` wrote the plan.
             if let Prepared::Refused(d) = unsafe { global_plan.assume_init_ref() } {
-                refused(&mut decision, None, d);
-                return Ok(decision);
+                return refused!(None, d);
             }
         }
         let mut plans = [const { MaybeUninit::<Prepared>::uninit() }; KEYED_KINDS];
@@ -153,8 +175,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             e.handle.prepare(e.cost, now, plan);
             // SAFETY: `prepare` wrote the plan.
             if let Prepared::Refused(d) = unsafe { plan.assume_init_ref() } {
-                refused(&mut decision, Some(i), d);
-                return Ok(decision);
+                return refused!(Some(i), d);
             }
         }
         // The takes, in kind order: each lands its plan, or decides on the word as it is
@@ -169,11 +190,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 _ => p.take_at(global_cost, now),
             };
             match outcome {
-                Ok(d) if d.is_admitted() => decision.decides(ScopeKind::Global.index(), &d),
-                Ok(d) => {
-                    refused(&mut decision, None, &d);
-                    return Ok(decision);
-                }
+                Ok(d) if d.is_admitted() => set_part(&mut parts, ScopeKind::Global.index(), &d),
+                Ok(d) => return refused!(None, &d),
                 Err(_) => {
                     drop(sections);
                     return self.pay_scopes(request, class);
@@ -187,11 +205,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 _ => e.handle.take_at(e.cost, now),
             };
             match outcome {
-                Ok(d) if d.is_admitted() => decision.decides(e.kind, &d),
+                Ok(d) if d.is_admitted() => set_part(&mut parts, e.kind, &d),
                 Ok(d) => {
                     give_back(global.as_ref(), global_cost, &keyed[..i], now);
-                    refused(&mut decision, Some(i), &d);
-                    return Ok(decision);
+                    return refused!(Some(i), &d);
                 }
                 Err(_) => {
                     give_back(global.as_ref(), global_cost, &keyed[..i], now);
@@ -208,26 +225,35 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         #[cfg(test)]
         super::held_path::count_held();
-        Ok(decision)
+        // Every kind of `paid` decided: the global scope's above, each keyed kind's in
+        // the loop (the sections held every one).
+        Ok(ScopeDecision::paid_in(
+            request,
+            costs,
+            policies,
+            parts,
+            tiers_of(tiers),
+            paid,
+        ))
     }
 
-    /// Makes `decision` the refusal of the held bucket `keyed[i]` (the global scope's
-    /// for `None`), which decided `d` at `now`, with the time until every bucket the
-    /// request pays holds its cost, and counts it.
+    /// The refusal of the held bucket `keyed[i]` (the global scope's for `None`), which
+    /// decided `d` at `now`, with the time until every bucket the request pays holds its
+    /// cost, counted.
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    fn refused_held(
+    fn refused_held<'s>(
         &self,
-        decision: &mut ScopeDecision<'_>,
+        base: Base<'_, 's>,
         global: Option<&Payer<'_, C>>,
         keyed: &[Keyed<'_, C>],
         at: Option<usize>,
         d: &Decision,
         now: u64,
         attempt: Attempt,
-    ) {
-        let global_cost = decision.class_cost(ScopeKind::Global.index());
+    ) -> Result<ScopeDecision<'s>, ScopeError> {
+        let global_cost = base.costs[ScopeKind::Global.index()];
         let retry_after = global
             .map(|p| p.wait_at(global_cost, now))
             .into_iter()
@@ -246,10 +272,51 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 ScopeKind::Global.index()
             }
         };
+        let mut decision = ScopeDecision::new(base.request, base.costs, base.policies);
+        decision.pays_all(base.paid);
+        for (kind, tier) in tiers_of(base.tiers).into_iter().enumerate() {
+            decision.in_tier(kind, tier);
+        }
         decision.refused_by(k, 0, d, retry_after);
         #[cfg(test)]
         super::held_path::count_held();
+        Ok(decision)
     }
+}
+
+/// What a held request's decision is made of, besides its buckets' decisions.
+#[derive(Clone, Copy)]
+struct Base<'r, 's> {
+    request: &'r Request,
+    costs: &'s PerKind<u64>,
+    policies: &'s Policies,
+    /// Byte `k`: kind `k`'s local tier.
+    tiers: u64,
+    paid: KindSet,
+}
+
+/// Writes kind `k`'s part of `d`, each kind at an offset known when compiled (the loop
+/// is unrolled): `parts` then stays in registers, and is written once, where the
+/// decision is returned (its halves stored one by one and copied as one load would
+/// stall on the store buffer).
+#[inline(always)]
+fn set_part(parts: &mut PerKind<MaybeUninit<Parts>>, k: usize, d: &Decision) {
+    let part = Parts::from(d);
+    for (kind, slot) in parts.iter_mut().enumerate() {
+        if kind == k {
+            *slot = MaybeUninit::new(part);
+        }
+    }
+}
+
+// `tiers_of`'s word holds a byte per kind.
+const _: () = assert!(ScopeKind::COUNT <= 8);
+
+/// Each kind's local tier, from a word holding kind `k`'s in byte `k`.
+#[inline(always)]
+fn tiers_of(word: u64) -> PerKind<u8> {
+    let bytes = word.to_le_bytes();
+    std::array::from_fn(|k| bytes[k])
 }
 
 /// Gives back what the held path took (the global scope's bucket, if it pays one, and
