@@ -53,10 +53,19 @@ use crate::telemetry::Attempt;
 /// One keyed kind's bucket held in a reader section: what the request pays there.
 pub(super) struct Keyed<'h, C> {
     handle: Handle<'h, C>,
-    cost: u64,
-    kind: usize,
-    tier: u8,
     passes: &'h Passes,
+    // Its cost is the class's in its kind: not stored, so that listing a bucket writes
+    // seven words, not nine.
+    kind: ScopeKind,
+    tier: u8,
+}
+
+impl<C> Keyed<'_, C> {
+    /// What the request pays this bucket, of the class's `costs`.
+    #[inline(always)]
+    fn cost(&self, costs: &PerKind<u64>) -> u64 {
+        costs[self.kind.index()]
+    }
 }
 
 impl<C> Clone for Keyed<'_, C> {
@@ -70,20 +79,18 @@ impl<C> Copy for Keyed<'_, C> {}
 /// The keyed kinds' buckets a request holds, in kind order (the order their sections
 /// were entered in, and the order they are taken in).
 pub(super) struct HeldKinds<'h, C> {
-    costs: &'h PerKind<u64>,
     list: Inline<Keyed<'h, C>, KEYED_KINDS>,
 }
 
 impl<'h, C> HeldKinds<'h, C> {
-    /// Lists kind `k`'s bucket, held, of a key of local tier `tier`.
+    /// Lists kind `kind`'s bucket, held, of a key of local tier `tier`.
     #[inline(always)]
-    pub(super) fn push(&mut self, k: usize, tier: u8, held: Held<'h, C>) {
+    pub(super) fn push(&mut self, kind: ScopeKind, tier: u8, held: Held<'h, C>) {
         self.list.push(Keyed {
             handle: held.handle,
-            cost: self.costs[k],
-            kind: k,
-            tier,
             passes: held.passes(),
+            kind,
+            tier,
         });
     }
 }
@@ -105,7 +112,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     ) -> Result<ScopeDecision<'s>, ScopeError> {
         let sections = Sections::<KEYED_KINDS>::new();
         let mut held = HeldKinds {
-            costs,
             list: Inline::new(),
         };
         let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
@@ -135,7 +141,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // back as one load would stall on the store buffer.
         let tiers = keyed
             .iter()
-            .fold(0u64, |t, e| t | u64::from(e.tier) << (8 * (e.kind & 7)));
+            .fold(0u64, |t, e| t | u64::from(e.tier) << (8 * e.kind.index()));
         let mut parts = [const { MaybeUninit::<Parts>::uninit() }; ScopeKind::COUNT];
         let attempt = request.attempt;
         let policies = &g.policies;
@@ -172,7 +178,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         let mut plans = [const { MaybeUninit::<Prepared>::uninit() }; KEYED_KINDS];
         for (i, (e, plan)) in keyed.iter().zip(plans.iter_mut()).enumerate() {
-            e.handle.prepare(e.cost, now, plan);
+            e.handle.prepare(e.cost(costs), now, plan);
             // SAFETY: `prepare` wrote the plan.
             if let Prepared::Refused(d) = unsafe { plan.assume_init_ref() } {
                 return refused!(Some(i), d);
@@ -201,17 +207,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         for (i, (e, plan)) in keyed.iter().zip(&plans).enumerate() {
             // SAFETY: the first pass wrote the plan of every bucket listed.
             let outcome = match unsafe { plan.assume_init_ref() } {
-                Prepared::Take(plan) => e.handle.commit(plan, e.cost, now),
-                _ => e.handle.take_at(e.cost, now),
+                Prepared::Take(plan) => e.handle.commit(plan, e.cost(costs), now),
+                _ => e.handle.take_at(e.cost(costs), now),
             };
             match outcome {
-                Ok(d) if d.is_admitted() => set_part(&mut parts, e.kind, &d),
+                Ok(d) if d.is_admitted() => set_part(&mut parts, e.kind.index(), &d),
                 Ok(d) => {
-                    give_back(global.as_ref(), global_cost, &keyed[..i], now);
+                    give_back(global.as_ref(), costs, &keyed[..i], now);
                     return refused!(Some(i), &d);
                 }
                 Err(_) => {
-                    give_back(global.as_ref(), global_cost, &keyed[..i], now);
+                    give_back(global.as_ref(), costs, &keyed[..i], now);
                     drop(sections);
                     return self.pay_scopes(request, class);
                 }
@@ -221,7 +227,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             p.counters().record(true, global_cost, attempt);
         }
         for e in keyed {
-            e.handle.counters.record(true, e.cost, attempt);
+            e.handle.counters.record(true, e.cost(costs), attempt);
         }
         #[cfg(test)]
         super::held_path::count_held();
@@ -257,13 +263,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let retry_after = global
             .map(|p| p.wait_at(global_cost, now))
             .into_iter()
-            .chain(keyed.iter().map(|e| e.handle.wait_at(e.cost, now)))
+            .chain(
+                keyed
+                    .iter()
+                    .map(|e| e.handle.wait_at(e.cost(base.costs), now)),
+            )
             .max()
             .unwrap_or(Duration::ZERO);
         let k = match at.and_then(|i| keyed.get(i)) {
             Some(e) => {
-                e.handle.counters.record(false, e.cost, attempt);
-                e.kind
+                e.handle.counters.record(false, e.cost(base.costs), attempt);
+                e.kind.index()
             }
             None => {
                 if let Some(p) = global {
@@ -319,13 +329,13 @@ fn tiers_of(word: u64) -> PerKind<u8> {
     std::array::from_fn(|k| bytes[k])
 }
 
-/// Gives back what the held path took (the global scope's bucket, if it pays one, and
-/// the keyed buckets `taken`), newest first.
+/// Gives back what the held path took of the class's `costs` (the global scope's bucket,
+/// if it pays one, and the keyed buckets `taken`), newest first.
 #[cold]
 #[inline(never)]
 fn give_back<C: Clock>(
     global: Option<&Payer<'_, C>>,
-    global_cost: u64,
+    costs: &PerKind<u64>,
     taken: &[Keyed<'_, C>],
     now: u64,
 ) {
@@ -333,9 +343,9 @@ fn give_back<C: Clock>(
         return;
     }
     for e in taken.iter().rev() {
-        e.handle.refund_at(e.cost, now);
+        e.handle.refund_at(e.cost(costs), now);
     }
     if let Some(p) = global {
-        p.refund_at(global_cost, now);
+        p.refund_at(costs[ScopeKind::Global.index()], now);
     }
 }

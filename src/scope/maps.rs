@@ -1098,7 +1098,7 @@ macro_rules! define_maps {
                     let Some(h) = limits.map.hold(&key, at, &fenced, sections) else {
                         return false;
                     };
-                    held.push(ScopeKind::$kind.index(), tier, h);
+                    held.push(ScopeKind::$kind, tier, h);
                 }
                 )*
                 true
