@@ -15,6 +15,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::mem::MaybeUninit;
 use std::sync::PoisonError;
 
 use hashbrown::HashTable;
@@ -964,8 +965,9 @@ struct SectionExit<'a> {
 ///
 /// [`KeyedLimiter::hold`]: super::KeyedLimiter::hold
 pub(crate) struct Sections<'a, const N: usize> {
-    /// The records of the sections held, the first `len` of them.
-    records: [std::cell::Cell<*const AtomicUsize>; N],
+    /// The records of the sections held, the first `len` of them (the others never
+    /// written: zeroing them would be stores on every request, ahead of the fence).
+    records: [std::cell::Cell<MaybeUninit<*const AtomicUsize>>; N],
     len: std::cell::Cell<usize>,
     /// Under loom, each shard's tracked read access, ended before the sections.
     #[cfg(loom)]
@@ -979,7 +981,7 @@ impl<'a, const N: usize> Sections<'a, N> {
     #[inline(always)]
     pub(crate) fn new() -> Sections<'a, N> {
         Sections {
-            records: [const { std::cell::Cell::new(std::ptr::null()) }; N],
+            records: [const { std::cell::Cell::new(MaybeUninit::uninit()) }; N],
             len: std::cell::Cell::new(0),
             #[cfg(loom)]
             accesses: std::cell::RefCell::new(Vec::new()),
@@ -998,7 +1000,7 @@ impl<'a, const N: usize> Sections<'a, N> {
     fn keep(&self, exit: SectionExit<'a>) {
         let len = self.len.get();
         if let Some(slot) = self.records.get(len) {
-            slot.set(std::ptr::from_ref(exit.record));
+            slot.set(MaybeUninit::new(std::ptr::from_ref(exit.record)));
             std::mem::forget(exit);
             self.len.set(len + 1);
         }
@@ -1040,8 +1042,9 @@ impl<const N: usize> Drop for Sections<'_, N> {
             }
         }
         for record in &self.records[..self.len.get()] {
-            // SAFETY: a record of a table borrowed for `'a`, which this outlives.
-            let record = unsafe { &*record.get() };
+            // SAFETY: one of the first `len`, each written by `keep`: a record of a table
+            // borrowed for `'a`, which this outlives.
+            let record = unsafe { &*record.get().assume_init() };
             record.store(0, Ordering::Release);
         }
     }

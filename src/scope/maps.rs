@@ -1066,8 +1066,12 @@ macro_rules! define_maps {
                 sections: &'h Sections<'h, KEYED_KINDS>,
                 held: &mut HeldKinds<'h, C>,
             ) -> bool {
+                // What each paid kind announced, carried over the fence: uninitialized
+                // for the kinds not paid (an `Option` there would store its `None`s,
+                // before the fence, on every request).
                 $(
-                let $kind = if paid & bit(ScopeKind::$kind.index()) != 0 {
+                let mut $kind = std::mem::MaybeUninit::uninit();
+                if paid & bit(ScopeKind::$kind.index()) != 0 {
                     let key = match ($(request.$field,)+) {
                         ($(Some($field),)+) => ($($field,)+),
                         #[allow(unreachable_patterns)]
@@ -1083,18 +1087,15 @@ macro_rules! define_maps {
                     let Some(at) = limits.map.announce(&key, sections) else {
                         return false;
                     };
-                    Some((key, tier, limits, at))
-                } else {
-                    None
-                };
+                    $kind.write((key, tier, limits, at));
+                }
                 )*
                 let fenced = sections.fence();
                 $(
                 if paid & bit(ScopeKind::$kind.index()) != 0 {
-                    // Announced above (else the request left).
-                    let Some((key, tier, limits, at)) = $kind else {
-                        return false;
-                    };
+                    // SAFETY: written above for every kind of `paid` (else the request
+                    // left).
+                    let (key, tier, limits, at) = unsafe { $kind.assume_init() };
                     let Some(h) = limits.map.hold(&key, at, &fenced, sections) else {
                         return false;
                     };
