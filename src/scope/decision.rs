@@ -234,22 +234,20 @@ impl<'a> ScopeDecision<'a> {
         }
     }
 
-    /// The admission of a request that paid the kinds of `paid`, each on its own key's
-    /// bucket (no overflow bucket), whose decisions are `parts` (written for the kinds
-    /// of `paid`), its keys in the local `tiers`. Built whole in one expression, so that
-    /// a caller returning it writes it once, in place.
+    /// The admission of a request that pays the kinds of `paid`, each on its own key's
+    /// bucket (no overflow bucket), its keys in the local `tiers`: each kind's
+    /// [`part`](ScopeDecision::part) is to be written before it is read.
     #[inline(always)]
     pub(crate) fn paid_in(
         request: &Request,
         costs: &'a PerKind<u64>,
         policies: &'a Policies,
-        parts: PerKind<MaybeUninit<Parts>>,
         tiers: PerKind<u8>,
         paid: KindSet,
     ) -> ScopeDecision<'a> {
         ScopeDecision {
             request: *request,
-            parts,
+            parts: [const { MaybeUninit::uninit() }; ScopeKind::COUNT],
             retry_after_nanos: 0,
             costs,
             policies,
@@ -259,6 +257,12 @@ impl<'a> ScopeDecision<'a> {
             decided: paid,
             refused: None,
         }
+    }
+
+    /// Writes kind `k`'s bucket decision, of a kind already counted as decided.
+    #[inline(always)]
+    pub(crate) fn part(&mut self, k: usize, d: &Decision) {
+        self.parts[k] = MaybeUninit::new(Parts::from(d));
     }
 
     /// Records that kind `k` paid (into its overflow bucket if `overflow`).

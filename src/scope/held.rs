@@ -36,7 +36,7 @@ use std::mem::MaybeUninit;
 use std::ptr;
 use std::time::Duration;
 
-use super::decision::{KindSet, Parts, Policies};
+use super::decision::{KindSet, Policies};
 use super::generation::Generation;
 use super::inline::Inline;
 use super::kind::{PerKind, ScopeKind};
@@ -100,8 +100,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// empty), on generation `g` (the current one when called), whose global scope has
     /// at most one bucket: on buckets held in reader sections where it can, else, with
     /// nothing taken and every section ended, on the locked path (see the module
-    /// docs). Out of line, so that the global scope's own path stays small.
-    #[inline(never)]
+    /// docs).
+    #[inline(always)]
     pub(super) fn pay_held<'s>(
         &'s self,
         g: &'s Generation,
@@ -110,6 +110,32 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         class: ClassId,
         paid: KindSet,
     ) -> Result<ScopeDecision<'s>, ScopeError> {
+        let mut out = MaybeUninit::uninit();
+        self.pay_held_into(g, costs, request, class, paid, &mut out);
+        // SAFETY: `pay_held_into` writes `out` before it returns, on every path.
+        unsafe { out.assume_init() }
+    }
+
+    /// [`pay_held`](Self::pay_held), writing its outcome into `out` on every path
+    /// before it returns, out of line, so that the global scope's own path stays small.
+    /// `out` is where the caller returns it from: in the builds measured, the compiler
+    /// passes the caller's own return place, and nothing is copied after the call.
+    #[inline(never)]
+    fn pay_held_into<'s>(
+        &'s self,
+        g: &'s Generation,
+        costs: &'s PerKind<u64>,
+        request: &Request,
+        class: ClassId,
+        paid: KindSet,
+        out: &mut MaybeUninit<Result<ScopeDecision<'s>, ScopeError>>,
+    ) {
+        macro_rules! ret {
+            ($e:expr) => {{
+                out.write($e);
+                return;
+            }};
+        }
         let sections = Sections::<KEYED_KINDS>::new();
         let mut held = HeldKinds {
             list: Inline::new(),
@@ -120,37 +146,46 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if !all_held || !ptr::eq(self.generation(), g) {
             // The locked path takes the shards' locks: the sections end first.
             drop(sections);
-            return self.pay_scopes(request, class);
+            ret!(self.pay_scopes(request, class))
         }
         let now = self.now_on(g);
         let keyed = held.list.as_slice();
         // A map's pass locks every shard: it runs on the locked path.
         if keyed.iter().any(|e| e.passes.is_due(now)) {
             drop(sections);
-            return self.pay_scopes(request, class);
+            ret!(self.pay_scopes(request, class))
         }
         let global = self.global_payer(g, costs);
         let global_cost = costs[ScopeKind::Global.index()];
         // A held bucket is its key's own, never the kind's overflow bucket.
         let paid = paid | KindSet::from(global.is_some());
-        // The decision is made whole where it is returned: its parts and tiers are
-        // gathered here, in locals no call borrows, so that the admission is written
-        // once, into the caller's place, not built here and copied there (measured:
-        // BENCHMARKS.md, "Scoped path: the decision written where it is returned").
         // The tiers as one word, byte `k` kind `k`'s: bytes stored one by one and read
         // back as one load would stall on the store buffer.
         let tiers = keyed
             .iter()
             .fold(0u64, |t, e| t | u64::from(e.tier) << (8 * e.kind.index()));
-        let mut parts = [const { MaybeUninit::<Parts>::uninit() }; ScopeKind::COUNT];
         let attempt = request.attempt;
         let policies = &g.policies;
+        // The admission, written where it is returned ahead of the takes, each bucket's
+        // part as the bucket is taken: not gathered here and copied there at the end
+        // (measured: BENCHMARKS.md, "Scoped path: the decision written where it is
+        // returned"). A refusal or a fall back to the locked path overwrites it.
+        let admission = out.write(Ok(ScopeDecision::paid_in(
+            request,
+            costs,
+            policies,
+            tiers_of(tiers),
+            paid,
+        )));
+        let Ok(decision) = admission else {
+            return;
+        };
         let global_ref = global.as_ref();
         // Expanded at each refusal, not a closure: a closure called from four places was
         // compiled out of line, and its captures were stored on the path that admits.
         macro_rules! refused {
-            ($at:expr, $d:expr) => {
-                self.refused_held(
+            ($at:expr, $d:expr) => {{
+                *admission = self.refused_held(
                     Base {
                         request,
                         costs,
@@ -164,8 +199,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     $d,
                     now,
                     attempt,
-                )
-            };
+                );
+                return;
+            }};
         }
         // The first pass, read-only, in kind order: a refusal writes nothing.
         let mut global_plan = MaybeUninit::<Prepared>::uninit();
@@ -173,7 +209,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             p.prepare(global_cost, now, &mut global_plan);
             // SAFETY: `prepare` wrote the plan.
             if let Prepared::Refused(d) = unsafe { global_plan.assume_init_ref() } {
-                return refused!(None, d);
+                refused!(None, d);
             }
         }
         let mut plans = [const { MaybeUninit::<Prepared>::uninit() }; KEYED_KINDS];
@@ -181,7 +217,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             e.handle.prepare(e.cost(costs), now, plan);
             // SAFETY: `prepare` wrote the plan.
             if let Prepared::Refused(d) = unsafe { plan.assume_init_ref() } {
-                return refused!(Some(i), d);
+                refused!(Some(i), d);
             }
         }
         // The takes, in kind order: each lands its plan, or decides on the word as it is
@@ -196,11 +232,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 _ => p.take_at(global_cost, now),
             };
             match outcome {
-                Ok(d) if d.is_admitted() => set_part(&mut parts, ScopeKind::Global.index(), &d),
-                Ok(d) => return refused!(None, &d),
+                Ok(d) if d.is_admitted() => decision.part(ScopeKind::Global.index(), &d),
+                Ok(d) => refused!(None, &d),
                 Err(_) => {
                     drop(sections);
-                    return self.pay_scopes(request, class);
+                    ret!(self.pay_scopes(request, class))
                 }
             }
         }
@@ -211,15 +247,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 _ => e.handle.take_at(e.cost(costs), now),
             };
             match outcome {
-                Ok(d) if d.is_admitted() => set_part(&mut parts, e.kind.index(), &d),
+                Ok(d) if d.is_admitted() => decision.part(e.kind.index(), &d),
                 Ok(d) => {
                     give_back(global.as_ref(), costs, &keyed[..i], now);
-                    return refused!(Some(i), &d);
+                    refused!(Some(i), &d);
                 }
                 Err(_) => {
                     give_back(global.as_ref(), costs, &keyed[..i], now);
                     drop(sections);
-                    return self.pay_scopes(request, class);
+                    ret!(self.pay_scopes(request, class))
                 }
             }
         }
@@ -232,15 +268,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         #[cfg(test)]
         super::held_path::count_held();
         // Every kind of `paid` decided: the global scope's above, each keyed kind's in
-        // the loop (the sections held every one).
-        Ok(ScopeDecision::paid_in(
-            request,
-            costs,
-            policies,
-            parts,
-            tiers_of(tiers),
-            paid,
-        ))
+        // the loop (the sections held every one); `out` holds the admission.
     }
 
     /// The refusal of the held bucket `keyed[i]` (the global scope's for `None`), which
@@ -303,20 +331,6 @@ struct Base<'r, 's> {
     /// Byte `k`: kind `k`'s local tier.
     tiers: u64,
     paid: KindSet,
-}
-
-/// Writes kind `k`'s part of `d`, each kind at an offset known when compiled (the loop
-/// is unrolled): `parts` then stays in registers, and is written once, where the
-/// decision is returned (its halves stored one by one and copied as one load would
-/// stall on the store buffer).
-#[inline(always)]
-fn set_part(parts: &mut PerKind<MaybeUninit<Parts>>, k: usize, d: &Decision) {
-    let part = Parts::from(d);
-    for (kind, slot) in parts.iter_mut().enumerate() {
-        if kind == k {
-            *slot = MaybeUninit::new(part);
-        }
-    }
 }
 
 // `tiers_of`'s word holds a byte per kind.
