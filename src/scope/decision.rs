@@ -246,16 +246,10 @@ impl<'a> ScopeDecision<'a> {
         paid: KindSet,
     ) -> ScopeDecision<'a> {
         ScopeDecision {
-            request: *request,
-            parts: [const { MaybeUninit::uninit() }; ScopeKind::COUNT],
-            retry_after_nanos: 0,
-            costs,
-            policies,
             tiers,
             paid,
-            overflow: 0,
             decided: paid,
-            refused: None,
+            ..ScopeDecision::new(request, costs, policies)
         }
     }
 
@@ -272,12 +266,6 @@ impl<'a> ScopeDecision<'a> {
         if overflow {
             self.overflow |= bit(k);
         }
-    }
-
-    /// Records that the kinds of `set` paid (none into an overflow bucket).
-    #[inline]
-    pub(crate) fn pays_all(&mut self, set: KindSet) {
-        self.paid |= set;
     }
 
     /// Records that kind `k`'s key holds the policies of its local tier `tier` (0: the

@@ -310,11 +310,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 ScopeKind::Global.index()
             }
         };
-        let mut decision = ScopeDecision::new(base.request, base.costs, base.policies);
-        decision.pays_all(base.paid);
-        for (kind, tier) in tiers_of(base.tiers).into_iter().enumerate() {
-            decision.in_tier(kind, tier);
-        }
+        let mut decision = ScopeDecision::paid_in(
+            base.request,
+            base.costs,
+            base.policies,
+            tiers_of(base.tiers),
+            base.paid,
+        );
         decision.refused_by(k, 0, d, retry_after);
         #[cfg(test)]
         super::held_path::count_held();
