@@ -170,6 +170,16 @@ impl<P: Pool> Epoch<P> {
         }
     }
 
+    /// The pool re-anchored at `now` ([`LocalPool::reanchor_in`]), or [`Replaced`] on a
+    /// sealed word; nothing for a pool that does not [`wrap`](Pool::wraps), which keeps
+    /// its own time.
+    pub(super) fn reanchor_pool(&self, layout: &Layout, now: u64) -> Result<(), Replaced> {
+        match self.local() {
+            Some(local) => local.reanchor_in(layout, now),
+            None => Ok(()),
+        }
+    }
+
     /// [`Pool::reset`], or [`Replaced`] on a sealed word.
     pub(super) fn reset_pool(
         &self,

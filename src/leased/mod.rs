@@ -810,9 +810,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     }
 
     /// The re-anchoring pass. Slot stamps are ticks modulo the wrap too, so every pass
-    /// takes the slots' leases back; a pool that [`wraps`](Pool::wraps) is then credited
-    /// nothing at `now` (re-anchored), or, after an idle longer than the fill time
-    /// (`idle`), reset full. A pass on a replaced epoch writes nothing: its successor
+    /// takes the slots' leases back; a pool that [`wraps`](Pool::wraps) is then
+    /// re-anchored at `now` (its refilled state at its own tick, as a plain bucket's
+    /// pass stores), or, after an idle longer than the fill time (`idle`), reset full. A pass on a replaced epoch writes nothing: its successor
     /// has passes of its own.
     #[cold]
     #[inline(never)]
@@ -826,13 +826,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             return;
         }
         self.reclaim_on(epoch);
-        if epoch.pool.wraps() {
-            let mut others = epoch.other_slots(None);
-            let out = epoch.credit(layout, now, 0, &mut others);
-            others.release();
-            if let Err(replaced) = out {
-                self.forward(epoch, replaced);
-            }
+        if let Err(replaced) = epoch.reanchor_pool(layout, now) {
+            self.forward(epoch, replaced);
         }
     }
 
@@ -1372,20 +1367,14 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         }
     }
 
-    /// Stores the pool refilled to now (a credit of nothing, quiescing as any
-    /// credit near the cap does), so that its stored tick is recent: the re-anchor a
-    /// [`ScopedLimiter::sweep`](crate::ScopedLimiter::sweep) does for the tick wrap.
+    /// Stores the pool refilled to now at its own tick ([`LocalPool::reanchor_in`]), so
+    /// that its stored tick is recent: the re-anchor a
+    /// [`ScopedLimiter::sweep`](crate::ScopedLimiter::sweep) does for the tick wrap, as
+    /// it does a plain global bucket's.
     pub(crate) fn reanchor(&self) {
         loop {
             let epoch = self.epoch();
-            let mut others = epoch.other_slots(None);
-            let out = epoch.credit(
-                epoch.policy.layout(),
-                self.clock.now_nanos(),
-                0,
-                &mut others,
-            );
-            others.release();
+            let out = epoch.reanchor_pool(epoch.policy.layout(), self.clock.now_nanos());
             match out {
                 Ok(()) => return,
                 Err(replaced) => {

@@ -645,6 +645,29 @@ impl LocalPool {
         }
     }
 
+    /// The word re-anchored at `now`, for the tick wrap: the refilled state at its own
+    /// tick, which refills exactly as the old word would (as a plain bucket's
+    /// `RawBucket::reanchor_in`), not anchored at the next tick edge as a credit near the
+    /// cap is; nothing when the word is ahead of `now`. It credits nothing, so the
+    /// lessees need no quiescing; [`Replaced`] (holding nothing) on a sealed word.
+    pub(crate) fn reanchor_in(&self, layout: &Layout, now: u64) -> Result<(), Replaced> {
+        let now_tick = layout.tick_of(now);
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            if cur == SEALED {
+                return Err(Replaced { hand_units: 0 });
+            }
+            let snapshot = layout.refill(cur, now_tick);
+            if snapshot.behind() > 0 {
+                return Ok(());
+            }
+            match self.cas(cur, snapshot.with_units(snapshot.units())) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// [`Pool::reset`] on a word that may be sealed: the lessees' tokens are dropped
     /// either way, as a reset drops them.
     pub(crate) fn reset_in(
