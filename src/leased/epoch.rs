@@ -171,11 +171,17 @@ impl<P: Pool> Epoch<P> {
     }
 
     /// The pool re-anchored at `now` ([`LocalPool::reanchor_in`]), or [`Replaced`] on a
-    /// sealed word; nothing for a pool that does not [`wrap`](Pool::wraps), which keeps
-    /// its own time.
+    /// sealed word; another pool that [`wraps`](Pool::wraps) is credited nothing at
+    /// `now`, and one that does not keeps its own time.
     pub(super) fn reanchor_pool(&self, layout: &Layout, now: u64) -> Result<(), Replaced> {
         match self.local() {
             Some(local) => local.reanchor_in(layout, now),
+            None if self.pool.wraps() => {
+                let mut others = self.other_slots(None);
+                let out = self.credit(layout, now, 0, &mut others);
+                others.release();
+                out
+            }
             None => Ok(()),
         }
     }

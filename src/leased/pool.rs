@@ -211,8 +211,9 @@ pub trait Pool: Send + Sync {
 
     /// Whether the pool's state is a packed word whose tick field wraps, which the
     /// bucket must re-anchor (see [`crate::state`]: the bucket's re-anchoring passes then
-    /// credit it nothing at their reading, or reset it full after an idle longer than
-    /// the fill time). `false` by default: a pool on a remote store keeps its own time.
+    /// store its refilled state at their reading, or reset it full after an idle longer
+    /// than the fill time). `false` by default: a pool on a remote store keeps its own
+    /// time.
     fn wraps(&self) -> bool {
         false
     }
