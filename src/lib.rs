@@ -82,6 +82,7 @@ pub mod clock;
 mod decision;
 mod error;
 pub mod guide;
+mod hint;
 pub mod http;
 pub mod inherit;
 pub mod keyed;

@@ -25,6 +25,7 @@ use crate::bucket::RawBucket;
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
+use crate::hint::cold_path;
 use crate::inherit::Inherit;
 use crate::policy::Policy;
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
@@ -722,15 +723,20 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         // write-locked, each waiting out its sections.
         let epoch = self.epochs.current();
         if shard.epoch != epoch.number {
+            cold_path();
             return None;
         }
-        let e = shard.table.find(hash, |e| e.key.borrow() == key)?;
+        let Some(e) = shard.table.find(hash, |e| e.key.borrow() == key) else {
+            cold_path();
+            return None;
+        };
         // A clock read out of line reads on the path below, as a pass due does: no
         // call here (see `Clock::now_inline`).
         let now = self.clock.now_inline()?;
         // The pass locks every shard: it runs (on the path below) once the section is
         // left or the lock dropped.
         if epoch.passes.is_due(now) {
+            cold_path();
             return None;
         }
         let h = self.handle(epoch, &e.bucket, e.extra.counter_ref());
@@ -797,7 +803,10 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         K: Borrow<Q> + 'static,
         Q: Hash + Eq + ?Sized,
     {
-        let ptr = t.confirm(at.shard, fenced)?;
+        let Some(ptr) = t.confirm(at.shard, fenced) else {
+            cold_path();
+            return None;
+        };
         // SAFETY: in a reader section of the shard no writer holds it (one that arrives
         // waits for the section to end) and so no `&mut` to it exists. The reference is
         // extended past `ptr`'s borrow to `'h`, but what is read through it is returned
@@ -808,9 +817,13 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         // waiting out its sections.
         let epoch = self.epochs.current();
         if shard.epoch != epoch.number {
+            cold_path();
             return None;
         }
-        let e = shard.table.find(at.hash, |e| e.key.borrow() == key)?;
+        let Some(e) = shard.table.find(at.hash, |e| e.key.borrow() == key) else {
+            cold_path();
+            return None;
+        };
         let handle = self.handle(epoch, &e.bucket, e.extra.counter_ref());
         #[cfg(loom)]
         sections.keep_access(Box::new(ptr));

@@ -23,6 +23,7 @@ use hashbrown::HashTable;
 use super::epoch::{Epochs, MapEpoch};
 use crate::bucket::{Fixed, RawBucket};
 use crate::clock::{Clock, Monotonic};
+use crate::hint::cold_path;
 use crate::state::{Layout, Snapshot};
 use crossbeam_utils::CachePadded;
 
@@ -369,6 +370,7 @@ impl<K, V, S> Table<K, V, S> {
         // fence").
         self.prefetch(i, hash);
         if self.writer_on(i) {
+            cold_path();
             // Dropping the section clears the record.
             return None;
         }
@@ -430,6 +432,7 @@ impl<K, V, S> Table<K, V, S> {
         sections: &Sections<'a, N>,
     ) -> bool {
         if sections.is_full() {
+            cold_path();
             return false;
         }
         // Before the fence here (unlike `enter`): the prefetches of a request's maps
@@ -437,6 +440,7 @@ impl<K, V, S> Table<K, V, S> {
         // lookups: the prefetch after the fence").
         self.prefetch(i, hash);
         let Some(exit) = self.claim_record(i) else {
+            cold_path();
             return false;
         };
         sections.keep(exit);
@@ -455,6 +459,7 @@ impl<K, V, S> Table<K, V, S> {
     ) -> Option<ConstPtr<Shard<K, V>>> {
         let cell = self.shards.get(i)?;
         if self.writer_on(i) {
+            cold_path();
             return None;
         }
         Some(cell.data.get())

@@ -45,6 +45,7 @@ use super::rules::{ClassId, Request};
 use super::{Payer, ScopeDecision, ScopeError, ScopedLimiter};
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::hint::cold_path;
 use crate::keyed::{Handle, Held, Sections};
 use crate::multi::{Prepared, sealed::Sealed};
 use crate::pass::Passes;
@@ -144,6 +145,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // With a section held, no switch can publish until it ends; one may have
         // published before the first was entered.
         if !all_held || !ptr::eq(self.generation(), g) {
+            cold_path();
             // The locked path takes the shards' locks: the sections end first.
             drop(sections);
             ret!(self.pay_scopes(request, class))
@@ -152,6 +154,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let keyed = held.list.as_slice();
         // A map's pass locks every shard: it runs on the locked path.
         if keyed.iter().any(|e| e.passes.is_due(now)) {
+            cold_path();
             drop(sections);
             ret!(self.pay_scopes(request, class))
         }

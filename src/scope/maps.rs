@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::hint::cold_path;
 use crate::inherit::Inherit;
 use crate::keyed::{
     KeyedLimiter, KeyedOptions, Overflow, Sections, Slot, SweepReport, Switch, convert_between,
@@ -1075,16 +1076,22 @@ macro_rules! define_maps {
                     let key = match ($(request.$field,)+) {
                         ($(Some($field),)+) => ($($field,)+),
                         #[allow(unreachable_patterns)]
-                        _ => return false,
+                        _ => {
+                            cold_path();
+                            return false;
+                        }
                     };
                     let Some(m) = self.$kind.as_ref() else {
+                        cold_path();
                         return false;
                     };
                     let (tier, limits) = m.limits_of(g, &key);
                     if !limits.extra.is_empty() {
+                        cold_path();
                         return false;
                     }
                     let Some(at) = limits.map.announce(&key, sections) else {
+                        cold_path();
                         return false;
                     };
                     $kind.write((key, tier, limits, at));
@@ -1097,6 +1104,7 @@ macro_rules! define_maps {
                     // left).
                     let (key, tier, limits, at) = unsafe { $kind.assume_init() };
                     let Some(h) = limits.map.hold(&key, at, &fenced, sections) else {
+                        cold_path();
                         return false;
                     };
                     held.push(ScopeKind::$kind, tier, h);
