@@ -679,15 +679,7 @@ impl RawBucket {
         clock: &Monotonic<C>,
         now: u64,
     ) -> Result<(), S::Stop> {
-        self.transition_in::<S, C, _>(layout, clock, now, false, |s, _| {
-            if s.behind() > 0 {
-                (None, ())
-            } else {
-                // The refilled state at its own tick, not anchored at the next edge as a
-                // write near full is: the word then refills exactly as the old one would.
-                (Some(s.with_units(s.units())), ())
-            }
-        })
+        self.transition_in::<S, C, _>(layout, clock, now, false, |s, _| (s.reanchored(), ()))
     }
 
     /// Time from `now` until `cost` tokens are there (zero if they are), writing nothing.

@@ -308,6 +308,15 @@ impl Snapshot {
     pub(crate) fn with_units(&self, units: u64) -> u64 {
         self.tick_field | units
     }
+
+    /// The word re-anchored for the tick wrap: this refilled state at its own tick, which
+    /// refills exactly as the old word would (not anchored at the next tick edge, as a
+    /// write near full is); `None` for a reading behind the stored tick, which keeps the
+    /// word as it is.
+    #[inline]
+    pub(crate) fn reanchored(&self) -> Option<u64> {
+        (self.behind == 0).then(|| self.with_units(self.units))
+    }
 }
 
 impl Layout {

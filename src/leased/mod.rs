@@ -812,8 +812,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// The re-anchoring pass. Slot stamps are ticks modulo the wrap too, so every pass
     /// takes the slots' leases back; a pool that [`wraps`](Pool::wraps) is then
     /// re-anchored at `now` (its refilled state at its own tick, as a plain bucket's
-    /// pass stores), or, after an idle longer than the fill time (`idle`), reset full. A pass on a replaced epoch writes nothing: its successor
-    /// has passes of its own.
+    /// pass stores), or, after an idle longer than the fill time (`idle`), reset full.
+    /// A pass on a replaced epoch writes nothing: its successor has passes of its own.
     #[cold]
     #[inline(never)]
     fn pass(&self, epoch: &Epoch<P>, now: u64, idle: bool) {

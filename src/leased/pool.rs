@@ -646,27 +646,12 @@ impl LocalPool {
         }
     }
 
-    /// The word re-anchored at `now`, for the tick wrap: the refilled state at its own
-    /// tick, which refills exactly as the old word would (as a plain bucket's
-    /// `RawBucket::reanchor_in`), not anchored at the next tick edge as a credit near the
-    /// cap is; nothing when the word is ahead of `now`. It credits nothing, so the
-    /// lessees need no quiescing; [`Replaced`] (holding nothing) on a sealed word.
+    /// The word re-anchored at `now` for the tick wrap ([`Snapshot::reanchored`], as a
+    /// plain bucket's `RawBucket::reanchor_in` does), not anchored at the next tick edge
+    /// as a credit near the cap is. It credits nothing, so the lessees need no
+    /// quiescing; [`Replaced`] (holding nothing) on a sealed word.
     pub(crate) fn reanchor_in(&self, layout: &Layout, now: u64) -> Result<(), Replaced> {
-        let now_tick = layout.tick_of(now);
-        let mut cur = self.word.load(Ordering::Acquire);
-        loop {
-            if cur == SEALED {
-                return Err(Replaced { hand_units: 0 });
-            }
-            let snapshot = layout.refill(cur, now_tick);
-            if snapshot.behind() > 0 {
-                return Ok(());
-            }
-            match self.cas(cur, snapshot.with_units(snapshot.units())) {
-                Ok(_) => return Ok(()),
-                Err(actual) => cur = actual,
-            }
-        }
+        self.store_refilled(layout, now, |snapshot| snapshot.reanchored())
     }
 
     /// [`Pool::reset`] on a word that may be sealed: the lessees' tokens are dropped
@@ -681,14 +666,28 @@ impl LocalPool {
         // What the lessees had is dropped with the rest of the old state. Leases in
         // flight are given back after the reset (capped at full).
         lessees.quiesce();
+        self.store_refilled(layout, now, |snapshot| Some(layout.restart(snapshot, full)))
+    }
+
+    /// Stores what `next` makes of the word refilled to `now` (nothing for `None`),
+    /// again on a word changed meanwhile: a transition that neither credits the lessees
+    /// nor hands anything back, so [`Replaced`] on a sealed word holds nothing.
+    fn store_refilled(
+        &self,
+        layout: &Layout,
+        now: u64,
+        next: impl Fn(&Snapshot) -> Option<u64>,
+    ) -> Result<(), Replaced> {
         let now_tick = layout.tick_of(now);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             if cur == SEALED {
                 return Err(Replaced { hand_units: 0 });
             }
-            let snapshot = layout.refill(cur, now_tick);
-            match self.cas(cur, layout.restart(&snapshot, full)) {
+            let Some(word) = next(&layout.refill(cur, now_tick)) else {
+                return Ok(());
+            };
+            match self.cas(cur, word) {
                 Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
             }
