@@ -90,6 +90,42 @@ struct Entry {
     word: AtomicU64,
 }
 
+/// A key and its word side by side in one 16-byte slot of an open-addressed table (no
+/// control bytes: the probe compares keys): a lookup's one cache line. `EMPTY` keys mark
+/// free slots.
+#[repr(align(16))]
+struct Slot {
+    key: AtomicU64,
+    word: AtomicU64,
+}
+
+const EMPTY: u64 = u64::MAX;
+
+/// 2^18 slots (4 MiB, 38% full): twice the bytes of the hashbrown tables' entries for
+/// the same keys (8 tables of 16,384 entries of 16 bytes). At 2^17 slots, their size,
+/// the probes at 76% full measured slower than hashbrown's (BENCHMARKS.md, "The goals
+/// on the Zen 2 EPYC").
+const SLOT_BITS: u32 = 18;
+
+/// The slot of `key` in `slots` (linear probing from the hash's low bits), inserting
+/// it at the first free slot when absent.
+fn slot_of(slots: &[Slot], hash: u64, key: u64, insert: bool) -> Option<&Slot> {
+    let mask = slots.len() - 1;
+    let mut i = hash as usize & mask;
+    loop {
+        let slot = &slots[i];
+        match slot.key.load(Ordering::Relaxed) {
+            k if k == key => return Some(slot),
+            EMPTY if insert => {
+                slot.key.store(key, Ordering::Relaxed);
+                return Some(slot);
+            }
+            EMPTY => return None,
+            _ => i = (i + 1) & mask,
+        }
+    }
+}
+
 /// One load and one CAS writing `now`: the floor's write.
 fn cas(word: &AtomicU64, now: u64) -> bool {
     let cur = word.load(Ordering::Relaxed);
@@ -123,6 +159,15 @@ fn main() {
             .write()
             .expect("not poisoned")
             .insert_unique(hash, entry(), rehash);
+    }
+    let slots: Vec<Slot> = (0..1 << SLOT_BITS)
+        .map(|_| Slot {
+            key: AtomicU64::new(EMPTY),
+            word: AtomicU64::new(0),
+        })
+        .collect();
+    for key in 0..KEYS {
+        slot_of(&slots, hasher.hash_one(key), key, true);
     }
     // What a reader section adds to the bare lookup: a store of the thread's own record
     // and a full fence before the lookup (a writer's flag is then read: one more load).
@@ -201,6 +246,29 @@ fn main() {
                 .find(hash, |e| e.key == k)
                 .expect("every key is in");
             let admitted = cas(&e.word, clock.now_nanos());
+            record.store(0, Ordering::Release);
+            admitted
+        },
+    );
+    case(
+        &mut cases,
+        filter,
+        "one-line table (key and word in a slot), no lock, clock after",
+        |k| {
+            let slot = slot_of(&slots, hasher.hash_one(k), k, false).expect("every key is in");
+            cas(&slot.word, clock.now_nanos())
+        },
+    );
+    case(
+        &mut cases,
+        filter,
+        "one-line table, store + SeqCst fence, clock after",
+        |k| {
+            let hash = hasher.hash_one(k);
+            record.store(hash, Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let slot = slot_of(&slots, hash, k, false).expect("every key is in");
+            let admitted = cas(&slot.word, clock.now_nanos());
             record.store(0, Ordering::Release);
             admitted
         },
