@@ -2,7 +2,8 @@
 //! figure has a ratio beside it:
 //!
 //! - `single_admit`, `single_reject`: one thread, one bucket; tokengate on the TSC and
-//!   the coarse clock, governor `check()`/`check_n()` on its default quanta clock, a
+//!   the coarse clock, its `LeasedBucket` (TSC, and the coarse clock for the
+//!   rejection), governor `check()`/`check_n()` on its default quanta clock, a
 //!   `Mutex`-protected `f64` bucket, and the floor: one clock read through the same path
 //!   `QuantaClock` uses plus one load and one uncontended CAS (admit), or one clock read
 //!   plus one load (reject).
@@ -27,9 +28,10 @@
 //! TOKENGATE_THREADS=4 cargo bench --bench engine -- contention_
 //! ```
 //!
-//! The whole run is 22 one-thread benchmarks plus 14 per thread count, about 3 s each
+//! The whole run is 25 one-thread benchmarks plus 14 per thread count, about 3 s each
 //! (0.5 s warm-up, 2 s of samples, analysis): 134 s measured on 2 cores before the
-//! `scoped` group's four (build not counted), so about 12 minutes on 16 cores;
+//! `scoped` group's four and the three `LeasedBucket` rows (build not counted), so about
+//! 12 minutes on 16 cores;
 //! `TOKENGATE_THREADS` bounds it.
 
 use std::hint::black_box;
@@ -94,6 +96,9 @@ fn single_admit(c: &mut Criterion) {
         b.iter(|| black_box(&coarse).try_acquire(1))
     });
 
+    let leased = LeasedBucket::new(policy(Regime::Admit));
+    g.bench_function("leased", |b| b.iter(|| black_box(&leased).try_acquire(1)));
+
     let gov = RateLimiter::direct(Regime::Admit.quota());
     g.bench_function("governor_check", |b| b.iter(|| black_box(&gov).check()));
     let one = NonZeroU32::MIN;
@@ -140,6 +145,16 @@ fn single_reject(c: &mut Criterion) {
     let _ = coarse.try_acquire(1);
     g.bench_function("tokengate_coarse", |b| {
         b.iter(|| black_box(&coarse).try_acquire(1))
+    });
+
+    let leased = LeasedBucket::new(policy(Regime::Reject));
+    let _ = leased.try_acquire(1);
+    g.bench_function("leased", |b| b.iter(|| black_box(&leased).try_acquire(1)));
+    let leased_coarse =
+        LeasedBucket::with_clock(policy(Regime::Reject), CoarseClock::new().unwrap());
+    let _ = leased_coarse.try_acquire(1);
+    g.bench_function("leased_coarse", |b| {
+        b.iter(|| black_box(&leased_coarse).try_acquire(1))
     });
 
     let gov = RateLimiter::direct(Regime::Reject.quota());

@@ -1069,7 +1069,12 @@ impl<C: Clock> Bucket<C> {
     /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    // Always inlined, as every single-bucket entry point is: out of line, the 48-byte
+    // result is stored field by field into the caller's memory, and a caller that moves
+    // it on at once (criterion's `iter` does) reads it back in 16-byte loads that
+    // store-to-load forwarding cannot serve, a stall on every decision (measured:
+    // BENCHMARKS.md, "The goals on the Zen 2 EPYC").
+    #[inline(always)]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
         let now = self.clock.now_nanos();
         self.core.try_acquire::<Fixed, C>(&self.clock, now, cost)

@@ -175,7 +175,8 @@ impl<C: Clock> LiveBucket<C> {
     /// # Errors
     ///
     /// [`AcquireError::CostExceedsCapacity`] for a cost above the current capacity.
-    #[inline]
+    // Always inlined: see `Bucket::try_acquire`.
+    #[inline(always)]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
         self.acquire(cost, || self.clock.now_nanos())
     }

@@ -858,7 +858,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    // Always inlined: see `Bucket::try_acquire`.
+    #[inline(always)]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
         self.try_acquire_on(thread_index(), cost)
     }
