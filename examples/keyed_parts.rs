@@ -1,6 +1,7 @@
 //! Where a keyed decision's time goes: the keyed floor, a bare sharded hash table with and
 //! without its read lock or a reader section's fence, the clock read before or after the
-//! lookup, tokengate's `KeyedLimiter` (reading only whether it admitted, as the others
+//! lookup, a one-line table (each key beside its word in one slot, no control bytes)
+//! with and without the fence, tokengate's `KeyedLimiter` (reading only whether it admitted, as the others
 //! do, and with its whole result through `black_box`, as the `bench` subcommand reads
 //! every engine's) and governor's keyed limiter, each over the same
 //! 100,000 `u64` keys picked uniformly at random, one thread, in one process (ns per
