@@ -1,12 +1,13 @@
 //! Where a keyed decision's time goes: the keyed floor, a bare sharded hash table with and
 //! without its read lock or a reader section's fence, the clock read before or after the
 //! lookup, a one-line table (each key beside its word in one slot, no control bytes)
-//! with and without the fence, tokengate's `KeyedLimiter` (reading only whether it admitted, as the others
-//! do, and with its whole result through `black_box`, as the `bench` subcommand reads
-//! every engine's) and governor's keyed limiter, each over the same
-//! 100,000 `u64` keys picked uniformly at random, one thread, in one process (ns per
+//! with and without the fence, tokengate's `KeyedLimiter` (reading only whether it
+//! admitted, as the others do, and with its whole result through `black_box`, as the
+//! `bench` subcommand reads every engine's) and governor's keyed limiter, each over the
+//! same 100,000 `u64` keys picked uniformly at random, one thread, in one process (ns per
 //! decision, best of five runs of 20 million, the cases' runs interleaved). Figures:
-//! BENCHMARKS.md, "Keyed lookups" and "The clocks read inline".
+//! BENCHMARKS.md, "Keyed lookups", "The clocks read inline" and "The goals on the Zen 2
+//! EPYC".
 //!
 //! `cargo run --release --example keyed_parts [FILTER]`; with `KEYED_PARTS_CALLS=N`, one run
 //! of N calls per case (for instruction counts: run under callgrind with two values of N).
