@@ -128,6 +128,17 @@ fn slot_of(slots: &[Slot], hash: u64, key: u64, insert: bool) -> Option<&Slot> {
     }
 }
 
+/// `decide` in a reader section's shape: this thread's record stored (naming `hash`),
+/// a full fence, the decision, the record cleared.
+#[inline(always)]
+fn in_section(record: &AtomicU64, hash: u64, decide: impl FnOnce() -> bool) -> bool {
+    record.store(hash, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let admitted = decide();
+    record.store(0, Ordering::Release);
+    admitted
+}
+
 /// One load and one CAS writing `now`: the floor's write.
 fn cas(word: &AtomicU64, now: u64) -> bool {
     let cur = word.load(Ordering::Relaxed);
@@ -242,14 +253,12 @@ fn main() {
         "8 hashbrown shards, store + SeqCst fence, clock after",
         |k| {
             let hash = hasher.hash_one(k);
-            record.store(hash, Ordering::Relaxed);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            let e = tables[shard(hash)]
-                .find(hash, |e| e.key == k)
-                .expect("every key is in");
-            let admitted = cas(&e.word, clock.now_nanos());
-            record.store(0, Ordering::Release);
-            admitted
+            in_section(&record, hash, || {
+                let e = tables[shard(hash)]
+                    .find(hash, |e| e.key == k)
+                    .expect("every key is in");
+                cas(&e.word, clock.now_nanos())
+            })
         },
     );
     case(
@@ -267,12 +276,10 @@ fn main() {
         "one-line table, store + SeqCst fence, clock after",
         |k| {
             let hash = hasher.hash_one(k);
-            record.store(hash, Ordering::Relaxed);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            let slot = slot_of(&slots, hash, k, false).expect("every key is in");
-            let admitted = cas(&slot.word, clock.now_nanos());
-            record.store(0, Ordering::Release);
-            admitted
+            in_section(&record, hash, || {
+                let slot = slot_of(&slots, hash, k, false).expect("every key is in");
+                cas(&slot.word, clock.now_nanos())
+            })
         },
     );
     case(
