@@ -1,13 +1,14 @@
-//! Where a keyed decision's time goes: the keyed floor, a bare sharded hash table with and
-//! without its read lock or a reader section's fence, the clock read before or after the
+//! Where a keyed decision's time goes: the keyed floor (with and without a token bucket's
+//! exact take on its words), a bare sharded hash table with and without its read lock or
+//! a reader section's fence (and with the exact take), the clock read before or after the
 //! lookup, a one-line table (each key beside its word in one slot, no control bytes)
 //! with and without the fence, tokengate's `KeyedLimiter` (reading only whether it
 //! admitted, as the others do, and with its whole result through `black_box`, as the
 //! `bench` subcommand reads every engine's) and governor's keyed limiter, each over the
 //! same 100,000 `u64` keys picked uniformly at random, one thread, in one process (ns per
 //! decision, best of five runs of 20 million, the cases' runs interleaved). Figures:
-//! BENCHMARKS.md, "Keyed lookups", "The clocks read inline" and "The goals on the Zen 2
-//! EPYC".
+//! BENCHMARKS.md, "Keyed lookups", "The clocks read inline", "The goals on the Zen 2
+//! EPYC" and "The keyed floor with a token bucket's arithmetic".
 //!
 //! `cargo run --release --example keyed_parts [FILTER]`; with `KEYED_PARTS_CALLS=N`, one run
 //! of N calls per case (for instruction counts: run under callgrind with two values of N).
@@ -20,6 +21,7 @@ use std::time::Instant;
 use crossbeam_utils::sync::ShardedLock;
 use hashbrown::HashTable;
 use tokengate::keyed::KeyHasher;
+use tokengate::state::Layout;
 use tokengate::{Clock, KeyedLimiter, Policy, QuantaClock};
 
 const KEYS: u64 = 100_000;
@@ -146,6 +148,20 @@ fn cas(word: &AtomicU64, now: u64) -> bool {
         .is_ok()
 }
 
+/// One load, the exact token-bucket take of `cost_units` on it through the crate's public
+/// pure functions (`Layout::refill`, then `Layout::take`), and a CAS storing the word the
+/// take gives (none when refused): the floor's write with a token bucket's arithmetic.
+/// No decision is built, no epoch or pass is checked, a lost CAS is not retried.
+#[inline(always)]
+fn take(layout: &Layout, cost_units: u64, word: &AtomicU64, now: u64) -> bool {
+    let cur = word.load(Ordering::Relaxed);
+    let snapshot = layout.refill(cur, layout.tick_of(now));
+    layout.take(&snapshot, cost_units).is_some_and(|next| {
+        word.compare_exchange(cur, next, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    })
+}
+
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
     let filter = filter.as_str();
@@ -155,6 +171,17 @@ fn main() {
 
     // Every contender is built before any is measured; their runs are interleaved.
     let words: Vec<AtomicU64> = (0..1 << 18).map(|_| AtomicU64::new(0)).collect();
+    // The same words holding token buckets of the limiter's policy (below), full at the
+    // start, for the cases that take from them with the exact arithmetic.
+    let policy = Policy::new(100, 1000.0).expect("a valid policy");
+    let layout = *policy.layout();
+    let one = layout
+        .units_of(1)
+        .expect("one token is within the capacity");
+    let full = layout.start_word(layout.tick_of(clock.now_nanos()), true);
+    let bucket_words: Vec<AtomicU64> = (0..1 << 18).map(|_| AtomicU64::new(full)).collect();
+    let mut bucket_tables: Vec<HashTable<Entry>> =
+        (0..1 << SHARD_BITS).map(|_| HashTable::new()).collect();
     let mut tables: Vec<HashTable<Entry>> =
         (0..1 << SHARD_BITS).map(|_| HashTable::new()).collect();
     let locked: Vec<ShardedLock<HashTable<Entry>>> = (0..1 << SHARD_BITS)
@@ -168,6 +195,14 @@ fn main() {
             word: AtomicU64::new(0),
         };
         tables[shard(hash)].insert_unique(hash, entry(), rehash);
+        bucket_tables[shard(hash)].insert_unique(
+            hash,
+            Entry {
+                key,
+                word: AtomicU64::new(full),
+            },
+            rehash,
+        );
         locked[shard(hash)]
             .write()
             .expect("not poisoned")
@@ -185,7 +220,6 @@ fn main() {
     // What a reader section adds to the bare lookup: a store of the thread's own record
     // and a full fence before the lookup (a writer's flag is then read: one more load).
     let record = crossbeam_utils::CachePadded::new(AtomicU64::new(0));
-    let policy = Policy::new(100, 1000.0).expect("a valid policy");
     let limiter = KeyedLimiter::<u64>::builder(policy, 1 << 20)
         .shards(1 << SHARD_BITS)
         .build()
@@ -225,6 +259,15 @@ fn main() {
     case(
         &mut cases,
         filter,
+        "floor with the exact take (Layout::refill, take)",
+        |k| {
+            let word = &bucket_words[(hasher.hash_one(k) >> 46) as usize];
+            take(&layout, one, word, clock.now_nanos())
+        },
+    );
+    case(
+        &mut cases,
+        filter,
         "8 hashbrown shards, no lock, clock after the lookup",
         |k| {
             let hash = hasher.hash_one(k);
@@ -258,6 +301,20 @@ fn main() {
                     .find(hash, |e| e.key == k)
                     .expect("every key is in");
                 cas(&e.word, clock.now_nanos())
+            })
+        },
+    );
+    case(
+        &mut cases,
+        filter,
+        "8 hashbrown shards, store + fence, the exact take",
+        |k| {
+            let hash = hasher.hash_one(k);
+            in_section(&record, hash, || {
+                let e = bucket_tables[shard(hash)]
+                    .find(hash, |e| e.key == k)
+                    .expect("every key is in");
+                take(&layout, one, &e.word, clock.now_nanos())
             })
         },
     );
