@@ -130,6 +130,25 @@ fn slot_of(slots: &[Slot], hash: u64, key: u64, insert: bool) -> Option<&Slot> {
     }
 }
 
+/// `write` on the word of key `k` (of hash `hash`), found in its shard of `tables` in a
+/// reader section's shape ([`in_section`]).
+#[inline(always)]
+fn in_table_section(
+    record: &AtomicU64,
+    tables: &[HashTable<Entry>],
+    shard: usize,
+    hash: u64,
+    k: u64,
+    write: impl FnOnce(&AtomicU64) -> bool,
+) -> bool {
+    in_section(record, hash, || {
+        let e = tables[shard]
+            .find(hash, |e| e.key == k)
+            .expect("every key is in");
+        write(&e.word)
+    })
+}
+
 /// `decide` in a reader section's shape: this thread's record stored (naming `hash`),
 /// a full fence, the decision, the record cleared.
 #[inline(always)]
@@ -190,23 +209,16 @@ fn main() {
     for key in 0..KEYS {
         let hash = hasher.hash_one(key);
         let rehash = |e: &Entry| hasher.hash_one(e.key);
-        let entry = || Entry {
+        let entry = |word| Entry {
             key,
-            word: AtomicU64::new(0),
+            word: AtomicU64::new(word),
         };
-        tables[shard(hash)].insert_unique(hash, entry(), rehash);
-        bucket_tables[shard(hash)].insert_unique(
-            hash,
-            Entry {
-                key,
-                word: AtomicU64::new(full),
-            },
-            rehash,
-        );
+        tables[shard(hash)].insert_unique(hash, entry(0), rehash);
+        bucket_tables[shard(hash)].insert_unique(hash, entry(full), rehash);
         locked[shard(hash)]
             .write()
             .expect("not poisoned")
-            .insert_unique(hash, entry(), rehash);
+            .insert_unique(hash, entry(0), rehash);
     }
     let slots: Vec<Slot> = (0..1 << SLOT_BITS)
         .map(|_| Slot {
@@ -296,11 +308,8 @@ fn main() {
         "8 hashbrown shards, store + SeqCst fence, clock after",
         |k| {
             let hash = hasher.hash_one(k);
-            in_section(&record, hash, || {
-                let e = tables[shard(hash)]
-                    .find(hash, |e| e.key == k)
-                    .expect("every key is in");
-                cas(&e.word, clock.now_nanos())
+            in_table_section(&record, &tables, shard(hash), hash, k, |w| {
+                cas(w, clock.now_nanos())
             })
         },
     );
@@ -310,11 +319,8 @@ fn main() {
         "8 hashbrown shards, store + fence, the exact take",
         |k| {
             let hash = hasher.hash_one(k);
-            in_section(&record, hash, || {
-                let e = bucket_tables[shard(hash)]
-                    .find(hash, |e| e.key == k)
-                    .expect("every key is in");
-                take(&layout, one, &e.word, clock.now_nanos())
+            in_table_section(&record, &bucket_tables, shard(hash), hash, k, |w| {
+                take(&layout, one, w, clock.now_nanos())
             })
         },
     );
