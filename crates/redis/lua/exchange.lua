@@ -1,5 +1,6 @@
--- One exchange between an instance and a bucket's pool: reclaim expired leases, settle
--- returned ones, refill exactly, credit, and grant a lease (or replay the grant recorded
+-- One exchange between an instance and a bucket's pool: refill exactly up to each expired
+-- lease's reclaim time and reclaim it, refill to now, settle returned leases, credit, and
+-- grant a lease (or replay the grant recorded
 -- for the same request id), then further grants in the same call. The clock prologue and
 -- the shared refill fragment before this body define `now` (µs) and `refill`.
 --
@@ -50,16 +51,29 @@ else
   out = tonumber(st[4]); ep = tonumber(st[5])
 end
 
--- Reclaim: a lease past its reclaim time leaves `out`; nothing is credited back.
+-- Refill, then reclaim: the time since `ts` is refilled under the cap in force over it.
+-- Up to each expired lease's reclaim time the cap is `B - out` with that lease still out;
+-- the lease then leaves `out` (nothing is credited back: its holder may have spent it)
+-- and the refill goes on under the raised cap. Settlements below happen at `now`, after
+-- the whole refill: refilling after them would credit the time the balance spent at its
+-- old cap as if the cap had been raised all along.
+local function cap_now()
+  if loose then return cap end
+  local l = cap - out * UNIT
+  if l < 0 then l = 0 end
+  return l
+end
 local gone = {}
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
-local expired_g = hmget(KEYS[2], expired)
-for i, id in ipairs(expired) do
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'WITHSCORES', 'LIMIT', 0, 64)
+local expired_ids = {}
+for i = 1, #expired, 2 do expired_ids[#expired_ids + 1] = expired[i] end
+local expired_g = hmget(KEYS[2], expired_ids)
+for i, id in ipairs(expired_ids) do
+  u, ts, rem = refill(u, ts, rem, cap_now(), rate, tonumber(expired[2 * i]))
   out = out - tonumber(expired_g[i] or '0')
   gone[id] = true
 end
-local limit = cap
-if not loose then limit = cap - out * UNIT end
+u, ts, rem = refill(u, ts, rem, cap_now(), rate, now)
 
 -- Settle: the unspent part of a live lease comes back, the spent part is gone.
 local settle_ids = {}
@@ -95,9 +109,8 @@ for i = 0, nreg - 1 do
     write = true
   end
 end
-if not loose then limit = cap - out * UNIT end
-if limit < 0 then limit = 0 end
-u, ts, rem = refill(u, ts, rem, limit, rate, now)
+local limit = cap_now()
+if u > limit then u = limit; rem = 0 end
 
 if credit > 0 then
   u = u + credit

@@ -1,5 +1,8 @@
 //! An exact Rust model of the exchange script, in plain integers: the reference the script
-//! is property-tested against on a real Redis (`tests/script_model.rs`).
+//! is property-tested against on a real Redis (`tests/script_model.rs`). It follows the
+//! script's steps, so it checks the script's arithmetic, not its bound: the bound is
+//! checked there by an ideal token bucket written from the definition, on the grants and
+//! settlements themselves.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -83,18 +86,31 @@ impl ModelBucket {
                 ModelState::created(policy, now)
             }
         };
+        let cap_now = |s: &ModelState| {
+            if loose {
+                cap
+            } else {
+                cap.saturating_sub(s.out.saturating_mul(UNITS_PER_TOKEN))
+            }
+        };
+        // The time since `ts` refills under the cap in force over it: each expired lease
+        // leaves `out` at its reclaim time, not before.
         let mut gone: BTreeSet<String> = BTreeSet::new();
-        for (_, id) in self
+        for (at, id) in self
             .expiry
             .iter()
             .take_while(|(at, _)| *at <= now)
             .take(RECLAIM_LIMIT)
         {
+            let limit = cap_now(&s);
+            refill(&mut s, limit, rate, *at);
             s.out = s
                 .out
                 .saturating_sub(self.leases.get(id).copied().unwrap_or(0));
             gone.insert(id.clone());
         }
+        let limit = cap_now(&s);
+        refill(&mut s, limit, rate, now);
         for (id, back) in &ex.settle {
             if gone.contains(id) {
                 continue;
@@ -123,12 +139,11 @@ impl ModelBucket {
                 write = true;
             }
         }
-        let limit = if loose {
-            cap
-        } else {
-            cap.saturating_sub(s.out.saturating_mul(UNITS_PER_TOKEN))
-        };
-        refill(&mut s, limit, rate, now);
+        let limit = cap_now(&s);
+        if s.u > limit {
+            s.u = limit;
+            s.rem = 0;
+        }
         if ex.credit_units > 0 {
             s.u = s.u.saturating_add(ex.credit_units);
             if s.u >= limit {

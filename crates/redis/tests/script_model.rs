@@ -5,7 +5,9 @@ mod common;
 
 use proptest::prelude::*;
 use tokengate_redis::model::ModelBucket;
-use tokengate_redis::script::{BucketKeys, Exchange, Outcome, Scripts, Take, Target, TimeSource};
+use tokengate_redis::script::{
+    BucketKeys, Exchange, Outcome, Reply, Scripts, Take, Target, TimeSource,
+};
 use tokengate_redis::{Mode, RemotePolicy, Start, UNITS_PER_TOKEN};
 
 const KEEP_MS: u64 = 600_000;
@@ -60,6 +62,104 @@ impl Rig {
 impl Drop for Rig {
     fn drop(&mut self) {
         common::delete(&mut self.con, &self.keys);
+    }
+}
+
+/// An ideal token bucket of `B` and `r`, written from the definition and sharing no step
+/// with the script: it sees only what was granted, settled and credited, and when. A lease
+/// is open from its grant until its settlement (then `granted - unspent` of it may have
+/// been spent) or, when it was reclaimed, until its reclaim time (then all of it). In any
+/// window `[s, e]` the leases open in it may have spent at most
+/// `B + r*(e - s) + credits so far`: the bound `admitted(T) <= B + r*T` in exact mode.
+#[derive(Default)]
+struct Ideal {
+    /// (grant time, tokens, reclaim time, settled: (time, unspent)).
+    leases: Vec<(u64, u64, u64, Option<(u64, u64)>)>,
+    /// Lease id -> index in `leases`, while Redis holds it.
+    open: std::collections::BTreeMap<String, usize>,
+    /// (time, units) of each credit.
+    credits: Vec<(u64, u64)>,
+    /// The latest time seen (a clock behind it moves nothing back).
+    at: u64,
+}
+
+impl Ideal {
+    /// Records one exchange at `now`, its reply, and the lease ids Redis holds after it.
+    fn observe(&mut self, ex: &Exchange, reply: &Reply, now: u64, held: &ModelBucket) {
+        self.at = self.at.max(now);
+        let at = self.at;
+        let gone: Vec<String> = self
+            .open
+            .keys()
+            .filter(|id| !held.leases.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            let i = self.open.remove(&id).unwrap();
+            let lease = &mut self.leases[i];
+            let settled = ex.settle.iter().find(|(s, _)| *s == id);
+            if let Some((_, unspent)) = settled.filter(|_| now < lease.2) {
+                lease.3 = Some((at, (*unspent).min(lease.1)));
+            }
+        }
+        let first = match reply.outcome {
+            Outcome::Granted {
+                tokens,
+                reclaim_at_us,
+            } => Some((tokens, reclaim_at_us)),
+            _ => None,
+        };
+        let fresh = ex
+            .request_id
+            .iter()
+            .zip(first)
+            .chain(ex.more.iter().zip(reply.more.iter().copied()));
+        for (id, (g, reclaim_at)) in fresh {
+            if g > 0 && !self.open.contains_key(id) {
+                self.open.insert(id.clone(), self.leases.len());
+                self.leases.push((at, g, reclaim_at, None));
+            }
+        }
+        if ex.credit_units > 0 {
+            self.credits.push((at, ex.credit_units));
+        }
+    }
+
+    /// The window where the leases spent most above the bound: (spent units, allowed
+    /// units, start, end), or `None` when every window is within it.
+    fn worst(&self, policy: &RemotePolicy) -> Option<(u64, u64, u64, u64)> {
+        let spans: Vec<(u64, u64, u64)> = self
+            .leases
+            .iter()
+            .map(|&(from, g, reclaim_at, settled)| match settled {
+                Some((t, unspent)) => (from, t, g - unspent),
+                None => (from, reclaim_at.max(from), g),
+            })
+            .collect();
+        let mut worst: Option<(u64, u64, u64, u64)> = None;
+        for &(e, _, _) in &spans {
+            let credits: u64 = self
+                .credits
+                .iter()
+                .filter(|(t, _)| *t <= e)
+                .map(|(_, c)| c)
+                .sum();
+            let starts = spans.iter().map(|&(_, to, _)| to).chain([e]);
+            for s in starts.filter(|&s| s <= e) {
+                let spent: u64 = spans
+                    .iter()
+                    .filter(|&&(from, to, _)| from <= e && to >= s)
+                    .map(|&(_, _, n)| n * UNITS_PER_TOKEN)
+                    .sum();
+                let allowed = policy.capacity_units()
+                    + ((e - s) * policy.rate_milli()).div_ceil(1000)
+                    + credits;
+                if spent > allowed && worst.is_none_or(|w| spent - allowed > w.0 - w.1) {
+                    worst = Some((spent, allowed, s, e));
+                }
+            }
+        }
+        worst
     }
 }
 
@@ -188,12 +288,15 @@ proptest! {
         steps in prop::collection::vec((op(), -200_000i64..1_500_000), 1..40),
     ) {
         let mut rig = Rig::new("prop", policy, lease_us);
+        let mut ideal = Ideal::default();
         let mut now = T0;
         let mut registered = false;
         for (op, dt) in &steps {
             now = now.saturating_add_signed(*dt);
             registered |= matches!(op, Op::Register { .. });
-            let reply = rig.run(&to_exchange(op), now);
+            let ex = to_exchange(op);
+            let reply = rig.run(&ex, now);
+            ideal.observe(&ex, &reply, now, &rig.model);
             if policy.mode() == Mode::Exact && !registered {
                 prop_assert!(
                     reply.balance_units + reply.outstanding * UNITS_PER_TOKEN <= policy.capacity_units(),
@@ -203,7 +306,65 @@ proptest! {
                 prop_assert!(reply.balance_units <= policy.capacity_units());
             }
         }
+        if policy.mode() == Mode::Exact && !registered {
+            let worst = ideal.worst(&policy);
+            prop_assert!(
+                worst.is_none(),
+                "leases spent above B + r*T (units spent, allowed, window µs from T0): {:?}",
+                worst.map(|(n, a, s, e)| (n, a, s - T0, e - T0))
+            );
+        }
     }
+}
+
+/// One lease out, a quiet period while the balance sits at its cap `B - out`, then the
+/// lease settled wholly spent and a large grant: the time the balance spent capped is not
+/// refilled again once the settlement lowers `out`. (Refilling after the settlement granted
+/// 200 here, 80 more than the 120 the bucket holds: 280 tokens spendable within 0 s.)
+#[test]
+fn a_settlement_after_a_quiet_period_does_not_refill_the_time_spent_at_the_cap() {
+    let policy = RemotePolicy::new(200, 100.0).unwrap();
+    let mut rig = Rig::new("quiet", policy, 5_000_000);
+    let mut ideal = Ideal::default();
+    let steps = [
+        (grant("a", 1, 80), T0),
+        (
+            Exchange {
+                settle: vec![("a".into(), 0)],
+                ..grant("b", 1, 200)
+            },
+            T0 + 900_000,
+        ),
+    ];
+    for (ex, now) in &steps {
+        let reply = rig.run(ex, *now);
+        ideal.observe(ex, &reply, *now, &rig.model);
+    }
+    let worst = ideal.worst(&policy);
+    assert!(
+        worst.is_none(),
+        "B = 200, r = 100/s: leases spent above B + r*T (units spent, allowed, window): {worst:?}"
+    );
+    // A lease reclaimed mid-way lifts the cap from its reclaim time only.
+    let mut rig = Rig::new("quiet-reclaim", policy, 500_000);
+    let mut ideal = Ideal::default();
+    let steps = [(grant("a", 1, 80), T0), (grant("b", 1, 200), T0 + 900_000)];
+    let mut got = Vec::new();
+    for (ex, now) in &steps {
+        let reply = rig.run(ex, *now);
+        ideal.observe(ex, &reply, *now, &rig.model);
+        got.push(reply.outcome);
+    }
+    // 120 at the cap until the reclaim at T0 + 0.5 s, then 0.4 s of refill: 160.
+    assert_eq!(
+        got[1],
+        Outcome::Granted {
+            tokens: 160,
+            reclaim_at_us: T0 + 1_400_000
+        }
+    );
+    let worst = ideal.worst(&policy);
+    assert!(worst.is_none(), "reclaim: {worst:?}");
 }
 
 #[test]
@@ -324,7 +485,8 @@ fn reclaim_credits_nothing() {
     };
     let after = rig.run(&late, T0 + 1_000);
     assert_eq!(after.outstanding, 0);
-    assert_eq!(after.balance_units, 60 * UNITS_PER_TOKEN + 1);
+    // Up to the reclaim time the balance sat at its cap, 60: nothing refilled then.
+    assert_eq!(after.balance_units, 60 * UNITS_PER_TOKEN);
 }
 
 #[test]
@@ -334,12 +496,13 @@ fn rejection_writes_nothing() {
     rig.run(&grant("a", 10, 10), T0);
     let before = common::read_bucket(&mut rig.con, &rig.keys);
     // Later, with lease "a" past its reclaim time: the reclaim is seen but not written.
+    // Refilled from the reclaim at 0.5 s only: 1.5 tokens, 1.5 s short of 3.
     let no = rig.run(&grant("b", 3, 3), T0 + 2_000_000);
     assert!(
         matches!(
             no.outcome,
             Outcome::Rejected {
-                retry_after_us: Some(1_000_000)
+                retry_after_us: Some(1_500_000)
             }
         ),
         "{no:?}"

@@ -1,6 +1,8 @@
 //! Helpers shared by the tests against a real Redis.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod ideal;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -207,4 +209,30 @@ pub fn drive(
         }
     }
     n
+}
+
+/// Wall-clock ns since the Unix epoch: every process on the host reads the same clock.
+pub fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// Decides `try_acquire(1)` on `bucket` for `d`, yielding after each refusal; logs each
+/// admission as (wall ns before, wall ns after) into `log`.
+pub fn drive_logged(
+    bucket: &tokengate_redis::RemoteBucket,
+    d: std::time::Duration,
+    log: &mut Vec<(u64, u64)>,
+) {
+    let end = std::time::Instant::now() + d;
+    while std::time::Instant::now() < end {
+        let before = wall_ns();
+        if bucket.try_acquire(1).is_ok() {
+            log.push((before, wall_ns()));
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
