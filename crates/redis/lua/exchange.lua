@@ -5,11 +5,13 @@
 -- the shared refill fragment before this body define `now` (µs) and `refill`.
 --
 -- KEYS[1] state hash {u, ts, rem, out, ep}; KEYS[2] lease hash id -> granted tokens;
--- KEYS[3] sorted set of lease ids by reclaim time (µs).
+-- KEYS[3] sorted set of lease ids by reclaim time (µs); KEYS[4] sorted set of the credit
+-- ids applied, by the time each was applied (µs), kept for the credit window.
 -- ARGV: 1 capacity (units, 10^6 per token), 2 rate (milli-tokens/s), 3 loose (0|1),
 --       4 start full (0|1), 5 lease lifetime on Redis (µs), 6 key keep (ms),
 --       7 request id ('' = no grant), 8 need (tokens), 9 want (tokens), 10 credit (units),
---       11 settle count n, then n pairs: lease id, unspent tokens; then a register count m
+--       11 credit id (a credit whose id was applied within the window is not applied
+--       again; '' = no id), 12 settle count n, then n pairs: lease id, unspent tokens; then a register count m
 --       and m pairs: lease id, tokens (leases a holder re-registers after the state was
 --       lost: they enter `out` and leave the balance, down to zero); then a count p and
 --       p further lease ids, each granted up to `want` tokens (at least 1) after the first
@@ -27,7 +29,11 @@ local req = ARGV[7]
 local need = tonumber(ARGV[8])
 local want = tonumber(ARGV[9])
 local credit = tonumber(ARGV[10])
-local nsettle = tonumber(ARGV[11])
+local cid = ARGV[11]
+local nsettle = tonumber(ARGV[12])
+-- How long a credit id is remembered: a retried credit older than this is not sent.
+local credit_window = 8 * lease_us
+if credit_window < 60000000 then credit_window = 60000000 end
 if req ~= '' and need < 1 then need = 1 end
 
 -- HMGET of many fields in chunks (Lua's unpack has a stack limit); a missing one is false.
@@ -77,11 +83,11 @@ u, ts, rem = refill(u, ts, rem, cap_now(), rate, now)
 
 -- Settle: the unspent part of a live lease comes back, the spent part is gone.
 local settle_ids = {}
-for i = 0, nsettle - 1 do settle_ids[i + 1] = ARGV[12 + 2 * i] end
+for i = 0, nsettle - 1 do settle_ids[i + 1] = ARGV[13 + 2 * i] end
 local settle_g = hmget(KEYS[2], settle_ids)
 for i = 0, nsettle - 1 do
   local id = settle_ids[i + 1]
-  local back = tonumber(ARGV[13 + 2 * i])
+  local back = tonumber(ARGV[14 + 2 * i])
   if not gone[id] then
     local g = settle_g[i + 1]
     if g then
@@ -95,7 +101,7 @@ for i = 0, nsettle - 1 do
   end
 end
 -- Register: leases this bucket's state lost (a restart) that a holder still spends.
-local base = 13 + 2 * nsettle
+local base = 14 + 2 * nsettle
 local nreg = tonumber(ARGV[base - 1])
 for i = 0, nreg - 1 do
   local id = ARGV[base + 2 * i]
@@ -112,10 +118,16 @@ end
 local limit = cap_now()
 if u > limit then u = limit; rem = 0 end
 
-if credit > 0 then
+-- Credit, at most once per id.
+if credit > 0 and not (cid ~= '' and redis.call('ZSCORE', KEYS[4], cid)) then
   u = u + credit
   if u >= limit then u = limit; rem = 0 end
   write = true
+  if cid ~= '' then
+    redis.call('ZADD', KEYS[4], now, cid)
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - credit_window)
+    redis.call('PEXPIRE', KEYS[4], math.floor(credit_window / 1000))
+  end
 end
 
 -- Leases granted by this call: written together at the end (one HSET, one ZADD).

@@ -21,6 +21,14 @@ pub struct ModelBucket {
     pub leases: BTreeMap<String, u64>,
     /// (reclaim time µs, lease id), ordered as the sorted set orders them.
     pub expiry: BTreeSet<(u64, String)>,
+    /// Credit id -> the time it was applied, µs.
+    pub credits: BTreeMap<String, u64>,
+}
+
+/// How long a credit id is remembered, µs, for leases living `lease_us` on Redis: eight
+/// lease lifetimes, at least a minute (the script's window).
+pub fn credit_window_us(lease_us: u64) -> u64 {
+    lease_us.saturating_mul(8).max(60_000_000)
 }
 
 /// The state hash's fields.
@@ -144,7 +152,16 @@ impl ModelBucket {
             s.u = limit;
             s.rem = 0;
         }
-        if ex.credit_units > 0 {
+        let seen = ex
+            .credit_id
+            .as_ref()
+            .is_some_and(|id| self.credits.contains_key(id));
+        if ex.credit_units > 0 && !seen {
+            if let Some(id) = &ex.credit_id {
+                self.credits.insert(id.clone(), now);
+                let oldest = now.saturating_sub(credit_window_us(lease_us));
+                self.credits.retain(|_, at| *at > oldest);
+            }
             s.u = s.u.saturating_add(ex.credit_units);
             if s.u >= limit {
                 s.u = limit;

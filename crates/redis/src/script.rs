@@ -63,6 +63,8 @@ pub struct BucketKeys {
     pub leases: String,
     /// Lease ids by reclaim time (µs).
     pub expiry: String,
+    /// Credit ids applied, by the time each was applied (µs): a credit is applied once.
+    pub credits: String,
 }
 
 impl BucketKeys {
@@ -80,12 +82,22 @@ impl BucketKeys {
                 ));
             }
         }
-        let state = format!("tg:{{{namespace}:{scope}}}");
-        Ok(Self {
+        Ok(Self::under(format!("tg:{{{namespace}:{scope}}}")))
+    }
+
+    /// The keys of the bucket whose state hash is `state`: it and its `:l`, `:x`, `:c`.
+    pub fn under(state: String) -> Self {
+        Self {
             leases: format!("{state}:l"),
             expiry: format!("{state}:x"),
+            credits: format!("{state}:c"),
             state,
-        })
+        }
+    }
+
+    /// Every key of the bucket.
+    pub fn all(&self) -> [&str; 4] {
+        [&self.state, &self.leases, &self.expiry, &self.credits]
     }
 }
 
@@ -115,6 +127,10 @@ pub struct Exchange {
     pub want: u64,
     /// New credit (a refund), units.
     pub credit_units: u64,
+    /// The credit's id: a credit whose id Redis applied within the credit window (eight
+    /// lease lifetimes, at least a minute) is not applied again, so a retried exchange
+    /// credits once. `None`: applied every time it is sent.
+    pub credit_id: Option<String>,
     /// Leases given back: (lease id, unspent tokens).
     pub settle: Vec<(String, u64)>,
     /// Leases re-registered after the bucket's state was lost: (lease id, tokens the
@@ -318,10 +334,11 @@ impl Scripts {
             keep_ms,
         } = *target;
         let mut a = vec![
-            "3".to_owned(),
+            "4".to_owned(),
             keys.state.clone(),
             keys.leases.clone(),
             keys.expiry.clone(),
+            keys.credits.clone(),
             policy.capacity_units().to_string(),
             policy.rate_milli().to_string(),
             u8::from(policy.mode() == Mode::Loose).to_string(),
@@ -332,6 +349,7 @@ impl Scripts {
             ex.need.to_string(),
             ex.want.to_string(),
             ex.credit_units.to_string(),
+            ex.credit_id.clone().unwrap_or_default(),
             ex.settle.len().to_string(),
         ];
         for (id, back) in &ex.settle {

@@ -491,12 +491,7 @@ impl RedisScopes {
 
     /// The keys of `scope`'s bucket for `key` in calls tagged `tag`.
     fn bucket_keys(&self, tag: &str, scope: &StrictScope, key: &str) -> BucketKeys {
-        let state = self.key(tag, scope, key);
-        BucketKeys {
-            leases: format!("{state}:l"),
-            expiry: format!("{state}:x"),
-            state,
-        }
+        BucketKeys::under(self.key(tag, scope, key))
     }
 
     /// Runs `f` on one of the connections (opened again when it failed before) at the

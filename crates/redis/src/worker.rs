@@ -63,6 +63,16 @@ struct Held {
     installed_ns: u64,
 }
 
+/// A credit sent and not yet acknowledged: sent again, under the same id, until a reply
+/// confirms it (Redis applies an id once), or dropped unconfirmed once half the credit
+/// window has passed (the fleet then admits less, never more).
+#[derive(Debug)]
+struct PendingCredit {
+    id: String,
+    tokens: u64,
+    since_ns: u64,
+}
+
 /// A grant asked and not yet answered.
 #[derive(Clone, Debug)]
 struct Asked {
@@ -82,6 +92,8 @@ struct Tracked {
     pending_since_ns: Option<u64>,
     /// Grants asked and not answered: retried with the same ids.
     in_flight: Vec<Asked>,
+    /// The credit sent and not acknowledged.
+    credit: Option<PendingCredit>,
     epoch: u64,
     /// Redis answered with a new epoch: the state was lost (a restart without
     /// persistence); the live leases are registered again on the next round.
@@ -288,6 +300,7 @@ impl Worker {
                 pending: Vec::new(),
                 pending_since_ns: None,
                 in_flight: Vec::new(),
+                credit: None,
                 epoch: 0,
                 reregister: false,
                 supplied: 0,
@@ -306,6 +319,8 @@ impl Worker {
         let idle_settle = ttl / 4;
         let rtt = self.rtt_ns;
         let depth = self.pool.config.lease_depth;
+        let lease_us = (self.pool.config.lease_ttl + self.pool.config.grace).as_micros() as u64;
+        let credit_keep_ns = crate::model::credit_window_us(lease_us).saturating_mul(500);
         let k = self.pool.instances_seen.load(Ordering::Relaxed).max(1);
         let mut plans = Vec::new();
         for (index, t) in self.buckets.iter_mut().enumerate() {
@@ -317,6 +332,7 @@ impl Worker {
                 t.pending.clear();
                 t.pending_since_ns = None;
                 t.in_flight.clear();
+                t.credit = None;
             }
             for i in 0..2 {
                 t.settle_spent(i, now);
@@ -330,11 +346,28 @@ impl Worker {
             }
             t.measure(now, (2 * rtt).max(1_000_000));
             let b = &*t.shared;
-            // Credit is capped at B - outstanding by the script: more than B is never needed.
-            let credit = b
-                .returned
-                .swap(0, Ordering::Relaxed)
-                .min(b.policy.capacity());
+            if t.credit
+                .as_ref()
+                .is_some_and(|c| now.saturating_sub(c.since_ns) > credit_keep_ns)
+            {
+                t.credit = None;
+            }
+            if t.credit.is_none() {
+                // Capped at B - outstanding by the script: more than B is never needed.
+                let tokens = b
+                    .returned
+                    .swap(0, Ordering::Relaxed)
+                    .min(b.policy.capacity());
+                if tokens > 0 {
+                    self.seq += 1;
+                    t.credit = Some(PendingCredit {
+                        id: format!("{}:c{}", self.instance, self.seq),
+                        tokens,
+                        since_ns: now,
+                    });
+                }
+            }
+            let credit = t.credit.as_ref().map_or(0, |c| c.tokens);
             // A credit may pay what Redis refused: ask again with it.
             let spent = credit == 0 && now < b.rejected_until_ns.load(Ordering::Relaxed);
             let mut grants: Vec<Asked> = if stopping {
@@ -385,6 +418,7 @@ impl Worker {
             }
             let mut exchange = Exchange {
                 credit_units: credit * UNITS_PER_TOKEN,
+                credit_id: t.credit.as_ref().map(|c| c.id.clone()),
                 settle: t.pending.clone(),
                 ..Exchange::default()
             };
@@ -457,14 +491,11 @@ impl Worker {
     }
 
     /// Puts back what unsent (or failed) `plans` carried, for the next round: their
-    /// credits and resets; with `ask_again`, a bucket that asked for a grant asks again.
+    /// resets (credits stay pending under their ids); with `ask_again`, a bucket that
+    /// asked for a grant asks again.
     fn keep_for_next_round(&self, plans: &[Planned], ask_again: bool) {
         for p in plans {
             let shared = &self.buckets[p.index].shared;
-            let credit = p.exchange.credit_units / UNITS_PER_TOKEN;
-            if credit > 0 {
-                shared.returned.fetch_add(credit, Ordering::Relaxed);
-            }
             if ask_again && p.exchange.request_id.is_some() {
                 shared.demand.store(true, Ordering::Relaxed);
             }
@@ -538,7 +569,7 @@ impl Worker {
         let mut dels = 0;
         for p in plans.iter().filter(|p| p.reset) {
             let k = &self.buckets[p.index].shared.keys;
-            pipe.cmd("DEL").arg(&k.state).arg(&k.leases).arg(&k.expiry);
+            pipe.cmd("DEL").arg(&k.all()[..]);
             dels += 1;
         }
         for a in &argv {
@@ -623,6 +654,11 @@ impl Worker {
         }
         if plan.reregistering {
             t.reregister = false;
+        }
+        if plan.exchange.credit_id.is_some()
+            && t.credit.as_ref().map(|c| &c.id) == plan.exchange.credit_id.as_ref()
+        {
+            t.credit = None;
         }
         if t.epoch != 0 && reply.epoch != t.epoch && !plan.reset {
             t.reregister = true;

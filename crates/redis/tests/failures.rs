@@ -292,6 +292,56 @@ fn a_lost_grant_reply_retried_with_the_same_id_is_granted_once() {
     assert_eq!(bucket.leased_tokens(), 10);
 }
 
+/// A refund's credit whose reply is lost after the script ran is sent again under its
+/// id and credited once. (Without an id, a 40-token credit made the balance 80.)
+#[test]
+fn a_lost_credit_reply_retried_with_the_same_id_is_credited_once() {
+    let server = common::Server::start();
+    let arm = Arc::new(AtomicBool::new(false));
+    let port = lossy_proxy(server.port(), arm.clone());
+    let pool = RedisPool::connect(
+        PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "lost-credit").max_lease(10),
+    )
+    .unwrap();
+    let policy = RemotePolicy::new(100, 0.001)
+        .unwrap()
+        .with_start(tokengate_redis::Start::Empty);
+    let bucket = pool.bucket("g", policy).unwrap();
+    // The first exchange creates the empty bucket and is refused.
+    common::wait_until(
+        "no first exchange",
+        Duration::from_secs(10),
+        || pool.exchanges() > 0,
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
+    let before = pool.exchanges();
+    arm.store(true, Ordering::SeqCst);
+    bucket.refund(40);
+    common::wait_until(
+        "the credit was never answered",
+        Duration::from_secs(10),
+        || !arm.load(Ordering::SeqCst) && pool.exchanges() > before,
+        || {
+            let _ = bucket.try_acquire(1);
+            std::thread::sleep(Duration::from_millis(1));
+        },
+    );
+    let keys = BucketKeys::new("lost-credit", "g").unwrap();
+    let mut con = server.connect();
+    let (u, out): (u64, u64) = redis::cmd("HMGET")
+        .arg(&keys.state)
+        .arg("u")
+        .arg("out")
+        .query(&mut con)
+        .unwrap();
+    // The 40 tokens are in the balance, or leased from it (and some spent since), with
+    // less than one token refilled since.
+    assert!(
+        (40_000_000..41_000_000).contains(&(u + out * 1_000_000)),
+        "balance {u} units + {out} out: the credit of 40 applied once"
+    );
+}
+
 #[test]
 fn live_leases_are_registered_again_after_redis_lost_its_state() {
     let mut server = common::Server::start();

@@ -200,6 +200,7 @@ enum Op {
     },
     Credit {
         units: u64,
+        id: Option<u8>,
     },
     Register {
         id: u8,
@@ -216,7 +217,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(id, need, want, old, unspent)| Op::GrantSettling { id, need, want, old, unspent }),
         2 => (0u8..12, 0u64..6, 0u64..40, prop::collection::vec(0u8..16, 0..5), 0u8..16, 0u64..70)
             .prop_map(|(id, need, want, more, old, unspent)| Op::GrantMany { id, need, want, more, old, unspent }),
-        1 => (0u64..5_000_000).prop_map(|units| Op::Credit { units }),
+        1 => (0u64..5_000_000, prop::option::of(0u8..4)).prop_map(|(units, id)| Op::Credit { units, id }),
         1 => (0u8..12, 0u64..80).prop_map(|(id, tokens)| Op::Register { id, tokens }),
         1 => Just(Op::Peek),
     ]
@@ -252,8 +253,9 @@ fn to_exchange(op: &Op) -> Exchange {
             more: more.iter().map(id).collect(),
             ..grant(&id(i), *need, *want)
         },
-        Op::Credit { units } => Exchange {
+        Op::Credit { units, id: i } => Exchange {
             credit_units: *units,
+            credit_id: i.map(|i| format!("c{i}")),
             ..Exchange::default()
         },
         Op::Register { id: i, tokens } => Exchange {
@@ -471,6 +473,27 @@ fn settling_twice_credits_once() {
     assert_eq!(once.balance_units, 85 * UNITS_PER_TOKEN);
     assert_eq!(once.outstanding, 0);
     assert_eq!(twice, once);
+}
+
+/// A credit retried under its id (a reply lost after the script ran, a timeout) is
+/// applied once; another id is another credit.
+#[test]
+fn same_credit_id_twice_is_one_credit() {
+    let policy = RemotePolicy::new(100, 0.001)
+        .unwrap()
+        .with_start(Start::Empty);
+    let mut rig = Rig::new("credit2", policy, 5_000_000);
+    let credit = |id: &str| Exchange {
+        credit_units: 40 * UNITS_PER_TOKEN,
+        credit_id: Some(id.to_owned()),
+        ..Exchange::default()
+    };
+    let once = rig.run(&credit("c1"), T0);
+    let twice = rig.run(&credit("c1"), T0 + 10);
+    assert_eq!(once.balance_units, 40 * UNITS_PER_TOKEN);
+    assert_eq!(twice.balance_units, 40 * UNITS_PER_TOKEN, "applied twice");
+    let other = rig.run(&credit("c2"), T0 + 20);
+    assert_eq!(other.balance_units, 80 * UNITS_PER_TOKEN);
 }
 
 #[test]

@@ -42,11 +42,13 @@ pub fn read_bucket(con: &mut redis::Connection, keys: &BucketKeys) -> ModelBucke
         BTreeMap<String, u64>,
         BTreeMap<String, u64>,
         Vec<(String, u64)>,
+        Vec<(String, u64)>,
     );
-    let (state, leases, expiry): Stored = redis::pipe()
+    let (state, leases, expiry, credits): Stored = redis::pipe()
         .hgetall(&keys.state)
         .hgetall(&keys.leases)
         .zrange_withscores(&keys.expiry, 0, -1)
+        .zrange_withscores(&keys.credits, 0, -1)
         .query(con)
         .expect("read bucket");
     let state = (!state.is_empty()).then(|| ModelState {
@@ -63,15 +65,14 @@ pub fn read_bucket(con: &mut redis::Connection, keys: &BucketKeys) -> ModelBucke
             .into_iter()
             .map(|(id, at)| (at, id))
             .collect::<BTreeSet<_>>(),
+        credits: credits.into_iter().collect(),
     }
 }
 
 /// Deletes the bucket's keys.
 pub fn delete(con: &mut redis::Connection, keys: &BucketKeys) {
     let _: () = redis::cmd("DEL")
-        .arg(&keys.state)
-        .arg(&keys.leases)
-        .arg(&keys.expiry)
+        .arg(&keys.all()[..])
         .query(con)
         .expect("del");
 }
