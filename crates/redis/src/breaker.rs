@@ -1,10 +1,15 @@
 //! The circuit breaker of a pool's connection: opens after consecutive failed rounds,
-//! probes again after a full-jitter backoff that doubles up to a ceiling.
+//! probes again after a full-jitter backoff that doubles up to a ceiling, and closes only
+//! after consecutive successful rounds (one lucky probe of a flapping link does not close
+//! it; a failure while closing opens it again at once).
 
 use std::time::Duration;
 
 /// Consecutive failed rounds that open the breaker.
 pub(crate) const FAILURES_TO_OPEN: u32 = 3;
+
+/// Consecutive successful rounds, after it opened, that close the breaker.
+pub(crate) const SUCCESSES_TO_CLOSE: u32 = 3;
 
 /// The breaker's state, owned by the background thread.
 #[derive(Debug)]
@@ -12,6 +17,8 @@ pub(crate) struct Breaker {
     failures: u32,
     open_rounds: u32,
     probe_at: Option<u64>,
+    /// Successful rounds since the last failure while it closes (`None`: not closing).
+    closing: Option<u32>,
     min: Duration,
     max: Duration,
     rng: u64,
@@ -23,6 +30,7 @@ impl Breaker {
             failures: 0,
             open_rounds: 0,
             probe_at: None,
+            closing: None,
             min,
             max: max.max(min),
             rng: seed | 1,
@@ -34,9 +42,14 @@ impl Breaker {
         self.probe_at.is_none_or(|at| now_ns >= at)
     }
 
-    /// Whether the breaker is open.
+    /// Whether the breaker is open (or closing: not yet closed).
     pub(crate) fn is_open(&self) -> bool {
-        self.probe_at.is_some()
+        self.probe_at.is_some() || self.closing.is_some()
+    }
+
+    /// Whether the breaker is closing: rounds run back to back until it closes.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.is_some()
     }
 
     /// The next probe time, ns, while open.
@@ -44,14 +57,29 @@ impl Breaker {
         self.probe_at
     }
 
-    pub(crate) fn success(&mut self) {
+    /// Records a successful round; returns whether the breaker is closed.
+    pub(crate) fn success(&mut self) -> bool {
         self.failures = 0;
-        self.open_rounds = 0;
+        if !self.is_open() {
+            return true;
+        }
         self.probe_at = None;
+        let n = self.closing.map_or(1, |n| n + 1);
+        if n >= SUCCESSES_TO_CLOSE {
+            self.closing = None;
+            self.open_rounds = 0;
+            true
+        } else {
+            self.closing = Some(n);
+            false
+        }
     }
 
     /// Records a failed round at `now_ns`; returns whether the breaker is open.
     pub(crate) fn failure(&mut self, now_ns: u64) -> bool {
+        if self.closing.take().is_some() {
+            self.failures = FAILURES_TO_OPEN - 1;
+        }
         self.failures = self.failures.saturating_add(1);
         if self.failures >= FAILURES_TO_OPEN {
             let ceiling = self
@@ -87,9 +115,18 @@ mod tests {
         assert!((50_000_000..=100_000_000).contains(&at), "{at}");
         assert!(!b.may_try(at - 1));
         assert!(b.may_try(at));
-        b.success();
+        // Closed by consecutive successes only; a failure while closing opens it again.
+        assert!(!b.success());
+        assert!(b.is_open() && b.may_try(at));
+        assert!(b.failure(at));
+        assert!(!b.may_try(at));
+        for _ in 1..SUCCESSES_TO_CLOSE {
+            assert!(!b.success());
+        }
+        assert!(b.success());
         assert!(!b.is_open());
         assert!(b.may_try(0));
+        assert!(b.success());
     }
 
     #[test]

@@ -261,7 +261,9 @@ impl Worker {
             let now = self.pool.now_ns();
             let plans = self.plan(now, stopping);
             let every = self.pool.config.heartbeat_every().as_nanos() as u64;
-            let beat_due = !stopping && now.saturating_sub(self.beat_at_ns) >= every;
+            // A closing breaker runs rounds back to back (heartbeats when idle).
+            let beat_due = !stopping
+                && (now.saturating_sub(self.beat_at_ns) >= every || self.breaker.is_closing());
             if (!plans.is_empty() || beat_due) && (stopping || self.breaker.may_try(now)) {
                 self.round(plans, now);
             } else {
@@ -458,8 +460,8 @@ impl Worker {
                 let took = self.pool.now_ns().saturating_sub(now);
                 self.rtt_ns = (3 * self.rtt_ns + took) / 4;
                 self.beat_at_ns = now;
-                self.breaker.success();
-                if self.pool.health.swap(HEALTHY, Ordering::Relaxed) != HEALTHY {
+                let closed = self.breaker.success();
+                if closed && self.pool.health.swap(HEALTHY, Ordering::Relaxed) != HEALTHY {
                     for t in &self.buckets {
                         *t.shared
                             .local
@@ -507,14 +509,21 @@ impl Worker {
 
     /// Local buckets of `B/K` and `r/K` (rounded down: [`RemotePolicy::share`]) for the `K`
     /// instances Redis last reported (the configured `instances` until it has reported
-    /// one). A bucket whose share rounds down to nothing gets no local bucket: its
+    /// one), starting empty: an outage grants no burst, so a flapping link cannot hand
+    /// out `B/K` again on every flap (the local buckets admit at most `r/K` per second of
+    /// outage). They live until the breaker closes again, whatever probes fail or succeed
+    /// meanwhile. A bucket whose share rounds down to nothing gets no local bucket: its
     /// decisions are refused while Redis is away.
     ///
     /// [`RemotePolicy::share`]: crate::RemotePolicy::share
     fn start_local_buckets(&self) {
         let k = self.pool.instances_seen.load(Ordering::Relaxed);
         for t in &self.buckets {
-            let local = t.shared.policy.share(k).map(tokengate::Bucket::new);
+            let local = t
+                .shared
+                .policy
+                .share(k)
+                .map(|p| tokengate::Bucket::new(p.start_empty()));
             *t.shared
                 .local
                 .write()

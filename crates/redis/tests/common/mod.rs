@@ -237,3 +237,41 @@ pub fn drive_logged(
         }
     }
 }
+
+/// A loopback TCP proxy to `upstream` that black-holes while `cut` is set: it accepts
+/// connections and reads what either side sends, but forwards nothing (a partition that
+/// answers nothing). Returns its port.
+pub fn blackhole_proxy(upstream: u16, cut: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                let cut = cut.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        if !cut.load(std::sync::atomic::Ordering::SeqCst)
+                            && to.write_all(&buf[..n]).is_err()
+                        {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    port
+}
