@@ -16,6 +16,7 @@
 --       lost: they enter `out` and leave the balance, down to zero); then a count p and
 --       p further lease ids, each granted up to `want` tokens (at least 1) after the first
 --       grant, or replayed, when the first was granted or replayed.
+-- Every key written gets an expiry (see the end).
 -- Reply: {status, granted, exp_or_retry, u, out, ep, now, then per further id: granted,
 --        reclaim time (0, 0 when none)}; status 1 granted, 2 replayed, 0 rejected (writes
 --        nothing unless the key was created or a lease settled), 3 no grant asked.
@@ -220,11 +221,22 @@ if write then
     redis.call('ZADD', KEYS[3], unpack(z))
   end
   redis.call('HSET', KEYS[1], 'u', u, 'ts', ts, 'rem', rem, 'out', out, 'ep', ep)
-  if out == 0 then
-    local to_full = math.floor(((cap - u) * 1000 - rem + rate - 1) / rate)
-    redis.call('PEXPIRE', KEYS[1], math.floor((to_full + 999) / 1000) + keep_ms)
-  else
-    redis.call('PERSIST', KEYS[1])
+  -- Every key expires once the bucket would be full with nothing out: after the last
+  -- lease's reclaim time plus the time to refill from `u` (the refill may stall at
+  -- `B - out` until then), plus the keep margin. Recreated then, full with nothing out,
+  -- it is the same state.
+  local last = now
+  if out > 0 then
+    local z = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+    if z[2] and tonumber(z[2]) > last then last = tonumber(z[2]) end
+  end
+  local to_full = math.floor(((cap - u) * 1000 - rem + rate - 1) / rate)
+  if to_full < 0 then to_full = 0 end
+  local ttl = math.floor((last - now + to_full + 999) / 1000) + keep_ms
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if out > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    redis.call('PEXPIRE', KEYS[3], ttl)
   end
 end
 local reply = {status, granted, third, u, out, ep, now}
