@@ -42,7 +42,7 @@ pub enum FailMode {
 /// ```
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
-    pub(crate) url: String,
+    pub(crate) url: RedisUrl,
     pub(crate) namespace: String,
     pub(crate) lease_ttl: Duration,
     pub(crate) grace: Duration,
@@ -66,7 +66,7 @@ impl PoolConfig {
     /// of at least 1, probes every 100 ms to 5 s.
     pub fn new(url: impl Into<String>, namespace: impl Into<String>) -> Self {
         Self {
-            url: url.into(),
+            url: RedisUrl(url.into()),
             namespace: namespace.into(),
             lease_ttl: Duration::from_secs(2),
             grace: Duration::from_millis(100),
@@ -297,3 +297,62 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// A Redis URL whose password never leaves it: `Debug` and [`RedisUrl::redacted`] show
+/// `***` in its place (errors and logs use those).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL as given, for the client only.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with the user information's password (or, without a `:`, the whole user
+    /// information) replaced by `***`.
+    pub(crate) fn redacted(&self) -> String {
+        let url = &self.0;
+        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+            return url.clone();
+        };
+        let rest = &url[scheme_end..];
+        let authority = rest.find(['/', '?', '#']).map_or(rest, |i| &rest[..i]);
+        let Some(at) = authority.rfind('@') else {
+            return url.clone();
+        };
+        let user = match authority[..at].find(':') {
+            Some(colon) => format!("{}:***", &authority[..colon]),
+            None => "***".to_owned(),
+        };
+        format!("{}{user}{}", &url[..scheme_end], &rest[at..])
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::*;
+
+    #[test]
+    fn the_password_never_shows() {
+        let cases = [
+            ("redis://u:s3cret@h:6379/0", "redis://u:***@h:6379/0"),
+            ("redis://:s3cret@h/", "redis://:***@h/"),
+            ("rediss://s3cret@h", "rediss://***@h"),
+            ("redis://h:6379/", "redis://h:6379/"),
+            ("redis://u:p@ss:w@h/", "redis://u:***@h/"),
+        ];
+        for (url, shown) in cases {
+            let u = RedisUrl(url.to_owned());
+            assert_eq!(u.redacted(), shown);
+            let config = PoolConfig::new(url, "ns");
+            assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+        }
+    }
+}

@@ -18,23 +18,29 @@ pub enum PoolError {
     Scope(String),
     /// The URL did not parse.
     Url {
-        /// The URL given.
+        /// The URL given, its password shown as `***`.
         url: String,
         /// The client's message.
         detail: String,
     },
     /// Redis did not answer within the timeout (refused, unroutable, or silent).
     Unreachable {
-        /// The URL given.
+        /// The URL given, its password shown as `***`.
         url: String,
         /// The timeout that applied.
         timeout: Duration,
         /// The client's message.
         detail: String,
     },
+    /// The server runs in cluster mode: the pool talks to one primary (see the README's
+    /// Redis Cluster section).
+    Cluster {
+        /// The URL given, its password shown as `***`.
+        url: String,
+    },
     /// Redis answered but refused the setup (authentication, scripts disabled, ...).
     Misconfigured {
-        /// The URL given.
+        /// The URL given, its password shown as `***`.
         url: String,
         /// The server's message.
         detail: String,
@@ -58,6 +64,10 @@ impl fmt::Display for PoolError {
                     "Redis at {url} did not answer within {timeout:?}: {detail}"
                 )
             }
+            Self::Cluster { url } => write!(
+                f,
+                "Redis at {url} runs in cluster mode; the pool needs a standalone primary"
+            ),
             Self::Misconfigured { url, detail } => {
                 write!(f, "Redis at {url} refused the pool's setup: {detail}")
             }

@@ -162,7 +162,7 @@ impl RedisPool {
             .name("tokengate-redis".into())
             .spawn(move || worker.run())
             .map_err(|e| PoolError::Misconfigured {
-                url: shared.config.url.clone(),
+                url: shared.config.url.redacted(),
                 detail: format!("cannot start the pool's thread: {e}"),
             })?;
         let _ = shared.thread.set(handle.thread().clone());

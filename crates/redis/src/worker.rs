@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redis::{Connection, RedisResult, Value};
+use redis::{Connection, IntoConnectionInfo, RedisResult, Value};
 
 use crate::breaker::Breaker;
 use crate::config::{FailMode, PoolConfig};
@@ -18,27 +18,60 @@ use crate::sizing::{self, Inputs};
 
 /// Opens a connection with the configured timeouts and loads the scripts.
 pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection, PoolError> {
-    let client = redis::Client::open(config.url.as_str()).map_err(|e| PoolError::Url {
-        url: config.url.clone(),
+    let url = config.url.redacted();
+    let bad_url = |e: redis::RedisError| PoolError::Url {
+        url: url.clone(),
         detail: e.to_string(),
-    })?;
+    };
+    // No `CLIENT SETINFO` after connecting: a listener that never answers then costs one
+    // exchange timeout (the script load), not the connect timeout once per setup reply.
+    let info = config
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(bad_url)?;
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    let client = redis::Client::open(info.set_redis_settings(settings)).map_err(bad_url)?;
     let unreachable = |e: redis::RedisError, timeout| PoolError::Unreachable {
-        url: config.url.clone(),
+        url: url.clone(),
         timeout,
         detail: e.to_string(),
     };
+    let lost = |e: &redis::RedisError| {
+        e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+    };
     let mut con = client
         .get_connection_with_timeout(config.connect_timeout)
-        .map_err(|e| unreachable(e, config.connect_timeout))?;
+        .map_err(|e| {
+            if lost(&e) {
+                unreachable(e, config.connect_timeout)
+            } else {
+                PoolError::Misconfigured {
+                    url: url.clone(),
+                    detail: e.to_string(),
+                }
+            }
+        })?;
     con.set_read_timeout(Some(config.exchange_timeout))
         .and_then(|()| con.set_write_timeout(Some(config.exchange_timeout)))
         .map_err(|e| unreachable(e, config.exchange_timeout))?;
+    // A cluster-mode server would answer MOVED for keys of other nodes and the breaker
+    // would never close: refused at start. (A server without INFO is taken as not one.)
+    match redis::cmd("INFO").arg("cluster").query::<String>(&mut con) {
+        Ok(info) if info.lines().any(|l| l.trim() == "cluster_enabled:1") => {
+            return Err(PoolError::Cluster { url });
+        }
+        Err(e) if lost(&e) => {
+            return Err(unreachable(e, config.exchange_timeout));
+        }
+        _ => {}
+    }
     scripts.load(&mut con).map_err(|e| {
-        if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() {
+        if lost(&e) {
             unreachable(e, config.exchange_timeout)
         } else {
             PoolError::Misconfigured {
-                url: config.url.clone(),
+                url: url.clone(),
                 detail: e.to_string(),
             }
         }

@@ -174,19 +174,78 @@ fn a_listener_that_never_answers_is_a_typed_error_not_a_hang() {
     // A watchdog, not a measurement: a connect that hung would never send.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let start = Instant::now();
         let r = RedisPool::connect(
             PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "x")
                 .connect_timeout(Duration::from_millis(200))
                 .exchange_timeout(Duration::from_millis(100)),
         );
+        // Printed, not asserted: within connect + exchange timeouts (300 ms); it took
+        // twice the connect timeout (400 ms) while the client sent CLIENT SETINFO.
+        eprintln!("failed after {:?}", start.elapsed());
         let _ = tx.send(r.map(drop));
     });
     let err = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("connect hung")
         .unwrap_err();
-    assert!(matches!(err, PoolError::Unreachable { .. }), "{err}");
+    // The exchange timeout applied (the setup's first read), not the connect timeout
+    // twice.
+    assert!(
+        matches!(err, PoolError::Unreachable { timeout, .. } if timeout == Duration::from_millis(100)),
+        "{err}"
+    );
     drop(listener);
+}
+
+/// A cluster-mode server is refused at start with a typed error, not a breaker that
+/// never closes.
+#[test]
+fn a_cluster_mode_server_is_a_typed_error_at_start() {
+    let dir = std::env::temp_dir().join(common::namespace("cluster"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("nodes.conf");
+    let server = common::Server::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        conf.to_str().unwrap(),
+    ]);
+    let err = RedisPool::connect(PoolConfig::new(server.url(), "x")).unwrap_err();
+    assert!(matches!(err, PoolError::Cluster { .. }), "{err}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The URL's password shows neither in the configuration's `Debug` nor in any error:
+/// a wrong password, a closed port.
+#[test]
+fn the_password_never_shows_in_debug_or_errors() {
+    let server = common::Server::start_with(&["--requirepass", "right-pw"]);
+    let wrong = format!("redis://:s3cret-pw@127.0.0.1:{}/", server.port());
+    let config = PoolConfig::new(&wrong, "x");
+    assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+    let err = RedisPool::connect(config).unwrap_err();
+    assert!(matches!(err, PoolError::Misconfigured { .. }), "{err}");
+    for shown in [format!("{err}"), format!("{err:?}")] {
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let closed = format!("redis://user:s3cret-pw@127.0.0.1:{port}/");
+    let err = RedisPool::connect(PoolConfig::new(closed, "x")).unwrap_err();
+    assert!(matches!(err, PoolError::Unreachable { .. }), "{err}");
+    for shown in [format!("{err}"), format!("{err:?}")] {
+        assert!(
+            !shown.contains("s3cret") && shown.contains("***"),
+            "{shown}"
+        );
+    }
+    let right = format!("redis://:right-pw@127.0.0.1:{}/", server.port());
+    assert!(RedisPool::connect(PoolConfig::new(right, "x")).is_ok());
 }
 
 #[test]

@@ -81,16 +81,26 @@ pub fn delete(con: &mut redis::Connection, keys: &BucketKeys) {
 pub struct Server {
     port: u16,
     child: Option<std::process::Child>,
+    extra: Vec<String>,
 }
 
 impl Server {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A private server started with `extra` arguments too.
+    pub fn start_with(extra: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let mut s = Self { port, child: None };
+        let mut s = Self {
+            port,
+            child: None,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+        };
         s.ensure_running();
         s
     }
@@ -119,6 +129,7 @@ impl Server {
                 "--appendonly",
                 "no",
             ])
+            .args(&self.extra)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server must be installed (see .ci/run)");
@@ -128,8 +139,11 @@ impl Server {
             if let Ok(mut c) =
                 client.get_connection_with_timeout(std::time::Duration::from_millis(50))
             {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                // An answer, even NOAUTH from a server with a password, means it is up.
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return,
+                    Err(e) if !e.is_io_error() && !e.is_timeout() => return,
+                    Err(_) => {}
                 }
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
