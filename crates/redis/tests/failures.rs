@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -215,53 +213,11 @@ fn client_pause_opens_the_breaker_and_decisions_never_wait_for_it() {
         .unwrap_or(());
 }
 
-/// A TCP proxy to `upstream` that, once armed, swallows the next reply and closes the
-/// connection.
-fn lossy_proxy(upstream: u16, arm: Arc<AtomicBool>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { return };
-            let server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
-            let (mut c_read, mut s_write) =
-                (client.try_clone().unwrap(), server.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                while let Ok(n) = c_read.read(&mut buf) {
-                    if n == 0 || s_write.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-            let (mut s_read, mut c_write) = (server, client);
-            let arm = arm.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                while let Ok(n) = s_read.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    if arm.swap(false, Ordering::SeqCst) {
-                        let _ = c_write.shutdown(std::net::Shutdown::Both);
-                        let _ = s_read.shutdown(std::net::Shutdown::Both);
-                        return;
-                    }
-                    if c_write.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
 #[test]
 fn a_lost_grant_reply_retried_with_the_same_id_is_granted_once() {
     let server = common::Server::start();
     let arm = Arc::new(AtomicBool::new(false));
-    let port = lossy_proxy(server.port(), arm.clone());
+    let port = common::lossy_proxy(server.port(), arm.clone());
     let pool = RedisPool::connect(
         PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "lost").max_lease(10),
     )
@@ -298,7 +254,7 @@ fn a_lost_grant_reply_retried_with_the_same_id_is_granted_once() {
 fn a_lost_credit_reply_retried_with_the_same_id_is_credited_once() {
     let server = common::Server::start();
     let arm = Arc::new(AtomicBool::new(false));
-    let port = lossy_proxy(server.port(), arm.clone());
+    let port = common::lossy_proxy(server.port(), arm.clone());
     let pool = RedisPool::connect(
         PoolConfig::new(format!("redis://127.0.0.1:{port}/"), "lost-credit").max_lease(10),
     )

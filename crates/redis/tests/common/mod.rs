@@ -289,3 +289,48 @@ pub fn blackhole_proxy(upstream: u16, cut: std::sync::Arc<std::sync::atomic::Ato
     });
     port
 }
+
+/// A TCP proxy to `upstream` that, once armed, swallows the next reply and closes the
+/// connection.
+pub fn lossy_proxy(upstream: u16, arm: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::Ordering;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let server = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = c_read.read(&mut buf) {
+                    if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let (mut s_read, mut c_write) = (server, client);
+            let arm = arm.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = s_read.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if arm.swap(false, Ordering::SeqCst) {
+                        let _ = c_write.shutdown(std::net::Shutdown::Both);
+                        let _ = s_read.shutdown(std::net::Shutdown::Both);
+                        return;
+                    }
+                    if c_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
