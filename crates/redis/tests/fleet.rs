@@ -376,7 +376,7 @@ fn fleet_quiet_then_burst() {
         warm: 1,
         quiet_ms: 900,
         ms: 2000,
-        lease: 20,
+        lease: 100,
         ..Fleet::new("quiet-burst", 6)
     };
     let o = fleet.run(&mut server, |_, _, _| {});
@@ -405,7 +405,7 @@ fn fleet_lost_replies_carrying_credits() {
     let port = common::lossy_proxy(server.port(), arm.clone());
     let mut fleet = Fleet::new("lost-credit", 6);
     fleet.urls[0] = Some(format!("redis://127.0.0.1:{port}/"));
-    fleet.cycle[0] = 20;
+    fleet.cycle[0] = 1;
     let o = fleet.run(&mut server, |_, _, start| {
         for i in 0..60 {
             sleep_until(start + i * 50_000_000);

@@ -4,7 +4,7 @@
 //! read before its decision to one after, and counts in a window only when the whole
 //! interval lies inside (a descheduled thread can hide an excess, never invent one).
 
-/// The windows every check slides over, ns: 10 ms, 100 ms, 1 s, 5 s.
+/// The windows every check slides over, ns: 10 ms, 100 ms, 1 s, 5 s (and the whole run).
 pub const WINDOWS_NS: [u64; 4] = [10_000_000, 100_000_000, 1_000_000_000, 5_000_000_000];
 
 /// The most admissions wholly inside one window of `w` ns, and where that window starts.
@@ -50,24 +50,36 @@ impl std::fmt::Display for Worst {
     }
 }
 
-/// The worst window of each length in [`WINDOWS_NS`] against `B + r*w + slack`
-/// (`rate_milli` in milli-tokens per second, the bound rounded down).
+/// The worst window of each length in [`WINDOWS_NS`], then the whole run (from the first
+/// admission's start to the last one's end), against `B + r*w + slack` (`rate_milli` in
+/// milli-tokens per second, the bound rounded down).
 pub fn worst_windows(adm: &[(u64, u64)], cap: u64, rate_milli: u64, slack: u64) -> Vec<Worst> {
     let mut adm = adm.to_vec();
     adm.sort_unstable();
-    WINDOWS_NS
+    let bound =
+        |w: u64| cap + (u128::from(rate_milli) * u128::from(w) / 1_000_000_000_000) as u64 + slack;
+    let mut worst: Vec<Worst> = WINDOWS_NS
         .iter()
         .map(|&w| {
             let (admitted, at_ns) = most_in_window(&adm, w);
-            let refill = (u128::from(rate_milli) * u128::from(w) / 1_000_000_000_000) as u64;
             Worst {
                 window_ns: w,
                 admitted,
-                bound: cap + refill + slack,
+                bound: bound(w),
                 at_ns,
             }
         })
-        .collect()
+        .collect();
+    if let (Some(first), Some(last)) = (adm.first(), adm.iter().map(|a| a.1).max()) {
+        let w = last - first.0;
+        worst.push(Worst {
+            window_ns: w,
+            admitted: adm.len() as u64,
+            bound: bound(w),
+            at_ns: first.0,
+        });
+    }
+    worst
 }
 
 /// Fails the test with every window's figures, the schedule named, when one exceeds its
