@@ -9,9 +9,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokengate_redis::model::{ModelBucket, ModelState};
 use tokengate_redis::script::BucketKeys;
 
-/// The shared server the tests run against (`.ci/run` starts it).
+const LOCAL_URL: &str = "redis://127.0.0.1:6379/";
+
+/// The shared server the tests run against: `TOKENGATE_REDIS_URL` when set; else the
+/// Redis answering on 127.0.0.1:6379; else a `redis-server` this test binary starts on a
+/// free port, once, at the first call (it dies with this process: see [`Server`]).
 pub fn url() -> String {
-    std::env::var("TOKENGATE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("TOKENGATE_REDIS_URL") {
+            return url;
+        }
+        if answers(LOCAL_URL) {
+            return LOCAL_URL.to_owned();
+        }
+        static SHARED: std::sync::OnceLock<Server> = std::sync::OnceLock::new();
+        SHARED.get_or_init(Server::start).url()
+    })
+    .clone()
+}
+
+/// Whether a Redis answers `PING` at `url` within 200 ms.
+fn answers(url: &str) -> bool {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_millis(200)))
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+        .is_ok()
 }
 
 /// A connection to the shared server; a test fails (never skips) when it is not there.
@@ -19,7 +42,7 @@ pub fn connect() -> redis::Connection {
     let client = redis::Client::open(url()).expect("redis url");
     client
         .get_connection_with_timeout(std::time::Duration::from_secs(2))
-        .unwrap_or_else(|e| panic!("a Redis server must answer on {} (see .ci/run): {e}", url()))
+        .unwrap_or_else(|e| panic!("a Redis server must answer on {}: {e}", url()))
 }
 
 /// A namespace no other test (or run) uses.
@@ -77,7 +100,15 @@ pub fn delete(con: &mut redis::Connection, keys: &BucketKeys) {
         .expect("del");
 }
 
-/// A private `redis-server` on a free port, stopped on drop.
+/// How to install the server, said in one line when it is missing.
+const INSTALL: &str = "redis-server is not installed and no Redis answers on 127.0.0.1:6379: \
+install Redis 5 or newer (Debian/Ubuntu: `apt-get install redis-server`; macOS: `brew install \
+redis`) or set TOKENGATE_REDIS_URL";
+
+/// A private `redis-server` on a free port, stopped on drop. It runs under a small shell
+/// that kills it (`kill -9`) when its stdin, a pipe from this process, closes: on drop,
+/// and when this process exits or dies by any signal, so no server outlives the tests.
+/// A process's statics are never dropped; the pipe closes all the same.
 pub struct Server {
     port: u16,
     child: Option<std::process::Child>,
@@ -118,8 +149,21 @@ impl Server {
         if self.child.is_some() {
             return;
         }
-        let child = std::process::Command::new("redis-server")
+        static INSTALLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let installed = INSTALLED.get_or_init(|| {
+            std::process::Command::new("redis-server")
+                .arg("--version")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        assert!(*installed, "{INSTALL}");
+        let child = std::process::Command::new("sh")
             .args([
+                "-c",
+                "redis-server \"$@\" & pid=$!; read -r _; kill -9 $pid; wait $pid",
+                "sh",
                 "--port",
                 &self.port.to_string(),
                 "--bind",
@@ -130,9 +174,10 @@ impl Server {
                 "no",
             ])
             .args(&self.extra)
+            .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (see .ci/run)");
+            .expect("sh must run");
         self.child = Some(child);
         let client = redis::Client::open(self.url()).unwrap();
         for _ in 0..200 {
@@ -151,10 +196,11 @@ impl Server {
         panic!("redis-server on port {} did not start", self.port);
     }
 
-    /// Kills the server (like a crash: nothing saved).
+    /// Kills the server (like a crash: nothing saved): closing the shell's stdin makes it
+    /// `kill -9` the server and wait for it.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
+            drop(c.stdin.take());
             let _ = c.wait();
         }
     }
