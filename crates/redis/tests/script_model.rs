@@ -71,10 +71,18 @@ impl Drop for Rig {
 /// been spent) or, when it was reclaimed, until its reclaim time (then all of it). In any
 /// window `[s, e]` the leases open in it may have spent at most
 /// `B + r*(e - s) + credits so far`: the bound `admitted(T) <= B + r*T` in exact mode.
+/// One lease as the ideal bucket sees it.
+struct IdealLease {
+    granted_at: u64,
+    tokens: u64,
+    reclaim_at: u64,
+    /// (time, unspent tokens) when it was settled.
+    settled: Option<(u64, u64)>,
+}
+
 #[derive(Default)]
 struct Ideal {
-    /// (grant time, tokens, reclaim time, settled: (time, unspent)).
-    leases: Vec<(u64, u64, u64, Option<(u64, u64)>)>,
+    leases: Vec<IdealLease>,
     /// Lease id -> index in `leases`, while Redis holds it.
     open: std::collections::BTreeMap<String, usize>,
     /// (time, units) of each credit.
@@ -98,8 +106,8 @@ impl Ideal {
             let i = self.open.remove(&id).unwrap();
             let lease = &mut self.leases[i];
             let settled = ex.settle.iter().find(|(s, _)| *s == id);
-            if let Some((_, unspent)) = settled.filter(|_| now < lease.2) {
-                lease.3 = Some((at, (*unspent).min(lease.1)));
+            if let Some((_, unspent)) = settled.filter(|_| now < lease.reclaim_at) {
+                lease.settled = Some((at, (*unspent).min(lease.tokens)));
             }
         }
         let first = match reply.outcome {
@@ -117,7 +125,12 @@ impl Ideal {
         for (id, (g, reclaim_at)) in fresh {
             if g > 0 && !self.open.contains_key(id) {
                 self.open.insert(id.clone(), self.leases.len());
-                self.leases.push((at, g, reclaim_at, None));
+                self.leases.push(IdealLease {
+                    granted_at: at,
+                    tokens: g,
+                    reclaim_at,
+                    settled: None,
+                });
             }
         }
         if ex.credit_units > 0 {
@@ -131,9 +144,9 @@ impl Ideal {
         let spans: Vec<(u64, u64, u64)> = self
             .leases
             .iter()
-            .map(|&(from, g, reclaim_at, settled)| match settled {
-                Some((t, unspent)) => (from, t, g - unspent),
-                None => (from, reclaim_at.max(from), g),
+            .map(|l| match l.settled {
+                Some((t, unspent)) => (l.granted_at, t, l.tokens - unspent),
+                None => (l.granted_at, l.reclaim_at.max(l.granted_at), l.tokens),
             })
             .collect();
         let mut worst: Option<(u64, u64, u64, u64)> = None;
