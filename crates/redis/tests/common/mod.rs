@@ -162,7 +162,7 @@ impl Server {
         let child = std::process::Command::new("sh")
             .args([
                 "-c",
-                "redis-server \"$@\" & pid=$!; read -r _; kill -9 $pid; wait $pid",
+                "redis-server \"$@\" & pid=$!; read -r _; kill -9 $pid; wait $pid 2>/dev/null",
                 "sh",
                 "--port",
                 &self.port.to_string(),
@@ -379,4 +379,70 @@ pub fn lossy_proxy(upstream: u16, arm: std::sync::Arc<std::sync::atomic::AtomicB
         }
     });
     port
+}
+
+/// A loopback TCP proxy to `upstream` that loses the reply of each request carrying a
+/// credit (an argument line equal to `credit`, the credit in units) the first time it sees
+/// that request: it forwards the request, swallows the reply and closes the connection,
+/// so the script ran and the client sends the same round again (which passes). Returns
+/// its port and the count of replies lost.
+pub fn credit_losing_proxy(
+    upstream: u16,
+    credit: &'static [u8],
+) -> (u16, std::sync::Arc<AtomicU64>) {
+    use std::io::{Read, Write};
+    let lost = std::sync::Arc::new(AtomicU64::new(0));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::<Vec<u8>>::new()));
+    let count = lost.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let drop_next = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (seen, flag) = (seen.clone(), drop_next.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = c_read.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let carries = buf[..n]
+                        .split(|&b| b == b'\n')
+                        .any(|line| line.strip_suffix(b"\r").unwrap_or(line) == credit);
+                    if carries && seen.lock().unwrap().insert(buf[..n].to_vec()) {
+                        flag.store(true, Ordering::SeqCst);
+                    }
+                    if s_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let (mut s_read, mut c_write) = (server, client);
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = s_read.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if drop_next.swap(false, Ordering::SeqCst) {
+                        count.fetch_add(1, Ordering::Relaxed);
+                        let _ = c_write.shutdown(std::net::Shutdown::Both);
+                        let _ = s_read.shutdown(std::net::Shutdown::Both);
+                        return;
+                    }
+                    if c_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (port, lost)
 }
