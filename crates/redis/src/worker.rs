@@ -248,6 +248,10 @@ pub(crate) struct Worker {
     rng: u64,
     /// Round-trip time, ns (moving average).
     rtt_ns: u64,
+    /// Redis's clock against the pool's: (Redis µs, pool ns) at the first answer, and the
+    /// most Redis has run ahead of the pool's clock since, ns.
+    clock: Option<(u64, u64)>,
+    ahead_ns: i64,
 }
 
 impl std::fmt::Debug for Worker {
@@ -278,6 +282,8 @@ impl Worker {
             beat_at_ns: 0,
             rng: nanos | 1,
             rtt_ns: 1_000_000,
+            clock: None,
+            ahead_ns: 0,
         }
     }
 
@@ -502,6 +508,7 @@ impl Worker {
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
                     }
                 }
+                self.watch_redis_clock(self.pool.now_ns());
                 for (plan, reply) in plans.iter().zip(replies) {
                     self.apply(plan, reply, now);
                 }
@@ -519,6 +526,34 @@ impl Worker {
                         && self.pool.config.fail_mode == FailMode::Local
                     {
                         self.start_local_buckets();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Compares Redis's `TIME` of the round just answered (received at pool time
+    /// `received_ns`) with the pool's clock: when Redis ran ahead by more than half the
+    /// grace since the last answer (a forward step of its wall clock, a failover to a
+    /// server whose clock is ahead), Redis reclaims the leases held here that much
+    /// earlier than their local expiries assume, so every held lease is retired now
+    /// (settled with the next exchange; a lease Redis already reclaimed settles as a
+    /// no-op). Grants of this round are installed after, on Redis's new time.
+    fn watch_redis_clock(&mut self, received_ns: u64) {
+        let grace_ns = self.pool.config.grace.as_nanos() as u64;
+        let (ahead, stepped) = clock_step(
+            &mut self.clock,
+            self.ahead_ns,
+            self.last_redis_us,
+            received_ns,
+            grace_ns / 2,
+        );
+        self.ahead_ns = self.ahead_ns.max(ahead);
+        if stepped {
+            for t in &mut self.buckets {
+                for i in 0..2 {
+                    if !t.held[i].is_empty() {
+                        t.retire(i, received_ns);
                     }
                 }
             }
@@ -809,7 +844,60 @@ impl Worker {
     }
 }
 
+/// How far Redis's clock (`redis_us`, read during a round answered at pool time
+/// `received_ns`) has run ahead of the pool's since `base` (set at the first call), ns,
+/// and whether that is more than `most_ahead_ns + threshold_ns`: a forward step. Redis
+/// read its time before the answer arrived, so its elapsed time is at most the pool's
+/// unless its clock ran ahead.
+fn clock_step(
+    base: &mut Option<(u64, u64)>,
+    most_ahead_ns: i64,
+    redis_us: u64,
+    received_ns: u64,
+    threshold_ns: u64,
+) -> (i64, bool) {
+    if redis_us == 0 {
+        return (most_ahead_ns, false);
+    }
+    let (redis0, local0) = *base.get_or_insert((redis_us, received_ns));
+    let redis_ns = (redis_us as i64 - redis0 as i64).saturating_mul(1000);
+    let local_ns = received_ns as i64 - local0 as i64;
+    let ahead = redis_ns - local_ns;
+    (
+        ahead,
+        ahead > most_ahead_ns.saturating_add(threshold_ns as i64),
+    )
+}
+
 fn parse(v: &Value) -> RedisResult<Reply> {
     let raw: Vec<i64> = redis::from_redis_value_ref(v)?;
     Reply::parse(&raw).ok_or_else(|| bad_reply(&raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clock_step;
+
+    #[test]
+    fn a_forward_step_of_redis_time_is_seen_and_drift_within_the_threshold_is_not() {
+        let mut base = None;
+        // First answer: the base.
+        assert_eq!(
+            clock_step(&mut base, 0, 1_000_000, 5_000, 25_000_000),
+            (0, false)
+        );
+        // 1 s later on both clocks, Redis read 1 ms before the answer arrived: behind.
+        let (ahead, stepped) = clock_step(&mut base, 0, 1_999_000, 1_000_005_000, 25_000_000);
+        assert!(!stepped && ahead == -1_000_000, "{ahead}");
+        // Redis 20 ms ahead: within half a 50 ms grace.
+        let (ahead, stepped) = clock_step(&mut base, 0, 2_020_000, 1_000_005_000, 25_000_000);
+        assert!(!stepped && ahead == 20_000_000, "{ahead}");
+        // Redis stepped 2 s forward: seen.
+        let (ahead, stepped) =
+            clock_step(&mut base, 20_000_000, 4_000_000, 1_000_005_000, 25_000_000);
+        assert!(stepped && ahead == 2_000_000_000, "{ahead}");
+        // Redis stepped back: nothing to retire (refill pauses).
+        let (_, stepped) = clock_step(&mut base, 2_000_000_000, 500_000, 2_000_005_000, 25_000_000);
+        assert!(!stepped);
+    }
 }
