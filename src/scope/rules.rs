@@ -454,7 +454,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// what a caller uses when nothing names a class.
     pub fn sole_class(&self) -> Option<ClassId> {
         let classes = &self.generation().classes;
-        (classes.len() == 1).then(|| ClassId {
+        (classes.len() == 1).then_some(ClassId {
             limiter: self.id,
             index: 0,
         })
