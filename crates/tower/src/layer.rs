@@ -377,7 +377,8 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
     /// [`Route::fallback`]: route scope `route:0`, the default class, so unmatched
     /// requests are limited like the rest (their own route scope when the limiter has a
     /// route rule, and the global and per-key scopes in any case). To count them without
-    /// refusing: `.fallback(Route::fallback().shadow(true))`.
+    /// refusing: `.fallback(Route::fallback().shadow(true))`. Listed routes number from 1
+    /// by default; a route given `.id(0)` shares the fallback's scope.
     pub fn fallback(mut self, route: Route) -> Self {
         self.fallback = route;
         self

@@ -282,3 +282,29 @@ async fn the_one_line_layers_limit_a_real_server() {
         StatusCode::BAD_REQUEST
     );
 }
+
+#[test]
+fn layers_agree_on_ids_within_a_process_and_across_processes_given_one_secret() {
+    let build = |secret: Option<[u8; 16]>| {
+        let limiter = limiter(
+            RuleSet::new().rule(ScopeKind::ApiKey, Rule::new(Policy::new(1, 1.0).unwrap())),
+        );
+        let mut b = RateLimitLayer::builder(limiter).key(ScopeKind::ApiKey, Key::header("x-k"));
+        if let Some(s) = secret {
+            b = b.key_secret(s);
+        }
+        b.build().unwrap()
+    };
+    // One secret per process: two layers over two limiters map a value alike.
+    assert_eq!(build(None).key_id("a"), build(None).key_id("a"));
+    assert_eq!(
+        build(Some([1; 16])).key_id("a"),
+        build(Some([1; 16])).key_id("a")
+    );
+    assert_ne!(
+        build(Some([1; 16])).key_id("a"),
+        build(Some([2; 16])).key_id("a")
+    );
+    assert_ne!(build(None).key_id("a"), build(Some([1; 16])).key_id("a"));
+    assert_ne!(build(None).key_id("7"), 7);
+}
