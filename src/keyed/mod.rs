@@ -508,6 +508,13 @@ pub(crate) enum Slot<'a, C> {
 /// new key is refused only when no shard has a bucket to evict (see
 /// [`KeyedError::KeyLimit`]).
 ///
+/// Below the maximum, idle keys are released as new keys come: a new key whose shard
+/// holds twice the entries its last sweep left (and at least 32) sweeps that shard first
+/// when the shard's hint has come due. A sweep of `n` entries thus follows at least
+/// `n / 2` new keys of its shard (amortised constant work per new key, none for a key
+/// already present), and a shard holds about twice its active keys, or 32, once its
+/// idle ones have refilled: memory follows the active keys, not every key ever seen.
+///
 /// Re-anchoring also keeps a keyed bucket from idling past the tick wrap (see
 /// [`state`](crate::state)), and the map does it by itself: every operation compares its
 /// clock reading with the time the next re-anchoring pass is due (one atomic load, no

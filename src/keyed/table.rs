@@ -110,7 +110,15 @@ pub(crate) struct Shard<K, V> {
     pub(crate) table: HashTable<Entry<K, V>>,
     /// The number of the map's epoch (policy) its words are in (see [`super::epoch`]).
     pub(crate) epoch: u64,
+    /// The entry count at which an insert sweeps the shard for idle keys (when its hint
+    /// says one may be full): twice the count the last sweep left, at least
+    /// [`IDLE_SWEEP_MIN`]. See [`Table::find_or_insert`].
+    pub(crate) sweep_at: usize,
 }
+
+/// The least entry count of a shard at which an insert sweeps it for idle keys: a map
+/// keeps at most about this many keys per shard beyond twice its active ones.
+pub(crate) const IDLE_SWEEP_MIN: usize = 32;
 
 /// What [`Table::find_or_insert`] found.
 pub(crate) enum Found {
@@ -290,6 +298,7 @@ impl<K, V, S> Table<K, V, S> {
                     data: RawCell::new(Shard {
                         epoch: 0,
                         table: HashTable::new(),
+                        sweep_at: IDLE_SWEEP_MIN,
                     }),
                 })
                 .collect(),
@@ -655,6 +664,14 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
     /// back when the key turns out to be in the map. At the maximum it sweeps this shard
     /// first when its hint says a bucket may be full; [`Found::Full`] when there is still
     /// no room.
+    ///
+    /// Below the maximum, idle keys are released as new ones come (no caller's `sweep`
+    /// needed): an insert into a shard holding `sweep_at` entries sweeps it first when its
+    /// hint says a bucket may be full, evicting the full ones (identical to fresh
+    /// buckets), and sets `sweep_at` to twice what is left. A sweep of `n` entries thus
+    /// follows at least `n / 2` inserts into the shard (amortised O(1) per insert), and a
+    /// shard holds at most about `max(2 * active, IDLE_SWEEP_MIN)` keys once its idle
+    /// ones have refilled. Lookups of present keys do none of this.
     pub(crate) fn find_or_insert<Q>(
         &self,
         i: usize,
@@ -686,6 +703,10 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
             || self.claim();
         if !room {
             return Found::Full;
+        }
+        if ctx.evict && shard.table.len() >= shard.sweep_at && self.may_evict(i, ctx.now) {
+            // Room is claimed already: the sweep only gives idle keys' room back.
+            self.sweep_shard(i, shard, ctx, false);
         }
         let entry = Entry {
             key: key.to_owned(),
@@ -791,6 +812,7 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
         let kept = usize::from(keep_claim && report.evicted > 0);
         self.len.fetch_sub(report.evicted - kept, Ordering::Relaxed);
         self.hints[i].store(hint, Ordering::Relaxed);
+        shard.sweep_at = shard.table.len().saturating_mul(2).max(IDLE_SWEEP_MIN);
         report
     }
 
@@ -1155,5 +1177,110 @@ mod tests {
         assert_eq!(prefetch.ctrl.load(Relaxed), 0);
         // Issuing on no address does nothing the program sees.
         prefetch.issue::<(u64, u64)>(u64::MAX);
+    }
+
+    /// Keys seen once and then idle past their fill time are released as new keys come,
+    /// without a caller's `sweep`: the key count follows the active clients. Keys that are
+    /// not full (the active ones, and a drained one) keep their state.
+    #[test]
+    fn idle_keys_are_released_by_new_inserts_without_a_sweep() {
+        use crate::{KeyedLimiter, ManualClock, Policy};
+        use std::time::Duration;
+
+        let clock = ManualClock::new();
+        // 10 tokens, 10 per second: full again 1 s after any debit.
+        let map = |shards| {
+            KeyedLimiter::<u64, _>::builder(Policy::new(10, 10.0).unwrap(), 1 << 20)
+                .shards(shards)
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        };
+        let limiter = map(4);
+        // The same requests of the drained and active keys alone, never swept.
+        let control = map(1);
+        let once = 10_000u64;
+        for k in 0..once {
+            assert!(limiter.try_acquire(&k, 1).unwrap().is_admitted());
+        }
+        // Nothing was full yet: every key is kept.
+        assert_eq!(limiter.len(), once as usize);
+        // A key drained just before the new clients arrive, not full then.
+        clock.advance(Duration::from_secs(5));
+        let drained = u64::MAX;
+        assert!(limiter.try_acquire(&drained, 10).unwrap().is_admitted());
+        assert!(control.try_acquire(&drained, 10).unwrap().is_admitted());
+
+        // 100 active clients, each asking every 50 ms for 0.8 s (each then holds 1.5 to
+        // 9.5 tokens: never full, never drained).
+        let active = 100u64;
+        for round in 0..16u64 {
+            clock.advance(Duration::from_millis(50));
+            for k in 0..active {
+                let key = 1_000_000 + k;
+                assert!(
+                    limiter.try_acquire(&key, 1).unwrap().is_admitted(),
+                    "{round}"
+                );
+                assert!(control.try_acquire(&key, 1).unwrap().is_admitted());
+            }
+            // Bounded by the active set (twice it, plus the per-shard floor), not by
+            // every key ever seen.
+            let bound = 2 * (active as usize + 1) + 4 * (super::IDLE_SWEEP_MIN + 1);
+            assert!(
+                limiter.len() <= bound,
+                "{} keys at round {round}",
+                limiter.len()
+            );
+        }
+        assert!(!limiter.contains(&0), "an idle key was released");
+        // A released key is a fresh key: its whole capacity, and the same answers.
+        let fresh = 2_000_000u64;
+        for key in [7u64, fresh] {
+            assert_eq!(limiter.available(&key), 10.0);
+            assert!(limiter.try_acquire(&key, 10).unwrap().is_admitted());
+            assert!(limiter.try_acquire(&key, 1).unwrap().is_rejected());
+        }
+        // The drained key (refilled for 0.8 s only) and the active keys are kept with
+        // the balances they have in a map that never swept.
+        assert!(limiter.contains(&drained));
+        assert_eq!(limiter.available(&drained), control.available(&drained));
+        assert!(limiter.available(&drained) < 10.0);
+        for k in 0..active {
+            let key = 1_000_000 + k;
+            assert!(limiter.contains(&key));
+            assert_eq!(limiter.available(&key), control.available(&key));
+        }
+    }
+
+    /// A key that is not full survives the insert-time sweeps with its balance.
+    #[test]
+    fn an_insert_time_sweep_keeps_a_bucket_that_is_not_full() {
+        use crate::{KeyedLimiter, ManualClock, Policy};
+        use std::time::Duration;
+
+        let clock = ManualClock::new();
+        // 10 tokens, 1 per second.
+        let map = || {
+            KeyedLimiter::<u64, _>::builder(Policy::new(10, 1.0).unwrap(), 1 << 20)
+                .shards(1)
+                .clock(clock.clone())
+                .build()
+                .unwrap()
+        };
+        let (limiter, control) = (map(), map());
+        assert!(limiter.try_acquire(&0, 10).unwrap().is_admitted());
+        assert!(control.try_acquire(&0, 10).unwrap().is_admitted());
+        for k in 1..=1_000u64 {
+            assert!(limiter.try_acquire(&k, 1).unwrap().is_admitted());
+        }
+        clock.advance(Duration::from_secs(2));
+        for k in 1_001..=2_000u64 {
+            assert!(limiter.try_acquire(&k, 1).unwrap().is_admitted());
+        }
+        assert!(limiter.contains(&0));
+        assert_eq!(limiter.available(&0), control.available(&0));
+        assert!(limiter.available(&0) < 10.0);
+        assert!(limiter.len() <= 2 * 1_001 + super::IDLE_SWEEP_MIN);
     }
 }

@@ -2,9 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
+use crate::ScopedLimiter;
 use crate::attempt::Attempt;
+use crate::clock::Clock;
 use crate::inherit::Inherit;
 use crate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedConfigError, KeyedOptions, Overflow};
 use crate::leased::{LeaseConfig, LeaseConfigError};
@@ -406,17 +409,64 @@ impl Request {
 /// assert!(limiter.class("delete").is_none());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Debug, Default)]
+///
+/// A rule set given no class has one implicit class, [`RuleSet::IMPLICIT_CLASS`] (`"default"`),
+/// costing 1 in every scope, so that a plain limit needs no class at all; the first
+/// [`class`](RuleSet::class) added replaces it:
+///
+/// ```
+/// use tokengate::{Policy, scope::Request, scope::Rule, scope::RuleSet, scope::ScopeKind};
+/// let limiter = RuleSet::new()
+///     .rule(ScopeKind::Global, Rule::new(Policy::new(2, 1.0)?))
+///     .build()?;
+/// let one = limiter.sole_class().expect("the implicit class");
+/// assert_eq!(limiter.class("default"), Some(one));
+/// assert!(limiter.try_acquire(&Request::new(), one)?.is_admitted());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
 pub struct RuleSet {
     pub(crate) rules: PerKind<Option<Rule>>,
     pub(crate) classes: Vec<WorkClass>,
+    /// `classes` holds the implicit class only (no class was added).
+    implicit_class: bool,
     pub(crate) tiers: Vec<TierDef>,
     pub(crate) overrides: BTreeMap<Scope, String>,
     pub(crate) remote: Option<RemoteStore>,
 }
 
+impl Default for RuleSet {
+    fn default() -> RuleSet {
+        RuleSet {
+            rules: Default::default(),
+            classes: vec![WorkClass::new(RuleSet::IMPLICIT_CLASS, 1)],
+            implicit_class: true,
+            tiers: Vec::new(),
+            overrides: BTreeMap::new(),
+            remote: None,
+        }
+    }
+}
+
+impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
+    /// The limiter's class when it has exactly one (the [implicit class](RuleSet::IMPLICIT_CLASS)
+    /// of a rule set given none, or the one it was given), `None` when it has several:
+    /// what a caller uses when nothing names a class.
+    pub fn sole_class(&self) -> Option<ClassId> {
+        let classes = &self.generation().classes;
+        (classes.len() == 1).then_some(ClassId {
+            limiter: self.id,
+            index: 0,
+        })
+    }
+}
+
 impl RuleSet {
-    /// No rules, no classes.
+    /// The name of the class a rule set has when none is added: it costs 1 in every
+    /// scope.
+    pub const IMPLICIT_CLASS: &'static str = "default";
+
+    /// No rules, and the [implicit class](RuleSet::IMPLICIT_CLASS) only.
     pub fn new() -> RuleSet {
         RuleSet::default()
     }
@@ -427,8 +477,12 @@ impl RuleSet {
         self
     }
 
-    /// Adds a work class.
+    /// Adds a work class (the first one added replaces the
+    /// [implicit class](RuleSet::IMPLICIT_CLASS)).
     pub fn class(mut self, class: WorkClass) -> RuleSet {
+        if std::mem::take(&mut self.implicit_class) {
+            self.classes.clear();
+        }
         self.classes.push(class);
         self
     }

@@ -2,7 +2,7 @@
 //! the client behind trusted proxies (`Forwarded`, `X-Forwarded-For`).
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
 use http::HeaderMap;
@@ -10,21 +10,23 @@ use http::HeaderMap;
 use crate::key::KeyError;
 
 /// An IP network: an address and a prefix length, such as `10.0.0.0/8` or `fd00::/8`.
-/// A bare address is a network of one (`/32` or `/128`).
+/// A bare address is a network of one (`/32` or `/128`). Parsed and matched by the
+/// [`ipnet`] crate (re-exported as `tokengate_tower::ipnet`); an [`ipnet::IpNet`],
+/// `Ipv4Net` or `Ipv6Net` converts into it.
 ///
 /// ```
 /// use tokengate_tower::IpNet;
 /// let net: IpNet = "10.0.0.0/8".parse()?;
 /// assert!(net.contains("10.1.2.3".parse()?));
 /// assert!(!net.contains("11.0.0.1".parse()?));
+/// assert!(net.contains("::ffff:10.0.0.1".parse()?)); // IPv4-mapped counts as IPv4
 /// assert!("fd00::/129".parse::<IpNet>().is_err());
+/// let one: IpNet = "192.0.2.7".parse()?;
+/// assert_eq!(one.to_string(), "192.0.2.7/32");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct IpNet {
-    addr: IpAddr,
-    prefix: u8,
-}
+pub struct IpNet(ipnet::IpNet);
 
 /// Why a network did not parse: the text and what was wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,32 +43,72 @@ impl fmt::Display for IpNetError {
 
 impl std::error::Error for IpNetError {}
 
+const PREFIX_TOO_LONG: &str = "the prefix length must be at most 32 for IPv4, 128 for IPv6";
+
 impl IpNet {
-    /// The network of `addr` with `prefix` leading bits.
+    /// The network of `addr` with `prefix` leading bits (host bits cleared).
     ///
     /// # Errors
     ///
     /// A prefix above 32 (IPv4) or 128 (IPv6).
     pub fn new(addr: IpAddr, prefix: u8) -> Result<IpNet, IpNetError> {
-        if prefix > max_prefix(addr) {
-            return Err(IpNetError {
+        ipnet::IpNet::new(addr, prefix)
+            .map(IpNet::from)
+            .map_err(|_| IpNetError {
                 text: format!("{addr}/{prefix}"),
-                reason: "the prefix length must be at most 32 for IPv4, 128 for IPv6",
-            });
-        }
-        Ok(IpNet {
-            addr: mask(addr, prefix),
-            prefix,
-        })
+                reason: PREFIX_TOO_LONG,
+            })
     }
 
     /// Whether `ip` is in the network (an IPv4-mapped IPv6 address counts as IPv4).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = canonical(ip);
-        matches!(
-            (self.addr, ip),
-            (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_))
-        ) && mask(ip, self.prefix) == self.addr
+        self.0.contains(&canonical(ip))
+    }
+
+    /// The network as the [`ipnet`] crate's type.
+    pub fn as_ipnet(&self) -> ipnet::IpNet {
+        self.0
+    }
+}
+
+impl From<ipnet::IpNet> for IpNet {
+    /// Host bits cleared; an IPv4-mapped IPv6 network of at least 96 bits as the IPv4
+    /// network it maps.
+    fn from(net: ipnet::IpNet) -> IpNet {
+        let net = net.trunc();
+        if let ipnet::IpNet::V6(v6) = net {
+            if let (Some(v4), true) = (v6.addr().to_ipv4_mapped(), v6.prefix_len() >= 96) {
+                if let Ok(n) = ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96) {
+                    return IpNet(ipnet::IpNet::V4(n));
+                }
+            }
+        }
+        IpNet(net)
+    }
+}
+
+impl From<ipnet::Ipv4Net> for IpNet {
+    fn from(net: ipnet::Ipv4Net) -> IpNet {
+        IpNet::from(ipnet::IpNet::V4(net))
+    }
+}
+
+impl From<ipnet::Ipv6Net> for IpNet {
+    fn from(net: ipnet::Ipv6Net) -> IpNet {
+        IpNet::from(ipnet::IpNet::V6(net))
+    }
+}
+
+impl From<IpAddr> for IpNet {
+    /// The network of one address.
+    fn from(addr: IpAddr) -> IpNet {
+        IpNet::from(ipnet::IpNet::from(addr))
+    }
+}
+
+impl fmt::Display for IpNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
@@ -78,34 +120,21 @@ impl FromStr for IpNet {
             text: s.to_owned(),
             reason,
         };
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (s, None),
-        };
-        let addr: IpAddr = addr.parse().map_err(|_| err("not an IP address"))?;
-        let addr = canonical(addr);
-        let prefix = match prefix {
-            None => max_prefix(addr),
-            Some(p) => p
-                .parse::<u8>()
-                .map_err(|_| err("the prefix length is not a number"))?,
-        };
-        if prefix > max_prefix(addr) {
-            return Err(err(
-                "the prefix length must be at most 32 for IPv4, 128 for IPv6",
-            ));
+        if !s.contains('/') {
+            let addr: IpAddr = s.parse().map_err(|_| err("not an IP address"))?;
+            return Ok(IpNet::from(addr));
         }
-        Ok(IpNet {
-            addr: mask(addr, prefix),
-            prefix,
-        })
-    }
-}
-
-fn max_prefix(addr: IpAddr) -> u8 {
-    match addr {
-        IpAddr::V4(_) => 32,
-        IpAddr::V6(_) => 128,
+        match s.parse::<ipnet::IpNet>() {
+            Ok(net) => Ok(IpNet::from(net)),
+            Err(_) => {
+                let (addr, prefix) = s.split_once('/').unwrap_or((s, ""));
+                Err(err(match (addr.parse::<IpAddr>(), prefix.parse::<u8>()) {
+                    (Err(_), _) => "not an IP address",
+                    (Ok(_), Err(_)) => "the prefix length is not a number",
+                    (Ok(_), Ok(_)) => PREFIX_TOO_LONG,
+                }))
+            }
+        }
     }
 }
 
@@ -120,96 +149,144 @@ pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// `ip` with all but the first `prefix` bits cleared (`prefix` at most the family's width).
+/// `ip` with all but the first `prefix` bits cleared (`prefix` at most the family's
+/// width, as the [`Key`](crate::Key) builders keep it).
 pub(crate) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
-    match ip {
-        IpAddr::V4(a) => {
-            let bits = u32::from(a);
-            let m = u32::MAX
-                .checked_shl(32 - u32::from(prefix.min(32)))
-                .unwrap_or(0);
-            IpAddr::V4(Ipv4Addr::from(bits & m))
-        }
-        IpAddr::V6(a) => {
-            let bits = u128::from(a);
-            let m = u128::MAX
-                .checked_shl(128 - u32::from(prefix.min(128)))
-                .unwrap_or(0);
-            IpAddr::V6(Ipv6Addr::from(bits & m))
-        }
+    let width = match ip {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    };
+    ipnet::IpNet::new(ip, prefix.min(width)).map_or(ip, |n| n.network())
+}
+
+/// Which forwarding field a trusted proxy's client is read from.
+///
+/// A proxy passes on the fields it does not write as the client sent them: a proxy that
+/// appends `X-Forwarded-For` forwards a client's own `Forwarded` untouched. Naming the
+/// field the proxies write ([`XForwardedFor`](Forwarding::XForwardedFor) or
+/// [`Forwarded`](Forwarding::Forwarded)) makes the other one, which only a client could
+/// have written, unread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forwarding {
+    /// `Forwarded` (RFC 7239) when the request has it, else `X-Forwarded-For` (the
+    /// default; right only when the proxies strip or rewrite both).
+    #[default]
+    Either,
+    /// `X-Forwarded-For` only (nginx, HAProxy, most load balancers).
+    XForwardedFor,
+    /// `Forwarded` only.
+    Forwarded,
+}
+
+/// The trusted proxies and the field they write.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Proxies {
+    pub(crate) nets: Vec<IpNet>,
+    pub(crate) forwarding: Forwarding,
+}
+
+impl Proxies {
+    fn trusts(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|n| n.contains(ip))
     }
 }
 
 /// The client of a request that came from `peer`: `peer` itself unless it is a trusted
 /// proxy; then the rightmost address of the forwarding chain that is not a trusted proxy
-/// (`Forwarded` if present, else `X-Forwarded-For`), or the leftmost when all are.
+/// (the field [`Forwarding`] names), or the leftmost when all are.
 ///
-/// A malformed chain entry met before an untrusted address is an error: the layer then
-/// answers as for a missing key rather than guess (taking the proxy's own address would
-/// put every client behind it in one bucket; taking an unparsed entry would let a client
-/// choose its key).
+/// The chain is read from the right (the hop nearest to us) and no further than the
+/// client: entries a client wrote to the left of it are never parsed. A malformed entry met before an untrusted address is an error: the layer
+/// then answers as for a missing key rather than guess (taking the proxy's own address
+/// would put every client behind it in one bucket; taking an unparsed entry would let a
+/// client choose its key).
 pub(crate) fn client_ip(
     peer: IpAddr,
     headers: &HeaderMap,
-    trusted: &[IpNet],
+    proxies: &Proxies,
 ) -> Result<IpAddr, KeyError> {
     let peer = canonical(peer);
-    if !trusted.iter().any(|n| n.contains(peer)) {
+    if !proxies.trusts(peer) {
         return Ok(peer);
     }
     let forwarded = headers.get_all(http::header::FORWARDED);
-    if forwarded.iter().next().is_some() {
-        let mut entries = Vec::new();
-        for v in forwarded {
+    let use_forwarded = match proxies.forwarding {
+        Forwarding::Either => forwarded.iter().next().is_some(),
+        Forwarding::Forwarded => true,
+        Forwarding::XForwardedFor => false,
+    };
+    let mut last = peer;
+    if use_forwarded {
+        for v in forwarded.iter().rev() {
             let v = v.to_str().map_err(|_| KeyError::Malformed("forwarded"))?;
-            for element in v.split(',') {
-                let mut found = None;
-                for pair in element.split(';') {
-                    let Some((k, val)) = pair.trim().split_once('=') else {
-                        return Err(KeyError::Malformed("forwarded"));
-                    };
-                    if k.trim().eq_ignore_ascii_case("for") {
-                        found = Some(val.trim());
-                    }
+            for element in split_unquoted(v, b',').rev() {
+                let ip = canonical(forwarded_for(element)?);
+                if !proxies.trusts(ip) {
+                    return Ok(ip);
                 }
-                entries.push(found.ok_or(KeyError::Malformed("forwarded"))?);
+                last = ip;
             }
         }
-        return walk(
-            peer,
-            entries.iter().map(|e| parse_forwarded_for(e)),
-            trusted,
-        );
-    }
-    let xff = headers.get_all("x-forwarded-for");
-    if xff.iter().next().is_none() {
-        return Ok(peer);
-    }
-    let mut entries = Vec::new();
-    for v in xff {
-        let v = v
-            .to_str()
-            .map_err(|_| KeyError::Malformed("x-forwarded-for"))?;
-        entries.extend(v.split(',').map(|e| parse_xff(e.trim())));
-    }
-    walk(peer, entries.into_iter(), trusted)
-}
-
-/// Walks the chain from the right (the hop nearest to us) past trusted proxies.
-fn walk(
-    peer: IpAddr,
-    chain: impl DoubleEndedIterator<Item = Result<IpAddr, KeyError>>,
-    trusted: &[IpNet],
-) -> Result<IpAddr, KeyError> {
-    let mut last = peer;
-    for entry in chain.rev() {
-        let ip = canonical(entry?);
-        if !trusted.iter().any(|n| n.contains(ip)) {
-            return Ok(ip);
+    } else {
+        for v in headers.get_all("x-forwarded-for").iter().rev() {
+            let v = v
+                .to_str()
+                .map_err(|_| KeyError::Malformed("x-forwarded-for"))?;
+            for entry in v.rsplit(',') {
+                let ip = canonical(parse_xff(entry.trim())?);
+                if !proxies.trusts(ip) {
+                    return Ok(ip);
+                }
+                last = ip;
+            }
         }
-        last = ip;
     }
     Ok(last)
+}
+
+/// `s` split at each `sep` outside a quoted string (RFC 7230 `quoted-string`, with `\`
+/// escapes), so that `for="a,b"` stays one element.
+fn split_unquoted(s: &str, sep: u8) -> impl DoubleEndedIterator<Item = &str> {
+    let bytes = s.as_bytes();
+    let mut cuts = Vec::new();
+    let (mut quoted, mut escaped) = (false, false);
+    for (i, &b) in bytes.iter().enumerate() {
+        if escaped {
+            escaped = false;
+        } else if quoted && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+        } else if b == sep && !quoted {
+            cuts.push(i);
+        }
+    }
+    let mut from = 0;
+    let mut parts: Vec<&str> = Vec::with_capacity(cuts.len() + 1);
+    for c in cuts {
+        parts.push(&s[from..c]);
+        from = c + 1;
+    }
+    parts.push(&s[from..]);
+    parts.into_iter()
+}
+
+/// The address of one `Forwarded` element's `for=` parameter: exactly one `for`, every
+/// parameter a `name=value` pair.
+fn forwarded_for(element: &str) -> Result<IpAddr, KeyError> {
+    let bad = KeyError::Malformed("forwarded");
+    let mut found = None;
+    for pair in split_unquoted(element, b';') {
+        let (k, val) = pair.trim().split_once('=').ok_or(bad)?;
+        if k.trim().eq_ignore_ascii_case("for") {
+            if found.is_some() {
+                return Err(bad);
+            }
+            found = Some(val.trim());
+        }
+    }
+    parse_forwarded_for(found.ok_or(bad)?)
 }
 
 fn parse_xff(e: &str) -> Result<IpAddr, KeyError> {
@@ -221,15 +298,31 @@ fn parse_xff(e: &str) -> Result<IpAddr, KeyError> {
 /// A `for=` value of RFC 7239: `192.0.2.43`, `"192.0.2.43:47011"`, `"[2001:db8::1]:4711"`.
 /// `unknown` and obfuscated identifiers (`_hidden`) name no address: malformed here.
 fn parse_forwarded_for(v: &str) -> Result<IpAddr, KeyError> {
-    let v = v.trim_matches('"');
     let bad = KeyError::Malformed("forwarded");
+    let v = match v.strip_prefix('"') {
+        Some(rest) => rest.strip_suffix('"').ok_or(bad)?,
+        None => v,
+    };
     if let Some(rest) = v.strip_prefix('[') {
-        let inner = rest.split(']').next().ok_or(bad)?;
+        let (inner, after) = rest.split_once(']').ok_or(bad)?;
+        // Nothing or a port after the bracket.
+        if !(after.is_empty() || after.strip_prefix(':').is_some_and(is_port)) {
+            return Err(bad);
+        }
         return inner.parse::<Ipv6Addr>().map(IpAddr::V6).map_err(|_| bad);
     }
     v.parse::<IpAddr>()
-        .or_else(|_| v.parse::<SocketAddr>().map(|s| s.ip()))
+        .or_else(|_| {
+            v.parse::<std::net::SocketAddrV4>()
+                .map(|s| IpAddr::V4(*s.ip()))
+        })
         .map_err(|_| bad)
+}
+
+/// A port: 1 to 5 digits, or an obfuscated one (`_abc`).
+fn is_port(p: &str) -> bool {
+    (!p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+        || (p.starts_with('_') && p.len() > 1)
 }
 
 #[cfg(test)]
@@ -248,16 +341,88 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn proxies(forwarding: Forwarding) -> Proxies {
+        Proxies {
+            nets: vec!["10.0.0.0/8".parse().unwrap()],
+            forwarding,
+        }
+    }
+
+    #[test]
+    fn a_forwarded_element_is_split_outside_quotes_and_needs_one_for() {
+        let trusted = proxies(Forwarding::Either);
+        let h = headers(&[(
+            "forwarded",
+            r#"for=6.6.6.6;by="a,b;c", for="[2001:db8::2]:80";proto=https"#,
+        )]);
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &h, &trusted),
+            Ok(ip("2001:db8::2"))
+        );
+        for bad in [
+            "for=1.2.3.4;for=5.6.7.8",
+            "for=\"1.2.3.4",
+            "for=\"[2001:db8::1]x\"",
+            "proto=https",
+            "for=",
+        ] {
+            let h = headers(&[("forwarded", bad)]);
+            assert!(client_ip(ip("10.0.0.1"), &h, &trusted).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_the_named_field_is_read_and_entries_left_of_the_client_are_not() {
+        let h = headers(&[
+            ("forwarded", "for=7.7.7.7"),
+            ("x-forwarded-for", "garbage, 1.2.3.4, 10.0.0.3"),
+        ]);
+        let xff = proxies(Forwarding::XForwardedFor);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, &xff), Ok(ip("1.2.3.4")));
+        let fwd = proxies(Forwarding::Forwarded);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, &fwd), Ok(ip("7.7.7.7")));
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &h, &proxies(Forwarding::Either)),
+            Ok(ip("7.7.7.7"))
+        );
+        // Forwarded named and absent: the proxy itself is the client.
+        let h = headers(&[("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, &fwd), Ok(ip("10.0.0.1")));
+        // Several fields: the last one is nearest.
+        let h = headers(&[
+            ("x-forwarded-for", "9.9.9.9"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ]);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, &xff), Ok(ip("1.2.3.4")));
+    }
+
+    #[test]
+    fn networks_parse_through_ipnet_with_bare_addresses_and_mapped_v4() {
+        let n: IpNet = "10.1.2.3/8".parse().unwrap();
+        assert_eq!(n.to_string(), "10.0.0.0/8");
+        assert!(n.contains(ip("::ffff:10.9.9.9")));
+        let mapped: IpNet = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert_eq!(mapped, n);
+        assert_eq!(
+            "10.0.0.0/33".parse::<IpNet>().unwrap_err().to_string(),
+            format!("invalid IP network \"10.0.0.0/33\": {PREFIX_TOO_LONG}")
+        );
+        assert!("10.0.0.0/x".parse::<IpNet>().is_err());
+        assert!("nope/8".parse::<IpNet>().is_err());
+        assert!(IpNet::new(ip("fd00::"), 129).is_err());
+        assert_eq!(IpNet::from(ip("fd00::1")).to_string(), "fd00::1/128");
+    }
+
     #[test]
     fn an_untrusted_peer_is_the_client_whatever_it_forwards() {
-        let trusted = ["10.0.0.0/8".parse().unwrap()];
+        let trusted = proxies(Forwarding::Either);
         let h = headers(&[("x-forwarded-for", "1.2.3.4")]);
         assert_eq!(client_ip(ip("9.9.9.9"), &h, &trusted), Ok(ip("9.9.9.9")));
     }
 
     #[test]
     fn a_trusted_chain_is_walked_from_the_right_past_trusted_hops() {
-        let trusted = ["10.0.0.0/8".parse().unwrap()];
+        let trusted = proxies(Forwarding::Either);
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.0.0.2")]);
         assert_eq!(client_ip(ip("10.0.0.1"), &h, &trusted), Ok(ip("1.2.3.4")));
         let h = headers(&[(
@@ -272,7 +437,7 @@ mod tests {
 
     #[test]
     fn a_malformed_entry_before_the_client_is_an_error() {
-        let trusted = ["10.0.0.0/8".parse().unwrap()];
+        let trusted = proxies(Forwarding::Either);
         let h = headers(&[("x-forwarded-for", "1.2.3.4, garbage")]);
         assert_eq!(
             client_ip(ip("10.0.0.1"), &h, &trusted),

@@ -2,13 +2,15 @@
 //! closure.
 
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use siphasher::sip::SipHasher13;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
 
-use crate::ip::{IpNet, client_ip, mask};
+use crate::ip::{Proxies, client_ip, mask};
 
 /// Why a request has no key for a scope. The layer answers with the configured
 /// [missing-key response](crate::RateLimitLayerBuilder::missing_key).
@@ -56,11 +58,86 @@ enum Source {
     Custom(Custom),
 }
 
+/// The keyed hash that turns every key taken from a request into its scope id:
+/// SipHash-1-3 under a 128-bit secret.
+///
+/// No id is ever taken from a request as it is: a header value `42` is hashed like
+/// `acme`, and so is a [custom](Key::custom) closure's number. An id that shows in a 429
+/// body, a log line or a trace (`api_key:6853586831852496954`) is therefore useless as
+/// input: sent back as a header value it is hashed again, into another id, and spends
+/// another bucket.
+///
+/// The secret is random per process by default (one for every layer of the process, so
+/// layers sharing a limiter agree). Processes that share remote scopes (one fleet-wide
+/// budget per tenant) must map a client to the same id everywhere: give them one secret
+/// with [`key_secret`](crate::RateLimitLayerBuilder::key_secret), kept like any other.
+#[derive(Clone)]
+pub(crate) struct KeyHasher {
+    k0: u64,
+    k1: u64,
+}
+
+impl fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyHasher(<secret>)")
+    }
+}
+
+impl KeyHasher {
+    /// The process's hasher: its secret drawn once, from the OS's randomness (through
+    /// std's `RandomState`, whose keys come from it).
+    pub(crate) fn process() -> KeyHasher {
+        static PROCESS: OnceLock<KeyHasher> = OnceLock::new();
+        PROCESS
+            .get_or_init(|| {
+                let (a, b) = (RandomState::new(), RandomState::new());
+                KeyHasher {
+                    k0: a.hash_one(0x746f_6b65_6e67_6174_u64),
+                    k1: b.hash_one(0x6b65_795f_7365_6372_u64),
+                }
+            })
+            .clone()
+    }
+
+    /// A hasher with a given secret (the same in every process given it).
+    pub(crate) fn with_secret(secret: [u8; 16]) -> KeyHasher {
+        let (a, b) = secret.split_at(8);
+        KeyHasher {
+            k0: u64::from_le_bytes(a.try_into().expect("8 bytes")),
+            k1: u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        }
+    }
+
+    /// The id of `value` (domain-tagged, so that a value of one source cannot be made to
+    /// collide with one of another by construction).
+    pub(crate) fn id(&self, domain: u8, value: impl Hash) -> u64 {
+        let mut h = SipHasher13::new_with_keys(self.k0, self.k1);
+        h.write_u8(domain);
+        value.hash(&mut h);
+        h.finish()
+    }
+
+    /// The id of a header value or a path segment (one domain: `x-tenant: acme` and
+    /// `/t/acme` name the same tenant).
+    pub(crate) fn text(&self, bytes: &[u8]) -> u64 {
+        self.id(TEXT, bytes)
+    }
+}
+
+const TEXT: u8 = 0;
+const ADDR_V4: u8 = 4;
+const ADDR_V6: u8 = 6;
+const CUSTOM: u8 = 0xc;
+
 /// Where one scope kind's key comes from, and whether a request must have it.
 ///
-/// Keys become the scope's 64-bit id: a header or path value that is a decimal `u64`
-/// is used as is (so `x-tenant: 42` is `tenant:42` in records and counters); any other
-/// value, and every address, is hashed with a per-layer random SipHash key.
+/// Every key becomes the scope's 64-bit id through one keyed hash (SipHash-1-3 under a
+/// per-process secret, or the one given to
+/// [`key_secret`](crate::RateLimitLayerBuilder::key_secret)): header values and path
+/// segments (a decimal value too: `x-tenant: 42` is not `tenant:42`), addresses, and a
+/// custom closure's number. No id is taken from a request as it is, so an id seen in a
+/// response or a log cannot be sent back to reach its bucket.
+/// [`RateLimitLayer::key_id`](crate::RateLimitLayer::key_id) gives the id of a value.
 ///
 /// ```
 /// use tokengate_tower::Key;
@@ -122,6 +199,15 @@ impl Key {
         }
     }
 
+    /// The value of header `name`, a name built at run time
+    /// (`HeaderName::from_bytes`).
+    pub fn header_name(name: HeaderName) -> Key {
+        Key {
+            source: Source::Header(name),
+            required: false,
+        }
+    }
+
     /// The path segment at `index` (0 is the first after the leading `/`).
     pub fn path_segment(index: usize) -> Key {
         Key {
@@ -130,7 +216,9 @@ impl Key {
         }
     }
 
-    /// A closure's id for the request, `None` when it has none.
+    /// A closure's number for the request, `None` when it has none. The number is hashed
+    /// like any other key (so a number read from the request cannot name another
+    /// client's id).
     pub fn custom(f: impl Fn(&Head<'_>) -> Option<u64> + Send + Sync + 'static) -> Key {
         Key {
             source: Source::Custom(Arc::new(f)),
@@ -170,8 +258,8 @@ impl Key {
     pub(crate) fn extract(
         &self,
         head: &Head<'_>,
-        trusted: &[IpNet],
-        hasher: &RandomState,
+        proxies: &Proxies,
+        hasher: &KeyHasher,
     ) -> Result<Option<u64>, KeyError> {
         match &self.source {
             Source::ClientIp {
@@ -181,13 +269,13 @@ impl Key {
                 let Some(peer) = peer_ip(head.extensions) else {
                     return Ok(None);
                 };
-                let ip = client_ip(peer, head.headers, trusted)?;
+                let ip = client_ip(peer, head.headers, proxies)?;
                 Ok(Some(match ip {
-                    IpAddr::V4(_) => hasher.hash_one((4u8, mask(ip, *v4_prefix))),
-                    IpAddr::V6(_) => hasher.hash_one((6u8, mask(ip, *v6_prefix))),
+                    IpAddr::V4(_) => hasher.id(ADDR_V4, mask(ip, *v4_prefix)),
+                    IpAddr::V6(_) => hasher.id(ADDR_V6, mask(ip, *v6_prefix)),
                 }))
             }
-            Source::Header(name) => Ok(head.headers.get(name).map(|v| id_of(v.as_bytes(), hasher))),
+            Source::Header(name) => Ok(head.headers.get(name).map(|v| hasher.text(v.as_bytes()))),
             Source::PathSegment(i) => Ok(head
                 .uri
                 .path()
@@ -195,23 +283,10 @@ impl Key {
                 .skip(1)
                 .nth(*i)
                 .filter(|s| !s.is_empty())
-                .map(|s| id_of(s.as_bytes(), hasher))),
-            Source::Custom(f) => Ok(f(head)),
+                .map(|s| hasher.text(s.as_bytes()))),
+            Source::Custom(f) => Ok(f(head).map(|n| hasher.id(CUSTOM, n))),
         }
     }
-}
-
-/// A decimal `u64` as itself; anything else hashed.
-fn id_of(bytes: &[u8], hasher: &RandomState) -> u64 {
-    if !bytes.is_empty() && bytes.len() <= 20 && bytes.iter().all(u8::is_ascii_digit) {
-        if let Some(n) = std::str::from_utf8(bytes)
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            return n;
-        }
-    }
-    hasher.hash_one(bytes)
 }
 
 /// The peer address the server put in the request extensions.
@@ -231,16 +306,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decimal_values_are_their_own_ids_others_are_hashed() {
-        let h = RandomState::new();
-        assert_eq!(id_of(b"42", &h), 42);
-        assert_eq!(id_of(b"18446744073709551615", &h), u64::MAX);
-        assert_eq!(id_of(b"acme", &h), id_of(b"acme", &h));
-        assert_ne!(id_of(b"acme", &h), id_of(b"acm", &h));
-        // Too large for a u64: hashed, not wrapped.
-        assert_eq!(
-            id_of(b"18446744073709551616", &h),
-            h.hash_one(b"18446744073709551616".as_slice())
-        );
+    fn a_decimal_value_is_hashed_like_any_other_and_an_id_does_not_map_to_itself() {
+        let h = KeyHasher::process();
+        assert_ne!(h.text(b"42"), 42);
+        assert_eq!(h.text(b"acme"), h.text(b"acme"));
+        assert_ne!(h.text(b"acme"), h.text(b"acm"));
+        let id = h.text(b"victim");
+        assert_ne!(h.text(id.to_string().as_bytes()), id);
+        assert_ne!(h.id(CUSTOM, id), id);
+        // One secret per process; a given secret is the same everywhere.
+        assert_eq!(KeyHasher::process().text(b"x"), h.text(b"x"));
+        let s = KeyHasher::with_secret([7; 16]);
+        assert_eq!(s.text(b"x"), KeyHasher::with_secret([7; 16]).text(b"x"));
+        assert_ne!(s.text(b"x"), KeyHasher::with_secret([8; 16]).text(b"x"));
+        assert_eq!(format!("{s:?}"), "KeyHasher(<secret>)");
     }
 }

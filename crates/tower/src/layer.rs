@@ -1,19 +1,18 @@
 //! The layer and its builder: which key each scope kind takes, the routes, the responses.
 
 use std::fmt;
-use std::hash::RandomState;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use tokengate::http::{Quota, QuotaError};
-use tokengate::scope::{ClassId, RouteId, ScopeKind};
-use tokengate::{Clock, QuantaClock, ScopedLimiter};
+use tokengate::scope::{ClassId, RouteId, Rule, RuleError, RuleSet, ScopeKind};
+use tokengate::{Clock, Policy, QuantaClock, ScopedLimiter};
 use tower_layer::Layer;
 
-use crate::ip::IpNet;
-use crate::key::Key;
+use crate::ip::{Forwarding, IpNet, Proxies};
+use crate::key::{Key, KeyHasher};
 use crate::response::{Body, MissingKey, Quotas, Refused, problem_missing, problem_refused};
 use crate::route::{Route, StatusPredicate};
 use crate::service::RateLimit;
@@ -26,7 +25,8 @@ type MissingAnswer = Arc<dyn Fn(&MissingKey) -> (StatusCode, Body) + Send + Sync
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LayerError {
-    /// No default work class was given ([`RateLimitLayerBuilder::default_class`]).
+    /// No default work class was given ([`RateLimitLayerBuilder::default_class`]) and
+    /// the limiter has several classes.
     NoDefaultClass,
     /// A class name that is not one of the limiter's.
     UnknownClass(String),
@@ -36,6 +36,11 @@ pub enum LayerError {
     KeyWithoutScope(ScopeKind),
     /// A scope's policy cannot be written as a `RateLimit-Policy` quota.
     Quota(ScopeKind, QuotaError),
+    /// The limiter of a one-line constructor ([`RateLimitLayer::per_ip`] and the like)
+    /// could not be built from its policy.
+    Rules(RuleError),
+    /// A header name given to [`RateLimitLayer::per_header`] that is not a valid one.
+    InvalidHeaderName(String),
 }
 
 impl fmt::Display for LayerError {
@@ -53,19 +58,37 @@ impl fmt::Display for LayerError {
                  takes no request key (global, route)"
             ),
             LayerError::Quota(k, e) => write!(f, "scope kind {k}: {e}"),
+            LayerError::Rules(e) => write!(f, "the limiter's rules: {e}"),
+            LayerError::InvalidHeaderName(n) => write!(f, "{n:?} is not a valid header name"),
         }
     }
 }
 
-impl std::error::Error for LayerError {}
+impl std::error::Error for LayerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LayerError::Quota(_, e) => Some(e),
+            LayerError::Rules(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<RuleError> for LayerError {
+    fn from(e: RuleError) -> LayerError {
+        LayerError::Rules(e)
+    }
+}
 
 /// What every clone of the layer and its services share.
 pub(crate) struct Shared<C: Clock> {
     pub(crate) limiter: Arc<ScopedLimiter<C>>,
     pub(crate) keys: [Option<Key>; 6],
+    /// The routes in the order added, then the fallback route, which matches every
+    /// request: every request matches one of them.
     pub(crate) routes: Vec<CompiledRoute>,
     pub(crate) default: Options,
-    pub(crate) proxies: Vec<IpNet>,
+    pub(crate) proxies: Proxies,
     pub(crate) ietf: bool,
     pub(crate) admitted_fields: bool,
     pub(crate) legacy: bool,
@@ -73,7 +96,7 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) refusal_body: RefusalBody,
     pub(crate) missing: MissingAnswer,
     pub(crate) quotas: Quotas,
-    pub(crate) hasher: RandomState,
+    pub(crate) hasher: KeyHasher,
     pub(crate) counts: Counts,
     pub(crate) store_down_admits: bool,
 }
@@ -168,12 +191,14 @@ impl<C: Clock> RateLimitLayer<C> {
             limiter,
             keys: Default::default(),
             routes: Vec::new(),
+            fallback: Route::fallback(),
+            key_secret: None,
             default_class: None,
             default_max_wait: Duration::ZERO,
             default_refund: None,
             shadow: false,
             shadow_kinds: Vec::new(),
-            proxies: Vec::new(),
+            proxies: Proxies::default(),
             ietf: true,
             admitted_fields: true,
             legacy: false,
@@ -192,6 +217,113 @@ impl<C: Clock> RateLimitLayer<C> {
     pub fn stats(&self) -> EdgeStats {
         self.shared.counts.snapshot()
     }
+
+    /// The scope id a header value or path segment maps to in this layer (`acme` in
+    /// `x-tenant: acme` is `tenant:{key_id("acme")}`): to find a client's bucket, e.g.
+    /// `limiter.available(&Scope::Tenant(TenantId(layer.key_id("acme"))))`. The mapping
+    /// is a keyed hash (see [`Key`]); an id is never its own key.
+    pub fn key_id(&self, value: impl AsRef<[u8]>) -> u64 {
+        self.shared.hasher.text(value.as_ref())
+    }
+}
+
+/// The one-line constructors: one limit, one key, on the default clock.
+impl RateLimitLayer {
+    /// One budget per client address: `policy` for each client IP (an IPv6 /64 is one
+    /// client, as one subscriber is usually given a /64). The peer address comes from
+    /// axum's `ConnectInfo` (serve with
+    /// `into_make_service_with_connect_info::<SocketAddr>()`); a request without one gets
+    /// the missing-key answer instead of passing unlimited. Behind a proxy, use the
+    /// [builder](RateLimitLayer::builder) with
+    /// [`trusted_proxies`](RateLimitLayerBuilder::trusted_proxies).
+    ///
+    /// Requests that match no route still pay: every request costs 1 token of its
+    /// client's bucket. The client addresses are kept in the limiter's `user` scope kind.
+    ///
+    /// ```
+    /// use tokengate::Policy;
+    /// use tokengate_tower::RateLimitLayer;
+    /// // 10 requests per second per client, bursts of 20.
+    /// let layer = RateLimitLayer::per_ip(Policy::new(20, 10.0)?)?;
+    /// // axum: Router::new().route(...).layer(layer), served with
+    /// // .into_make_service_with_connect_info::<std::net::SocketAddr>()
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LayerError`] when `policy` cannot be written as a `RateLimit-Policy` quota.
+    pub fn per_ip(policy: Policy) -> Result<RateLimitLayer, LayerError> {
+        RateLimitLayer::one(
+            ScopeKind::User,
+            policy,
+            Some(Key::client_ip().ipv6_prefix(64).required()),
+        )
+    }
+
+    /// One budget for the whole service: `policy` shared by every request.
+    ///
+    /// ```
+    /// use tokengate::Policy;
+    /// use tokengate_tower::RateLimitLayer;
+    /// let layer = RateLimitLayer::global(Policy::new(1000, 500.0)?)?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`per_ip`](RateLimitLayer::per_ip).
+    pub fn global(policy: Policy) -> Result<RateLimitLayer, LayerError> {
+        RateLimitLayer::one(ScopeKind::Global, policy, None)
+    }
+
+    /// One budget per value of header `name` (an API key, say): `policy` for each value,
+    /// each value hashed with the layer's secret (see [`Key`]). A request without the
+    /// header gets the missing-key answer (400 by default), so leaving it out buys no
+    /// fresh budget. The values are kept in the limiter's `api_key` scope kind.
+    ///
+    /// ```
+    /// use tokengate::Policy;
+    /// use tokengate_tower::{LayerError, RateLimitLayer};
+    /// let layer = RateLimitLayer::per_header("x-api-key", Policy::new(100, 50.0)?)?;
+    /// # let _ = layer;
+    /// assert!(matches!(
+    ///     RateLimitLayer::per_header("bad header", Policy::new(1, 1.0)?),
+    ///     Err(LayerError::InvalidHeaderName(_))
+    /// ));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LayerError::InvalidHeaderName`] for a name that is not a valid header name, and
+    /// as [`per_ip`](RateLimitLayer::per_ip).
+    pub fn per_header(name: &str, policy: Policy) -> Result<RateLimitLayer, LayerError> {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| LayerError::InvalidHeaderName(name.to_owned()))?;
+        RateLimitLayer::one(
+            ScopeKind::ApiKey,
+            policy,
+            Some(Key::header_name(name).required()),
+        )
+    }
+
+    /// A limiter with one rule (`kind` at `policy`) and the implicit cost-1 class, and a
+    /// layer keying `kind` by `key`.
+    fn one(
+        kind: ScopeKind,
+        policy: Policy,
+        key: Option<Key>,
+    ) -> Result<RateLimitLayer, LayerError> {
+        let limiter = RuleSet::new().rule(kind, Rule::new(policy)).build()?;
+        let mut builder = RateLimitLayer::builder(Arc::new(limiter));
+        if let Some(key) = key {
+            builder = builder.key(kind, key);
+        }
+        builder.build()
+    }
 }
 
 /// Configures a [`RateLimitLayer`].
@@ -199,12 +331,14 @@ pub struct RateLimitLayerBuilder<C: Clock = QuantaClock> {
     limiter: Arc<ScopedLimiter<C>>,
     keys: [Option<Key>; 6],
     routes: Vec<Route>,
+    fallback: Route,
+    key_secret: Option<[u8; 16]>,
     default_class: Option<String>,
     default_max_wait: Duration,
     default_refund: Option<StatusPredicate>,
     shadow: bool,
     shadow_kinds: Vec<ScopeKind>,
-    proxies: Vec<IpNet>,
+    proxies: Proxies,
     ietf: bool,
     admitted_fields: bool,
     legacy: bool,
@@ -237,7 +371,30 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         self
     }
 
-    /// The work class of requests that match no route (required).
+    /// The route of requests that match no other (paths that exist but are not listed,
+    /// and 404s): its id (the route scope `route:{id}`), class, delay, refund and shadow
+    /// options apply to them; its method and pattern are not used. By default
+    /// [`Route::fallback`]: route scope `route:0`, the default class, so unmatched
+    /// requests are limited like the rest (their own route scope when the limiter has a
+    /// route rule, and the global and per-key scopes in any case). To count them without
+    /// refusing: `.fallback(Route::fallback().shadow(true))`. Listed routes number from 1
+    /// by default; a route given `.id(0)` shares the fallback's scope.
+    pub fn fallback(mut self, route: Route) -> Self {
+        self.fallback = route;
+        self
+    }
+
+    /// The secret of the keyed hash that maps keys to scope ids (see [`Key`]): random per
+    /// process by default. Give every process of a fleet that shares remote scopes the
+    /// same secret, so that a client has one id, and one budget, everywhere. Keep it like
+    /// a password: whoever knows it can compute the id of any key.
+    pub fn key_secret(mut self, secret: [u8; 16]) -> Self {
+        self.key_secret = Some(secret);
+        self
+    }
+
+    /// The work class of routes that set none, and of the fallback route. Not needed
+    /// when the limiter has one class (the implicit one of a rule set given none).
     pub fn default_class(mut self, name: &str) -> Self {
         self.default_class = Some(name.to_owned());
         self
@@ -282,9 +439,18 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
     }
 
     /// Proxies whose `Forwarded` / `X-Forwarded-For` is believed: only a request whose
-    /// peer is in one of these networks has its client taken from those fields.
+    /// peer is in one of these networks has its client taken from those fields (a
+    /// client that connects directly gets its own address, whatever it writes there).
+    /// The [`ipnet`](crate::ipnet) crate's networks convert with `IpNet::from`.
     pub fn trusted_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
-        self.proxies.extend(nets);
+        self.proxies.nets.extend(nets);
+        self
+    }
+
+    /// Which field the trusted proxies write the client into ([`Forwarding::Either`] by
+    /// default). Name it: a proxy passes on the other field as the client wrote it.
+    pub fn forwarding(mut self, forwarding: Forwarding) -> Self {
+        self.proxies.forwarding = forwarding;
         self
     }
 
@@ -363,8 +529,9 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
     ///
     /// # Errors
     ///
-    /// [`LayerError`]: no default class, an unknown class name, a key for a kind without
-    /// a rule, a policy that does not fit the `RateLimit` fields.
+    /// [`LayerError`]: no default class (for a limiter of several classes), an unknown
+    /// class name, a key for a kind without a rule, a policy that does not fit the
+    /// `RateLimit` fields.
     pub fn build(self) -> Result<RateLimitLayer<C>, LayerError> {
         let limiter = self.limiter;
         let class = |name: &str| {
@@ -372,9 +539,12 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 .class(name)
                 .ok_or_else(|| LayerError::UnknownClass(name.to_owned()))
         };
-        let default_name = self.default_class.ok_or(LayerError::NoDefaultClass)?;
+        let default_class = match &self.default_class {
+            Some(name) => class(name)?,
+            None => limiter.sole_class().ok_or(LayerError::NoDefaultClass)?,
+        };
         let default = Options {
-            class: class(&default_name)?,
+            class: default_class,
             max_wait: self.default_max_wait,
             refund: self.default_refund,
             shadow: self.shadow,
@@ -389,8 +559,19 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 return Err(LayerError::KeyWithoutScope(kind));
             }
         }
-        let mut routes = Vec::with_capacity(self.routes.len());
-        for (i, route) in self.routes.into_iter().enumerate() {
+        let mut routes = Vec::with_capacity(self.routes.len() + 1);
+        // The fallback last, made to match every request.
+        let fallback = Route {
+            id: Some(self.fallback.id.unwrap_or(0)),
+            options: self.fallback.options,
+            ..Route::any("/*")
+        };
+        for (i, route) in self
+            .routes
+            .into_iter()
+            .chain(std::iter::once(fallback))
+            .enumerate()
+        {
             let o = &route.options;
             let options = Options {
                 class: match &o.class {
@@ -428,7 +609,10 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 refusal_body: self.refusal_body,
                 missing: self.missing,
                 quotas: Quotas::new(by_kind),
-                hasher: RandomState::new(),
+                hasher: match self.key_secret {
+                    Some(secret) => KeyHasher::with_secret(secret),
+                    None => KeyHasher::process(),
+                },
                 counts: Counts::default(),
                 store_down_admits: self.store_down_admits,
             }),

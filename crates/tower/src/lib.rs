@@ -1,6 +1,29 @@
 //! A tower layer for [tokengate]: scoped token-bucket rate limits at the HTTP edge, for
 //! axum and hyper.
 //!
+//! The common cases take one line: [`RateLimitLayer::per_ip`],
+//! [`RateLimitLayer::global`], [`RateLimitLayer::per_header`].
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use tokengate::Policy;
+//! use tokengate_tower::RateLimitLayer;
+//!
+//! // 10 requests per second per client IP, bursts of 20.
+//! let layer = RateLimitLayer::per_ip(Policy::new(20, 10.0)?)?;
+//! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+//! // Serve with app.into_make_service_with_connect_info::<std::net::SocketAddr>().
+//! # let _ = app;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Every key taken from a request becomes its scope id through one keyed hash under a
+//! per-process secret ([`Key`]): an id seen in a response or a log is no way to another
+//! client's bucket. A `GET` route matches `HEAD`; requests no route matches go through
+//! the [fallback route](RateLimitLayerBuilder::fallback), limited by default.
+//!
+//! The full builder:
+//!
 //! One [`RateLimitLayer`] wraps a [`ScopedLimiter`](tokengate::ScopedLimiter) behind an
 //! `Arc`: every clone of the layer and of its services pays the same buckets. Per request
 //! it extracts the keys ([`Key`]: client IP with an IPv6 prefix and trusted proxies, a
@@ -68,7 +91,8 @@ mod route;
 mod service;
 mod stats;
 
-pub use ip::{IpNet, IpNetError};
+pub use ip::{Forwarding, IpNet, IpNetError};
+pub use ipnet;
 pub use key::{Head, Key, KeyError};
 pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 pub use response::{
@@ -78,3 +102,8 @@ pub use response::{
 pub use route::Route;
 pub use service::{RateLimit, ResponseFuture};
 pub use stats::EdgeStats;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -16,7 +16,13 @@ pub(crate) type StatusPredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 /// Patterns are matched segment by segment: a literal segment matches itself, `{name}`
 /// (or `:name`) matches any one segment, and a final `*` matches the rest (any number of
 /// segments, including none). Routes are tried in the order they were added; the first
-/// match wins.
+/// match wins. A `GET` route matches `HEAD` too (axum and hyper answer `HEAD` with the
+/// `GET` handler), at the same cost and in the same route scope.
+///
+/// A request that matches no route (a 404 included) goes through the layer's
+/// [fallback route](crate::RateLimitLayerBuilder::fallback): by default
+/// [`Route::fallback`], the route scope `route:0` at the default class, so unmatched paths
+/// are limited like any other.
 ///
 /// ```
 /// use std::time::Duration;
@@ -69,7 +75,8 @@ impl fmt::Debug for Route {
 }
 
 impl Route {
-    /// Requests with `method` (any method for `None`) whose path matches `pattern`.
+    /// Requests with `method` (any method for `None`) whose path matches `pattern`; a
+    /// `GET` route matches `HEAD` requests too.
     pub fn new(method: Option<Method>, pattern: &str) -> Route {
         let pattern_text = pattern.to_owned();
         let segments: Vec<&str> = pattern.trim_start_matches('/').split('/').collect();
@@ -96,7 +103,13 @@ impl Route {
         }
     }
 
-    /// `GET` requests matching `pattern`.
+    /// The default fallback route: any method, any path, route scope `route:0` (see
+    /// [`RateLimitLayerBuilder::fallback`](crate::RateLimitLayerBuilder::fallback)).
+    pub fn fallback() -> Route {
+        Route::any("/*").id(0)
+    }
+
+    /// `GET` (and `HEAD`) requests matching `pattern`.
     pub fn get(pattern: &str) -> Route {
         Route::new(Some(Method::GET), pattern)
     }
@@ -150,8 +163,11 @@ impl Route {
     }
 
     pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
-        if self.method.as_ref().is_some_and(|m| m != method) {
-            return false;
+        if let Some(m) = &self.method {
+            // HEAD is GET without the body: the same handler, so the same route.
+            if m != method && !(*m == Method::GET && *method == Method::HEAD) {
+                return false;
+            }
         }
         let mut parts = path.trim_start_matches('/').split('/');
         for seg in &self.pattern {
@@ -190,5 +206,19 @@ mod tests {
         assert!(rest.matches(&Method::PUT, "/api/a/b"));
         assert!(!rest.matches(&Method::PUT, "/apix/a"));
         assert!(Route::get("/").matches(&Method::GET, "/"));
+    }
+
+    #[test]
+    fn a_get_route_matches_head_and_no_other_route_does() {
+        let r = Route::get("/search");
+        assert!(r.matches(&Method::HEAD, "/search"));
+        assert!(!r.matches(&Method::HEAD, "/other"));
+        assert!(!Route::post("/search").matches(&Method::HEAD, "/search"));
+        let head_only = Route::new(Some(Method::HEAD), "/x");
+        assert!(!head_only.matches(&Method::GET, "/x"));
+        let f = Route::fallback();
+        for path in ["/", "/a", "/a/b/c", ""] {
+            assert!(f.matches(&Method::DELETE, path), "{path}");
+        }
     }
 }

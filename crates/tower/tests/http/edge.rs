@@ -113,6 +113,7 @@ async fn legacy_fields_and_a_custom_body_when_asked_for() {
         })
         .build()
         .unwrap();
+    let tenant_5 = layer.key_id("5");
     let addr = serve(app(layer)).await;
     let c = client();
     let ok = fetch(&c, addr, "/", &[("x-tenant", "5")]).await;
@@ -125,7 +126,7 @@ async fn legacy_fields_and_a_custom_body_when_asked_for() {
         refused.header("x-ratelimit-reset"),
         refused.header("retry-after")
     );
-    assert_eq!(refused.body, "slow down, tenant:5");
+    assert_eq!(refused.body, format!("slow down, tenant:{tenant_5}"));
 }
 
 #[tokio::test]
@@ -136,6 +137,8 @@ async fn two_tenants_are_isolated() {
         .default_class("metadata")
         .build()
         .unwrap();
+    let tenant = |v| TenantId(layer.key_id(v));
+    let (t1, t2) = (tenant("1"), tenant("2"));
     let addr = serve(app(layer)).await;
     let c = client();
     for _ in 0..2 {
@@ -144,13 +147,13 @@ async fn two_tenants_are_isolated() {
     let refused = fetch(&c, addr, "/", &[("x-tenant", "1")]).await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(list(refused.header("ratelimit").unwrap())[0].0, "tenant");
-    assert!(refused.body.contains("tenant:1"));
+    assert!(refused.body.contains(&format!("tenant:{}", t1.0)));
     // The other tenant has its whole budget.
     for _ in 0..2 {
         assert_eq!(fetch(&c, addr, "/", &[("x-tenant", "2")]).await.status, 200);
     }
-    assert_eq!(limiter.available(&Scope::Tenant(TenantId(1))), Some(0.0));
-    assert_eq!(limiter.available(&Scope::Tenant(TenantId(2))), Some(0.0));
+    assert_eq!(limiter.available(&Scope::Tenant(t1)), Some(0.0));
+    assert_eq!(limiter.available(&Scope::Tenant(t2)), Some(0.0));
     assert_eq!(limiter.available(&Scope::Global), Some(996.0));
 }
 
@@ -170,6 +173,7 @@ async fn a_routes_class_sets_its_cost_and_its_route_scope() {
         .default_class("metadata")
         .build()
         .unwrap();
+    let t3 = TenantId(layer.key_id("3"));
     let addr = serve(app(layer)).await;
     let c = client();
     let t = [("x-tenant", "3")];
@@ -179,16 +183,18 @@ async fn a_routes_class_sets_its_cost_and_its_route_scope() {
             .status,
         200
     );
-    assert_eq!(limiter.available(&Scope::Tenant(TenantId(3))), Some(10.0));
+    assert_eq!(limiter.available(&Scope::Tenant(t3)), Some(10.0));
     let second = crate::support::send(&c, addr, "POST", "/export", &t).await;
     assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
-    // GET /export matches no route (the route is POST only): the default class.
+    // GET /export matches no listed route (that one is POST only): the fallback route,
+    // at the default class.
     assert_eq!(fetch(&c, addr, "/export", &t).await.status, 200);
     assert_eq!(fetch(&c, addr, "/search", &t).await.status, 200);
-    assert_eq!(limiter.available(&Scope::Tenant(TenantId(3))), Some(6.0));
+    assert_eq!(limiter.available(&Scope::Tenant(t3)), Some(6.0));
     let route = |id| limiter.available(&Scope::Route(tokengate::scope::RouteId(id)));
     assert_eq!(route(7), Some(80.0));
     assert_eq!(route(8), Some(97.0));
+    assert_eq!(route(0), Some(99.0));
 }
 
 fn per_client(trusted: &[&str]) -> (RateLimitLayer<ManualClock>, Arc<ScopedLimiter<ManualClock>>) {
@@ -302,6 +308,7 @@ async fn a_shadowed_scope_refuses_without_blocking_the_enforced_ones() {
         .build()
         .unwrap();
     let stats = layer.clone();
+    let t9 = TenantId(layer.key_id("9"));
     let addr = serve(app(layer)).await;
     let c = client();
     let t = [("x-tenant", "9")];
@@ -313,7 +320,7 @@ async fn a_shadowed_scope_refuses_without_blocking_the_enforced_ones() {
     // The third request was refused by the global scope, which is decided first: the
     // tenant's shadow refusal is counted once, for the second request.
     assert_eq!(stats.stats().shadow_rejected(ScopeKind::Tenant), 1);
-    assert_eq!(limiter.available(&Scope::Tenant(TenantId(9))), Some(0.0));
+    assert_eq!(limiter.available(&Scope::Tenant(t9)), Some(0.0));
     assert_eq!(limiter.available(&Scope::Global), Some(0.0));
 }
 

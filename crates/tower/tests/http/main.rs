@@ -5,5 +5,6 @@
 
 mod edge;
 mod metrics_endpoint;
+mod safe_defaults;
 mod support;
 mod tracing_records;

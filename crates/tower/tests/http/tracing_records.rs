@@ -71,6 +71,7 @@ async fn a_refusal_is_a_tracing_event_with_the_seeds_fields() {
         .default_class("search")
         .build()
         .unwrap();
+    let tenant_42 = layer.key_id("42");
     let addr = serve(
         Router::new()
             .route("/", get(|| async { "ok" }))
@@ -106,7 +107,7 @@ async fn a_refusal_is_a_tracing_event_with_the_seeds_fields() {
         ]
     );
     let value = |k: &str| rejected[0].iter().find(|(n, _)| n == k).unwrap().1.clone();
-    assert_eq!(value("limiter"), "tenant:42");
+    assert_eq!(value("limiter"), format!("tenant:{tenant_42}"));
     assert_eq!(value("bucket_capacity"), "3");
     assert_eq!(value("token_cost"), "3");
     assert_eq!(value("attempt"), "original");
