@@ -473,6 +473,22 @@ impl<'a> ScopeDecision<'a> {
         )
     }
 
+    /// The fraction bits of the policy kind `k`'s decision reports
+    /// ([`policy_of`](ScopeDecision::policy_of)'s), read directly for the common case:
+    /// a key in its rule's policies, on its own bucket, not refusing.
+    #[inline(always)]
+    fn frac_bits_of(&self, k: usize) -> Option<u32> {
+        let common = self.tiers.get(k) == Some(&0)
+            && self.overflow & bit(k) == 0
+            && !matches!(self.refused, Some(Refused::RateLimited(r, _)) if r.index() == k);
+        if common {
+            if let Some(Some(kp)) = self.policies.rules.get(k) {
+                return Some(kp.policy().layout().frac_bits());
+            }
+        }
+        self.policy_of(k).map(|p| p.layout().frac_bits())
+    }
+
     /// The policies kind `k`'s key is held to: its tier's or its rule's.
     fn kind_policies(&self, k: usize) -> Option<&'a KindPolicies> {
         self.policies.get(k, *self.tiers.get(k)?)
@@ -547,6 +563,8 @@ pub struct ScopeVerdict<'a> {
     /// `refused`, which of `policies` its bucket has (looked up when asked).
     tier: u8,
     overflow: bool,
+    /// Its policy's fraction bits (one token is `2^F` units).
+    frac_bits: u8,
     /// Nanoseconds until the request could be admitted (a refusal with a wait).
     wait_nanos: u64,
     balance: i64,
@@ -641,9 +659,10 @@ impl<'a> ScopeVerdict<'a> {
     /// one token or owed).
     #[inline]
     pub fn remaining(&self) -> u64 {
-        match self.policy() {
-            Some(p) if self.balance > 0 => (self.balance as u64) >> p.layout().frac_bits(),
-            _ => 0,
+        if self.tightest.is_some() && self.balance > 0 {
+            (self.balance as u64) >> self.frac_bits
+        } else {
+            0
         }
     }
 }
@@ -678,6 +697,7 @@ impl<'a> ScopeDecision<'a> {
             tightest: None,
             tier: 0,
             overflow: false,
+            frac_bits: 0,
             wait_nanos: self.retry_after_nanos,
             balance: 0,
             lead_nanos: 0,
@@ -689,30 +709,28 @@ impl<'a> ScopeDecision<'a> {
         while decided != 0 {
             let k = decided.trailing_zeros() as usize;
             decided &= decided - 1;
+            let Some(frac_bits) = self.frac_bits_of(k) else {
+                continue;
+            };
             // SAFETY: as in `decision_of`: a kind in `decided` has its parts written.
             let Parts {
                 balance,
                 lead_nanos,
             } = unsafe { self.parts[k].assume_init() };
-            // One scope decided (a refusal, a request paying one scope): it is the
-            // tightest, with no policy to look up.
-            if v.tightest.is_some() || decided != 0 {
-                let Some(policy) = self.policy_of(k) else {
-                    continue;
-                };
-                let whole = if balance > 0 {
-                    (balance as u64) >> policy.layout().frac_bits()
-                } else {
-                    0
-                };
-                if whole >= fewest {
-                    continue;
-                }
-                fewest = whole;
+            let whole = if balance > 0 {
+                (balance as u64) >> frac_bits
+            } else {
+                0
+            };
+            if whole >= fewest {
+                continue;
             }
+            fewest = whole;
             v.tightest = Some(ScopeKind::ALL[k]);
             v.tier = self.tiers[k];
             v.overflow = self.overflow & bit(k) != 0;
+            // At most 63 fraction bits: fits a byte.
+            v.frac_bits = frac_bits as u8;
             v.balance = balance;
             v.lead_nanos = lead_nanos;
             v.cost = self.costs[k];
