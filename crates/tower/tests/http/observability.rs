@@ -101,7 +101,10 @@ async fn a_kind_without_counters_exports_no_series_and_every_series_is_described
 
 /// Every event of a `tokengate` target: its level, target and fields.
 #[derive(Clone, Default)]
-pub(crate) struct Capture(pub(crate) Arc<Mutex<Vec<(Level, String, Vec<(String, String)>)>>>);
+pub(crate) struct Capture(pub(crate) Arc<Mutex<Vec<Captured>>>);
+
+/// One event: its level, its target, its fields as `(name, value)`.
+pub(crate) type Captured = (Level, String, Vec<(String, String)>);
 
 pub(crate) struct Fields(Vec<(String, String)>);
 
@@ -169,7 +172,7 @@ async fn refusals_and_shadow_refusals_are_debug_events() {
         StatusCode::TOO_MANY_REQUESTS
     );
     let events = capture.0.lock().unwrap().clone();
-    let result = |e: &(Level, String, Vec<(String, String)>), r: &str| {
+    let result = |e: &Captured, r: &str| {
         // A `&str` field reads quoted, a `Display` one bare.
         e.2.iter()
             .any(|(k, v)| k == "result" && v.trim_matches('"') == r)
