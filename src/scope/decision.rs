@@ -820,6 +820,84 @@ impl std::error::Error for ScopeError {
 mod tests {
     use super::{Request, ScopeDecision};
 
+    /// The verdict says what the whole decision says: admitted or refused, the refusing
+    /// kind and scope, the wait, the cost, and for the tightest scope (the paid one with
+    /// the fewest whole tokens left) its decision, over admissions, refusals by either
+    /// scope, and a full key map.
+    #[test]
+    fn a_verdict_agrees_with_its_decision() {
+        use crate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, UserId, WorkClass};
+        use crate::{ManualClock, Policy};
+        let clock = ManualClock::new();
+        let limiter = RuleSet::new()
+            .rule(ScopeKind::Global, Rule::new(Policy::new(40, 4.0).unwrap()))
+            .rule(ScopeKind::Tenant, Rule::new(Policy::new(9, 1.0).unwrap()))
+            .rule(
+                ScopeKind::User,
+                Rule::new(Policy::new(50, 0.01).unwrap())
+                    .max_keys(3)
+                    .shards(1),
+            )
+            .class(WorkClass::new("one", 1))
+            .class(WorkClass::new("three", 3))
+            .build_with_clock(clock.clone())
+            .unwrap();
+        let classes = [
+            limiter.class("one").unwrap(),
+            limiter.class("three").unwrap(),
+        ];
+        let (mut admitted, mut refused, mut key_limits) = (0, 0, 0);
+        for i in 0u64..300 {
+            let mut request = Request::new().tenant(TenantId(i % 2));
+            if i % 3 != 0 {
+                request = request.user(UserId(i % 5));
+            }
+            let d = limiter
+                .try_acquire(&request, classes[(i % 2) as usize])
+                .unwrap();
+            let v = d.verdict();
+            assert_eq!(v.is_admitted(), d.is_admitted(), "{i}");
+            assert_eq!(v.refused_scope(&request), d.refused_scope(), "{i}");
+            assert_eq!(v.retry_after(), d.retry_after(), "{i}");
+            let fewest = d
+                .scopes()
+                .filter_map(|sc| Some((sc, d.decision(sc)?)))
+                .map(|(sc, dec)| {
+                    let whole = (dec.balance_units().max(0) as u64)
+                        >> d.policies
+                            .get(sc.kind().index(), 0)
+                            .unwrap()
+                            .policy()
+                            .layout()
+                            .frac_bits();
+                    (whole, sc)
+                })
+                .min_by_key(|&(whole, sc)| (whole, sc.kind().index()));
+            match fewest {
+                Some((whole, sc)) => {
+                    assert_eq!(v.tightest(), Some(sc.kind()), "{i}");
+                    assert_eq!(v.remaining(), whole, "{i}");
+                    assert_eq!(v.decision(), d.decision(sc), "{i}");
+                    assert_eq!(Some(v.cost()), d.cost(sc), "{i}");
+                }
+                None => assert_eq!(v.tightest(), None, "{i}"),
+            }
+            if v.is_key_limit() {
+                key_limits += 1;
+                assert_eq!(Some(v.cost()), d.cost(d.refused_scope().unwrap()), "{i}");
+            } else if v.is_admitted() {
+                admitted += 1;
+            } else {
+                refused += 1;
+            }
+            clock.advance(std::time::Duration::from_millis((i * 7919) % 600));
+        }
+        assert!(
+            admitted > 20 && refused > 20 && key_limits > 5,
+            "{admitted} {refused} {key_limits}"
+        );
+    }
+
     #[test]
     fn a_verdict_is_48_bytes() {
         assert_eq!(std::mem::size_of::<super::ScopeVerdict<'_>>(), 48);
