@@ -551,7 +551,8 @@ impl<'a> ScopeDecision<'a> {
 /// let v = limiter.try_acquire_verdict(&request, search)?;
 /// assert_eq!(v.refused(), Some(ScopeKind::Tenant));
 /// assert_eq!(v.refused_scope(&request), Some(Scope::Tenant(TenantId(1))));
-/// assert_eq!(v.retry_after(), Some(std::time::Duration::from_secs(1)));
+/// // 1 token missing at 1/s: a second, and up to a tick of the bucket's grid.
+/// assert_eq!(v.retry_after().map(|w| w.as_secs()), Some(1));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -826,7 +827,7 @@ mod tests {
     /// scope, and a full key map.
     #[test]
     fn a_verdict_agrees_with_its_decision() {
-        use crate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, UserId, WorkClass};
+        use crate::scope::{Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
         use crate::{ManualClock, Policy};
         let clock = ManualClock::new();
         let limiter = RuleSet::new()
