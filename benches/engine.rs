@@ -10,8 +10,10 @@
 //! - `multi_3_scopes`: `acquire_all` over 3 buckets (one clock read for the set) beside a
 //!   single admit.
 //! - `scoped`: a `ScopedLimiter` request paying the global scope alone beside one
-//!   `Bucket::try_acquire`, and one paying a leased global scope, a tenant and a user
-//!   beside `acquire_all` over the same kinds of buckets, bare.
+//!   `Bucket::try_acquire`, one paying the global scope and a tenant (the whole decision,
+//!   `scoped_2`, and its verdict, `scoped_2_verdict`) beside `acquire_all` over two
+//!   buckets, and one paying a leased global scope, a tenant and a user beside
+//!   `acquire_all` over the same kinds of buckets, bare.
 //! - `contention_admit`, `contention_reject`: ONE shared bucket; `contention_keyed`: one
 //!   keyed limiter over 100,000 `u64` keys picked uniformly at random (tokengate's and
 //!   governor's); every thread count from 1 to N (`TOKENGATE_THREADS`, 1 to 1024, default
@@ -205,6 +207,19 @@ fn scoped(c: &mut Criterion) {
     let (global, global_one, anonymous) = common::scoped::global(admit());
     g.bench_function("scoped_global", |b| {
         b.iter(|| black_box(&global).try_acquire(black_box(&anonymous), global_one))
+    });
+    // A global + tenant decision (a tenant key in its map), whole and as a verdict,
+    // beside `acquire_all` over two buckets.
+    let (two, two_one, tenant_request) = common::scoped::tenant(admit());
+    g.bench_function("scoped_2", |b| {
+        b.iter(|| black_box(&two).try_acquire(black_box(&tenant_request), two_one))
+    });
+    g.bench_function("scoped_2_verdict", |b| {
+        b.iter(|| black_box(&two).try_acquire_verdict(black_box(&tenant_request), two_one))
+    });
+    let (global_b, tenant_b) = (Bucket::new(admit()), Bucket::new(admit()));
+    g.bench_function("acquire_all_2", |b| {
+        b.iter(|| acquire_all(black_box(&[(&global_b, 1), (&tenant_b, 1)])))
     });
     let (three, three_one, request) = common::scoped::three(admit());
     g.bench_function("scoped_3", |b| {

@@ -111,7 +111,8 @@ pub const MAX_INTEGER: u64 = 999_999_999_999_999;
 
 /// A decision an HTTP response can report: admitted, or rejected with a wait.
 ///
-/// Implemented by [`Decision`] and [`MultiDecision`].
+/// Implemented by [`Decision`], [`MultiDecision`] and
+/// [`ScopeVerdict`](crate::scope::ScopeVerdict).
 pub trait Verdict {
     /// Whether the request was admitted.
     fn is_admitted(&self) -> bool;
@@ -127,6 +128,16 @@ impl Verdict for Decision {
 
     fn retry_after(&self) -> Option<Duration> {
         Decision::retry_after(self)
+    }
+}
+
+impl Verdict for crate::scope::ScopeVerdict<'_> {
+    fn is_admitted(&self) -> bool {
+        crate::scope::ScopeVerdict::is_admitted(self)
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        crate::scope::ScopeVerdict::retry_after(self)
     }
 }
 

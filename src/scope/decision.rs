@@ -464,14 +464,29 @@ impl<'a> ScopeDecision<'a> {
     /// The policy of the bucket whose decision kind `k` reports: the overflow bucket's
     /// when charged there, the refusing limit's for the refusing kind, else the first.
     fn policy_of(&self, k: usize) -> Option<&'a Policy> {
-        let kp = self.kind_policies(k)?;
-        if self.overflow & bit(k) != 0 {
-            return kp.overflow.as_ref();
+        policy_in(
+            self.policies,
+            k,
+            *self.tiers.get(k)?,
+            self.overflow & bit(k) != 0,
+            self.refused,
+        )
+    }
+
+    /// The fraction bits of the policy kind `k`'s decision reports
+    /// ([`policy_of`](ScopeDecision::policy_of)'s), read directly for the common case:
+    /// a key in its rule's policies, on its own bucket, not refusing.
+    #[inline(always)]
+    fn frac_bits_of(&self, k: usize) -> Option<u32> {
+        let common = self.tiers.get(k) == Some(&0)
+            && self.overflow & bit(k) == 0
+            && !matches!(self.refused, Some(Refused::RateLimited(r, _)) if r.index() == k);
+        if common {
+            if let Some(Some(kp)) = self.policies.rules.get(k) {
+                return Some(kp.policy().layout().frac_bits());
+            }
         }
-        match self.refused {
-            Some(Refused::RateLimited(r, l)) if r.index() == k => kp.as_slice().get(usize::from(l)),
-            _ => Some(kp.policy()),
-        }
+        self.policy_of(k).map(|p| p.layout().frac_bits())
     }
 
     /// The policies kind `k`'s key is held to: its tier's or its rule's.
@@ -505,6 +520,231 @@ impl<'a> ScopeDecision<'a> {
         let k = scope.kind();
         (Scope::of(&self.request, k) == Some(scope) && self.paid & bit(k.index()) != 0)
             .then_some(k.index())
+    }
+}
+
+/// A scoped decision as a caller answering the request needs it, and no more: admitted
+/// or refused, the refusing scope kind, its wait, and the tightest scope's balance (the
+/// paid scope with the fewest whole tokens left; the refusing scope's for a rate-limit
+/// refusal). What a `429` and its `Retry-After`, and the admitted `RateLimit` fields of
+/// the tightest scope, are written from (48 bytes on 64-bit targets, against a
+/// [`ScopeDecision`]'s 208).
+///
+/// From [`ScopedLimiter::try_acquire_verdict`](crate::ScopedLimiter::try_acquire_verdict),
+/// which decides exactly as [`try_acquire`](crate::ScopedLimiter::try_acquire) does, or
+/// from a decision's [`verdict`](ScopeDecision::verdict). Per-scope details (every
+/// scope's decision, the records) stay with [`ScopeDecision`], for the callers that ask.
+///
+/// ```
+/// use tokengate::{ManualClock, Policy, scope::*};
+/// let limiter = RuleSet::new()
+///     .rule(ScopeKind::Global, Rule::new(Policy::new(100, 1.0)?))
+///     .rule(ScopeKind::Tenant, Rule::new(Policy::new(5, 1.0)?))
+///     .class(WorkClass::new("search", 3))
+///     .build_with_clock(ManualClock::new())?;
+/// let search = limiter.class("search").unwrap();
+/// let request = Request::new().tenant(TenantId(1));
+/// let v = limiter.try_acquire_verdict(&request, search)?;
+/// assert!(v.is_admitted());
+/// assert_eq!(v.tightest(), Some(ScopeKind::Tenant)); // 2 tokens left, the global 97
+/// assert_eq!(v.decision().map(|d| d.tokens_remaining()), Some(2.0));
+/// let v = limiter.try_acquire_verdict(&request, search)?;
+/// assert_eq!(v.refused(), Some(ScopeKind::Tenant));
+/// assert_eq!(v.refused_scope(&request), Some(Scope::Tenant(TenantId(1))));
+/// // 1 token missing at 1/s: a second, and up to a tick of the bucket's grid.
+/// assert_eq!(v.retry_after().map(|w| w.as_secs()), Some(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScopeVerdict<'a> {
+    refused: Option<Refused>,
+    /// The kind `balance` and `lead_nanos` are of (`None`: no local bucket decided).
+    tightest: Option<ScopeKind>,
+    /// Its local tier, and whether it was charged to its kind's overflow bucket: with
+    /// `refused`, which of `policies` its bucket has (looked up when asked).
+    tier: u8,
+    overflow: bool,
+    /// Its policy's fraction bits (one token is `2^F` units).
+    frac_bits: u8,
+    /// Nanoseconds until the request could be admitted (a refusal with a wait).
+    wait_nanos: u64,
+    balance: i64,
+    lead_nanos: i64,
+    /// The tightest scope's cost (the refusing scope's for a refusal).
+    cost: u64,
+    policies: &'a Policies,
+}
+
+impl<'a> ScopeVerdict<'a> {
+    /// Whether every scope's cost was taken.
+    #[inline]
+    pub fn is_admitted(&self) -> bool {
+        self.refused.is_none()
+    }
+
+    /// Whether nothing was taken.
+    #[inline]
+    pub fn is_rejected(&self) -> bool {
+        self.refused.is_some()
+    }
+
+    /// The kind of the scope that refused, for a rejection.
+    #[inline]
+    pub fn refused(&self) -> Option<ScopeKind> {
+        match self.refused? {
+            Refused::RateLimited(k, _) | Refused::KeyLimit(k) | Refused::Remote(k) => Some(k),
+        }
+    }
+
+    /// The scope that refused, for a rejection of `request` (the request this verdict
+    /// decided: its key of the refusing kind), as [`ScopeDecision::refused_scope`].
+    #[inline]
+    pub fn refused_scope(&self, request: &Request) -> Option<Scope> {
+        Scope::of(request, self.refused()?)
+    }
+
+    /// Whether the refusing scope's key map was full ([`Refusal::KeyLimit`]).
+    #[inline]
+    pub fn is_key_limit(&self) -> bool {
+        matches!(self.refused, Some(Refused::KeyLimit(_)))
+    }
+
+    /// As [`ScopeDecision::retry_after`].
+    #[inline]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.refused {
+            Some(Refused::RateLimited(..) | Refused::Remote(_)) => Some(match self.wait_nanos {
+                u64::MAX => Duration::MAX,
+                n => Duration::from_nanos(n),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The kind of the tightest scope: for an admission, the paid scope with the fewest
+    /// whole tokens left (the first in [`ScopeKind`] order among equals); for a
+    /// rate-limit refusal, the refusing one; `None` when no local bucket decided.
+    #[inline]
+    pub fn tightest(&self) -> Option<ScopeKind> {
+        self.tightest
+    }
+
+    /// The tightest scope's own decision (as [`ScopeDecision::decision`] gives it).
+    /// Rebuilt on each call (no division).
+    #[inline]
+    pub fn decision(&self) -> Option<Decision> {
+        Some(Decision::from_parts(
+            self.policy()?.layout(),
+            self.balance,
+            self.lead_nanos,
+            self.cost,
+            self.refused.is_none(),
+        ))
+    }
+
+    /// The cost the request asked of the tightest scope; for a refusal, of the refusing
+    /// scope (0 when the request does not pay it).
+    #[inline]
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The policy of the tightest scope's bucket.
+    #[inline]
+    pub fn policy(&self) -> Option<&'a Policy> {
+        let k = self.tightest?.index();
+        policy_in(self.policies, k, self.tier, self.overflow, self.refused)
+    }
+
+    /// The tightest scope's balance after the decision, in whole tokens (0 while below
+    /// one token or owed).
+    #[inline]
+    pub fn remaining(&self) -> u64 {
+        if self.tightest.is_some() && self.balance > 0 {
+            (self.balance as u64) >> self.frac_bits
+        } else {
+            0
+        }
+    }
+}
+
+/// The policy of the bucket whose decision kind `k` (in local tier `tier`) reports: the
+/// overflow bucket's when charged there, the refusing limit's for the refusing kind,
+/// else the first.
+#[inline]
+fn policy_in(
+    policies: &Policies,
+    k: usize,
+    tier: u8,
+    overflow: bool,
+    refused: Option<Refused>,
+) -> Option<&Policy> {
+    let kp = policies.get(k, tier)?;
+    if overflow {
+        return kp.overflow.as_ref();
+    }
+    match refused {
+        Some(Refused::RateLimited(r, l)) if r.index() == k => kp.as_slice().get(usize::from(l)),
+        _ => Some(kp.policy()),
+    }
+}
+
+impl<'a> ScopeDecision<'a> {
+    /// The decision's [`ScopeVerdict`]: what a caller answering the request needs.
+    #[inline]
+    pub fn verdict(&self) -> ScopeVerdict<'a> {
+        let mut v = ScopeVerdict {
+            refused: self.refused,
+            tightest: None,
+            tier: 0,
+            overflow: false,
+            frac_bits: 0,
+            wait_nanos: self.retry_after_nanos,
+            balance: 0,
+            lead_nanos: 0,
+            cost: 0,
+            policies: self.policies,
+        };
+        let mut decided = self.decided;
+        let mut fewest = u64::MAX;
+        while decided != 0 {
+            let k = decided.trailing_zeros() as usize;
+            decided &= decided - 1;
+            let Some(frac_bits) = self.frac_bits_of(k) else {
+                continue;
+            };
+            // SAFETY: as in `decision_of`: a kind in `decided` has its parts written.
+            let Parts {
+                balance,
+                lead_nanos,
+            } = unsafe { self.parts[k].assume_init() };
+            let whole = if balance > 0 {
+                (balance as u64) >> frac_bits
+            } else {
+                0
+            };
+            if whole >= fewest {
+                continue;
+            }
+            fewest = whole;
+            v.tightest = Some(ScopeKind::ALL[k]);
+            v.tier = self.tiers[k];
+            v.overflow = self.overflow & bit(k) != 0;
+            // At most 63 fraction bits: fits a byte.
+            v.frac_bits = frac_bits as u8;
+            v.balance = balance;
+            v.lead_nanos = lead_nanos;
+            v.cost = self.costs[k];
+        }
+        if let Some(Refused::KeyLimit(k) | Refused::Remote(k)) = self.refused {
+            let k = k.index();
+            v.cost = if self.paid & bit(k) != 0 {
+                self.costs[k]
+            } else {
+                0
+            };
+        }
+        v
     }
 }
 
@@ -580,6 +820,89 @@ impl std::error::Error for ScopeError {
 #[cfg(all(test, not(loom), target_pointer_width = "64"))]
 mod tests {
     use super::{Request, ScopeDecision};
+
+    /// The verdict says what the whole decision says: admitted or refused, the refusing
+    /// kind and scope, the wait, the cost, and for the tightest scope (the paid one with
+    /// the fewest whole tokens left) its decision, over admissions, refusals by either
+    /// scope, and a full key map.
+    #[test]
+    fn a_verdict_agrees_with_its_decision() {
+        use crate::scope::{Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
+        use crate::{ManualClock, Policy};
+        let clock = ManualClock::new();
+        let limiter = RuleSet::new()
+            .rule(ScopeKind::Global, Rule::new(Policy::new(40, 4.0).unwrap()))
+            .rule(ScopeKind::Tenant, Rule::new(Policy::new(9, 1.0).unwrap()))
+            .rule(
+                ScopeKind::User,
+                Rule::new(Policy::new(50, 0.01).unwrap())
+                    .max_keys(3)
+                    .shards(1),
+            )
+            .class(WorkClass::new("one", 1))
+            .class(WorkClass::new("three", 3))
+            .build_with_clock(clock.clone())
+            .unwrap();
+        let classes = [
+            limiter.class("one").unwrap(),
+            limiter.class("three").unwrap(),
+        ];
+        let (mut admitted, mut refused, mut key_limits) = (0, 0, 0);
+        for i in 0u64..300 {
+            let mut request = Request::new().tenant(TenantId(i % 2));
+            if i % 3 != 0 {
+                request = request.user(UserId(i % 5));
+            }
+            let d = limiter
+                .try_acquire(&request, classes[(i % 2) as usize])
+                .unwrap();
+            let v = d.verdict();
+            assert_eq!(v.is_admitted(), d.is_admitted(), "{i}");
+            assert_eq!(v.refused_scope(&request), d.refused_scope(), "{i}");
+            assert_eq!(v.retry_after(), d.retry_after(), "{i}");
+            let fewest = d
+                .scopes()
+                .filter_map(|sc| Some((sc, d.decision(sc)?)))
+                .map(|(sc, dec)| {
+                    let whole = (dec.balance_units().max(0) as u64)
+                        >> d.policies
+                            .get(sc.kind().index(), 0)
+                            .unwrap()
+                            .policy()
+                            .layout()
+                            .frac_bits();
+                    (whole, sc)
+                })
+                .min_by_key(|&(whole, sc)| (whole, sc.kind().index()));
+            match fewest {
+                Some((whole, sc)) => {
+                    assert_eq!(v.tightest(), Some(sc.kind()), "{i}");
+                    assert_eq!(v.remaining(), whole, "{i}");
+                    assert_eq!(v.decision(), d.decision(sc), "{i}");
+                    assert_eq!(Some(v.cost()), d.cost(sc), "{i}");
+                }
+                None => assert_eq!(v.tightest(), None, "{i}"),
+            }
+            if v.is_key_limit() {
+                key_limits += 1;
+                assert_eq!(Some(v.cost()), d.cost(d.refused_scope().unwrap()), "{i}");
+            } else if v.is_admitted() {
+                admitted += 1;
+            } else {
+                refused += 1;
+            }
+            clock.advance(std::time::Duration::from_millis((i * 7919) % 600));
+        }
+        assert!(
+            admitted > 20 && refused > 20 && key_limits > 5,
+            "{admitted} {refused} {key_limits}"
+        );
+    }
+
+    #[test]
+    fn a_verdict_is_48_bytes() {
+        assert_eq!(std::mem::size_of::<super::ScopeVerdict<'_>>(), 48);
+    }
 
     #[test]
     fn a_decision_is_208_bytes_and_its_request_72() {

@@ -65,7 +65,7 @@ use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
 use decision::{KindPolicies, Policies};
-pub use decision::{Refusal, ScopeDecision, ScopeError};
+pub use decision::{Refusal, ScopeDecision, ScopeError, ScopeVerdict};
 use generation::{Generation, Generations, GlobalWord, is_sealed};
 use inline::Inline;
 use kind::PerKind;
@@ -641,6 +641,27 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         self.pay_scopes(request, class)
     }
 
+    /// [`try_acquire`](ScopedLimiter::try_acquire), answered as a [`ScopeVerdict`]: the same
+    /// decision (the same buckets paid, the same counters), of which the caller keeps
+    /// what answering the request needs: admitted or refused, the refusing kind and its
+    /// wait, the tightest scope's balance. The way for a caller that reads no per-scope
+    /// detail (an HTTP layer without tracing): the small value is what it moves.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](ScopedLimiter::try_acquire).
+    #[inline]
+    pub fn try_acquire_verdict(
+        &self,
+        request: &Request,
+        class: ClassId,
+    ) -> Result<ScopeVerdict<'_>, ScopeError> {
+        match self.try_acquire(request, class) {
+            Ok(d) => Ok(d.verdict()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// [`pay`](ScopedLimiter::pay) of every scope, out of line: the path of a request
     /// that pays a keyed or remote scope, or met a sealed global word.
     #[inline(never)]
@@ -1175,6 +1196,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .chain(global)
             .min()
             .unwrap_or(Duration::MAX)
+    }
+
+    /// Whether `kind`'s rule keeps counters ([`Rule::counters`]): what
+    /// [`counters`](ScopedLimiter::counters) and the exported metrics can report for it.
+    pub fn counts(&self, kind: ScopeKind) -> bool {
+        self.shape.counts(kind.index())
     }
 
     /// The clock every scope reads.

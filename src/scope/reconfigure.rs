@@ -81,6 +81,14 @@ impl Shape {
         }
     }
 
+    /// Whether kind `k`'s rule keeps counters (a reconfiguration cannot change it).
+    pub(super) fn counts(&self, k: usize) -> bool {
+        self.rules
+            .get(k)
+            .and_then(Option::as_ref)
+            .is_some_and(|r| r.counters)
+    }
+
     /// The first difference that keeps `next` from replacing this shape in place.
     fn check(&self, next: &Shape) -> Result<(), Reshape> {
         for kind in ScopeKind::ALL {

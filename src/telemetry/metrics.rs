@@ -1,8 +1,9 @@
 //! The scoped limiter's counters through the [`metrics`] facade (feature `metrics`).
 //!
 //! Counters are kept per scope kind only when its rule turns them on
-//! ([`Rule::counters`](crate::scope::Rule::counters), off by default); kinds without
-//! them export zeros. Nothing is recorded on the decision path: the counters the limiter keeps anyway (per
+//! ([`Rule::counters`](crate::scope::Rule::counters), off by default); a kind without
+//! them exports no request or token series (a zero would read as "nothing happened"),
+//! only its key gauges. Nothing is recorded on the decision path: the counters the limiter keeps anyway (per
 //! key, original vs retry) are summed by scope kind when
 //! [`export_metrics`](crate::ScopedLimiter::export_metrics) runs, typically right before a
 //! Prometheus scrape is rendered. Labels are bounded: the limiter's name, the scope kind
@@ -18,7 +19,10 @@
 //! | `tokengate_evicted_requests`        | gauge   | limiter, scope_kind                      |
 //! | `tokengate_overflow_requests`       | gauge   | limiter, scope_kind                      |
 //!
-//! `result` is `admitted` or `rejected`, `attempt` is `original` or `retry`. Evicted
+//! `result` is `admitted`, `rejected`, or `shadow_rejected` (refused, but served by a
+//! caller in shadow mode: [`export_metrics_served`](crate::ScopedLimiter::export_metrics_served);
+//! attempt `original` only), `attempt` is `original` or `retry`. Every series has a
+//! `# HELP` description. Evicted
 //! keys' counts stay in the totals (they are added from
 //! [`evicted_counters`](crate::ScopedLimiter::evicted_counters)); `tokengate_evicted_requests`
 //! says how many of the requests were counted by keys since evicted.
@@ -40,40 +44,105 @@ pub const EVICTED_REQUESTS: &str = "tokengate_evicted_requests";
 /// Requests whose key found its map full.
 pub const OVERFLOW_REQUESTS: &str = "tokengate_overflow_requests";
 
+/// What a caller served although the limiter refused it (shadow mode), for one scope
+/// kind: exported as `result="shadow_rejected"` and taken out of `result="rejected"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Requests refused by the kind's scope and served anyway.
+    pub requests: u64,
+    /// The tokens they asked of it.
+    pub tokens: u64,
+}
+
 impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Writes the limiter's counters, summed by scope kind, to the installed `metrics`
     /// recorder under the name `limiter` (see [the table](crate::telemetry::metrics)).
     /// Reads every key's counters once: call it when metrics are scraped, not per request.
     pub fn export_metrics(&self, limiter: &str) {
+        self.export_metrics_served(limiter, &[Served::default(); 6]);
+    }
+
+    /// [`export_metrics`](ScopedLimiter::export_metrics), with the refusals of each kind
+    /// (indexed as [`ScopeKind::ALL`]) that the caller served anyway (shadow mode): they
+    /// are exported as `result="shadow_rejected"` (attempt `original`) and not as
+    /// `rejected`. Read `served` before calling: the limiter counts a refusal before
+    /// its caller can, so the limiter's `rejected` then holds every refusal in `served`.
+    pub fn export_metrics_served(&self, limiter: &str, served: &[Served; 6]) {
+        describe();
         let mut sums = [CounterSnapshot::default(); 6];
         self.for_each_counters(|scope, c| sums[scope.kind() as usize] += c);
         for kind in ScopeKind::ALL {
             if self.policy(kind).is_none() {
                 continue;
             }
-            let evicted = self.evicted_counters(kind);
-            let total = sums[kind as usize] + evicted;
             let k = kind.name();
-            for (attempt, tally) in [("original", total.original), ("retry", total.retry)] {
-                export_tally(limiter, k, attempt, &tally);
-            }
             let labels = [
                 ("limiter", limiter.to_owned()),
                 ("scope_kind", k.to_owned()),
             ];
             metrics::gauge!(LIVE_KEYS, &labels).set(self.len(kind) as f64);
-            metrics::gauge!(EVICTED_REQUESTS, &labels).set(evicted.total().requests() as f64);
             let overflow = self.overflow_counters(kind).total().requests();
             metrics::gauge!(OVERFLOW_REQUESTS, &labels).set(overflow as f64);
+            // A kind without counters counted nothing: no series, rather than zeros
+            // that read as "nothing happened".
+            if !self.counts(kind) {
+                continue;
+            }
+            let evicted = self.evicted_counters(kind);
+            let total = sums[kind as usize] + evicted;
+            let shadow = served[kind as usize];
+            export_tally(limiter, k, "original", &total.original, Some(shadow));
+            export_tally(limiter, k, "retry", &total.retry, None);
+            metrics::gauge!(EVICTED_REQUESTS, &labels).set(evicted.total().requests() as f64);
         }
     }
 }
 
-fn export_tally(limiter: &str, kind: &'static str, attempt: &'static str, t: &Tally) {
-    for (result, requests, tokens) in [
+/// The `# HELP` text of each series (set again on each export: a recorder installed
+/// after the first export has it too).
+fn describe() {
+    metrics::describe_counter!(
+        REQUESTS_TOTAL,
+        "Requests decided by a scope, by result (admitted, rejected, shadow_rejected: \
+         refused but served in shadow mode) and attempt (original, retry)"
+    );
+    metrics::describe_counter!(
+        TOKENS_TOTAL,
+        "Tokens asked of a scope by the requests it decided (a request costs its work \
+         class's tokens), by result and attempt"
+    );
+    metrics::describe_gauge!(LIVE_KEYS, "Keys held in the scope kind's map");
+    metrics::describe_gauge!(
+        EVICTED_REQUESTS,
+        "Requests counted by keys since evicted from the scope kind's map (still in the \
+         totals)"
+    );
+    metrics::describe_gauge!(
+        OVERFLOW_REQUESTS,
+        "Requests whose key found the scope kind's map full"
+    );
+}
+
+fn export_tally(
+    limiter: &str,
+    kind: &'static str,
+    attempt: &'static str,
+    t: &Tally,
+    served: Option<Served>,
+) {
+    let s = served.unwrap_or_default();
+    let mut results = vec![
         ("admitted", t.admitted_requests, t.admitted_tokens),
-        ("rejected", t.rejected_requests, t.rejected_tokens),
-    ] {
+        (
+            "rejected",
+            t.rejected_requests.saturating_sub(s.requests),
+            t.rejected_tokens.saturating_sub(s.tokens),
+        ),
+    ];
+    if served.is_some() {
+        results.push(("shadow_rejected", s.requests, s.tokens));
+    }
+    for (result, requests, tokens) in results {
         let labels = [
             ("limiter", limiter.to_owned()),
             ("scope_kind", kind.to_owned()),

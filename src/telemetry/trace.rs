@@ -2,7 +2,6 @@
 
 use crate::attempt::Attempt;
 use crate::scope::ScopeDecision;
-use crate::telemetry::Outcome;
 
 /// The target of the events ([`ScopeDecision::trace`]).
 pub const TARGET: &str = "tokengate";
@@ -10,38 +9,26 @@ pub const TARGET: &str = "tokengate";
 impl ScopeDecision<'_> {
     /// Emits the decision's [`records`](ScopeDecision::records) as `tracing` events with
     /// the seed's field names: `limiter`, `result`, `bucket_capacity`, `refill_per_second`,
-    /// `token_cost`, `tokens_remaining`, `attempt`. Rejections at `INFO`, admissions at
-    /// `DEBUG`, target [`TARGET`]. A disabled level costs a cached check per call.
+    /// `token_cost`, `tokens_remaining`, `attempt`. Admissions and rejections alike at
+    /// `DEBUG`, target [`TARGET`]: a refusal is the limiter working, and a flood of them
+    /// at `INFO` would be a flood of log lines (count them with the counters instead). A
+    /// disabled level costs a cached check per call.
     pub fn trace(&self) {
-        let level_on = if self.is_rejected() {
-            tracing::enabled!(target: TARGET, tracing::Level::INFO)
-        } else {
-            tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
-        };
-        if !level_on {
+        if !tracing::enabled!(target: TARGET, tracing::Level::DEBUG) {
             return;
         }
         for r in self.records() {
             let attempt = AttemptField(r.attempt);
-            macro_rules! event {
-                ($level:expr) => {
-                    tracing::event!(
-                        target: TARGET,
-                        $level,
-                        limiter = %r.limiter,
-                        result = %r.result,
-                        bucket_capacity = r.bucket_capacity,
-                        refill_per_second = r.refill_per_second,
-                        token_cost = r.token_cost,
-                        tokens_remaining = r.tokens_remaining,
-                        attempt = %attempt,
-                    )
-                };
-            }
-            match r.result {
-                Outcome::Rejected => event!(tracing::Level::INFO),
-                Outcome::Admitted => event!(tracing::Level::DEBUG),
-            }
+            tracing::debug!(
+                target: TARGET,
+                limiter = %r.limiter,
+                result = %r.result,
+                bucket_capacity = r.bucket_capacity,
+                refill_per_second = r.refill_per_second,
+                token_cost = r.token_cost,
+                tokens_remaining = r.tokens_remaining,
+                attempt = %attempt,
+            );
         }
     }
 }

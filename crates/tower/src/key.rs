@@ -254,6 +254,12 @@ impl Key {
         self.required
     }
 
+    /// Whether the key is the client's address, which needs the peer address the
+    /// server puts in the request extensions.
+    pub(crate) fn is_client_ip(&self) -> bool {
+        matches!(self.source, Source::ClientIp { .. })
+    }
+
     /// The key's id for a request, `Ok(None)` when absent.
     pub(crate) fn extract(
         &self,

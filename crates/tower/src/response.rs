@@ -45,8 +45,9 @@ pub fn retry_after_seconds(wait: Duration) -> u64 {
 pub struct Refused {
     /// The scope that refused.
     pub scope: Scope,
-    /// `Retry-After` in seconds; `None` when the scope's map was full of keys (no
-    /// estimate, no `Retry-After`).
+    /// `Retry-After` in seconds. The layer's 429s always have one (a scope whose key
+    /// map is full answers `503` with the kind's window as `Retry-After`, not through
+    /// this hook).
     pub retry_after: Option<u64>,
     /// The cost the request asked of the refusing scope, in tokens.
     pub cost: u64,
@@ -176,14 +177,15 @@ impl Fields {
             // At most 6 items of `"tenant_route";r=<15 digits>;t=<15 digits>`: fits.
             let mut buf = StackBuf::<384>::new();
             for (i, it) in items.iter().enumerate() {
-                let sep = if i > 0 { ", " } else { "" };
-                let _ = write!(
-                    buf,
-                    "{sep}\"{}\";r={};t={}",
-                    it.kind.name(),
-                    it.remaining,
-                    it.reset
-                );
+                if i > 0 {
+                    buf.push(b", ");
+                }
+                buf.push(b"\"");
+                buf.push(it.kind.name().as_bytes());
+                buf.push(b"\";r=");
+                buf.push_u64(it.remaining);
+                buf.push(b";t=");
+                buf.push_u64(it.reset);
             }
             fields.limit = HeaderValue::from_bytes(buf.as_bytes()).ok();
         }
@@ -213,8 +215,9 @@ impl Fields {
     }
 }
 
-/// A fixed buffer for formatting a field value without allocating; text past its end is
-/// an error (the caller's values are bounded).
+/// A fixed buffer for writing a field value without allocating; text past its end is
+/// dropped (the caller's values are bounded: at most 6 items of
+/// `"tenant_route";r=<15 digits>;t=<15 digits>`).
 struct StackBuf<const N: usize> {
     buf: [u8; N],
     len: usize,
@@ -231,23 +234,50 @@ impl<const N: usize> StackBuf<N> {
     fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
-}
 
-impl<const N: usize> std::fmt::Write for StackBuf<N> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        if end > N {
-            return Err(std::fmt::Error);
+    /// Appends `bytes`; past the end, nothing (the caller's values are bounded).
+    #[inline]
+    fn push(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if end <= N {
+            self.buf[self.len..end].copy_from_slice(bytes);
+            self.len = end;
         }
-        self.buf[self.len..end].copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
+    }
+
+    /// Appends `n` in decimal, without the formatting machinery.
+    #[inline]
+    fn push_u64(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_are_written_in_decimal() {
+        let mut b = StackBuf::<64>::new();
+        for n in [0, 7, 10, 999_999_999_999_999, u64::MAX] {
+            b.push_u64(n);
+            b.push(b",");
+        }
+        assert_eq!(
+            b.as_bytes(),
+            b"0,7,10,999999999999999,18446744073709551615,"
+        );
+    }
 
     #[test]
     fn retry_after_rounds_up_and_saturates() {

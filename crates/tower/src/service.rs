@@ -13,14 +13,15 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokengate::owned::OwnedReservation;
 use tokengate::scope::{
-    ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeError, ScopeKind, TenantId, UserId,
+    ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeError, ScopeKind, ScopeVerdict, TenantId,
+    UserId,
 };
 use tokengate::{Clock, QuantaClock, ScopedLimiter};
 use tower_service::Service;
 
 use crate::key::{Head, KeyError};
 use crate::layer::{Options, Shared};
-use crate::response::{Fields, Item, MissingKey, Refused, retry_after_seconds};
+use crate::response::{Fields, Item, MissingKey, PROBLEM_JSON, Refused, retry_after_seconds};
 use crate::route::StatusPredicate;
 
 /// The service a [`RateLimitLayer`](crate::RateLimitLayer) wraps around `S`.
@@ -53,7 +54,9 @@ pin_project! {
     pub struct ResponseFuture<F, B, E, C: Clock> {
         #[pin]
         state: State<F, B, E>,
-        after: Option<After<C>>,
+        // Boxed: only an admission with fields or a refund has one, and the future
+        // stays small to move.
+        after: Option<Box<After<C>>>,
     }
 }
 
@@ -103,7 +106,7 @@ where
             StateProj::Inner { fut } => {
                 let mut response = ready!(fut.poll(cx))?;
                 if let Some(after) = this.after.take() {
-                    after.apply(&mut response);
+                    (*after).apply(&mut response);
                 }
                 Poll::Ready(Ok(response))
             }
@@ -156,6 +159,9 @@ where
             };
             let id = match key.extract(&head, &s.proxies, &s.hasher) {
                 Ok(Some(id)) => id,
+                // No peer address: the server does not record it. Skipping the scope
+                // would serve every client unlimited; refuse loudly instead.
+                Ok(None) if key.is_client_ip() => return ready(no_peer_address(s, kind)),
                 Ok(None) if !key.is_required() => continue,
                 Ok(None) => return missing(s, kind, KeyError::Absent),
                 Err(e) => return missing(s, kind, e),
@@ -167,76 +173,198 @@ where
             }
         }
         let limiter = &s.limiter;
-        let mut skip = [ScopeKind::Global; 6];
-        let mut skipped = 0;
-        let mut remote_skipped = false;
-        let decision = loop {
-            let d = if skipped == 0 {
-                limiter.try_acquire(&request, options.class)
-            } else {
-                limiter.try_acquire_without(&request, options.class, &skip[..skipped])
-            };
-            let d = match d {
-                Ok(d) => d,
+        // The small verdict for a request no one reads the scopes of; the whole decision
+        // for a shadowed kind (decided again without it), the admitted fields of every
+        // scope, a refund (its charge), or the decision records.
+        let full = !s.shadow_kinds.is_empty()
+            || s.admitted_fields
+            || options.refund.is_some()
+            || tracing_on();
+        let mut remote_down = false;
+        if !full {
+            match limiter.try_acquire_verdict(&request, options.class) {
+                Ok(v) => {
+                    return answer(
+                        &mut self.inner,
+                        &self.shared,
+                        req,
+                        &request,
+                        route,
+                        options,
+                        &v,
+                        None,
+                    );
+                }
                 Err(ScopeError::RemoteUnavailable { retry_after }) => {
                     s.counts.store_unavailable();
-                    // Served on the local scopes alone: paid again without the remote
-                    // kinds (which then cannot be unavailable).
-                    if s.store_down_admits && !remote_skipped {
-                        remote_skipped = true;
-                        for kind in limiter.remote_kinds() {
-                            if !skip[..skipped].contains(&kind) {
-                                skip[skipped] = kind;
-                                skipped += 1;
-                            }
-                        }
-                        continue;
+                    if !s.store_down_admits {
+                        return ready(store_unavailable(retry_after));
                     }
-                    return ready(store_unavailable(retry_after));
+                    remote_down = true;
                 }
                 Err(_) => return ready(plain(StatusCode::INTERNAL_SERVER_ERROR)),
-            };
-            #[cfg(feature = "tracing")]
-            d.trace();
-            match d.refused_scope().map(|sc| sc.kind()) {
-                Some(kind)
-                    if s.shadow_kinds.contains(&kind) && !skip[..skipped].contains(&kind) =>
-                {
-                    shadow_refusal(s, &d);
-                    skip[skipped] = kind;
-                    skipped += 1;
-                }
-                _ => break d,
             }
-        };
-        if decision.is_rejected() {
-            if options.shadow {
-                shadow_refusal(s, &decision);
-                return call_inner(&mut self.inner, req, None);
-            }
-            let within = decision
-                .retry_after()
-                .is_some_and(|w| !options.max_wait.is_zero() && w <= options.max_wait);
-            if within {
-                if let Ok(reservation) =
-                    limiter.reserve_owned(&request, options.class, options.max_wait)
-                {
-                    let shared = Arc::clone(&self.shared);
-                    let refund = options.refund.clone();
-                    return wait(&mut self.inner, shared, req, reservation, refund);
-                }
-            }
-            return ready(refusal(s, &decision, route));
         }
-        let after = admitted(&self.shared, &decision, options);
-        call_inner(&mut self.inner, req, Some(after))
+        let decision = match decide(s, &request, options, remote_down) {
+            Ok(d) => d,
+            Err(response) => return ready(response),
+        };
+        let v = decision.verdict();
+        answer(
+            &mut self.inner,
+            &self.shared,
+            req,
+            &request,
+            route,
+            options,
+            &v,
+            Some(&decision),
+        )
     }
 }
 
+/// Whether the decision records are wanted (a `tracing` subscriber at `DEBUG` for the
+/// engine's target): a cached check.
+#[inline]
+fn tracing_on() -> bool {
+    #[cfg(feature = "tracing")]
+    {
+        tracing::enabled!(target: tokengate::telemetry::trace::TARGET, tracing::Level::DEBUG)
+    }
+    #[cfg(not(feature = "tracing"))]
+    {
+        false
+    }
+}
+
+/// The whole decision: paid again without a shadowed kind that refused, and, with
+/// `remote_down` (the store could not decide and the layer serves on the local scopes),
+/// without the remote kinds. `Err` is the answer when there is no decision to act on.
+fn decide<'a, B: From<Bytes>, C: Clock>(
+    s: &'a Shared<C>,
+    request: &tokengate::scope::Request,
+    options: &Options,
+    mut remote_down: bool,
+) -> Result<ScopeDecision<'a>, Response<B>> {
+    let limiter = &s.limiter;
+    let mut skip = [ScopeKind::Global; 6];
+    let mut skipped = 0;
+    let mut remote_skipped = false;
+    loop {
+        if remote_down && !remote_skipped {
+            // Served on the local scopes alone: paid again without the remote kinds
+            // (which then cannot be unavailable).
+            remote_skipped = true;
+            for kind in limiter.remote_kinds() {
+                if !skip[..skipped].contains(&kind) {
+                    skip[skipped] = kind;
+                    skipped += 1;
+                }
+            }
+        }
+        let d = if skipped == 0 {
+            limiter.try_acquire(request, options.class)
+        } else {
+            limiter.try_acquire_without(request, options.class, &skip[..skipped])
+        };
+        let d = match d {
+            Ok(d) => d,
+            Err(ScopeError::RemoteUnavailable { retry_after }) => {
+                s.counts.store_unavailable();
+                if s.store_down_admits && !remote_skipped {
+                    remote_down = true;
+                    continue;
+                }
+                return Err(store_unavailable(retry_after));
+            }
+            Err(_) => return Err(plain(StatusCode::INTERNAL_SERVER_ERROR)),
+        };
+        #[cfg(feature = "tracing")]
+        d.trace();
+        match d.refused_scope().map(|sc| sc.kind()) {
+            Some(kind) if s.shadow_kinds.contains(&kind) && !skip[..skipped].contains(&kind) => {
+                shadow_refusal(s, request, &d.verdict());
+                skip[skipped] = kind;
+                skipped += 1;
+            }
+            _ => return Ok(d),
+        }
+    }
+}
+
+/// Acts on a verdict: serves the request (with its fields and refund when `decision`
+/// is there to give them), delays it, or answers the refusal.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn answer<S, C, ReqBody, ResBody>(
+    inner: &mut S,
+    shared: &Arc<Shared<C>>,
+    req: Request<ReqBody>,
+    request: &tokengate::scope::Request,
+    route: Option<RouteId>,
+    options: &Options,
+    v: &ScopeVerdict<'_>,
+    decision: Option<&ScopeDecision<'_>>,
+) -> ResponseFuture<S::Future, ResBody, S::Error, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+    C: Clock + Send + Sync + 'static,
+{
+    let s = &**shared;
+    if v.is_admitted() {
+        near_limit(s, v);
+        let after = match decision {
+            Some(d) if s.admitted_fields || options.refund.is_some() => {
+                Some(Box::new(admitted(shared, d, options)))
+            }
+            _ => None,
+        };
+        return call_inner(inner, req, after);
+    }
+    if options.shadow {
+        shadow_refusal(s, request, v);
+        return call_inner(inner, req, None);
+    }
+    let within = v
+        .retry_after()
+        .is_some_and(|w| !options.max_wait.is_zero() && w <= options.max_wait);
+    if within {
+        if let Ok(reservation) = s
+            .limiter
+            .reserve_owned(request, options.class, options.max_wait)
+        {
+            let refund = options.refund.clone();
+            return wait(inner, Arc::clone(shared), req, reservation, refund);
+        }
+    }
+    if v.is_key_limit() {
+        return ready(key_limit(s, v));
+    }
+    ready(refusal(s, request, v, route))
+}
+
+/// Counts an admission that left its tightest scope below a tenth of its quota.
+#[inline]
+fn near_limit<C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) {
+    let Some(kind) = v.tightest() else {
+        return;
+    };
+    if let Some(q) = &s.quotas.by_kind[kind as usize] {
+        if v.remaining().saturating_mul(10) < q.quota() {
+            s.counts.near_limit(kind);
+        }
+    }
+}
+
+#[inline(always)]
 fn call_inner<S, C: Clock, ReqBody, ResBody>(
     inner: &mut S,
     req: Request<ReqBody>,
-    after: Option<After<C>>,
+    after: Option<Box<After<C>>>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -331,6 +459,56 @@ fn store_unavailable<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
     r
 }
 
+/// 503 with `Retry-After` and a problem-details body: the refusing scope's key map is
+/// full of keys still in use, so the limiter has no room to track this client.
+///
+/// Not a 429: the client has not spent a quota (its key has no bucket), so there are no
+/// `RateLimit` fields to report, and the cause is the server's capacity, which a 503
+/// names (and which monitoring treats as the server's, not the client's). The wait is
+/// the kind's window: the time an emptied bucket takes to fill, after which any key idle
+/// since the refusal is full and can be released to make room (an upper bound on the
+/// earliest room, met as soon as any one client goes quiet).
+fn key_limit<B: From<Bytes>, C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) -> Response<B> {
+    let kind = v.refused().unwrap_or(ScopeKind::Global);
+    s.counts.key_limit(kind);
+    let secs = s.quotas.by_kind[kind as usize]
+        .as_ref()
+        .map_or(1, |q| q.window_seconds());
+    let body = format!(
+        r#"{{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"the rate limiter holds as many {kind} keys as it may; retry after {secs} s"}}"#
+    );
+    let mut r = plain(StatusCode::SERVICE_UNAVAILABLE);
+    *r.body_mut() = B::from(Bytes::from(body));
+    let headers = r.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+    r
+}
+
+/// 500 with a problem-details body: a client-address key found no peer address. Logged
+/// at `ERROR` the first time (the cause, the server's set-up, is the same for every
+/// request), counted every time.
+fn no_peer_address<B: From<Bytes>, C: Clock>(s: &Shared<C>, kind: ScopeKind) -> Response<B> {
+    let first = s.counts.no_peer_address(kind);
+    #[cfg(feature = "tracing")]
+    if first {
+        tracing::error!(
+            target: "tokengate::edge",
+            scope_kind = %kind,
+            "the {kind} scope is keyed by the client's address, but the request carries no \
+             peer address: serve with `into_make_service_with_connect_info::<SocketAddr>()` \
+             (or put a SocketAddr in the request extensions); answering 500"
+        );
+    }
+    #[cfg(not(feature = "tracing"))]
+    let _ = first;
+    let body = r#"{"type":"about:blank","title":"Internal Server Error","status":500,"detail":"the rate limiter cannot identify the client"}"#;
+    let mut r = plain(StatusCode::INTERNAL_SERVER_ERROR);
+    *r.body_mut() = B::from(Bytes::from_static(body.as_bytes()));
+    r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    r
+}
+
 fn plain<B: From<Bytes>>(status: StatusCode) -> Response<B> {
     let mut r = Response::new(B::from(Bytes::new()));
     *r.status_mut() = status;
@@ -350,34 +528,42 @@ fn missing<F, B: From<Bytes>, E, C: Clock>(
     ready(r)
 }
 
-fn shadow_refusal<C: Clock>(s: &Shared<C>, d: &ScopeDecision<'_>) {
-    let Some(scope) = d.refused_scope() else {
+fn shadow_refusal<C: Clock>(
+    s: &Shared<C>,
+    request: &tokengate::scope::Request,
+    v: &ScopeVerdict<'_>,
+) {
+    let Some(kind) = v.refused() else {
         return;
     };
-    s.counts.shadow_rejected(scope.kind());
+    s.counts.shadow_rejected(kind, v.cost());
+    // At DEBUG, like the decision records: counted either way.
     #[cfg(feature = "tracing")]
-    tracing::info!(
+    tracing::debug!(
         target: "tokengate::shadow",
-        limiter = %scope,
+        limiter = %v.refused_scope(request).unwrap_or(Scope::Global),
         result = "shadow_rejected",
-        retry_after_seconds = d.retry_after().map(retry_after_seconds),
+        retry_after_seconds = v.retry_after().map(retry_after_seconds),
         "shadow mode: refused, admitted anyway"
     );
+    #[cfg(not(feature = "tracing"))]
+    let _ = request;
 }
 
 /// The 429 for a refusal, with `Retry-After` and the refusing scope's fields.
 fn refusal<B: From<Bytes>, C: Clock>(
     s: &Shared<C>,
-    d: &ScopeDecision<'_>,
+    request: &tokengate::scope::Request,
+    v: &ScopeVerdict<'_>,
     route: Option<RouteId>,
 ) -> Response<B> {
-    let scope = d.refused_scope().unwrap_or(Scope::Global);
-    let kind = scope.kind();
-    let retry_after = d.retry_after().map(retry_after_seconds);
+    let kind = v.refused().unwrap_or(ScopeKind::Global);
+    let scope = v.refused_scope(request).unwrap_or(Scope::Global);
+    let retry_after = v.retry_after().map(retry_after_seconds);
     let refused = Refused {
         scope,
         retry_after,
-        cost: d.cost(scope).unwrap_or(0),
+        cost: v.cost(),
         route,
     };
     let (content_type, body) = (s.refusal_body)(&refused);
@@ -388,7 +574,11 @@ fn refusal<B: From<Bytes>, C: Clock>(
     if let Some(secs) = retry_after {
         h.insert(RETRY_AFTER, secs.into());
     }
-    if let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], d.decision(scope)) {
+    if let (Some(q), Some(dec), true) = (
+        &s.quotas.by_kind[kind as usize],
+        v.decision(),
+        v.tightest() == Some(kind),
+    ) {
         let item = Item::new(kind, q, &dec, retry_after);
         Fields::new(&s.quotas, &[item], s.ietf, s.legacy).write(h);
     }
@@ -403,7 +593,7 @@ const FILLER: Item = Item {
     reset: 0,
 };
 
-/// The fields and refund of an admission; counts admissions near the limit.
+/// The fields (every scope's) and refund of an admission.
 fn admitted<C: Clock>(
     shared: &Arc<Shared<C>>,
     d: &ScopeDecision<'_>,
@@ -417,9 +607,6 @@ fn admitted<C: Clock>(
         let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], d.decision(scope)) else {
             continue;
         };
-        if dec.tokens_remaining() * 10.0 < q.quota() as f64 {
-            s.counts.near_limit(kind);
-        }
         if s.admitted_fields {
             items[n] = Item::new(kind, q, &dec, None);
             n += 1;

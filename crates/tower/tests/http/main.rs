@@ -3,8 +3,11 @@
 //! decision records reaching `tracing` (`tracing_records`). One test binary, so that the
 //! server, the client and the layer's generic code are compiled once.
 
+mod connect_info;
 mod edge;
+mod key_limit;
 mod metrics_endpoint;
+mod observability;
 mod safe_defaults;
 mod support;
 mod tracing_records;

@@ -6,16 +6,15 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 use http::StatusCode;
-use metrics_exporter_prometheus::PrometheusBuilder;
 use tokengate::scope::{Rule, RuleSet, ScopeKind, WorkClass};
 use tokengate::{ManualClock, Policy};
 use tokengate_tower::{Key, RateLimitLayer};
 
-use crate::support::{client, get as fetch, serve};
+use crate::support::{client, get as fetch, prometheus, serve};
 
 #[tokio::test]
 async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {
-    let handle = PrometheusBuilder::new().install_recorder().unwrap();
+    let handle = prometheus();
     let limiter = Arc::new(
         RuleSet::new()
             .rule(ScopeKind::Global, counted(Policy::new(100, 1.0).unwrap()))
@@ -74,7 +73,14 @@ async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {
     );
     assert!(
         has(
-            r#"tokengate_requests_total{limiter="edge",scope_kind="tenant",result="rejected",attempt="original"} 1"#
+            r#"tokengate_requests_total{limiter="edge",scope_kind="tenant",result="shadow_rejected",attempt="original"} 1"#
+        ),
+        "{text}"
+    );
+    // The shadow refusal was served: not a `rejected` one.
+    assert!(
+        has(
+            r#"tokengate_requests_total{limiter="edge",scope_kind="tenant",result="rejected",attempt="original"} 0"#
         ),
         "{text}"
     );
@@ -112,9 +118,15 @@ async fn the_scraped_counters_are_labelled_by_scope_kind_never_by_key() {
     }
     let tenant_series = series
         .iter()
-        .filter(|l| l.starts_with("tokengate_requests_total") && l.contains("\"tenant\""))
+        .filter(|l| {
+            l.starts_with("tokengate_requests_total")
+                && l.contains(r#"limiter="edge""#)
+                && l.contains("\"tenant\"")
+        })
         .count();
-    assert_eq!(tenant_series, 4); // 2 results x 2 attempts, however many tenants
+    // admitted and rejected x 2 attempts, and shadow_rejected (original: the layer
+    // decides originals), however many tenants.
+    assert_eq!(tenant_series, 5);
 }
 
 /// A rule with per-scope counters (off by default).

@@ -15,6 +15,40 @@ use hyper_util::rt::TokioExecutor;
 /// Every network step of a test finishes within this, or the test fails.
 pub const BOUND: Duration = Duration::from_secs(10);
 
+/// Serves `app` on 127.0.0.1:0 without the peer address (plain `into_make_service`).
+pub async fn serve_without_peer(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app.into_make_service())
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+/// A client whose connections leave from `local` (any 127.0.0.0/8 address on
+/// loopback): one more client address, as the server's peer address sees it.
+pub fn client_from(local: std::net::IpAddr) -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_local_address(Some(local));
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// The process's Prometheus recorder (a recorder is installed once per process; the
+/// tests that scrape share it, each under its own limiter name).
+pub fn prometheus() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .unwrap()
+        })
+        .clone()
+}
+
 /// Serves `app` on 127.0.0.1:0 with the peer address in the extensions.
 pub async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
