@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -122,12 +122,6 @@ impl<W: Write> Out<W> {
             Err(e) => Err(format!("cannot write to standard output: {e}")),
         }
     }
-}
-
-/// Where output files go unless a path is given: `target/tokengate-bench/` under the
-/// current directory.
-fn default_output(file: &str) -> PathBuf {
-    Path::new("target").join("tokengate-bench").join(file)
 }
 
 /// Opens an output file for writing before any work is done, creating its directory,

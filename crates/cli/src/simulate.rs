@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use tokengate::{AcquireError, Bucket, ManualClock, Policy, Start};
 
 use crate::{
-    Out, default_output, open_output, parse_duration, positive_number, show_duration, show_number,
+    Out, open_output, parse_duration, positive_number, show_duration, show_number,
     whole_number, write_output,
 };
 
@@ -98,9 +98,14 @@ pub struct Args {
     duty: Option<f64>,
 
     /// SVG chart of the bucket level and the admitted rate over time. Default:
-    /// target/tokengate-bench/simulate.svg.
+    /// simulate.svg in the --out directory.
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
+
+    /// The directory the output files go to unless --csv or --svg names a path; it is
+    /// created if missing.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out: PathBuf,
 }
 
 impl Args {
@@ -451,7 +456,7 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     let svg_path = args
         .svg
         .clone()
-        .unwrap_or_else(|| default_output("simulate.svg"));
+        .unwrap_or_else(|| args.out.join("simulate.svg"));
     let svg_file = open_output(&svg_path)?;
 
     let outcome = simulate(&args, policy)?;
