@@ -11,9 +11,7 @@ use clap::builder::PossibleValue;
 use plotters::prelude::*;
 
 use crate::engines::{self, Engine, Limiter, Regime, Sample, Visit};
-use crate::{
-    Out, open_output, parse_duration, show_duration, whole_number, write_output,
-};
+use crate::{Out, open_output, parse_duration, show_duration, whole_number, write_output};
 
 /// The most threads a sweep runs.
 const MAX_THREADS: u64 = 1024;

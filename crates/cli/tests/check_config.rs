@@ -131,7 +131,10 @@ fn every_problem_of_the_file_is_reported_at_once() {
         stderr.contains("all-at-once.toml:5:1: colour: unknown field `colour`"),
         "{stderr}"
     );
-    assert!(stderr.contains("all-at-once.toml:8:9: rule[b].scope"), "{stderr}");
+    assert!(
+        stderr.contains("all-at-once.toml:8:9: rule[b].scope"),
+        "{stderr}"
+    );
 }
 
 #[test]

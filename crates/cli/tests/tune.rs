@@ -305,7 +305,12 @@ fn progress_goes_to_standard_error_and_the_report_to_standard_output() {
     let d = dir("progress");
     let log = write(&d, "busy.log", &busy_clf(5000));
     let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
-        .args(["tune", log.to_str().unwrap(), "--chunk=1000", "--reorder-window=2s"])
+        .args([
+            "tune",
+            log.to_str().unwrap(),
+            "--chunk=1000",
+            "--reorder-window=2s",
+        ])
         .args(["--capacity-steps=2", "--rate-steps=2", "--max-rejected=1"])
         .arg("--csv")
         .arg(d.join("cells.csv"))
@@ -320,10 +325,7 @@ fn progress_goes_to_standard_error_and_the_report_to_standard_output() {
             && stderr.contains("5000 lines, 5000 requests; 4 cells replayed"),
         "{stderr}"
     );
-    assert!(
-        stderr.contains("tune: 100% of the logs read"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("tune: 100% of the logs read"), "{stderr}");
     assert!(stderr.lines().count() >= 5, "{stderr}");
     assert!(!stdout.contains("lines read"), "{stdout}");
     assert!(stdout.contains("recommended:"), "{stdout}");

@@ -93,7 +93,11 @@ when = "always"
         matches!(&p[1].kind, ProblemKind::UnknownScope(s) if s == "planet"),
         "{p:?}"
     );
-    assert!(p[0].to_string().contains("unknown field `colour`"), "{}", p[0]);
+    assert!(
+        p[0].to_string().contains("unknown field `colour`"),
+        "{}",
+        p[0]
+    );
 }
 
 #[test]

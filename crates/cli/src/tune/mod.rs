@@ -36,8 +36,8 @@ use tokengate::scope::ScopeKind;
 use tokengate_config::Config;
 
 use crate::{
-    Out, open_output, parse_duration, positive_number, show_duration, show_number,
-    whole_number, write_output,
+    Out, open_output, parse_duration, positive_number, show_duration, show_number, whole_number,
+    write_output,
 };
 use classes::{Class, Classes};
 use format::{Format, JsonFields, KeyChoice, LineParser};
@@ -323,7 +323,8 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     let (replayed, chosen) = loop {
         let replayed = replay(&args, &parser, &setup, &capacities, &rates)?;
         let chosen = report::recommend(&replayed.outcomes, args.objective, args.max_rejected);
-        let Some(edge) = chosen.and_then(|i| grid_edge(&replayed.outcomes[i], &capacities, &rates)) else {
+        let Some(edge) = chosen.and_then(|i| grid_edge(&replayed.outcomes[i], &capacities, &rates))
+        else {
             break (replayed, chosen);
         };
         let chosen_by_user = match edge {
@@ -337,20 +338,31 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         let note = match edge {
             Edge::LowestRate => {
                 let lo = rates[0];
-                let wider = grid_rates(lo / 100.0, rates[rates.len() - 1], rates.len() + steps_per_decade(&rates) * 2);
+                let wider = grid_rates(
+                    lo / 100.0,
+                    rates[rates.len() - 1],
+                    rates.len() + steps_per_decade(&rates) * 2,
+                );
                 let note = format!(
                     "the recommended rate was the grid's lowest, {}/s: rates widened to {}..{} /s and replayed",
-                    show_number(lo), show_number(wider[0]), show_number(wider[wider.len() - 1])
+                    show_number(lo),
+                    show_number(wider[0]),
+                    show_number(wider[wider.len() - 1])
                 );
                 rates = wider;
                 note
             }
             Edge::HighestCapacity => {
                 let hi = capacities[capacities.len() - 1];
-                let wider = grid::capacities(capacities[0], hi.saturating_mul(100), capacities.len() + 2 * capacity_steps_per_decade(&capacities));
+                let wider = grid::capacities(
+                    capacities[0],
+                    hi.saturating_mul(100),
+                    capacities.len() + 2 * capacity_steps_per_decade(&capacities),
+                );
                 let note = format!(
                     "the recommended capacity was the grid's highest, {hi}: capacities widened to {}..{} and replayed",
-                    wider[0], wider[wider.len() - 1]
+                    wider[0],
+                    wider[wider.len() - 1]
                 );
                 capacities = wider;
                 note
@@ -455,7 +467,11 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
                 "warning: the recommended rate is the grid's lowest ({}/s): a lower rate may meet \
                  the rule too; widen --rates{}{}\n",
                 show_number(rates[0]),
-                if rereadable { "" } else { " (a log read from standard input is read once)" },
+                if rereadable {
+                    ""
+                } else {
+                    " (a log read from standard input is read once)"
+                },
                 if refill > span {
                     format!(
                         ". A bucket of {} tokens takes {} to refill at that rate, longer than the \
@@ -474,7 +490,11 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
             "warning: the recommended capacity is the grid's highest ({}): a larger one may meet \
              the rule at a lower rate; widen --capacities{}\n",
             capacities[capacities.len() - 1],
-            if rereadable { "" } else { " (a log read from standard input is read once)" }
+            if rereadable {
+                ""
+            } else {
+                " (a log read from standard input is read once)"
+            }
         )),
         None => {}
     }
@@ -780,7 +800,10 @@ fn recommendation_toml(capacity: u64, rate: f64, args: &Args) -> Result<String, 
     let kind = scope_of(&args.key);
     let mut policy = format!("{{ capacity = {capacity}, refill_per_second = {rate:?}");
     if let Some(w) = args.max_wait {
-        policy.push_str(&format!(", max_reservation = \"{}\"", tokengate::serde_policy::format_duration(w)));
+        policy.push_str(&format!(
+            ", max_reservation = \"{}\"",
+            tokengate::serde_policy::format_duration(w)
+        ));
     }
     policy.push_str(" }");
     let mut rule = format!(
