@@ -374,7 +374,7 @@ impl<'p> Reading<'p> {
             if let Some(why) = bad {
                 self.scan.bad_line(&self.name, self.number, &why);
             }
-            if self.scan.lines % 4096 == 0
+            if self.scan.lines.is_multiple_of(4096)
                 && let Some(last) = self.progress
                 && last.elapsed() >= Duration::from_secs(1)
             {
