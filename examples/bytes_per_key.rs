@@ -100,7 +100,7 @@ fn main() {
 }
 
 fn child(which: &str, n: usize) {
-    let policy = Policy::new(100, 1000.0).unwrap();
+    let policy = Policy::per_second(1000.0).burst(100).unwrap();
     let quota = governor::Quota::per_second(NonZeroU32::new(1000).unwrap())
         .allow_burst(NonZeroU32::new(100).unwrap());
     let keys = keys(n);

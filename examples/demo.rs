@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokengate::{Bucket, ManualClock, Policy};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let policy = Policy::new(100, 20.0)?;
+    let policy = Policy::per_second(20.0).burst(100)?;
     let layout = policy.layout();
     println!("policy: capacity 100 tokens, refill 20 tokens/s");
     println!(
@@ -68,7 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("manual clock: B = 60, r = 10/s, 25 requests/s offered for 10 s");
     let clock = ManualClock::new();
-    let bucket = Bucket::with_clock(Policy::new(60, 10.0)?, clock.clone());
+    let bucket = Bucket::with_clock(Policy::per_second(10.0).burst(60)?, clock.clone());
     for second in 0..10 {
         let mut passed = 0;
         for _ in 0..25 {

@@ -63,7 +63,7 @@ fn flood<C: Clock>(name: &str, limiter: KeyedLimiter<u64, C>) {
 }
 
 fn main() {
-    let policy = Policy::new(100, 1000.0).unwrap();
+    let policy = Policy::per_second(1000.0).burst(100).unwrap();
     let real = KeyedLimiter::<u64, QuantaClock>::builder(policy, MAX_KEYS)
         .build()
         .unwrap();

@@ -192,7 +192,9 @@ fn main() {
     let words: Vec<AtomicU64> = (0..1 << 18).map(|_| AtomicU64::new(0)).collect();
     // The same words holding token buckets of the limiter's policy (below), full at the
     // start, for the cases that take from them with the exact arithmetic.
-    let policy = Policy::new(100, 1000.0).expect("a valid policy");
+    let policy = Policy::per_second(1000.0)
+        .burst(100)
+        .expect("a valid policy");
     let layout = *policy.layout();
     let one = layout
         .units_of(1)

@@ -29,7 +29,8 @@ fn main() {
             .get(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or(1_000_000);
-        let map = KeyedLimiter::<u64>::new(Policy::new(100, 1e6).unwrap(), 1 << 17).unwrap();
+        let map =
+            KeyedLimiter::<u64>::new(Policy::per_second(1e6).burst(100).unwrap(), 1 << 17).unwrap();
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         for k in 0..100_000u64 {
             let _ = map.try_acquire(&k, 0);
@@ -42,7 +43,8 @@ fn main() {
         println!("{admitted} of {n} admitted");
         return;
     }
-    let map = KeyedLimiter::<u64>::new(Policy::new(100, 1000.0).unwrap(), 1 << 20).unwrap();
+    let map =
+        KeyedLimiter::<u64>::new(Policy::per_second(1000.0).burst(100).unwrap(), 1 << 20).unwrap();
     let start = Instant::now();
     for key in 0..KEYS {
         let _ = map.try_acquire(&key, 1);
@@ -59,7 +61,7 @@ fn main() {
     for i in 0..9 {
         let t = Instant::now();
         map.reconfigure(
-            Policy::new(100 + i % 2 * 100, 1000.0).unwrap(),
+            Policy::per_second(1000.0).burst(100 + i % 2 * 100).unwrap(),
             Inherit::Proportional,
         );
         times.push(t.elapsed());
@@ -109,7 +111,10 @@ fn main() {
         let before = window(Duration::from_millis(1000));
         let c0 = count.load(Ordering::Relaxed);
         let t0 = Instant::now();
-        map.reconfigure(Policy::new(50, 500.0).unwrap(), Inherit::Proportional);
+        map.reconfigure(
+            Policy::per_second(500.0).burst(50).unwrap(),
+            Inherit::Proportional,
+        );
         let switch = t0.elapsed();
         std::thread::sleep(Duration::from_millis(50));
         let during = (count.load(Ordering::Relaxed) - c0) as f64 / t0.elapsed().as_secs_f64();

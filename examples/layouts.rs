@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (capacity, rate) in policies {
-        let policy = Policy::new(capacity, rate)?;
+        let policy = Policy::per_second(rate).burst(capacity)?;
         let l = policy.layout();
         let wrap = policy.wrap_period().as_secs_f64();
         let wrap = if wrap > 365.25 * 86400.0 {

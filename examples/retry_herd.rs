@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (label, jitter) in [("none", Jitter::None), ("full", Jitter::Full)] {
         let report = simulate(&Herd {
             clients: 1000,
-            server: Policy::new(100, 100.0)?,
+            server: Policy::per_second(100.0).burst(100)?,
             retry: RetryPolicy::new(10, Duration::from_secs(1), Duration::from_secs(30))?
                 .deadline(Duration::from_secs(120))
                 .jitter(jitter),

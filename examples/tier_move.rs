@@ -17,11 +17,11 @@ fn rules(tenant: u64, gold: bool) -> RuleSet {
     let mut set = RuleSet::new()
         .rule(
             ScopeKind::Tenant,
-            Rule::new(Policy::new(tenant, 10.0).unwrap())
+            Rule::new(Policy::per_second(10.0).burst(tenant).unwrap())
                 .max_keys(1 << 20)
                 .inherit(Inherit::AsIs),
         )
-        .tier("gold", vec![Policy::new(1000, 100.0).unwrap()])
+        .tier("gold", vec![Policy::per_second(100.0).burst(1000).unwrap()])
         .class(WorkClass::new("one", 1));
     if gold {
         for t in 0..KEYS {

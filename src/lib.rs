@@ -119,6 +119,6 @@ pub use keyed::KeyedLimiter;
 pub use leased::LeasedBucket;
 pub use live::{EPOCH_BYTES, LiveBucket, Reconfigured};
 pub use multi::acquire_all;
-pub use policy::{Policy, PolicyBuilder, PolicyError, Start};
+pub use policy::{Policy, PolicyBuilder, PolicyError, PolicyRate, Start};
 pub use reservation::Reservation;
 pub use scope::ScopedLimiter;

@@ -360,13 +360,12 @@ impl PolicyBuilder {
         if self.capacity == 0 {
             return Err(PolicyError::ZeroCapacity);
         }
-        if let Rate::PerSecond(r) = self.rate {
-            if !r.is_finite() {
-                return Err(PolicyError::RateNotFinite(r));
-            }
-            if r <= 0.0 {
-                return Err(PolicyError::RateNotPositive(r));
-            }
+        match self.rate {
+            Rate::PerSecond(r) if !r.is_finite() => return Err(PolicyError::RateNotFinite(r)),
+            Rate::PerSecond(r) if r <= 0.0 => return Err(PolicyError::RateNotPositive(r)),
+            Rate::PerPeriod { nanos: 0, .. } => return Err(PolicyError::ZeroPeriod),
+            Rate::PerPeriod { tokens: 0, .. } => return Err(PolicyError::RateNotPositive(0.0)),
+            _ => {}
         }
         let horizon = self.max_reservation.as_nanos();
         match search(self.capacity, &self.rate, horizon) {
@@ -381,9 +380,100 @@ impl PolicyBuilder {
     }
 }
 
-impl Policy {
-    /// A policy of `capacity` tokens refilled at `refill_per_second` tokens per second,
+/// A refill rate waiting for its burst: [`Policy::per_second`], [`Policy::per_minute`]
+/// or [`Policy::per`]'s named form, completed by [`burst`](PolicyRate::burst). Naming both
+/// numbers means a rate cannot be passed where the capacity goes.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokengate::Policy;
+///
+/// // 20 tokens a second, bursts of up to 100.
+/// let policy = Policy::per_second(20.0).burst(100)?;
+/// assert_eq!(policy, Policy::new(100, 20.0)?);
+///
+/// // Exactly 600 tokens a minute (integer arithmetic, no float rounding), bursts of 50.
+/// let policy = Policy::per_minute(600).burst(50)?;
+/// assert_eq!(policy, Policy::per(50, 600, Duration::from_secs(60))?);
+///
+/// // Options go through the builder.
+/// let policy = Policy::per_second(10.0)
+///     .burst_builder(60)
+///     .max_reservation(Duration::from_secs(2))
+///     .build()?;
+/// assert_eq!(policy.max_reservation(), Duration::from_secs(2));
+///
+/// assert!(Policy::per_second(0.0).burst(10).is_err());
+/// assert!(Policy::per_second(10.0).burst(0).is_err());
+/// # Ok::<(), tokengate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[must_use = "a rate is a policy once its burst is given: `.burst(capacity)`"]
+pub struct PolicyRate {
+    rate: Rate,
+}
+
+impl PolicyRate {
+    /// The policy of this rate with a capacity (largest burst) of `capacity` tokens,
     /// starting full.
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::new`] (and [`PolicyError::ZeroPeriod`] for a rate per zero period).
+    pub fn burst(self, capacity: u64) -> Result<Policy, PolicyError> {
+        self.burst_builder(capacity).build()
+    }
+
+    /// A builder for the policy of this rate and `capacity`, for options (start empty,
+    /// reservations).
+    pub fn burst_builder(self, capacity: u64) -> PolicyBuilder {
+        PolicyBuilder {
+            capacity,
+            rate: self.rate,
+            start: Start::Full,
+            max_reservation: Duration::ZERO,
+        }
+    }
+}
+
+impl Policy {
+    /// A refill rate of `tokens` per second; give its burst with
+    /// [`burst`](PolicyRate::burst): `Policy::per_second(20.0).burst(100)`.
+    pub fn per_second(tokens: f64) -> PolicyRate {
+        PolicyRate {
+            rate: Rate::PerSecond(tokens),
+        }
+    }
+
+    /// A refill rate of exactly `tokens` per minute, computed in integers; give its burst
+    /// with [`burst`](PolicyRate::burst): `Policy::per_minute(600).burst(50)`.
+    pub fn per_minute(tokens: u64) -> PolicyRate {
+        Policy::every(tokens, Duration::from_secs(60))
+    }
+
+    /// A refill rate of exactly `tokens` every `period`, computed in integers; give its
+    /// burst with [`burst`](PolicyRate::burst).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokengate::Policy;
+    /// let policy = Policy::every(1000, Duration::from_secs(3600)).burst(50)?;
+    /// assert_eq!(policy.capacity(), 50);
+    /// assert!(Policy::every(10, Duration::ZERO).burst(5).is_err());
+    /// # Ok::<(), tokengate::PolicyError>(())
+    /// ```
+    pub fn every(tokens: u64, period: Duration) -> PolicyRate {
+        PolicyRate {
+            rate: Rate::PerPeriod {
+                tokens,
+                nanos: period.as_nanos(),
+            },
+        }
+    }
+
+    /// A policy of `capacity` tokens refilled at `refill_per_second` tokens per second,
+    /// starting full. [`Policy::per_second`]`(r).burst(capacity)` says the same with
+    /// each number named.
     ///
     /// # Errors
     ///

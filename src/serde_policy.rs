@@ -108,28 +108,6 @@ fn syntax(message: impl Into<String>) -> PolicyParseError {
 
 const NANOS_PER_SECOND: u128 = 1_000_000_000;
 
-/// Units of the duration syntax, with their length in nanoseconds.
-const UNITS: &[(&str, u128)] = &[
-    ("ns", 1),
-    ("us", 1_000),
-    ("µs", 1_000),
-    ("ms", 1_000_000),
-    ("s", NANOS_PER_SECOND),
-    ("sec", NANOS_PER_SECOND),
-    ("second", NANOS_PER_SECOND),
-    ("seconds", NANOS_PER_SECOND),
-    ("m", 60 * NANOS_PER_SECOND),
-    ("min", 60 * NANOS_PER_SECOND),
-    ("minute", 60 * NANOS_PER_SECOND),
-    ("minutes", 60 * NANOS_PER_SECOND),
-    ("h", 3600 * NANOS_PER_SECOND),
-    ("hour", 3600 * NANOS_PER_SECOND),
-    ("hours", 3600 * NANOS_PER_SECOND),
-    ("d", 86_400 * NANOS_PER_SECOND),
-    ("day", 86_400 * NANOS_PER_SECOND),
-    ("days", 86_400 * NANOS_PER_SECOND),
-];
-
 /// The units a duration is written in, largest first.
 const WRITE_UNITS: &[(&str, u128)] = &[
     ("d", 86_400 * NANOS_PER_SECOND),
@@ -141,33 +119,28 @@ const WRITE_UNITS: &[(&str, u128)] = &[
     ("ns", 1),
 ];
 
-/// A duration in nanoseconds, from `[K]UNIT` (`K` a whole number, 1 when absent).
+/// A duration in nanoseconds, from `[K]UNIT` (`K` a whole number, 1 when absent), read
+/// by humantime: `500ms`, `1m`, `1.5s`, `2h 30m`, or `s` alone (in `100/s`).
 fn parse_nanos(text: &str) -> Result<u128, PolicyParseError> {
-    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-    let (count, unit) = text.split_at(digits);
-    let count: u128 = if count.is_empty() {
-        1
+    let counted;
+    let text = if text.starts_with(|c: char| c.is_ascii_digit()) {
+        text
     } else {
-        count
-            .parse::<u64>()
-            .map(u128::from)
-            .map_err(|_| syntax(format!("duration {text:?}: the count is too large")))?
+        counted = format!("1{text}");
+        &counted
     };
-    let unit_nanos = UNITS
-        .iter()
-        .find(|(name, _)| *name == unit)
-        .map(|&(_, nanos)| nanos)
-        .ok_or_else(|| {
+    humantime::parse_duration(text)
+        .map(|d| d.as_nanos())
+        .map_err(|e| {
             syntax(format!(
-                "duration {text:?}: expected a whole number and a unit (ns, us, ms, s, m, h, d), \
-                 such as \"1m\" or \"500ms\""
+                "duration {text:?}: {e}; expected a whole number and a unit (ns, us, ms, s, \
+                 m, h, d), such as \"1m\" or \"500ms\""
             ))
-        })?;
-    // At most (2^64 - 1) * 86400e9 < 2^127: no overflow.
-    Ok(count * unit_nanos)
+        })
 }
 
-/// A duration from `[K]UNIT`, such as `1m`, `500ms` or `s`.
+/// A duration from `[K]UNIT` in humantime's syntax, such as `1m`, `500ms`, `1.5s`, `2h 30m`, or
+/// `s` alone (one second).
 ///
 /// # Errors
 ///
@@ -179,7 +152,9 @@ fn parse_nanos(text: &str) -> Result<u128, PolicyParseError> {
 /// use tokengate::serde_policy::parse_duration;
 /// assert_eq!(parse_duration("1m")?, Duration::from_secs(60));
 /// assert_eq!(parse_duration("250ms")?, Duration::from_millis(250));
-/// assert!(parse_duration("1.5s").is_err());
+/// assert_eq!(parse_duration("1.5s")?, Duration::from_millis(1500));
+/// assert_eq!(parse_duration("2h 30m")?, Duration::from_secs(9000));
+/// assert!(parse_duration("1.5").is_err());
 /// # Ok::<(), tokengate::serde_policy::PolicyParseError>(())
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, PolicyParseError> {

@@ -11,9 +11,7 @@ use clap::builder::PossibleValue;
 use plotters::prelude::*;
 
 use crate::engines::{self, Engine, Limiter, Regime, Sample, Visit};
-use crate::{
-    Out, default_output, open_output, parse_duration, show_duration, whole_number, write_output,
-};
+use crate::{Out, open_output, parse_duration, show_duration, whole_number, write_output};
 
 /// The most threads a sweep runs.
 const MAX_THREADS: u64 = 1024;
@@ -69,15 +67,20 @@ pub struct Args {
     regimes: Option<Vec<Regime>>,
 
     /// CSV output: one row per regime, engine and thread count (median, min and max in
-    /// millions of decisions per second, and the ratio to governor). Default:
-    /// target/tokengate-bench/bench.csv.
+    /// millions of decisions per second, and the ratio to governor). Default: bench.csv in
+    /// the --out directory.
     #[arg(long, value_name = "PATH")]
     csv: Option<PathBuf>,
 
     /// SVG chart of throughput against threads, one line per engine, one panel per
-    /// regime. Default: target/tokengate-bench/bench.svg.
+    /// regime. Default: bench.svg in the --out directory.
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
+
+    /// The directory the output files go to unless --csv or --svg names a path; it is
+    /// created if missing.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out: PathBuf,
 }
 
 fn thread_count(text: &str) -> Result<usize, String> {
@@ -244,8 +247,8 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
         .filter(|e| !e.regimes().iter().any(|r| regimes.contains(r)))
         .map(|e| e.name())
         .collect();
-    let csv_path = args.csv.unwrap_or_else(|| default_output("bench.csv"));
-    let svg_path = args.svg.unwrap_or_else(|| default_output("bench.svg"));
+    let csv_path = args.csv.unwrap_or_else(|| args.out.join("bench.csv"));
+    let svg_path = args.svg.unwrap_or_else(|| args.out.join("bench.svg"));
     let csv_file = open_output(&csv_path)?;
     let svg_file = open_output(&svg_path)?;
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use tokengate::Policy;
+use tokengate::{ManualClock, Policy};
 use tokengate_config::{Config, MemoryBound, RuleConfig};
 
 use crate::{Out, show_duration, show_number};
@@ -30,6 +30,16 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     let config = Config::from_file(&args.file).map_err(|e| e.to_string())?;
     let (text, warnings) = report(&config, &args.file.display().to_string());
     out.print(&text)?;
+    let refused = unenforceable(&config);
+    if !refused.is_empty() {
+        return Err(format!(
+            "{}: {} problem{}: the engine cannot build this rule set, nothing applied\n  {}",
+            args.file.display(),
+            refused.len(),
+            plural(refused.len()),
+            refused.join("\n  ")
+        ));
+    }
     if args.deny_warnings && warnings > 0 {
         return Err(format!(
             "{warnings} warning{} (--deny-warnings)",
@@ -37,6 +47,19 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Why the engine cannot build this configuration's rule set, one line per part; empty
+/// when it builds. A file that validates but cannot be enforced is refused, as a running
+/// service would refuse it.
+pub(crate) fn unenforceable(config: &Config) -> Vec<String> {
+    match config.rule_set() {
+        Err(unsupported) => unsupported.parts,
+        Ok(set) => match set.build_with_clock(ManualClock::new()) {
+            Ok(_) => Vec::new(),
+            Err(e) => vec![e.to_string()],
+        },
+    }
 }
 
 fn plural(n: usize) -> &'static str {
@@ -81,7 +104,7 @@ pub(crate) fn report(config: &Config, file: &str) -> (String, usize) {
     }
     let unsupported = config.unsupported();
     if !unsupported.is_empty() {
-        let _ = writeln!(s, "\nvalid, but not enforced by the engine yet:");
+        let _ = writeln!(s, "\nnot enforceable: the engine cannot build these parts:");
         for part in unsupported {
             let _ = writeln!(s, "  {part}");
         }

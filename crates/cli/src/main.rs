@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -30,7 +30,13 @@ mod tune;
 ///
 /// `bench` measures admission decisions per second across threads, side by side with
 /// governor and a mutex-protected bucket. `simulate` replays a traffic pattern against a
-/// capacity B and refill rate r on a simulated clock, to choose B and r.
+/// capacity B and refill rate r on a simulated clock, to choose B and r. `fleet` runs
+/// instance processes sharing one budget on Redis and checks their total against the
+/// bound. `tune` replays access logs (Apache or nginx, JSON lines, CSV; gzip or plain)
+/// against a grid of B and r and prints the recommended policy as a configuration rule.
+/// `check-config` validates a configuration file, checks that the engine can build it,
+/// and prints what each rule means. Output files go to `--out` (default: the current
+/// directory).
 #[derive(Debug, Parser)]
 #[command(name = "tokengate", version, about, long_about)]
 struct Cli {
@@ -124,12 +130,6 @@ impl<W: Write> Out<W> {
     }
 }
 
-/// Where output files go unless a path is given: `target/tokengate-bench/` under the
-/// current directory.
-fn default_output(file: &str) -> PathBuf {
-    Path::new("target").join("tokengate-bench").join(file)
-}
-
 /// Opens an output file for writing before any work is done, creating its directory,
 /// so that a bad path fails at once rather than after a long run; the message names the
 /// path.
@@ -190,8 +190,9 @@ fn positive_number(text: &str, what: &str, unit: &str, max: f64) -> Result<f64, 
     }
 }
 
-/// Parses a positive duration: a number and a unit, `ns`, `us`, `ms`, `s`, `m` or `h`
-/// (`250ms`, `1.5s`, `2m`).
+/// Parses a positive duration: numbers with units, `ns`, `us`, `ms`, `s`, `m`, `h`
+/// or `d` (`250ms`, `1.5s`, `1m 30s`), read as configuration files read them
+/// ([`tokengate::serde_policy::parse_duration`], humantime's syntax).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if let Some(rest) = text.strip_prefix('-') {
@@ -203,39 +204,24 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
             },
         );
     }
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{text}` has no unit: write e.g. 250ms, 2s or 1m"))?;
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{number}` in `{text}` is not a number"))?;
-    let seconds_per_unit = match unit.trim() {
-        "ns" => 1e-9,
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}`: use ns, us, ms, s, m or h"
-            ));
-        }
-    };
-    let seconds = value * seconds_per_unit;
-    if seconds.is_nan() || seconds <= 0.0 {
-        return Err(format!("duration `{text}` must be greater than zero"));
+    if !text.starts_with(|c: char| c.is_ascii_digit()) {
+        return Err(format!(
+            "expected a duration such as 250ms, 2s or 1m, got `{text}`"
+        ));
     }
-    Duration::try_from_secs_f64(seconds)
-        .map_err(|_| format!("duration `{text}` is too long"))
-        .and_then(|d| {
-            if d < Duration::from_micros(1) {
-                Err(format!("duration `{text}` must be at least 1us"))
-            } else {
-                Ok(d)
-            }
-        })
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("`{text}` has no unit: write e.g. 250ms, 2s or 1m"));
+    }
+    let d = tokengate::serde_policy::parse_duration(text).map_err(|e| {
+        format!("expected a duration such as 250ms, 2s or 1m 30s, got `{text}`: {e}")
+    })?;
+    if d.is_zero() {
+        Err(format!("duration `{text}` must be greater than zero"))
+    } else if d < Duration::from_micros(1) {
+        Err(format!("duration `{text}` must be at least 1us"))
+    } else {
+        Ok(d)
+    }
 }
 
 /// Writes a duration for people: `250 ms`, `1.5 s`, `2.5 min`, `3 h`.
@@ -281,8 +267,19 @@ mod tests {
     }
 
     #[test]
+    fn the_top_level_help_describes_every_subcommand() {
+        let help = Cli::command().render_long_help().to_string();
+        let about = &help[..help.find("Commands:").expect("a command list")];
+        for name in ["bench", "simulate", "fleet", "tune", "check-config"] {
+            assert!(about.contains(&format!("`{name}`")), "{name}: {help}");
+        }
+    }
+
+    #[test]
     fn durations_parse_with_units_and_refuse_nonsense() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("10us"), Ok(Duration::from_micros(10)));
@@ -293,7 +290,12 @@ mod tests {
                 .contains("greater than zero")
         );
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+        assert_eq!(parse_duration("3d"), Ok(Duration::from_secs(3 * 86_400)));
+        assert!(
+            parse_duration("3x")
+                .unwrap_err()
+                .contains("expected a duration")
+        );
         assert!(
             parse_duration("-1s")
                 .unwrap_err()
@@ -307,7 +309,7 @@ mod tests {
         assert!(
             parse_duration("1.2.3s")
                 .unwrap_err()
-                .contains("not a number")
+                .contains("expected a duration")
         );
         assert!(parse_duration("1e300s").is_err());
     }

@@ -10,8 +10,8 @@ use plotters::prelude::*;
 use tokengate::{AcquireError, Bucket, ManualClock, Policy, Start};
 
 use crate::{
-    Out, default_output, open_output, parse_duration, positive_number, show_duration, show_number,
-    whole_number, write_output,
+    Out, open_output, parse_duration, positive_number, show_duration, show_number, whole_number,
+    write_output,
 };
 
 /// The most arrivals one simulation replays (`--rate` x `--duration`).
@@ -98,9 +98,14 @@ pub struct Args {
     duty: Option<f64>,
 
     /// SVG chart of the bucket level and the admitted rate over time. Default:
-    /// target/tokengate-bench/simulate.svg.
+    /// simulate.svg in the --out directory.
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
+
+    /// The directory the output files go to unless --csv or --svg names a path; it is
+    /// created if missing.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out: PathBuf,
 }
 
 impl Args {
@@ -300,6 +305,18 @@ struct Bin {
     admitted_tokens: u128,
     /// Bucket level at the bin's start, in tokens.
     level: f64,
+    /// The lowest and highest level seen in the bin: at its start, and just before and
+    /// after each decision in it. A chart of a long run plots this range, not one sample
+    /// a bin, so fills and drains shorter than a bin are not lost between samples.
+    low: f64,
+    high: f64,
+}
+
+impl Bin {
+    fn saw(&mut self, level: f64) {
+        self.low = self.low.min(level);
+        self.high = self.high.max(level);
+    }
 }
 
 /// What a simulation produced.
@@ -363,7 +380,11 @@ fn simulate(args: &Args, policy: Policy) -> Result<Outcome, String> {
     let mut sample_until = |at: u64, bins: &mut Vec<Bin>| {
         while edge_index < BINS && next_edge <= at {
             clock.set(Duration::from_nanos(next_edge));
-            bins[edge_index].level = bucket.available();
+            let level = bucket.available();
+            let bin = &mut bins[edge_index];
+            bin.level = level;
+            bin.low = level;
+            bin.high = level;
             edge_index += 1;
             next_edge = edge_index as u64 * width;
         }
@@ -374,8 +395,11 @@ fn simulate(args: &Args, policy: Policy) -> Result<Outcome, String> {
         clock.set(Duration::from_nanos(at));
         let class = args.mix.pick(rng.below(total_weight));
         let cost = args.mix.0[class].cost;
+        let before = bucket.available();
         let decision = bucket.try_acquire(cost).map_err(|e| e.to_string())?;
         let bin = &mut bins[((at / width) as usize).min(BINS - 1)];
+        bin.saw(before);
+        bin.saw(bucket.available());
         bin.offered_tokens += u128::from(cost);
         let stats = &mut out.per_class[class];
         if decision.is_admitted() {
@@ -451,7 +475,7 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     let svg_path = args
         .svg
         .clone()
-        .unwrap_or_else(|| default_output("simulate.svg"));
+        .unwrap_or_else(|| args.out.join("simulate.svg"));
     let svg_file = open_output(&svg_path)?;
 
     let outcome = simulate(&args, policy)?;
@@ -511,9 +535,10 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
     let _ = writeln!(
         s,
         "  {:<14}{:>6}{:>11}{:>11}{:>10}",
-        "class", "cost", "admitted", "rejected", "admitted"
+        "class", "cost", "admitted", "rejected", "rejected"
     );
     let (mut admitted, mut rejected, mut tokens) = (0u64, 0u64, 0u128);
+    let mut tokens_rejected = 0u128;
     for (class, stats) in args.mix.0.iter().zip(&out.per_class) {
         let n = stats.admitted + stats.rejected;
         let _ = writeln!(
@@ -523,11 +548,12 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
             class.cost,
             stats.admitted,
             stats.rejected,
-            100.0 * stats.admitted as f64 / n.max(1) as f64
+            100.0 * stats.rejected as f64 / n.max(1) as f64
         );
         admitted += stats.admitted;
         rejected += stats.rejected;
         tokens += u128::from(stats.admitted) * u128::from(class.cost);
+        tokens_rejected += u128::from(stats.rejected) * u128::from(class.cost);
     }
     let _ = writeln!(
         s,
@@ -536,8 +562,21 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
         "",
         admitted,
         rejected,
-        100.0 * admitted as f64 / (admitted + rejected).max(1) as f64
+        100.0 * rejected as f64 / (admitted + rejected).max(1) as f64
     );
+    // The share of requests (the table) and the share of tokens (what the rate bounds)
+    // differ when costs differ: a request is refused whole, so a cheap one may pass where
+    // an expensive one is refused.
+    let request_share = 100.0 * rejected as f64 / (admitted + rejected).max(1) as f64;
+    let token_share = 100.0 * tokens_rejected as f64 / (tokens + tokens_rejected).max(1) as f64;
+    let this_run = if args.mix.0.iter().all(|c| c.cost == args.mix.0[0].cost) {
+        format!("this run rejected {request_share:.1}% of the requests")
+    } else {
+        format!(
+            "this run rejected {request_share:.1}% of the requests and {token_share:.1}% of \
+             the tokens they asked for"
+        )
+    };
     let secs = args.duration.as_secs_f64();
     let _ = writeln!(
         s,
@@ -614,9 +653,9 @@ fn report(args: &Args, policy: &Policy, out: &Outcome) -> String {
         } else {
             let _ = writeln!(
                 s,
-                "\nThe offered {} tokens/s exceed r by {} tokens/s: in the long run a share \
-                 {share:.0}% is rejected. A full bucket absorbs the excess for \
-                 B / (offered - r) = {} s.\n\
+                "\nThe offered {} tokens/s exceed r by {} tokens/s: in the long run at least \
+                 {share:.0}% of the tokens asked for are rejected ({this_run}). A full bucket \
+                 absorbs the excess for B / (offered - r) = {} s.\n\
                  To admit it all, r must be at least {} tokens/s.",
                 show_number(offered_tokens),
                 show_number(excess),
@@ -700,6 +739,27 @@ fn draw(args: &Args, policy: &Policy, out: &Outcome) -> Result<String, String> {
             .map_err(|e| err(&e))?;
         let blue = RGBColor(0x1f, 0x77, 0xb4);
         let red = RGBColor(0xd6, 0x27, 0x28);
+        // The range of each bin, lowest to highest: the band a long run fills.
+        let band: Vec<(f64, f64)> = out
+            .bins
+            .iter()
+            .enumerate()
+            .map(|(i, b)| ((i as f64 + 0.5) * width, b.high))
+            .chain(
+                out.bins
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .map(|(i, b)| ((i as f64 + 0.5) * width, b.low)),
+            )
+            .collect();
+        level
+            .draw_series(std::iter::once(Polygon::new(band, blue.mix(0.3).filled())))
+            .map_err(|e| err(&e))?
+            .label("lowest to highest in each sample")
+            .legend(move |(x, y)| {
+                Rectangle::new([(x, y - 4), (x + 18, y + 4)], blue.mix(0.3).filled())
+            });
         level
             .draw_series(LineSeries::new(
                 out.bins
@@ -913,6 +973,51 @@ mod tests {
     }
 
     #[test]
+    fn a_long_run_keeps_each_samples_lowest_and_highest_level() {
+        // Bursts every second over 2000 s: each of the 200 bins spans 10 bursts, which
+        // drain the bucket and let it refill. A sample at each bin's start alone would
+        // show one arbitrary point of that cycle.
+        let a = args(&[
+            "--pattern",
+            "bursty",
+            "--burst-period",
+            "1s",
+            "--duration",
+            "2000s",
+            "--rate",
+            "40",
+            "--capacity",
+            "20",
+            "--refill",
+            "20",
+        ]);
+        let policy = validate(&a).unwrap();
+        let out = simulate(&a, policy).unwrap();
+        for (i, b) in out.bins.iter().enumerate().skip(1) {
+            assert!(b.low <= b.level && b.level <= b.high, "bin {i}: {b:?}");
+            assert!(b.low < 1.0, "bin {i} never drained: {b:?}");
+            assert!(b.high > 15.0, "bin {i} never refilled: {b:?}");
+        }
+        let svg = draw(&a, &policy, &out).unwrap();
+        assert!(svg.contains("lowest to highest in each sample"));
+    }
+
+    #[test]
+    fn the_text_and_the_table_give_the_same_rejected_share() {
+        let text = report_of(&["--mix", "search=1:3,export=20:1"]);
+        let all = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("all "))
+            .expect("the table's total row");
+        let table_share = all.split_whitespace().last().unwrap();
+        assert!(
+            text.contains(&format!("this run rejected {table_share} of the requests")),
+            "{text}"
+        );
+        assert!(text.contains("% of the tokens they asked for"), "{text}");
+    }
+
+    #[test]
     fn a_run_with_too_few_arrivals_says_it_cannot_tell() {
         let text = report_of(&["--duration", "1us"]);
         assert!(
@@ -943,7 +1048,7 @@ mod tests {
         // The 20 s default run does see it.
         let text = report_of(&[]);
         assert!(
-            text.contains("in the long run a share 60% is rejected"),
+            text.contains("in the long run at least 60% of the tokens asked for are rejected"),
             "{text}"
         );
         assert!(!text.contains("no request was rejected"), "{text}");

@@ -65,10 +65,7 @@ fn the_sample_is_valid_and_its_figures_are_printed() {
         stdout.contains("lease: slots 8, largest lease 100 tokens"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("not enforced by the engine yet"),
-        "{stdout}"
-    );
+    assert!(!stdout.contains("not enforceable"), "{stdout}");
     // The tenant rule's 100/m is below its normal 2/s per key.
     assert!(
         stdout.contains(
@@ -99,6 +96,45 @@ fn a_burst_above_the_downstream_queue_is_warned_about() {
     let text = format!("{TENANT}downstream_queue = 100\nnormal_rate = 19.99\n");
     let (_, stdout, _) = check(&file("queue-ok.toml", &text), &[]);
     assert!(stdout.contains("\n0 warnings\n"), "{stdout}");
+}
+
+#[test]
+fn a_valid_file_the_engine_cannot_build_is_refused() {
+    // Two policies and a shared overflow bucket on one keyed rule, and a tier of five
+    // policies: the format accepts both, the engine builds neither.
+    let text = format!(
+        "{}overflow = {{ share = \"5/s burst 5\" }}\n\
+         [tier.big]\npolicies = [\"1/s\", \"2/s\", \"3/s\", \"4/s\", \"5/s\"]\n",
+        TENANT.replace("[\"20/s burst 100\"]", "[\"20/s burst 100\", \"100/m\"]")
+    );
+    let (out, stdout, stderr) = check(&file("unenforceable.toml", &text), &[]);
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    assert!(
+        stderr.contains("unenforceable.toml: 2 problems: the engine cannot build this rule set"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("shares an overflow bucket"), "{stderr}");
+    assert!(stderr.contains("tier \"big\" has 5 policies"), "{stderr}");
+    // The report of what the file means is still printed, with the same parts.
+    assert!(stdout.contains("not enforceable"), "{stdout}");
+}
+
+#[test]
+fn every_problem_of_the_file_is_reported_at_once() {
+    let text = "[[rule]]\nname = \"a\"\nscope = \"global\"\npolicies = [\"10/s\"]\n\
+                colour = \"red\"\n[[rule]]\nname = \"b\"\nscope = \"planet\"\n\
+                policies = [\"5/s\"]\n";
+    let (out, _, stderr) = check(&file("all-at-once.toml", text), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("2 problems, nothing applied"), "{stderr}");
+    assert!(
+        stderr.contains("all-at-once.toml:5:1: colour: unknown field `colour`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("all-at-once.toml:8:9: rule[b].scope"),
+        "{stderr}"
+    );
 }
 
 #[test]

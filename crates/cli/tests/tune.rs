@@ -143,7 +143,13 @@ fn clients_at_n_per_second_pass_at_rate_n_and_lose_the_excess_below() {
         stdout.contains("recommended: B = 2 tokens, r = 10 tokens/s"),
         "{stdout}"
     );
-    assert!(stdout.contains("Policy::new(2, 10.0)?"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "scope = \"user\"\npolicies = [{ capacity = 2, refill_per_second = 10.0 }]\n\
+             max_keys = 1048576\n"
+        ),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -227,7 +233,9 @@ fn a_single_burst_of_k_needs_a_capacity_of_k() {
     );
     // One key for all: the recommendation is a single bucket.
     assert!(
-        stdout.contains("let bucket = Bucket::new(policy);"),
+        stdout.contains(&format!(
+            "scope = \"global\"\npolicies = [{{ capacity = {k}, refill_per_second = 1.0 }}]\n\nwrote"
+        )),
         "{stdout}"
     );
 }
@@ -297,7 +305,12 @@ fn progress_goes_to_standard_error_and_the_report_to_standard_output() {
     let d = dir("progress");
     let log = write(&d, "busy.log", &busy_clf(5000));
     let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
-        .args(["tune", log.to_str().unwrap(), "--chunk=1000"])
+        .args([
+            "tune",
+            log.to_str().unwrap(),
+            "--chunk=1000",
+            "--reorder-window=2s",
+        ])
         .args(["--capacity-steps=2", "--rate-steps=2", "--max-rejected=1"])
         .arg("--csv")
         .arg(d.join("cells.csv"))
@@ -308,9 +321,11 @@ fn progress_goes_to_standard_error_and_the_report_to_standard_output() {
     let stdout = ok(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("tune: 5000 lines read, 5000 requests; 4 cells replayed"),
+        stderr.contains("% of the logs read (")
+            && stderr.contains("5000 lines, 5000 requests; 4 cells replayed"),
         "{stderr}"
     );
+    assert!(stderr.contains("tune: 100% of the logs read"), "{stderr}");
     assert!(stderr.lines().count() >= 5, "{stderr}");
     assert!(!stdout.contains("lines read"), "{stdout}");
     assert!(stdout.contains("recommended:"), "{stdout}");
@@ -328,7 +343,7 @@ fn gzip_logs_read_as_the_plain_log() {
     );
     enc.write_all(text.as_bytes()).unwrap();
     enc.finish().unwrap();
-    let args = ["--capacity-steps=4", "--rate-steps=4"];
+    let args = ["--capacity-steps=4", "--rate-steps=4", "--rates=0.1..1000"];
     ok(&tune(
         &d,
         2,
@@ -613,4 +628,115 @@ fn the_heatmap_marks_the_recommended_cell() {
     assert!(svg.contains("refill rate r (tokens/s)"));
     // 25 cells.
     assert!(svg.matches("<rect").count() >= 25);
+}
+
+/// An Apache combined log as a busy server writes it: each line stamped with its
+/// request's start time (whole seconds, a +0100 zone) but written when the request ends,
+/// so a line is up to a minute earlier than lines before it; gzip-compressed.
+fn apache_combined_gz(path: &Path, requests: u64) {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    // (end, start, client) in milliseconds: 20 requests a second on average.
+    let mut rows: Vec<(u64, u64, u64)> = Vec::new();
+    let mut t = 0;
+    for _ in 0..requests {
+        t += next() % 100;
+        let took = match next() % 100 {
+            0 => 10_000 + next() % 50_000, // up to a minute
+            1..=5 => next() % 5000,
+            _ => next() % 200,
+        };
+        // A few heavy clients, many light ones.
+        let r = next();
+        let client = (r % 500) * ((r >> 32) % 500) / 500;
+        rows.push((t + took, t, client));
+    }
+    rows.sort();
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(path).unwrap(),
+        flate2::Compression::fast(),
+    );
+    for (_, start, client) in rows {
+        // 2023-11-14T09:00:00+01:00 is 1699948800 s after the epoch.
+        let sec = start / 1000;
+        let (h, m, s) = (9 + sec / 3600, sec / 60 % 60, sec % 60);
+        writeln!(
+            enc,
+            "198.51.100.{client} - - [14/Nov/2023:{h:02}:{m:02}:{s:02} +0100] \"GET /api/items?page={} HTTP/1.1\" 200 {} \"https://example.com/\" \"Mozilla/5.0 (X11; Linux x86_64)\"",
+            start % 7,
+            start % 5000
+        )
+        .unwrap();
+    }
+    enc.finish().unwrap();
+}
+
+#[test]
+fn a_real_apache_log_is_read_with_default_flags_and_the_recommendation_is_a_config_rule() {
+    let d = dir("apache");
+    let log = d.join("access.log.gz");
+    apache_combined_gz(&log, 30_000);
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .arg("tune")
+        .arg(&log)
+        .arg("--out")
+        .arg(&d)
+        .output()
+        .unwrap();
+    let stdout = ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Nothing is bad: every late line was within the default window.
+    assert!(stdout.contains("30000 lines, 0 bad"), "{stdout}");
+    assert!(stdout.contains("reordered: "), "{stdout}");
+    assert!(
+        stdout.contains("s earlier than a line before them"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("tune: 100% of the logs read"), "{stderr}");
+    assert!(d.join("tune.csv").exists() && d.join("tune.svg").exists());
+    // The recommendation as a configuration rule that validates and builds.
+    let toml = &stdout[stdout.find("[[rule]]").expect("a rule")..];
+    let toml = &toml[..toml.find("\nwrote").unwrap()];
+    let config = tokengate_config::Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.rules.len(), 1);
+    assert_eq!(config.rules[0].kind, tokengate::scope::ScopeKind::User);
+    config.rule_set().unwrap().build().unwrap();
+    assert!(!stdout.contains("not settled"), "{stdout}");
+}
+
+#[test]
+fn a_recommendation_at_the_grids_edge_widens_the_grid_and_warns() {
+    let d = dir("edge");
+    // 5 requests a second from one client for a minute: a bucket of 300 tokens holds the
+    // whole log, so the lowest rate of the default grid meets the rule.
+    let log = write(&d, "steady.csv", &steady_csv(1, 5, 60));
+    let out = ok(&tune(&d, 2, &[log.to_str().unwrap(), "--format=csv"]));
+    assert!(
+        out.contains(
+            "grid: the recommended rate was the grid's lowest, 0.1/s: rates widened to \
+             0.001..1000 /s and replayed"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("warning: the recommended rate is the grid's lowest (0.001/s)"),
+        "{out}"
+    );
+    assert!(out.contains("the log cannot tell that rate"), "{out}");
+    // A grid given on the command line is kept, with the warning.
+    let out = ok(&tune(
+        &d,
+        2,
+        &[log.to_str().unwrap(), "--format=csv", "--rates=20..100"],
+    ));
+    assert!(!out.contains("widened"), "{out}");
+    assert!(
+        out.contains("warning: the recommended rate is the grid's lowest (20/s)"),
+        "{out}"
+    );
 }

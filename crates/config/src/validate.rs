@@ -12,6 +12,7 @@ use tokengate::scope::{
     ApiKeyId, RouteId, Rule, RuleError, RuleSet, Scope, ScopeKind, TenantId, UserId, WorkClass,
 };
 use tokengate::{ManualClock, Policy};
+use toml::de::{DeTable, DeValue};
 use toml::{Spanned, Value};
 
 use crate::error::{ConfigError, Problem, ProblemKind, locate};
@@ -66,9 +67,20 @@ impl Config {
             file: file.to_path_buf(),
             problems,
         };
-        let raw: RawFile = match toml::from_str(text) {
-            Ok(raw) => raw,
+        let mut doc = match DeTable::parse(text) {
+            Ok(doc) => doc,
             Err(e) => return Err(invalid(vec![syntax_problem(text, &e)])),
+        };
+        // Unknown fields are listed and set aside, so that the rest of the file is still
+        // checked: one misspelt field does not hide the other problems.
+        let mut unknown = Vec::new();
+        unknown_fields(text, doc.get_mut(), FILE_FIELDS, &mut unknown);
+        let raw = match RawFile::deserialize(toml::de::Deserializer::from(doc)) {
+            Ok(raw) => raw,
+            Err(e) => {
+                unknown.push(syntax_problem(text, &e));
+                return Err(invalid(unknown));
+            }
         };
         let mut checker = Checker {
             text,
@@ -82,6 +94,7 @@ impl Config {
                 kind: ProblemKind::NoRules,
             });
         }
+        checker.problems.extend(unknown);
         if checker.problems.is_empty() {
             if let Err(e) = engine_check(&config) {
                 checker.problems.push(Problem {
@@ -98,6 +111,88 @@ impl Config {
                 .problems
                 .sort_by_key(|p| p.location.as_ref().map(|l| (l.line, l.column)));
             Err(invalid(checker.problems))
+        }
+    }
+}
+
+/// The fields of each part of the file, as `raw` declares them.
+const FILE_FIELDS: &[&str] = &["rule", "class", "tier", "override", "reload"];
+const RULE_FIELDS: &[&str] = &[
+    "name",
+    "scope",
+    "policies",
+    "max_keys",
+    "shards",
+    "overflow",
+    "eviction",
+    "counters",
+    "shadow",
+    "lease",
+    "inheritance",
+    "normal_rate",
+    "downstream_queue",
+];
+const LEASE_FIELDS: &[&str] = &["slots", "max_lease"];
+const CLASS_FIELDS: &[&str] = &["name", "cost", "costs"];
+const TIER_FIELDS: &[&str] = &["policies"];
+const OVERRIDE_FIELDS: &[&str] = &["scope", "key", "tier"];
+const RELOAD_FIELDS: &[&str] = &["inheritance"];
+
+/// Removes the fields of `table` (and of its known parts) that are not in `known`,
+/// recording each. What remains has only fields the file format declares.
+fn unknown_fields(text: &str, table: &mut DeTable<'_>, known: &[&str], found: &mut Vec<Problem>) {
+    let mut strays = Vec::new();
+    for key in table.keys() {
+        let name: &str = key.get_ref();
+        if !known.contains(&name) {
+            strays.push(name.to_owned());
+            found.push(Problem {
+                location: Some(locate(text, key.span().start)),
+                field: name.to_owned(),
+                kind: ProblemKind::Syntax(format!(
+                    "unknown field `{name}`, expected {}",
+                    known
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            });
+        }
+    }
+    for stray in &strays {
+        table.remove(stray.as_str());
+    }
+    for (key, value) in table.iter_mut() {
+        let parts: &[&str] = match (known, key.get_ref().as_ref()) {
+            (FILE_FIELDS, "rule") => RULE_FIELDS,
+            (FILE_FIELDS, "class") => CLASS_FIELDS,
+            (FILE_FIELDS, "override") => OVERRIDE_FIELDS,
+            (FILE_FIELDS, "reload") => RELOAD_FIELDS,
+            (FILE_FIELDS, "tier") => {
+                // A table of named tiers.
+                if let DeValue::Table(tiers) = value.get_mut() {
+                    for (_, tier) in tiers.iter_mut() {
+                        if let DeValue::Table(t) = tier.get_mut() {
+                            unknown_fields(text, t, TIER_FIELDS, found);
+                        }
+                    }
+                }
+                continue;
+            }
+            (RULE_FIELDS, "lease") => LEASE_FIELDS,
+            _ => continue,
+        };
+        match value.get_mut() {
+            DeValue::Table(t) => unknown_fields(text, t, parts, found),
+            DeValue::Array(items) => {
+                for item in items.iter_mut() {
+                    if let DeValue::Table(t) = item.get_mut() {
+                        unknown_fields(text, t, parts, found);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }

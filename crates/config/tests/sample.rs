@@ -36,14 +36,16 @@ fn the_readme_sample_is_valid_and_means_what_it_says() {
         ]
     );
     assert_eq!(tenant.options.max_keys_value(), 100_000);
-    assert_eq!(
-        tenant.options.overflow_value(),
-        Overflow::Share(Policy::new(100, 50.0).unwrap())
-    );
+    assert_eq!(tenant.options.overflow_value(), Overflow::Reject);
     assert_eq!(tenant.inheritance, Inheritance::AsIs);
 
     let route = config.rule(ScopeKind::TenantRoute).unwrap();
     assert!(route.shadow);
+    assert_eq!(route.options.max_keys_value(), 500_000);
+    assert_eq!(
+        route.options.overflow_value(),
+        Overflow::Share(Policy::new(100, 50.0).unwrap())
+    );
     assert_eq!(route.inheritance, Inheritance::Proportional);
     assert_eq!(config.shadow_kinds(), vec![ScopeKind::TenantRoute]);
 
@@ -68,12 +70,13 @@ fn the_readme_sample_is_valid_and_means_what_it_says() {
 }
 
 #[test]
-fn the_sample_names_what_the_engine_does_not_enforce_yet() {
+fn the_readme_sample_builds_into_the_engines_rules() {
     let config = Config::from_toml(&sample()).unwrap();
-    let parts = config.rule_set().unwrap_err().parts;
-    // Its per-tenant rule has two policies (built) and a shared overflow bucket (not);
-    // its tiers and overrides are built.
-    assert_eq!(parts.len(), 1, "{parts:?}");
-    assert!(parts[0].contains("per-tenant"), "{parts:?}");
-    assert!(parts[0].contains("overflow"), "{parts:?}");
+    assert_eq!(config.unsupported(), Vec::<String>::new());
+    let limiter = config
+        .rule_set()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(limiter.class("export").is_some());
 }

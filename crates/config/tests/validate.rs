@@ -42,8 +42,62 @@ fn unknown_fields_are_refused_with_line_and_field() {
         4,
     );
     assert!(p.to_string().contains("unknown field `jitter`"), "{p}");
-    let p = one("[extra]\n", 1);
-    assert!(p.to_string().contains("unknown field"), "{p}");
+    let p = one(&format!("[extra]\n{RULE}"), 1);
+    assert!(p.to_string().contains("unknown field `extra`"), "{p}");
+}
+
+#[test]
+fn an_unknown_field_in_one_rule_does_not_hide_the_problems_of_another() {
+    let text = r#"
+[[rule]]
+name = "a"
+scope = "global"
+policies = ["10/s burst 20"]
+colour = "red"
+
+[[rule]]
+name = "b"
+scope = "planet"
+policies = ["5/s burst 5"]
+
+[[class]]
+name = "export"
+cost = 2
+weight = 1
+
+[tier.gold]
+policies = ["100/s burst 200"]
+shiny = true
+
+[reload]
+inheritance = "as_is"
+when = "always"
+"#;
+    let p = problems(text);
+    let seen: Vec<(usize, &str)> = p
+        .iter()
+        .map(|p| (p.location.as_ref().unwrap().line, p.field.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (6, "colour"),
+            (10, "rule[b].scope"),
+            (16, "weight"),
+            (20, "shiny"),
+            (24, "when")
+        ],
+        "{p:?}"
+    );
+    assert!(
+        matches!(&p[1].kind, ProblemKind::UnknownScope(s) if s == "planet"),
+        "{p:?}"
+    );
+    assert!(
+        p[0].to_string().contains("unknown field `colour`"),
+        "{}",
+        p[0]
+    );
 }
 
 #[test]

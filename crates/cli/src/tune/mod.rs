@@ -31,9 +31,13 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
+use tokengate::ManualClock;
+use tokengate::scope::ScopeKind;
+use tokengate_config::Config;
+
 use crate::{
-    Out, default_output, open_output, parse_duration, positive_number, show_duration, show_number,
-    whole_number, write_output,
+    Out, open_output, parse_duration, positive_number, show_duration, show_number, whole_number,
+    write_output,
 };
 use classes::{Class, Classes};
 use format::{Format, JsonFields, KeyChoice, LineParser};
@@ -43,6 +47,10 @@ use stream::{Keys, Orderer, Reading, Scan, Spread};
 
 /// The most cells on one axis.
 const MAX_STEPS: u64 = 1000;
+
+/// The grid's capacities and rates unless given.
+const DEFAULT_CAPACITIES: (u64, u64) = (1, 1000);
+const DEFAULT_RATES: (f64, f64) = (0.1, 1000.0);
 
 /// The longest reorder window.
 const MAX_WINDOW_SECS: u64 = 3600;
@@ -95,15 +103,16 @@ pub struct Args {
           value_parser = |s: &str| whole_number(s, "the default cost", "tokens", 1, format::MAX_COST))]
     default_cost: u64,
 
-    /// The capacities B of the grid, LOW..HIGH in whole tokens.
-    #[arg(long, value_name = "LOW..HIGH", default_value = "1..1000",
-          value_parser = capacity_range)]
-    capacities: (u64, u64),
+    /// The capacities B of the grid, LOW..HIGH in whole tokens [default: 1..1000,
+    /// widened once by two decades when the recommendation has the highest capacity].
+    #[arg(long, value_name = "LOW..HIGH", value_parser = capacity_range)]
+    capacities: Option<(u64, u64)>,
 
-    /// The refill rates r of the grid, LOW..HIGH in tokens per second.
-    #[arg(long, value_name = "LOW..HIGH", default_value = "0.1..1000",
-          value_parser = rate_range)]
-    rates: (f64, f64),
+    /// The refill rates r of the grid, LOW..HIGH in tokens per second [default:
+    /// 0.1..1000, widened once by two decades when the recommendation has the lowest
+    /// rate].
+    #[arg(long, value_name = "LOW..HIGH", value_parser = rate_range)]
+    rates: Option<(f64, f64)>,
 
     /// Capacities in the grid, log-spaced (fewer when rounding to whole tokens makes
     /// some equal).
@@ -129,8 +138,10 @@ pub struct Args {
 
     /// How much earlier than the latest line before it a line may be and still be
     /// replayed in order (rounded up to whole seconds, at most 1h); an earlier line is a
-    /// bad line.
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = window)]
+    /// bad line. Servers such as Apache and nginx log a request's start time when it
+    /// ends, so a line may be as much earlier as the longest request took: the default
+    /// holds requests of up to two minutes (memory: the requests of one window).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = window)]
     reorder_window: u64,
 
     /// The keyed limiter's maximum number of keys; a new key beyond it is rejected
@@ -182,13 +193,18 @@ pub struct Args {
           value_parser = |s: &str| whole_number(s, "the chunk size", "requests", 1, 1 << 26))]
     chunk: u64,
 
-    /// The CSV file of every cell [default: target/tokengate-bench/tune.csv].
+    /// The CSV file of every cell [default: tune.csv in the --out directory].
     #[arg(long, value_name = "PATH")]
     csv: Option<PathBuf>,
 
-    /// The SVG heatmap [default: target/tokengate-bench/tune.svg].
+    /// The SVG heatmap [default: tune.svg in the --out directory].
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
+
+    /// The directory the output files go to unless --csv or --svg names a path; it is
+    /// created if missing.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out: PathBuf,
 
     /// No progress lines on standard error.
     #[arg(long, short = 'q')]
@@ -286,131 +302,92 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         sweep_every: args.sweep_every,
         max_wait: args.max_wait,
     };
-    let capacities = grid::capacities(
-        args.capacities.0,
-        args.capacities.1,
-        args.capacity_steps as usize,
-    );
-    let rates = grid_rates(args.rates.0, args.rates.1, args.rate_steps as usize);
-    let mut cells = Vec::new();
-    let mut invalid: Vec<(u64, f64, String)> = Vec::new();
-    for &rate in &rates {
-        for &capacity in &capacities {
-            match Cell::new(capacity, rate, &setup) {
-                Ok(c) => cells.push(c),
-                Err(e) => invalid.push((capacity, rate, e)),
-            }
-        }
-    }
-    if cells.is_empty() {
-        let (b, r, e) = &invalid[0];
-        return Err(format!(
-            "no policy of the grid is valid ({} cells; B = {b}, r = {}: {e}): change \
-             --capacities or --rates",
-            invalid.len(),
-            show_number(*r)
-        ));
-    }
-    let csv_path = args
-        .csv
-        .clone()
-        .unwrap_or_else(|| default_output("tune.csv"));
-    let svg_path = args
-        .svg
-        .clone()
-        .unwrap_or_else(|| default_output("tune.svg"));
+    let (capacity_lo, capacity_hi) = args.capacities.unwrap_or(DEFAULT_CAPACITIES);
+    let (rate_lo, rate_hi) = args.rates.unwrap_or(DEFAULT_RATES);
+    let mut capacities = grid::capacities(capacity_lo, capacity_hi, args.capacity_steps as usize);
+    let mut rates = grid_rates(rate_lo, rate_hi, args.rate_steps as usize);
+    let out_dir = args.out.clone();
+    let csv_path = args.csv.clone().unwrap_or_else(|| out_dir.join("tune.csv"));
+    let svg_path = args.svg.clone().unwrap_or_else(|| out_dir.join("tune.svg"));
     let csv_file = open_output(&csv_path)?;
     let svg_file = open_output(&svg_path)?;
-
+    // Logs read from standard input are read once; files are read again when the grid
+    // is widened.
+    let rereadable = args.logs.iter().all(|p| p.as_os_str() != "-");
+    let mut widened: Vec<String> = Vec::new();
+    // Each edge is widened once, by two decades: a log shorter than a bucket's refill
+    // time cannot tell its rate from a lower one, so widening without end would only
+    // follow that.
+    let mut widened_edges: Vec<Edge> = Vec::new();
     let threads = rayon::current_num_threads();
-    let total_cells = cells.len();
-    let mut reading = Reading::new(
-        &parser,
-        Classes::new(args.classes.clone(), args.default_cost),
-        Orderer::new(args.reorder_window, args.spread, args.seed),
-        args.chunk as usize,
-        args.logs.clone(),
-    );
-    let started = Instant::now();
-    let mut read_time = Duration::ZERO;
-    let timed = |reading: &mut Reading<'_>, read_time: &mut Duration| {
-        let t = Instant::now();
-        let chunk = reading.next_chunk();
-        *read_time += t.elapsed();
-        chunk
-    };
-    // Reading the next chunk overlaps the replay of this one: the reading task takes one
-    // of rayon's threads, the cells the others, and it joins the cells when done.
-    let mut chunk = timed(&mut reading, &mut read_time)?;
-    while !chunk.is_empty() {
-        let (next, ()) = rayon::join(
-            || timed(&mut reading, &mut read_time),
-            || cells.par_iter_mut().for_each(|c| c.replay(&chunk)),
-        );
-        if !args.quiet {
-            eprintln!(
-                "tune: {} lines read, {} requests; {} cells replayed through {} of log time",
-                reading.scan.lines,
-                reading.scan.requests,
-                total_cells,
-                show_duration(Duration::from_nanos(chunk[chunk.len() - 1].at)),
-            );
+    let (replayed, chosen) = loop {
+        let replayed = replay(&args, &parser, &setup, &capacities, &rates)?;
+        let chosen = report::recommend(&replayed.outcomes, args.objective, args.max_rejected);
+        let Some(edge) = chosen.and_then(|i| grid_edge(&replayed.outcomes[i], &capacities, &rates))
+        else {
+            break (replayed, chosen);
+        };
+        let chosen_by_user = match edge {
+            Edge::LowestRate => args.rates.is_some(),
+            Edge::HighestCapacity => args.capacities.is_some(),
+        };
+        if chosen_by_user || !rereadable || widened_edges.contains(&edge) {
+            break (replayed, chosen);
         }
-        chunk = next?;
-    }
-    let elapsed = started.elapsed();
-    let Reading {
-        classes,
-        keys,
+        widened_edges.push(edge);
+        let note = match edge {
+            Edge::LowestRate => {
+                let lo = rates[0];
+                let wider = grid_rates(
+                    lo / 100.0,
+                    rates[rates.len() - 1],
+                    rates.len() + steps_per_decade(&rates) * 2,
+                );
+                let note = format!(
+                    "the recommended rate was the grid's lowest, {}/s: rates widened to {}..{} /s and replayed",
+                    show_number(lo),
+                    show_number(wider[0]),
+                    show_number(wider[wider.len() - 1])
+                );
+                rates = wider;
+                note
+            }
+            Edge::HighestCapacity => {
+                let hi = capacities[capacities.len() - 1];
+                let wider = grid::capacities(
+                    capacities[0],
+                    hi.saturating_mul(100),
+                    capacities.len() + 2 * capacity_steps_per_decade(&capacities),
+                );
+                let note = format!(
+                    "the recommended capacity was the grid's highest, {hi}: capacities widened to {}..{} and replayed",
+                    wider[0],
+                    wider[wider.len() - 1]
+                );
+                capacities = wider;
+                note
+            }
+        };
+        if !args.quiet {
+            eprintln!("tune: {note}");
+        }
+        widened.push(note);
+    };
+    let Replayed {
+        outcomes,
+        total_cells,
         scan,
-        orderer,
-        ..
-    } = reading;
-
-    if scan.requests == 0 {
-        return Err(format!(
-            "the log has no requests: {} lines, {} bad{}",
-            scan.lines,
-            scan.bad,
-            bad_lines_suffix(&scan)
-        ));
-    }
-    let bad_share = scan.bad as f64 / scan.lines as f64;
-    if bad_share > args.max_bad {
-        return Err(format!(
-            "{} of {} lines are bad ({}), more than --max-bad {}{}",
-            scan.bad,
-            scan.lines,
-            pct(bad_share),
-            pct(args.max_bad),
-            bad_lines_suffix(&scan)
-        ));
-    }
-    classes.check_matched()?;
+        keys,
+        classes,
+        origin,
+        reordered,
+        most_late,
+        elapsed,
+        read_time,
+    } = replayed;
+    let edge_left = chosen.and_then(|i| grid_edge(&outcomes[i], &capacities, &rates));
 
     let pop = Population::new(&keys.requests, args.volume_percentile, args.top as usize);
-    let mut outcomes: Vec<Outcome> = cells
-        .into_iter()
-        .map(|c| {
-            let m = Measures::of(&c.stats, &pop);
-            Outcome {
-                capacity: c.capacity,
-                rate: c.rate,
-                result: Ok((c.stats, m)),
-            }
-        })
-        .collect();
-    outcomes.extend(invalid.into_iter().map(|(capacity, rate, e)| Outcome {
-        capacity,
-        rate,
-        result: Err(e),
-    }));
-    outcomes.sort_by(|a, b| {
-        (a.rate, a.capacity)
-            .partial_cmp(&(b.rate, b.capacity))
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
-    let chosen = report::recommend(&outcomes, args.objective, args.max_rejected);
 
     write_output(
         csv_file,
@@ -428,15 +405,19 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     write_output(svg_file, &svg_path, &svg)?;
 
     let mut text = String::new();
-    summary(
-        &mut text,
-        &args,
-        &scan,
-        &keys,
-        &pop,
-        &classes,
-        orderer.origin_nanos(),
-    );
+    summary(&mut text, &args, &scan, &keys, &pop, &classes, origin);
+    if reordered > 0 {
+        text.push_str(&format!(
+            "reordered: {reordered} lines ({}) were up to {most_late} s earlier than a line before them \
+             (a server logs a request's start when it ends), replayed in time order \
+             (--reorder-window {} s)\n",
+            pct(reordered as f64 / scan.lines as f64),
+            args.reorder_window
+        ));
+    }
+    for note in &widened {
+        text.push_str(&format!("grid: {note}\n"));
+    }
     text.push_str(&format!(
         "grid: {} capacities ({}..{}) x {} rates ({}..{} /s) = {} cells, {} invalid\n",
         capacities.len(),
@@ -477,6 +458,46 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         let c = &outcomes[i];
         c.result.as_ref().ok().map(|(s, m)| (c, s, m))
     });
+    let span = scan.span.map_or(0, |(a, b)| b - a) as f64 / 1e9;
+    match edge_left {
+        Some(Edge::LowestRate) => {
+            let c = &outcomes[chosen.unwrap_or(0)];
+            let refill = c.capacity as f64 / c.rate;
+            text.push_str(&format!(
+                "warning: the recommended rate is the grid's lowest ({}/s): a lower rate may meet \
+                 the rule too; widen --rates{}{}\n",
+                show_number(rates[0]),
+                if rereadable {
+                    ""
+                } else {
+                    " (a log read from standard input is read once)"
+                },
+                if refill > span {
+                    format!(
+                        ". A bucket of {} tokens takes {} to refill at that rate, longer than the \
+                         log's {}: the log cannot tell that rate from a lower one; a longer log, \
+                         or --objective requests, measures it",
+                        c.capacity,
+                        show_duration(Duration::from_secs_f64(refill.min(1e12))),
+                        show_duration(Duration::from_secs_f64(span.max(1e-6)))
+                    )
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        Some(Edge::HighestCapacity) => text.push_str(&format!(
+            "warning: the recommended capacity is the grid's highest ({}): a larger one may meet \
+             the rule at a lower rate; widen --capacities{}\n",
+            capacities[capacities.len() - 1],
+            if rereadable {
+                ""
+            } else {
+                " (a log read from standard input is read once)"
+            }
+        )),
+        None => {}
+    }
     if let Some((c, s, m)) = recommendation {
         text.push_str(&format!(
             "recommended: B = {} tokens, r = {} tokens/s: the smallest rate, then the smallest capacity, with {rule}\n",
@@ -502,7 +523,9 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
                 show_duration(w / grid::DELAY_BINS as u32)
             ));
         }
-        text.push_str(&snippet(c.capacity, c.rate, &args));
+        let toml = recommendation_toml(c.capacity, c.rate, &args)?;
+        text.push_str("\nas a tokengate-config rule (tokengate.toml; check it with `tokengate check-config`):\n\n");
+        text.push_str(&toml);
     }
     text.push_str(&format!(
         "\nwrote {} and {}\n",
@@ -516,6 +539,195 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// An edge of the grid beyond which a better cell may lie under the recommendation
+/// rule (the smallest rate, then the smallest capacity).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Edge {
+    /// The grid's lowest rate meets the rule: a lower one may too.
+    LowestRate,
+    /// The chosen cell has the grid's highest capacity: a larger capacity may meet the
+    /// rule at a lower rate.
+    HighestCapacity,
+}
+
+/// The edge of the grid `chosen` sits on, if one matters.
+fn grid_edge(chosen: &Outcome, capacities: &[u64], rates: &[f64]) -> Option<Edge> {
+    if rates.len() > 1 && chosen.rate <= rates[0] {
+        Some(Edge::LowestRate)
+    } else if capacities.len() > 1 && chosen.capacity >= capacities[capacities.len() - 1] {
+        Some(Edge::HighestCapacity)
+    } else {
+        None
+    }
+}
+
+/// Grid steps per decade of `rates` (at least 1), so a widened axis is as dense.
+fn steps_per_decade(rates: &[f64]) -> usize {
+    let decades = (rates[rates.len() - 1] / rates[0]).log10();
+    if decades <= 0.0 {
+        return 1;
+    }
+    ((rates.len() - 1) as f64 / decades).ceil().max(1.0) as usize
+}
+
+fn capacity_steps_per_decade(capacities: &[u64]) -> usize {
+    let v: Vec<f64> = capacities.iter().map(|&c| c as f64).collect();
+    steps_per_decade(&v)
+}
+
+/// What one replay of the logs over a grid found.
+struct Replayed {
+    /// Every cell, valid or not, by rate then capacity.
+    outcomes: Vec<Outcome>,
+    /// The valid cells.
+    total_cells: usize,
+    scan: Scan,
+    keys: Keys,
+    classes: Classes,
+    origin: u64,
+    reordered: u64,
+    most_late: u64,
+    elapsed: Duration,
+    read_time: Duration,
+}
+
+/// Reads the logs once and replays them on every cell of the grid.
+fn replay(
+    args: &Args,
+    parser: &LineParser,
+    setup: &Setup,
+    capacities: &[u64],
+    rates: &[f64],
+) -> Result<Replayed, String> {
+    let mut cells = Vec::new();
+    let mut invalid: Vec<(u64, f64, String)> = Vec::new();
+    for &rate in rates {
+        for &capacity in capacities {
+            match Cell::new(capacity, rate, setup) {
+                Ok(c) => cells.push(c),
+                Err(e) => invalid.push((capacity, rate, e)),
+            }
+        }
+    }
+    if cells.is_empty() {
+        let (b, r, e) = &invalid[0];
+        return Err(format!(
+            "no policy of the grid is valid ({} cells; B = {b}, r = {}: {e}): change \
+             --capacities or --rates",
+            invalid.len(),
+            show_number(*r)
+        ));
+    }
+    let total_cells = cells.len();
+    let mut reading = Reading::new(
+        parser,
+        Classes::new(args.classes.clone(), args.default_cost),
+        Orderer::new(args.reorder_window, args.spread, args.seed),
+        args.chunk as usize,
+        args.logs.clone(),
+        !args.quiet,
+    );
+    let started = Instant::now();
+    let mut read_time = Duration::ZERO;
+    let timed = |reading: &mut Reading<'_>, read_time: &mut Duration| {
+        let t = Instant::now();
+        let chunk = reading.next_chunk();
+        *read_time += t.elapsed();
+        chunk
+    };
+    // Reading the next chunk overlaps the replay of this one: the reading task takes one
+    // of rayon's threads, the cells the others, and it joins the cells when done.
+    let mut chunk = timed(&mut reading, &mut read_time)?;
+    while !chunk.is_empty() {
+        let (next, ()) = rayon::join(
+            || timed(&mut reading, &mut read_time),
+            || cells.par_iter_mut().for_each(|c| c.replay(&chunk)),
+        );
+        if !args.quiet {
+            eprintln!(
+                "tune: {}, {} requests; {} cells replayed through {} of log time",
+                reading.progress(),
+                reading.scan.requests,
+                total_cells,
+                show_duration(Duration::from_nanos(chunk[chunk.len() - 1].at)),
+            );
+        }
+        chunk = next?;
+    }
+    let elapsed = started.elapsed();
+    let Reading {
+        classes,
+        keys,
+        scan,
+        orderer,
+        ..
+    } = reading;
+
+    if scan.requests == 0 {
+        return Err(format!(
+            "the log has no requests: {} lines, {} bad{}",
+            scan.lines,
+            scan.bad,
+            bad_lines_suffix(&scan)
+        ));
+    }
+    let bad_share = scan.bad as f64 / scan.lines as f64;
+    if bad_share > args.max_bad {
+        let late = if scan.late > 0 {
+            format!(
+                " ({} of them out of order by more than --reorder-window, {} s)",
+                scan.late, args.reorder_window
+            )
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "{} of {} lines are bad ({}){late}, more than --max-bad {}{}",
+            scan.bad,
+            scan.lines,
+            pct(bad_share),
+            pct(args.max_bad),
+            bad_lines_suffix(&scan)
+        ));
+    }
+    classes.check_matched()?;
+
+    let pop = Population::new(&keys.requests, args.volume_percentile, args.top as usize);
+    let mut outcomes: Vec<Outcome> = cells
+        .into_iter()
+        .map(|c| {
+            let m = Measures::of(&c.stats, &pop);
+            Outcome {
+                capacity: c.capacity,
+                rate: c.rate,
+                result: Ok((c.stats, m)),
+            }
+        })
+        .collect();
+    outcomes.extend(invalid.into_iter().map(|(capacity, rate, e)| Outcome {
+        capacity,
+        rate,
+        result: Err(e),
+    }));
+    outcomes.sort_by(|a, b| {
+        (a.rate, a.capacity)
+            .partial_cmp(&(b.rate, b.capacity))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    Ok(Replayed {
+        outcomes,
+        total_cells,
+        scan,
+        keys,
+        classes,
+        origin: orderer.origin_nanos(),
+        reordered: orderer.reordered,
+        most_late: orderer.most_late,
+        elapsed,
+        read_time,
+    })
 }
 
 fn pct(v: f64) -> String {
@@ -572,28 +784,45 @@ fn summary(
     }
 }
 
-/// The recommended policy as Rust: the configuration-file format is not settled yet.
-fn snippet(capacity: u64, rate: f64, args: &Args) -> String {
-    let policy = match args.max_wait {
-        None => format!("Policy::new({capacity}, {rate:?})?"),
-        Some(w) => format!(
-            "Policy::builder({capacity}, {rate:?})\n        .max_reservation(Duration::from_nanos({}))\n        .build()?",
-            w.as_nanos()
-        ),
-    };
-    let limiter = match (&args.key, args.max_wait) {
-        (KeyChoice::Constant, _) => "let bucket = Bucket::new(policy);".to_string(),
-        (_, Some(_)) => {
-            "// one Bucket::new(policy) per key; reserve(cost, max_wait) to wait".to_string()
-        }
-        (_, None) => format!(
-            "let limiter = KeyedLimiter::<String>::new(policy, {})?;",
-            args.max_keys
-        ),
-    };
-    format!(
-        "  as Rust (a configuration file format is not settled yet):\n    let policy = {policy};\n    {limiter}\n"
-    )
+/// The scope kind a rule keyed like `key` is for, as the tower layer keys requests: the
+/// client address and a named field are a `user`, the path a `route`.
+fn scope_of(key: &KeyChoice) -> ScopeKind {
+    match key {
+        KeyChoice::Constant => ScopeKind::Global,
+        KeyChoice::FirstSegment => ScopeKind::Route,
+        KeyChoice::Client | KeyChoice::Field(_) => ScopeKind::User,
+    }
+}
+
+/// The recommended policy as a rule of tokengate-config's file, checked by parsing it
+/// back (and building it when it has no reservations, which the keyed map has not).
+fn recommendation_toml(capacity: u64, rate: f64, args: &Args) -> Result<String, String> {
+    let kind = scope_of(&args.key);
+    let mut policy = format!("{{ capacity = {capacity}, refill_per_second = {rate:?}");
+    if let Some(w) = args.max_wait {
+        policy.push_str(&format!(
+            ", max_reservation = \"{}\"",
+            tokengate::serde_policy::format_duration(w)
+        ));
+    }
+    policy.push_str(" }");
+    let mut rule = format!(
+        "[[rule]]\nname = \"tuned\"\nscope = \"{}\"\npolicies = [{policy}]\n",
+        kind.name()
+    );
+    if kind != ScopeKind::Global {
+        rule.push_str(&format!("max_keys = {}\n", args.max_keys));
+    }
+    let config = Config::from_toml(&rule)
+        .map_err(|e| format!("the recommendation does not make a valid configuration: {e}"))?;
+    if args.max_wait.is_none() {
+        config
+            .rule_set()
+            .map_err(|e| e.to_string())?
+            .build_with_clock(ManualClock::new())
+            .map_err(|e| format!("the recommendation does not build: {e}"))?;
+    }
+    Ok(rule)
 }
 
 #[cfg(test)]

@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use flate2::read::MultiGzDecoder;
@@ -85,6 +88,10 @@ pub(crate) struct Orderer {
     latest: Option<u64>,
     origin_nanos: u64,
     pub(crate) out: Vec<Event>,
+    /// Lines accepted with a time earlier than a line before them, put back in order.
+    pub(crate) reordered: u64,
+    /// The most seconds such a line was earlier than the latest line before it.
+    pub(crate) most_late: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -106,6 +113,8 @@ impl Orderer {
             latest: None,
             origin_nanos: 0,
             out: Vec::new(),
+            reordered: 0,
+            most_late: 0,
         }
     }
 
@@ -122,7 +131,8 @@ impl Orderer {
         let latest = self.latest?;
         (second + self.window < latest).then(|| {
             format!(
-                "{} s earlier than a line before it, beyond the reorder window of {} s",
+                "{} s earlier than a line before it, beyond the reorder window of {} s \
+                 (--reorder-window)",
                 latest - second,
                 self.window
             )
@@ -135,6 +145,10 @@ impl Orderer {
         let second = stamp.nanos / NANOS;
         if self.latest.is_none() {
             self.origin_nanos = second.saturating_sub(self.window) * NANOS;
+        }
+        if let Some(latest) = self.latest.filter(|&l| stamp.nanos < l * NANOS) {
+            self.reordered += 1;
+            self.most_late = self.most_late.max(latest - second);
         }
         let into = (!stamp.whole_second).then_some((stamp.nanos % NANOS) as u32);
         self.pending
@@ -213,6 +227,8 @@ pub(crate) struct Scan {
     pub(crate) tokens: u64,
     /// Earliest and latest request time, nanoseconds since the Unix epoch.
     pub(crate) span: Option<(u64, u64)>,
+    /// Bad lines that were out of order beyond the reorder window.
+    pub(crate) late: u64,
 }
 
 impl Scan {
@@ -242,6 +258,14 @@ pub(crate) struct Reading<'p> {
     next_path: usize,
     finished: bool,
     buf: Vec<u8>,
+    /// Bytes of the files (as stored, compressed or not) read so far: those finished,
+    /// and the one being read (counted as its reader takes them).
+    done_bytes: u64,
+    current_bytes: Arc<AtomicU64>,
+    /// The files' total size, when every log is a file whose size is known.
+    total_bytes: Option<u64>,
+    /// Progress lines on standard error, at most one a second.
+    progress: Option<Instant>,
 }
 
 impl std::fmt::Debug for Reading<'_> {
@@ -260,7 +284,16 @@ impl<'p> Reading<'p> {
         orderer: Orderer,
         chunk: usize,
         paths: Vec<PathBuf>,
+        progress: bool,
     ) -> Reading<'p> {
+        let total_bytes = paths
+            .iter()
+            .map(|p| {
+                (p.as_os_str() != "-")
+                    .then(|| std::fs::metadata(p).ok().map(|m| m.len()))
+                    .flatten()
+            })
+            .sum();
         Reading {
             parser,
             classes,
@@ -275,6 +308,26 @@ impl<'p> Reading<'p> {
             next_path: 0,
             finished: false,
             buf: Vec::with_capacity(4096),
+            done_bytes: 0,
+            current_bytes: Arc::new(AtomicU64::new(0)),
+            total_bytes,
+            progress: progress.then(Instant::now),
+        }
+    }
+
+    /// How much of the logs has been read: a percentage of their bytes when their size
+    /// is known, else the lines.
+    pub(crate) fn progress(&self) -> String {
+        let read = self.done_bytes + self.current_bytes.load(Ordering::Relaxed);
+        match self.total_bytes {
+            Some(total) if total > 0 => format!(
+                "{}% of the logs read ({} of {} bytes), {} lines",
+                (read.min(total) * 100 / total),
+                read.min(total),
+                total,
+                self.scan.lines
+            ),
+            _ => format!("{} lines read", self.scan.lines),
         }
     }
 
@@ -288,12 +341,13 @@ impl<'p> Reading<'p> {
     pub(crate) fn next_chunk(&mut self) -> Result<Vec<Event>, String> {
         while !self.finished && self.orderer.out.len() < self.chunk {
             let Some(reader) = self.reader.as_mut() else {
+                self.done_bytes += self.current_bytes.swap(0, Ordering::Relaxed);
                 let Some(path) = self.paths.get(self.next_path) else {
                     self.orderer.finish();
                     self.finished = true;
                     break;
                 };
-                self.reader = Some(open(path)?);
+                self.reader = Some(open(path, Arc::clone(&self.current_bytes))?);
                 self.name = path.display().to_string();
                 self.number = 0;
                 self.next_path += 1;
@@ -320,6 +374,13 @@ impl<'p> Reading<'p> {
             if let Some(why) = bad {
                 self.scan.bad_line(&self.name, self.number, &why);
             }
+            if self.scan.lines.is_multiple_of(4096)
+                && let Some(last) = self.progress
+                && last.elapsed() >= Duration::from_secs(1)
+            {
+                eprintln!("tune: {}", self.progress());
+                self.progress = Some(Instant::now());
+            }
             if self.scan.lines == 1000 && self.scan.requests == 0 && self.scan.bad > 0 {
                 return Err(format!(
                     "none of the first 1000 lines is a request in the {} format; first: {}",
@@ -344,6 +405,7 @@ impl<'p> Reading<'p> {
             Err(why) => return Ok(Some(why)),
         };
         if let Some(why) = self.orderer.refuse(record.stamp) {
+            self.scan.late += 1;
             return Ok(Some(why));
         }
         let cost = match record.cost {
@@ -365,12 +427,33 @@ impl<'p> Reading<'p> {
     }
 }
 
-/// Opens a log: `-` is standard input; gzip is recognized by its magic bytes.
-fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, String> {
+/// A reader that counts the bytes it hands out.
+struct Counted<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Opens a log: `-` is standard input; gzip is recognized by its magic bytes. The bytes
+/// read from the file (compressed, if it is) are added to `count`.
+fn open(path: &Path, count: Arc<AtomicU64>) -> Result<Box<dyn BufRead + Send>, String> {
     let raw: Box<dyn Read + Send> = if path.as_os_str() == "-" {
-        Box::new(io::stdin())
+        Box::new(Counted {
+            inner: io::stdin(),
+            count,
+        })
     } else {
-        Box::new(File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?)
+        Box::new(Counted {
+            inner: File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?,
+            count,
+        })
     };
     let mut reader = BufReader::with_capacity(1 << 16, raw);
     let head = reader
