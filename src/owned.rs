@@ -231,7 +231,7 @@ pub(crate) fn reserve_on<C: Clock + ?Sized>(
 ) -> Result<(u64, u64), ReserveError> {
     raw.transition(layout, clock, now, true, |snapshot, now| {
         match plan(layout, snapshot, now, cost_units, limits) {
-            Ok((word, ready_at)) => (word, Ok((now, ready_at))),
+            Ok((word, ready_at, _)) => (word, Ok((now, ready_at))),
             Err(e) => (None, Err(e)),
         }
     })?
@@ -249,7 +249,7 @@ pub(crate) fn reserve_on_in<S: Seal, C: Clock + ?Sized>(
 ) -> Result<Result<(u64, u64), ReserveError>, S::Stop> {
     raw.transition_in::<S, C, _>(layout, clock, now, true, |snapshot, now| {
         match plan(layout, snapshot, now, cost_units, limits) {
-            Ok((word, ready_at)) => (word, Ok((now, ready_at))),
+            Ok((word, ready_at, _)) => (word, Ok((now, ready_at))),
             Err(e) => (None, Err(e)),
         }
     })

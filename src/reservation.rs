@@ -32,7 +32,7 @@ use crate::clock::{Clock, QuantaClock};
 use crate::decision::duration_from_nanos;
 use crate::error::AcquireError;
 pub use crate::sleep::{Sleep, ThreadSleep};
-use crate::state::{Layout, Snapshot};
+use crate::state::{Layout, Reserved, Snapshot};
 
 /// Why [`Bucket::reserve`] refused. Nothing was taken and nothing was written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,7 +187,9 @@ impl std::error::Error for ReserveError {}
 pub struct Reservation<'a, C: Clock = QuantaClock> {
     bucket: &'a Bucket<C>,
     cost: u64,
-    cost_units: u64,
+    /// What the reservation charged and where it stands in the debt: what a cancel
+    /// before the ready time may give back.
+    reserved: Reserved,
     reserved_at: u64,
     ready_at: u64,
     settled: bool,
@@ -290,13 +292,14 @@ impl<C: Clock> Reservation<'_, C> {
         }
         let clock = self.bucket.guarded_clock();
         let now = self.bucket.now();
-        if now >= self.ready_at || self.cost_units == 0 {
+        if now >= self.ready_at || self.reserved.charged_units == 0 {
             return false;
         }
         let layout = self.bucket.policy().layout();
+        let ready_tick = layout.tick_of(self.ready_at);
         self.bucket
             .raw()
-            .refund_units(layout, clock, now, self.cost_units);
+            .cancel_units(layout, clock, now, &self.reserved, ready_tick);
         true
     }
 }
@@ -365,20 +368,20 @@ impl<C: Clock> Bucket<C> {
             horizon: self.policy().max_reservation(),
         };
         let now = self.now();
-        let (reserved_at, ready_at) = self.raw().transition(
+        let (reserved_at, ready_at, reserved) = self.raw().transition(
             layout,
             self.guarded_clock(),
             now,
             true,
             |snapshot, now| match plan(layout, snapshot, now, cost_units, &limits) {
-                Ok((word, ready_at)) => (word, Ok((now, ready_at))),
+                Ok((word, ready_at, reserved)) => (word, Ok((now, ready_at, reserved))),
                 Err(e) => (None, Err(e)),
             },
         )??;
         Ok(Reservation {
             bucket: self,
             cost,
-            cost_units,
+            reserved,
             reserved_at,
             ready_at,
             settled: false,
@@ -474,41 +477,41 @@ impl Limits {
     }
 }
 
-/// Decides a reservation on one snapshot: the word to write (none for a zero cost) and the
-/// clock time the caller may proceed at, or why not.
+/// Decides a reservation on one snapshot: the word to write (none for a zero cost), the
+/// clock time the caller may proceed at, and what was charged; or why not.
 ///
 /// The snapshot is at tick `now >> S`, or `behind` ticks later when `now` lost a race to
 /// a later reading (within the race tolerance; strict transitions refuse larger steps). A
 /// reservation that must wait is ready at the edge of tick `snapshot tick + wait_ticks`,
-/// where `wait_ticks = ceil(debt / R)` is the first tick at which refill has paid the
-/// debt: the grid is absolute, so that edge is `(now_tick + behind + wait_ticks) << S`.
+/// where `wait_ticks` counts the whole ticks of refill [`Layout::reserve_charge`] charged
+/// it (one more when the write anchors at the next edge): the grid is absolute, so that
+/// edge is `(now_tick + behind + wait_ticks) << S`.
 pub(crate) fn plan(
     layout: &Layout,
     snapshot: &Snapshot,
     now: u64,
     cost_units: u64,
     limits: &Limits,
-) -> Result<(Option<u64>, u64), ReserveError> {
-    let wait_ticks = layout.ticks_until(snapshot.units(), cost_units);
-    let ready_at = if wait_ticks == 0 {
+) -> Result<(Option<u64>, u64, Reserved), ReserveError> {
+    let Some(reserved) = layout.reserve_charge(snapshot, cost_units, u64::MAX) else {
+        // The debt does not fit the allowance. Unreachable within the horizon (the
+        // allowance is the horizon's whole ticks of refill), kept as a refusal.
+        return Err(ReserveError::ExceedsHorizon {
+            wait: limits.horizon.saturating_add(layout.tick()),
+            horizon: limits.horizon,
+        });
+    };
+    let ready_at = if reserved.wait_ticks == 0 {
         u128::from(now)
     } else {
         let tick = u128::from(layout.tick_of(now)) + u128::from(snapshot.behind());
-        (tick + u128::from(wait_ticks)) << layout.tick_shift()
+        (tick + u128::from(reserved.wait_ticks)) << layout.tick_shift()
     };
     let wait = ready_at - u128::from(now);
     if let Some(e) = limits.check(wait) {
         return Err(e);
     }
-    let Some((word, _)) = layout.reserve(snapshot, cost_units, wait_ticks) else {
-        // The debt does not fit the allowance. Unreachable within the horizon (the
-        // allowance is the horizon's whole ticks of refill), kept as a refusal.
-        return Err(ReserveError::ExceedsHorizon {
-            wait: duration_from_nanos(wait),
-            horizon: limits.horizon,
-        });
-    };
-    let word = (cost_units > 0).then_some(word);
+    let word = (cost_units > 0).then_some(reserved.word);
     // Beyond the clock's range (584 years) the reservation is never ready: saturate.
-    Ok((word, u64::try_from(ready_at).unwrap_or(u64::MAX)))
+    Ok((word, u64::try_from(ready_at).unwrap_or(u64::MAX), reserved))
 }
