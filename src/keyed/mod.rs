@@ -1013,6 +1013,15 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// under start-full policies, so a switch to a start-empty policy stops it. Each
     /// switch keeps a few hundred bytes until the map is dropped.
     ///
+    /// The strategy applies to the keys the map holds at the switch. A key not in the
+    /// map then, never seen or evicted (evicted keys were full), is a new key: it starts
+    /// in the new policy's start state. Every strategy but [`Inherit::AsIs`] carries a
+    /// full bucket over as that same start state under a start-full policy, so there
+    /// eviction stays invisible. Under `AsIs` to a larger capacity a key kept full holds
+    /// `min(B, B')`, the old capacity, while an evicted one comes back with `B'`: the
+    /// exception, and so `AsIs` bounds what a *held* key carries over, not what a key
+    /// the map does not hold starts with.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tokengate::{Inherit, KeyedLimiter, ManualClock, Policy};
