@@ -13,9 +13,10 @@
 //!
 //! - at [`ready_at`](Reservation::ready_at) the balance is back at zero or above, and one
 //!   nanosecond earlier it is still below zero;
-//! - cancelling it (or dropping it) before then gives the cost back with
-//!   [`refund`](Bucket::refund)'s arithmetic, `min(B, balance now + cost)`: exactly the
-//!   state the bucket would have had without it (invariant I6);
+//! - cancelling it (or dropping it) before then, when no reservation was made after it,
+//!   gives its whole charge back: exactly the state the bucket would have had without it
+//!   (invariant I6). With a later reservation queued behind it, nothing comes back (see
+//!   [`Reservation::cancel`]);
 //! - a reservation that would wait longer than its `max_wait` or the policy's horizon
 //!   fails at once and writes nothing.
 //!
@@ -156,9 +157,20 @@ impl std::error::Error for ReserveError {}
 /// is ready at once and behaves as an admission: give such tokens back with
 /// [`Bucket::refund`] if the work does not run.
 ///
-/// Cancelling returns the tokens to the bucket, not to the reservations made after this
-/// one: their promised times stand (they become conservative), and the tokens go to
-/// whoever asks next.
+/// Cancelling is exact only for the last reservation in the queue: it gives the whole
+/// charge back, and the bucket is as if it had never reserved. A reservation with later
+/// ones behind it gives nothing back: their promised times stand, and tokens credited
+/// ahead of them would be refilled again while they wait (their holders and a
+/// `try_acquire` could then take `2B` at one instant). Its tokens count as used, as if
+/// its holder had proceeded at its ready time. [`Bucket::refund`] likewise gives nothing
+/// back while the balance is below zero.
+///
+/// Ready times are exact: with nothing else happening, every holder and every admission
+/// stays under `B + r * (e - s)` for all real times `s <= e`. A holder is ready at the
+/// tick edge where refill has paid the debt up to and including it; when its cost plus
+/// the refill beyond that debt (less than one tick's) is more than a full bucket, that
+/// excess is charged too, so the next holder is at least `ceil(cost * 2^F / R)` ticks
+/// later, never closer than the refill rate allows.
 ///
 /// ```
 /// use std::time::Duration;
@@ -263,10 +275,11 @@ impl<C: Clock> Reservation<'_, C> {
         self.settled = true;
     }
 
-    /// Gives the tokens back if the reservation's time has not come (returns `true`),
-    /// exactly as if it had never been made, capped at the capacity (I6); at or after
-    /// [`ready_at`](Self::ready_at) the tokens count as used and nothing changes (returns
-    /// `false`). Dropping the reservation does the same.
+    /// Before [`ready_at`](Self::ready_at) (returns `true`): gives the whole charge back,
+    /// exactly as if the reservation had never been made (I6), when no reservation was
+    /// made after it; with later ones queued behind it, gives nothing back (see the type's
+    /// docs). At or after `ready_at` the tokens count as used and nothing changes
+    /// (returns `false`). Dropping the reservation does the same.
     ///
     /// ```
     /// use std::time::Duration;

@@ -38,16 +38,26 @@
 //!
 //! * [`Layout::reserve`] takes a cost even when the balance does not cover it, down to
 //!   `units = 0`, and returns how many ticks after the snapshot's tick refill brings the
-//!   balance back to zero: `ceil((base - units_after) / R)`, [`Layout::ticks_until`]. The
-//!   reservation's holder may proceed at that tick edge. The caller bounds that wait by
-//!   the horizon and its own maximum (see [`Bucket::reserve`](crate::Bucket::reserve)).
+//!   balance back to zero: `ceil((base - units_after) / R)`, [`Layout::ticks_until`]
+//!   (one more when the write anchors at the next edge). The reservation's holder may
+//!   proceed at that tick edge. Refill there exceeds the debt by less than `R`; when the
+//!   holder's cost plus that excess is more than a full bucket, the excess is charged too
+//!   (the debt becomes whole ticks of refill), so the next holder waits whole ticks for
+//!   its own cost and no two holders are closer than the refill rate allows. The caller
+//!   bounds the wait by the horizon and its own maximum (see
+//!   [`Bucket::reserve`](crate::Bucket::reserve)).
 //! * [`Layout::take`] (and so every `try_acquire`) needs `units >= base + cost`: while
 //!   anything is owed, it refuses, and its `retry_after` counts the debt. Later
 //!   reservations add to the debt and get later times. Requests are therefore served in
 //!   the order they reserved, at the refill rate: the queue is the debt, a single number,
 //!   and each reservation's place in it is fixed by the time it was made.
-//! * [`Layout::refund`] of a reservation not yet due gives the cost back with the same
-//!   cap as any refund, exactly the state without the reservation (I6).
+//! * [`Layout::cancel`] of a reservation not yet due gives its whole charge back when
+//!   no reservation was made after it (exactly the state without it, I6), and nothing
+//!   when one was: the later holders' ready times are fixed, and the tokens credited
+//!   ahead of them would be refilled again while they wait (2B at one instant). Its
+//!   tokens then count as used.
+//! * [`Layout::refund`] gives nothing back while the balance is below zero, for the same
+//!   reason (the debt may be holders'); at zero or above, `min(max, units + refund)`.
 //! * Refill is unchanged: it adds `R` per tick up to `max_units`; a bucket in debt refills
 //!   towards zero and then towards full like any other.
 //!
@@ -78,13 +88,18 @@
 //! admitted in [s, e] <= B + r * (e - s)      (and <= r * (e - s) from a start-empty creation)
 //! ```
 //!
-//! with `r` the configured rate, for every bucket, reservation and lease of the crate
-//! (`tests/exact_time.rs` checks it on 20,000 random histories at nanosecond times against
-//! `testkit::Ideal`, an exact ideal bucket; the fuzzer's rounding target does too). The
-//! price is lag, never lead: refill reaches a bucket less than two ticks after the ideal
-//! bucket's near full, less than one tick otherwise, and the full burst `B` is always
-//! there once the bucket is full. A stored tick is never more than one tick ahead of the
-//! reading that stored it, so the race tolerance is at least [`MIN_TOLERANCE_TICKS`].
+//! with `r` the configured rate, for every bucket, reservation and lease of the crate: a
+//! reservation's holder counts as admitted at its ready time, a cancelled one not at all,
+//! and a refund is a credit at its time (`tests/exact_time.rs` and
+//! `tests/reservation_curve.rs` check it on random histories at nanosecond times, with
+//! cancellations, consumes and refunds, against `testkit::Ideal`, an exact ideal bucket;
+//! the fuzzer's rounding target does too). The price is lag, never lead: refill reaches a
+//! bucket less than two ticks after the ideal bucket when the bucket was anchored at the
+//! next tick edge (a fresh or reset bucket, a write near full), less than one tick
+//! otherwise; a queued holder whose cost plus the rounding excess would pass a full
+//! bucket waits up to one more tick; and the full burst `B` is always there once the
+//! bucket is full. A stored tick is never more than one tick ahead of the reading that
+//! stored it, so the race tolerance is at least [`MIN_TOLERANCE_TICKS`].
 //!
 //! # Reading time from a wrapping tick
 //!
