@@ -214,6 +214,9 @@ fn policy() -> impl Strategy<Value = (u64, f64, u64, bool)> {
     )
 }
 
+/// A reservation still held, with its admission: ready time, step and cost.
+type Held<'a> = (Reservation<'a, ManualClock>, u64, usize, u64);
+
 /// Runs one random history and checks it against the ideal bucket.
 fn history(
     (capacity, rate, horizon_ms, empty): (u64, f64, u64, bool),
@@ -236,7 +239,7 @@ fn history(
     let mut admissions: Vec<(u64, usize, u64, bool)> = Vec::new();
     let mut refunds: Vec<(u64, usize, u64, bool)> = Vec::new();
     // (reservation, its admission: ready time, step and cost), None once settled.
-    let mut held: Vec<Option<(Reservation<'_, ManualClock>, u64, usize, u64)>> = Vec::new();
+    let mut held: Vec<Option<Held<'_>>> = Vec::new();
     for (k, s) in steps.into_iter().enumerate() {
         let now = at(clock.now());
         match s {
