@@ -77,8 +77,8 @@ pub(crate) mod sealed {
 /// let r = bucket.reserve_owned(5, Duration::from_secs(1))?;
 /// assert_eq!(bucket.available(), -5.0); // the debt queues later callers
 /// let moved = std::thread::spawn(move || r).join().unwrap(); // crosses threads
-/// drop(moved); // before its time: the tokens come back exactly
-/// assert_eq!(bucket.available(), 0.0);
+/// drop(moved); // before its time, into the debt: nothing comes back, nothing is minted
+/// assert_eq!(bucket.available(), -5.0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "dropping a reservation before its time gives the tokens back"]
