@@ -657,6 +657,21 @@ impl RawBucket {
         })
     }
 
+    /// Cancels a reservation ready at `ready_tick`: see [`Layout::cancel`]. Never fails,
+    /// never creates credit.
+    pub(crate) fn cancel_units<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        reserved: &crate::state::Reserved,
+        ready_tick: u64,
+    ) {
+        let Ok(()) = self.transition_in::<Fixed, C, _>(layout, clock, now, false, |snapshot, _| {
+            (Some(layout.cancel(snapshot, reserved, ready_tick)), ())
+        });
+    }
+
     /// Back to the start state, at `now` or at the stored tick if `now` is behind it.
     pub(crate) fn reset_in<S: Seal, C: Clock + ?Sized>(
         &self,

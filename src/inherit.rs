@@ -28,6 +28,12 @@
 //! beyond what the new policy may owe (its reservation allowance) is forgiven, and
 //! reported ([`Converted::forgiven_units`]).
 //!
+//! A keyed map converts the buckets it holds at the switch. A key it does not hold (never
+//! seen, or evicted full) starts as a new key of the new policy, full under a start-full
+//! policy: what every strategy but `AsIs` makes of a full bucket too. Under `AsIs` to a
+//! larger capacity a kept full key holds the old capacity and an evicted one the new
+//! (see [`KeyedLimiter::reconfigure`](crate::KeyedLimiter::reconfigure)).
+//!
 //! # Time
 //!
 //! The old balance `b` is the one the old bucket decides on at the switch reading `t`

@@ -12,12 +12,15 @@
 //!
 //! # Cancel safety
 //!
-//! The reservation gives its tokens back in `Drop` when its time has not come, exactly as
-//! [`Reservation::cancel`](crate::Reservation::cancel) does (invariant I6). A future that
-//! owns it (the one `ready` returns, or one that holds it while sleeping) is therefore
-//! cancel-safe by construction: aborting the task, dropping the future in a `select!`, or
-//! a client hanging up while a server waits leaves every bucket as if the request had
-//! never asked (capped at capacity, and less whatever later requests took meanwhile).
+//! The reservation gives its tokens back in `Drop` when its time has not come, as a
+//! [`refund`](crate::Bucket::refund) of its cost: to each bucket whose balance is zero or
+//! above, capped at the capacity; to a bucket still owing reservations (balance below
+//! zero), nothing, since holders queued behind it keep their ready times and a credit
+//! ahead of them would be refilled again while they wait. A future that owns it (the one
+//! `ready` returns, or one that holds it while sleeping) is therefore cancel-safe by
+//! construction: aborting the task, dropping the future in a `select!`, or a client
+//! hanging up while a server waits never mints tokens, and gives back what can be given
+//! without letting a queued holder and a newcomer share the same refill.
 
 use std::fmt;
 use std::future::Future;
@@ -56,8 +59,8 @@ pub(crate) mod sealed {
 /// [`ready_at`](Self::ready_at), gives the tokens back when dropped before then.
 ///
 /// The table of [`Reservation`](crate::Reservation) holds: `consume` keeps the tokens,
-/// `cancel` or drop before `ready_at` gives them back exactly, and after `ready_at` keeps
-/// them. `Send` and `'static` when the limiter is, so it crosses `tokio::spawn`.
+/// `cancel` or drop before `ready_at` gives them back as a refund (nothing to a bucket
+/// still owing reservations: see the module docs), and after `ready_at` keeps them. `Send` and `'static` when the limiter is, so it crosses `tokio::spawn`.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -74,8 +77,8 @@ pub(crate) mod sealed {
 /// let r = bucket.reserve_owned(5, Duration::from_secs(1))?;
 /// assert_eq!(bucket.available(), -5.0); // the debt queues later callers
 /// let moved = std::thread::spawn(move || r).join().unwrap(); // crosses threads
-/// drop(moved); // before its time: the tokens come back exactly
-/// assert_eq!(bucket.available(), 0.0);
+/// drop(moved); // before its time, into the debt: nothing comes back, nothing is minted
+/// assert_eq!(bucket.available(), -5.0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "dropping a reservation before its time gives the tokens back"]
@@ -231,7 +234,7 @@ pub(crate) fn reserve_on<C: Clock + ?Sized>(
 ) -> Result<(u64, u64), ReserveError> {
     raw.transition(layout, clock, now, true, |snapshot, now| {
         match plan(layout, snapshot, now, cost_units, limits) {
-            Ok((word, ready_at)) => (word, Ok((now, ready_at))),
+            Ok((word, ready_at, _)) => (word, Ok((now, ready_at))),
             Err(e) => (None, Err(e)),
         }
     })?
@@ -249,7 +252,7 @@ pub(crate) fn reserve_on_in<S: Seal, C: Clock + ?Sized>(
 ) -> Result<Result<(u64, u64), ReserveError>, S::Stop> {
     raw.transition_in::<S, C, _>(layout, clock, now, true, |snapshot, now| {
         match plan(layout, snapshot, now, cost_units, limits) {
-            Ok((word, ready_at)) => (word, Ok((now, ready_at))),
+            Ok((word, ready_at, _)) => (word, Ok((now, ready_at))),
             Err(e) => (None, Err(e)),
         }
     })

@@ -13,9 +13,10 @@
 //!
 //! - at [`ready_at`](Reservation::ready_at) the balance is back at zero or above, and one
 //!   nanosecond earlier it is still below zero;
-//! - cancelling it (or dropping it) before then gives the cost back with
-//!   [`refund`](Bucket::refund)'s arithmetic, `min(B, balance now + cost)`: exactly the
-//!   state the bucket would have had without it (invariant I6);
+//! - cancelling it (or dropping it) before then, when no reservation was made after it,
+//!   gives its whole charge back: exactly the state the bucket would have had without it
+//!   (invariant I6). With a later reservation queued behind it, nothing comes back (see
+//!   [`Reservation::cancel`]);
 //! - a reservation that would wait longer than its `max_wait` or the policy's horizon
 //!   fails at once and writes nothing.
 //!
@@ -32,7 +33,7 @@ use crate::clock::{Clock, QuantaClock};
 use crate::decision::duration_from_nanos;
 use crate::error::AcquireError;
 pub use crate::sleep::{Sleep, ThreadSleep};
-use crate::state::{Layout, Snapshot};
+use crate::state::{Layout, Reserved, Snapshot};
 
 /// Why [`Bucket::reserve`] refused. Nothing was taken and nothing was written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,9 +157,20 @@ impl std::error::Error for ReserveError {}
 /// is ready at once and behaves as an admission: give such tokens back with
 /// [`Bucket::refund`] if the work does not run.
 ///
-/// Cancelling returns the tokens to the bucket, not to the reservations made after this
-/// one: their promised times stand (they become conservative), and the tokens go to
-/// whoever asks next.
+/// Cancelling is exact only for the last reservation in the queue: it gives the whole
+/// charge back, and the bucket is as if it had never reserved. A reservation with later
+/// ones behind it gives nothing back: their promised times stand, and tokens credited
+/// ahead of them would be refilled again while they wait (their holders and a
+/// `try_acquire` could then take `2B` at one instant). Its tokens count as used, as if
+/// its holder had proceeded at its ready time. [`Bucket::refund`] likewise gives nothing
+/// back while the balance is below zero.
+///
+/// Ready times are exact: with nothing else happening, every holder and every admission
+/// stays under `B + r * (e - s)` for all real times `s <= e`. A holder is ready at the
+/// tick edge where refill has paid the debt up to and including it; when its cost plus
+/// the refill beyond that debt (less than one tick's) is more than a full bucket, that
+/// excess is charged too, so the next holder is at least `ceil(cost * 2^F / R)` ticks
+/// later, never closer than the refill rate allows.
 ///
 /// ```
 /// use std::time::Duration;
@@ -187,7 +199,9 @@ impl std::error::Error for ReserveError {}
 pub struct Reservation<'a, C: Clock = QuantaClock> {
     bucket: &'a Bucket<C>,
     cost: u64,
-    cost_units: u64,
+    /// What the reservation charged and where it stands in the debt: what a cancel
+    /// before the ready time may give back.
+    reserved: Reserved,
     reserved_at: u64,
     ready_at: u64,
     settled: bool,
@@ -261,10 +275,11 @@ impl<C: Clock> Reservation<'_, C> {
         self.settled = true;
     }
 
-    /// Gives the tokens back if the reservation's time has not come (returns `true`),
-    /// exactly as if it had never been made, capped at the capacity (I6); at or after
-    /// [`ready_at`](Self::ready_at) the tokens count as used and nothing changes (returns
-    /// `false`). Dropping the reservation does the same.
+    /// Before [`ready_at`](Self::ready_at) (returns `true`): gives the whole charge back,
+    /// exactly as if the reservation had never been made (I6), when no reservation was
+    /// made after it; with later ones queued behind it, gives nothing back (see the type's
+    /// docs). At or after `ready_at` the tokens count as used and nothing changes
+    /// (returns `false`). Dropping the reservation does the same.
     ///
     /// ```
     /// use std::time::Duration;
@@ -290,13 +305,14 @@ impl<C: Clock> Reservation<'_, C> {
         }
         let clock = self.bucket.guarded_clock();
         let now = self.bucket.now();
-        if now >= self.ready_at || self.cost_units == 0 {
+        if now >= self.ready_at || self.reserved.charged_units == 0 {
             return false;
         }
         let layout = self.bucket.policy().layout();
+        let ready_tick = layout.tick_of(self.ready_at);
         self.bucket
             .raw()
-            .refund_units(layout, clock, now, self.cost_units);
+            .cancel_units(layout, clock, now, &self.reserved, ready_tick);
         true
     }
 }
@@ -365,20 +381,20 @@ impl<C: Clock> Bucket<C> {
             horizon: self.policy().max_reservation(),
         };
         let now = self.now();
-        let (reserved_at, ready_at) = self.raw().transition(
+        let (reserved_at, ready_at, reserved) = self.raw().transition(
             layout,
             self.guarded_clock(),
             now,
             true,
             |snapshot, now| match plan(layout, snapshot, now, cost_units, &limits) {
-                Ok((word, ready_at)) => (word, Ok((now, ready_at))),
+                Ok((word, ready_at, reserved)) => (word, Ok((now, ready_at, reserved))),
                 Err(e) => (None, Err(e)),
             },
         )??;
         Ok(Reservation {
             bucket: self,
             cost,
-            cost_units,
+            reserved,
             reserved_at,
             ready_at,
             settled: false,
@@ -474,41 +490,41 @@ impl Limits {
     }
 }
 
-/// Decides a reservation on one snapshot: the word to write (none for a zero cost) and the
-/// clock time the caller may proceed at, or why not.
+/// Decides a reservation on one snapshot: the word to write (none for a zero cost), the
+/// clock time the caller may proceed at, and what was charged; or why not.
 ///
 /// The snapshot is at tick `now >> S`, or `behind` ticks later when `now` lost a race to
 /// a later reading (within the race tolerance; strict transitions refuse larger steps). A
 /// reservation that must wait is ready at the edge of tick `snapshot tick + wait_ticks`,
-/// where `wait_ticks = ceil(debt / R)` is the first tick at which refill has paid the
-/// debt: the grid is absolute, so that edge is `(now_tick + behind + wait_ticks) << S`.
+/// where `wait_ticks` counts the whole ticks of refill [`Layout::reserve_charge`] charged
+/// it (one more when the write anchors at the next edge): the grid is absolute, so that
+/// edge is `(now_tick + behind + wait_ticks) << S`.
 pub(crate) fn plan(
     layout: &Layout,
     snapshot: &Snapshot,
     now: u64,
     cost_units: u64,
     limits: &Limits,
-) -> Result<(Option<u64>, u64), ReserveError> {
-    let wait_ticks = layout.ticks_until(snapshot.units(), cost_units);
-    let ready_at = if wait_ticks == 0 {
+) -> Result<(Option<u64>, u64, Reserved), ReserveError> {
+    let Some(reserved) = layout.reserve_charge(snapshot, cost_units, u64::MAX) else {
+        // The debt does not fit the allowance. Unreachable within the horizon (the
+        // allowance is the horizon's whole ticks of refill), kept as a refusal.
+        return Err(ReserveError::ExceedsHorizon {
+            wait: limits.horizon.saturating_add(layout.tick()),
+            horizon: limits.horizon,
+        });
+    };
+    let ready_at = if reserved.wait_ticks == 0 {
         u128::from(now)
     } else {
         let tick = u128::from(layout.tick_of(now)) + u128::from(snapshot.behind());
-        (tick + u128::from(wait_ticks)) << layout.tick_shift()
+        (tick + u128::from(reserved.wait_ticks)) << layout.tick_shift()
     };
     let wait = ready_at - u128::from(now);
     if let Some(e) = limits.check(wait) {
         return Err(e);
     }
-    let Some((word, _)) = layout.reserve(snapshot, cost_units, wait_ticks) else {
-        // The debt does not fit the allowance. Unreachable within the horizon (the
-        // allowance is the horizon's whole ticks of refill), kept as a refusal.
-        return Err(ReserveError::ExceedsHorizon {
-            wait: duration_from_nanos(wait),
-            horizon: limits.horizon,
-        });
-    };
-    let word = (cost_units > 0).then_some(word);
+    let word = (cost_units > 0).then_some(reserved.word);
     // Beyond the clock's range (584 years) the reservation is never ready: saturate.
-    Ok((word, u64::try_from(ready_at).unwrap_or(u64::MAX)))
+    Ok((word, u64::try_from(ready_at).unwrap_or(u64::MAX), reserved))
 }

@@ -38,16 +38,26 @@
 //!
 //! * [`Layout::reserve`] takes a cost even when the balance does not cover it, down to
 //!   `units = 0`, and returns how many ticks after the snapshot's tick refill brings the
-//!   balance back to zero: `ceil((base - units_after) / R)`, [`Layout::ticks_until`]. The
-//!   reservation's holder may proceed at that tick edge. The caller bounds that wait by
-//!   the horizon and its own maximum (see [`Bucket::reserve`](crate::Bucket::reserve)).
+//!   balance back to zero: `ceil((base - units_after) / R)`, [`Layout::ticks_until`]
+//!   (one more when the write anchors at the next edge). The reservation's holder may
+//!   proceed at that tick edge. Refill there exceeds the debt by less than `R`; when the
+//!   holder's cost plus that excess is more than a full bucket, the excess is charged too
+//!   (the debt becomes whole ticks of refill), so the next holder waits whole ticks for
+//!   its own cost and no two holders are closer than the refill rate allows. The caller
+//!   bounds the wait by the horizon and its own maximum (see
+//!   [`Bucket::reserve`](crate::Bucket::reserve)).
 //! * [`Layout::take`] (and so every `try_acquire`) needs `units >= base + cost`: while
 //!   anything is owed, it refuses, and its `retry_after` counts the debt. Later
 //!   reservations add to the debt and get later times. Requests are therefore served in
 //!   the order they reserved, at the refill rate: the queue is the debt, a single number,
 //!   and each reservation's place in it is fixed by the time it was made.
-//! * [`Layout::refund`] of a reservation not yet due gives the cost back with the same
-//!   cap as any refund, exactly the state without the reservation (I6).
+//! * [`Layout::cancel`] of a reservation not yet due gives its whole charge back when
+//!   no reservation was made after it (exactly the state without it, I6), and nothing
+//!   when one was: the later holders' ready times are fixed, and the tokens credited
+//!   ahead of them would be refilled again while they wait (2B at one instant). Its
+//!   tokens then count as used.
+//! * [`Layout::refund`] gives nothing back while the balance is below zero, for the same
+//!   reason (the debt may be holders'); at zero or above, `min(max, units + refund)`.
 //! * Refill is unchanged: it adds `R` per tick up to `max_units`; a bucket in debt refills
 //!   towards zero and then towards full like any other.
 //!
@@ -78,13 +88,18 @@
 //! admitted in [s, e] <= B + r * (e - s)      (and <= r * (e - s) from a start-empty creation)
 //! ```
 //!
-//! with `r` the configured rate, for every bucket, reservation and lease of the crate
-//! (`tests/exact_time.rs` checks it on 20,000 random histories at nanosecond times against
-//! `testkit::Ideal`, an exact ideal bucket; the fuzzer's rounding target does too). The
-//! price is lag, never lead: refill reaches a bucket less than two ticks after the ideal
-//! bucket's near full, less than one tick otherwise, and the full burst `B` is always
-//! there once the bucket is full. A stored tick is never more than one tick ahead of the
-//! reading that stored it, so the race tolerance is at least [`MIN_TOLERANCE_TICKS`].
+//! with `r` the configured rate, for every bucket, reservation and lease of the crate: a
+//! reservation's holder counts as admitted at its ready time, a cancelled one not at all,
+//! and a refund is a credit at its time (`tests/exact_time.rs` and
+//! `tests/reservation_curve.rs` check it on random histories at nanosecond times, with
+//! cancellations, consumes and refunds, against `testkit::Ideal`, an exact ideal bucket;
+//! the fuzzer's rounding target does too). The price is lag, never lead: refill reaches a
+//! bucket less than two ticks after the ideal bucket when the bucket was anchored at the
+//! next tick edge (a fresh or reset bucket, a write near full), less than one tick
+//! otherwise; a queued holder whose cost plus the rounding excess would pass a full
+//! bucket waits up to one more tick; and the full burst `B` is always there once the
+//! bucket is full. A stored tick is never more than one tick ahead of the reading that
+//! stored it, so the race tolerance is at least [`MIN_TOLERANCE_TICKS`].
 //!
 //! # Reading time from a wrapping tick
 //!
@@ -261,6 +276,21 @@ pub struct Snapshot {
     /// The tick this state is at, already shifted into the tick field.
     tick_field: u64,
     behind: u64,
+}
+
+/// What [`Layout::reserve_charge`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reserved {
+    /// The word to store.
+    pub word: u64,
+    /// Whole ticks after the snapshot's tick at which the reservation is ready (0: now).
+    pub wait_ticks: u64,
+    /// Units taken: the cost, or the cost and the refill excess at the ready edge when
+    /// that excess is charged too.
+    pub charged_units: u64,
+    /// Units by which refill at the ready edge exceeds the debt up to and including this
+    /// reservation (less than `R`; zero when charged).
+    pub excess_units: u64,
 }
 
 /// What [`Layout::first_take`] decided.
@@ -790,11 +820,18 @@ impl Layout {
     }
 
     /// Gives `units` back: `min(max, units + refund)`, the state the bucket would have
-    /// had without the reservation (I6).
+    /// had without the admission (I6), when the balance is zero or above. While the
+    /// balance is below zero (reservations are owed, see the module docs) a refund gives
+    /// nothing back: the debt may belong to reservations whose ready times are fixed, and
+    /// tokens credited ahead of them would be refilled again while they wait (the word
+    /// stays as it is, refilled to the snapshot).
     #[inline]
     pub fn refund(&self, snapshot: &Snapshot, units: u64) -> u64 {
         if mutant!(REFUND_SKIPS_CAP) {
             return snapshot.with_units(snapshot.units.saturating_add(units) & self.token_mask);
+        }
+        if snapshot.units < self.base_units {
+            return self.store(snapshot, snapshot.units);
         }
         self.store(
             snapshot,
@@ -802,25 +839,103 @@ impl Layout {
         )
     }
 
+    /// Cancels a reservation before its ready edge `ready_tick` (modulo 2^T): gives
+    /// its charge back when no reservation was made after it, else nothing.
+    ///
+    /// The debt the reservation and those before it owe at the snapshot is exactly
+    /// `(ready_tick - tick) * R - excess` ([`Reserved`]), and each later reservation adds
+    /// its cost. A debt no larger than that has nobody behind this reservation: the
+    /// charge comes back, and the word holds exactly what it would without the
+    /// reservation. A larger debt has later holders, whose ready times are fixed:
+    /// crediting the charge would let the bucket refill past them while they wait (up to
+    /// 2B at one instant when they proceed), so the tokens count as used. A snapshot at
+    /// or after `ready_tick` gives nothing back either.
+    pub fn cancel(&self, snapshot: &Snapshot, reserved: &Reserved, ready_tick: u64) -> u64 {
+        let tick = snapshot.tick_field >> self.token_bits;
+        let ahead = ready_tick.wrapping_sub(tick) & self.tick_mask;
+        if ahead == 0 || ahead > self.forward_max {
+            return self.store(snapshot, snapshot.units);
+        }
+        let place = (u128::from(ahead) * u128::from(self.refill_per_tick))
+            .saturating_sub(u128::from(reserved.excess_units));
+        let debt = u128::from(self.base_units.saturating_sub(snapshot.units));
+        if debt > place {
+            return self.store(snapshot, snapshot.units);
+        }
+        self.store(
+            snapshot,
+            snapshot
+                .units
+                .saturating_add(reserved.charged_units)
+                .min(self.max_units),
+        )
+    }
+
     /// Reserves `cost_units`, possibly into the future: the new word and the number of
-    /// whole ticks after the snapshot's tick at which the balance is back at zero (0 when
+    /// whole ticks after the snapshot's tick at which the reservation is ready (0 when
     /// the tokens are there now). `None` when the reservation would exceed the debt the
     /// layout allows or wait more than `max_wait_ticks`.
+    ///
+    /// A reservation that waits is ready at the first tick edge where refill has paid the
+    /// debt up to and including it; refill then holds a little more than the debt (less
+    /// than one tick's refill `R`), which goes to the next holder. Where the holder's
+    /// cost plus that excess would be more than a full bucket (an ideal bucket would have
+    /// lost the excess to its cap while the holder waited), the excess is charged too:
+    /// the debt after the reservation is a whole number of ticks of refill, and the next
+    /// holder waits whole ticks for its own cost. So every holder is ready no earlier
+    /// than an ideal bucket could pay it. [`reserve_charge`](Layout::reserve_charge) says
+    /// what was charged; [`cancel`](Layout::cancel) gives it back.
     pub fn reserve(
         &self,
         snapshot: &Snapshot,
         cost_units: u64,
         max_wait_ticks: u64,
     ) -> Option<(u64, u64)> {
+        let r = self.reserve_charge(snapshot, cost_units, max_wait_ticks)?;
+        Some((r.word, r.wait_ticks))
+    }
+
+    /// [`reserve`](Layout::reserve), with what was charged and where the reservation
+    /// stands in the debt.
+    pub fn reserve_charge(
+        &self,
+        snapshot: &Snapshot,
+        cost_units: u64,
+        max_wait_ticks: u64,
+    ) -> Option<Reserved> {
         let units = snapshot.units.checked_sub(cost_units)?;
         let word = self.store(snapshot, units);
         // A write near full anchors at the next edge: refill, and so the wait, starts there.
         let anchored = u64::from(word & !self.token_mask != snapshot.tick_field);
-        let wait = match self.ticks_until(units, 0) {
-            0 => 0,
-            ticks => ticks.saturating_add(anchored),
+        let owed = self.ticks_until(units, 0);
+        if owed == 0 {
+            return Some(Reserved {
+                word,
+                wait_ticks: 0,
+                charged_units: cost_units,
+                excess_units: 0,
+            });
+        }
+        let wait_ticks = owed.saturating_add(anchored);
+        if wait_ticks > max_wait_ticks {
+            return None;
+        }
+        // Refill at the ready edge, from the word's tick: at least the debt, by less than R.
+        let paid = owed.checked_mul(self.refill_per_tick)?;
+        let excess = paid - (self.base_units - units);
+        // A policy's allowance is whole ticks of refill, so the charge always fits it
+        // (a bare layout whose allowance is not keeps the excess).
+        let capacity_units = self.max_units - self.base_units;
+        let (units, excess) = match self.base_units.checked_sub(paid) {
+            Some(charged) if cost_units + excess > capacity_units => (charged, 0),
+            _ => (units, excess),
         };
-        (wait <= max_wait_ticks).then_some((word, wait))
+        Some(Reserved {
+            word: (word & !self.token_mask) | units,
+            wait_ticks,
+            charged_units: snapshot.units - units,
+            excess_units: excess,
+        })
     }
 
     /// Whole ticks until a balance of `units` (offset units) can pay `cost_units`:

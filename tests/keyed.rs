@@ -457,3 +457,56 @@ fn a_clock_read_out_of_line_decides_as_one_read_inline() {
         assert_eq!(called.available(&key), inline.available(&key), "key {key}");
     }
 }
+
+/// A one-key map (start-empty, so the key stays) with `Overflow::Share(Policy::new(100,
+/// 20.0))`: take 60 from the shared bucket, idle. Its word was never re-anchored: after
+/// one wrap it read 40 (the truth is 100) and refused 100; one wrap and a second later
+/// it read 59.96. The shared bucket has passes of its own, on its own policy's timing.
+#[test]
+fn the_shared_overflow_bucket_reads_its_true_balance_after_idles_of_any_length() {
+    let shared = Policy::new(100, 20.0).unwrap();
+    let wrap = shared.wrap_period();
+    let tick = shared.tick();
+    let hour = Duration::from_secs(3600);
+    for idle in [
+        Duration::from_secs(1),
+        wrap - hour,
+        wrap - tick * 3,
+        wrap,
+        wrap + tick,
+        wrap + Duration::from_secs(1),
+        wrap * 2 - tick * 5,
+        wrap * 3 + hour,
+    ] {
+        let clock = ManualClock::new();
+        clock.set(Duration::from_secs(1));
+        let m: KeyedLimiter<u64, ManualClock> =
+            KeyedLimiter::builder(Policy::new(100, 1.0).unwrap().start_empty(), 1)
+                .clock(clock.clone())
+                .overflow(Overflow::Share(shared))
+                .build()
+                .unwrap();
+        assert!(m.try_acquire(&1, 0).unwrap().is_admitted()); // the one key
+        assert!(m.try_acquire(&2, 60).unwrap().is_admitted()); // from the shared bucket
+        clock.advance(idle);
+        // The truth: 40 + 20/s for the idle, capped at 100.
+        let truth = (40.0 + 20.0 * idle.as_secs_f64()).min(100.0);
+        // Less a tenth of a token for the grid's lag, unless the bucket is full.
+        let want = if truth >= 100.0 {
+            100
+        } else {
+            (truth - 0.1).floor() as u64
+        };
+        let d = m.try_acquire(&3, want).unwrap();
+        assert!(
+            d.is_admitted(),
+            "idle {idle:?}: the shared bucket refused {want} tokens (the truth is {truth}), \
+             reading {}",
+            d.tokens_remaining()
+        );
+        assert!(
+            m.try_acquire(&4, 2).unwrap().is_rejected(),
+            "idle {idle:?}: more than the truth"
+        );
+    }
+}

@@ -254,3 +254,35 @@ fn a_key_idle_for_a_whole_wrap_of_the_new_policy_reads_full() {
     assert_eq!(m.available(&2), (1u64 << 20) as f64);
     assert!(m.try_acquire(&2, 1 << 20).unwrap().is_admitted());
 }
+
+/// Map `Policy::new(10, 1.0)`, keys 1 and 2 full, `sweep()` evicts both, key 2 comes
+/// back (full), then `reconfigure(Policy::new(100, 10.0), inherit)`. The strategy applies
+/// to held keys; a key not held starts as a new key (full). Every strategy but `AsIs`
+/// carries a full key over as full, so eviction stays invisible; under `AsIs` to a
+/// larger capacity the kept key holds 10 and the evicted one 100: the documented
+/// exception (`KeyedLimiter::reconfigure`).
+#[test]
+fn an_evicted_full_key_comes_back_as_a_new_key_and_only_as_is_tells_it_from_a_kept_one() {
+    for inherit in [
+        Inherit::AsIs,
+        Inherit::Proportional,
+        Inherit::Additive,
+        Inherit::Reset,
+    ] {
+        let clock = ManualClock::new();
+        let m = map(Policy::new(10, 1.0).unwrap(), &clock, 100);
+        assert!(m.try_acquire(&1, 0).unwrap().is_admitted());
+        assert!(m.try_acquire(&2, 0).unwrap().is_admitted());
+        assert_eq!(m.sweep().evicted, 2);
+        assert!(m.try_acquire(&2, 0).unwrap().is_admitted()); // back, full
+        assert!(!m.contains(&1));
+        m.reconfigure(Policy::new(100, 10.0).unwrap(), inherit);
+        let (evicted, kept) = (m.available(&1), m.available(&2));
+        assert_eq!(evicted, 100.0, "{inherit:?}");
+        if inherit == Inherit::AsIs {
+            assert_eq!(kept, 10.0, "{inherit:?}: min(b, B')");
+        } else {
+            assert_eq!(kept, evicted, "{inherit:?}: eviction is invisible");
+        }
+    }
+}

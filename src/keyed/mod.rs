@@ -18,10 +18,8 @@ pub type KeyHasher = ahash::RandomState;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
 use crate::attempt::Attempt;
-use crate::bucket::RawBucket;
+use crate::bucket::{Core, Fixed, RawBucket};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -36,7 +34,7 @@ pub(crate) use handle::{Handle, Held};
 pub use options::{DEFAULT_MAX_KEYS, KeyedOptions};
 pub use reserve::{KeyedCharge, KeyedReserveError};
 pub use table::SweepReport;
-pub(crate) use table::reanchor;
+
 use table::{Extra, Found, MAX_SHARD_BITS, SweepCtx, Table, full_at};
 pub(crate) use table::{Fenced, Sections};
 
@@ -71,8 +69,10 @@ pub enum Eviction {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyedError {
-    /// The bucket refused with an error (a cost above the capacity, or a clock that went
-    /// backwards).
+    /// The bucket refused with an error: a cost above the capacity. A clock that steps
+    /// back is never an error: the map reads its clock through a
+    /// [`Monotonic`](crate::clock::Monotonic) guard, so it is time standing still, and
+    /// [`AcquireError::ClockWentBackwards`] is never returned.
     Acquire(AcquireError),
     /// The key is new, the overflow policy is [`Overflow::Reject`], and no bucket in
     /// the map could be evicted to make room: the map held its maximum of `max_keys`
@@ -247,14 +247,7 @@ impl<K, C, S> KeyedBuilder<K, C, S> {
         clock.now_nanos();
         let overflow_bucket = match overflow {
             Overflow::Reject => None,
-            Overflow::Share(p) => Some(SharedBucket {
-                raw: CachePadded::new(RawBucket::new(
-                    p.layout(),
-                    clock.now_nanos(),
-                    p.starts_full(),
-                )),
-                policy: p,
-            }),
+            Overflow::Share(p) => Some(Core::new(p, clock.now_nanos(), None)),
         };
         let evict = self.policy.starts_full() || eviction == Eviction::Full;
         Ok(KeyedLimiter {
@@ -416,11 +409,6 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
     }
 }
 
-struct SharedBucket {
-    raw: CachePadded<RawBucket>,
-    policy: Policy,
-}
-
 /// Where a key's request goes: its own bucket (or the shared overflow bucket), or
 /// nowhere because the map is full.
 pub(crate) enum Slot<'a, C> {
@@ -559,7 +547,10 @@ pub struct KeyedLimiter<K, C: Clock = QuantaClock, S = KeyHasher> {
     switching: std::sync::Mutex<()>,
     clock: Monotonic<C>,
     overflow: Overflow,
-    overflow_bucket: Option<SharedBucket>,
+    /// The shared overflow bucket ([`Overflow::Share`]): a bucket of its own policy,
+    /// with its own re-anchoring passes (its wrap and fill time are its policy's), run
+    /// by the first request that reaches it once one is due.
+    overflow_bucket: Option<Core>,
     overflow_counts: StripedCounters,
     evicted_counts: CounterCells,
     eviction: Eviction,
@@ -1020,6 +1011,15 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// under start-full policies, so a switch to a start-empty policy stops it. Each
     /// switch keeps a few hundred bytes until the map is dropped.
     ///
+    /// The strategy applies to the keys the map holds at the switch. A key not in the
+    /// map then, never seen or evicted (evicted keys were full), is a new key: it starts
+    /// in the new policy's start state. Every strategy but [`Inherit::AsIs`] carries a
+    /// full bucket over as that same start state under a start-full policy, so there
+    /// eviction stays invisible. Under `AsIs` to a larger capacity a key kept full holds
+    /// `min(B, B')`, the old capacity, while an evicted one comes back with `B'`: the
+    /// exception, and so `AsIs` bounds what a *held* key carries over, not what a key
+    /// the map does not hold starts with.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tokengate::{Inherit, KeyedLimiter, ManualClock, Policy};
@@ -1160,9 +1160,6 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
                 t.shrink_shard(&mut guard);
             }
         });
-        if let Some(b) = &self.overflow_bucket {
-            reanchor(&b.raw, b.policy.layout(), &self.clock, now);
-        }
         report
     }
 
@@ -1173,7 +1170,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
 
     /// The identity of the shared overflow bucket, if there is one.
     pub(crate) fn overflow_id(&self) -> Option<usize> {
-        self.overflow_bucket.as_ref().map(|b| b.raw.id())
+        self.overflow_bucket.as_ref().map(|b| b.raw().id())
     }
 
     fn sweep_ctx<'a>(&'a self, epoch: &'a MapEpoch, now: u64) -> SweepCtx<'a> {
@@ -1427,8 +1424,13 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         }
         match &self.overflow_bucket {
             Some(b) => f(Slot::Bucket(Handle {
-                raw: &b.raw,
-                layout: b.policy.layout(),
+                // Its re-anchoring pass first, if one is due: every operation on the
+                // handle reads the clock after this reading.
+                raw: {
+                    b.at::<Fixed, _>(&self.clock, self.clock.now_nanos());
+                    b.raw()
+                },
+                layout: b.policy().layout(),
                 clock: &self.clock,
                 counters: CounterRef::Striped(&self.overflow_counts),
             })),

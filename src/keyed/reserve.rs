@@ -105,8 +105,8 @@ where
     /// map.try_acquire(&7, 4)?;
     /// let r = map.reserve_owned(7, 2, Duration::from_secs(2))?; // 1 s ahead
     /// assert_eq!(map.available(&7), -2.0);
-    /// assert!(r.cancel());
-    /// assert_eq!(map.available(&7), 0.0);
+    /// assert!(r.cancel()); // before its time, into the debt: nothing comes back
+    /// assert_eq!(map.available(&7), -2.0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reserve_owned(

@@ -173,9 +173,14 @@ impl<P: Pool> Epoch<P> {
     /// The pool re-anchored at `now` ([`LocalPool::reanchor_in`]), or [`Replaced`] on a
     /// sealed word; another pool that [`wraps`](Pool::wraps) is credited nothing at
     /// `now`, and one that does not keeps its own time.
-    pub(super) fn reanchor_pool(&self, layout: &Layout, now: u64) -> Result<(), Replaced> {
+    pub(super) fn reanchor_pool<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+        now: u64,
+    ) -> Result<(), Replaced> {
         match self.local() {
-            Some(local) => local.reanchor_in(layout, now),
+            Some(local) => local.reanchor_in(layout, clock, now),
             None if self.pool.wraps() => {
                 let mut others = self.other_slots(None);
                 let out = self.credit(layout, now, 0, &mut others);
@@ -187,17 +192,36 @@ impl<P: Pool> Epoch<P> {
     }
 
     /// [`Pool::reset`], or [`Replaced`] on a sealed word.
-    pub(super) fn reset_pool(
+    pub(super) fn reset_pool<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
+        clock: &C,
         now: u64,
         full: bool,
         lessees: &mut impl Lessees,
     ) -> Result<(), Replaced> {
         match self.local() {
-            Some(local) => local.reset_in(layout, now, full, lessees),
+            Some(local) => local.reset_in(layout, clock, now, full, lessees),
             None => {
                 self.pool.reset(layout, now, full, lessees);
+                Ok(())
+            }
+        }
+    }
+
+    /// The pool full at `now`'s next tick edge, whatever it held ([`LocalPool::fill_in`],
+    /// as a plain bucket's idle pass stores), or [`Replaced`] on a sealed word; another
+    /// pool is reset full.
+    pub(super) fn fill_pool(
+        &self,
+        layout: &Layout,
+        now: u64,
+        lessees: &mut impl Lessees,
+    ) -> Result<(), Replaced> {
+        match self.local() {
+            Some(local) => local.fill_in(layout, now, lessees),
+            None => {
+                self.pool.reset(layout, now, true, lessees);
                 Ok(())
             }
         }

@@ -820,13 +820,13 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         let layout = epoch.policy.layout();
         if idle && epoch.pool.wraps() {
             let mut others = epoch.other_slots(None);
-            // A reset drops what the lessees held, sealed or not.
-            let _sealed = epoch.reset_pool(layout, now, true, &mut others);
+            // A fill drops what the lessees held, sealed or not.
+            let _sealed = epoch.fill_pool(layout, now, &mut others);
             others.release();
             return;
         }
         self.reclaim_on(epoch);
-        if let Err(replaced) = epoch.reanchor_pool(layout, now) {
+        if let Err(replaced) = epoch.reanchor_pool(layout, &self.clock, now) {
             self.forward(epoch, replaced);
         }
     }
@@ -1323,6 +1323,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
             let mut others = epoch.other_slots(None);
             let out = epoch.reset_pool(
                 epoch.policy.layout(),
+                &self.clock,
                 now,
                 epoch.policy.starts_full(),
                 &mut others,
@@ -1375,7 +1376,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     pub(crate) fn reanchor(&self) {
         loop {
             let epoch = self.epoch();
-            let out = epoch.reanchor_pool(epoch.policy.layout(), self.clock.now_nanos());
+            let out =
+                epoch.reanchor_pool(epoch.policy.layout(), &self.clock, self.clock.now_nanos());
             match out {
                 Ok(()) => return,
                 Err(replaced) => {

@@ -445,7 +445,14 @@ impl Pool for LocalPool {
     }
 
     fn reset(&self, layout: &Layout, now: u64, full: bool, lessees: &mut impl Lessees) {
-        let _sealed = self.reset_in(layout, now, full, lessees);
+        // `now` is the caller's reading: the pool has no clock of its own to read again.
+        lessees.quiesce();
+        let _sealed = self.store_refilled(
+            layout,
+            || now,
+            now,
+            |snapshot| Some(layout.restart(snapshot, full)),
+        );
     }
 
     #[inline]
@@ -650,15 +657,26 @@ impl LocalPool {
     /// plain bucket's `RawBucket::reanchor_in` does), not anchored at the next tick edge
     /// as a credit near the cap is. It credits nothing, so the lessees need no
     /// quiescing; [`Replaced`] (holding nothing) on a sealed word.
-    pub(crate) fn reanchor_in(&self, layout: &Layout, now: u64) -> Result<(), Replaced> {
-        self.store_refilled(layout, now, |snapshot| snapshot.reanchored())
+    pub(crate) fn reanchor_in<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &C,
+        now: u64,
+    ) -> Result<(), Replaced> {
+        self.store_refilled(
+            layout,
+            || clock.now_nanos(),
+            now,
+            |snapshot| snapshot.reanchored(),
+        )
     }
 
     /// [`Pool::reset`] on a word that may be sealed: the lessees' tokens are dropped
     /// either way, as a reset drops them.
-    pub(crate) fn reset_in(
+    pub(crate) fn reset_in<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
+        clock: &C,
         now: u64,
         full: bool,
         lessees: &mut impl Lessees,
@@ -666,25 +684,69 @@ impl LocalPool {
         // What the lessees had is dropped with the rest of the old state. Leases in
         // flight are given back after the reset (capped at full).
         lessees.quiesce();
-        self.store_refilled(layout, now, |snapshot| Some(layout.restart(snapshot, full)))
+        self.store_refilled(
+            layout,
+            || clock.now_nanos(),
+            now,
+            |snapshot| Some(layout.restart(snapshot, full)),
+        )
     }
 
-    /// Stores what `next` makes of the word refilled to `now` (nothing for `None`),
-    /// again on a word changed meanwhile: a transition that neither credits the lessees
-    /// nor hands anything back, so [`Replaced`] on a sealed word holds nothing.
-    fn store_refilled(
+    /// Stores the start word of a full bucket read at `now` (full at the next tick
+    /// edge), whatever the word held: what a re-anchoring pass after an idle longer than
+    /// the fill time stores, as a plain bucket's `RawBucket::fill_in` does. The lessees'
+    /// tokens are dropped, as a reset drops them.
+    pub(crate) fn fill_in(
         &self,
         layout: &Layout,
         now: u64,
-        next: impl Fn(&Snapshot) -> Option<u64>,
+        lessees: &mut impl Lessees,
     ) -> Result<(), Replaced> {
-        let now_tick = layout.tick_of(now);
+        lessees.quiesce();
+        let full = layout.start_word(layout.tick_of(now), true);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             if cur == SEALED {
                 return Err(Replaced { hand_units: 0 });
             }
-            let Some(word) = next(&layout.refill(cur, now_tick)) else {
+            match self.cas(cur, full) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Stores what `next` makes of the word refilled to `now` (nothing for `None`),
+    /// again on a word changed meanwhile: a transition that neither credits the lessees
+    /// nor hands anything back, so [`Replaced`] on a sealed word holds nothing.
+    ///
+    /// As a plain bucket's credit transitions do (`RawBucket::transition_after_reread`):
+    /// a reading behind the stored tick reads the clock again after loading the word, and
+    /// one still far behind is an idle past the wrap, the word full at that reading. So
+    /// the pool stores exactly what a plain bucket's word would.
+    fn store_refilled(
+        &self,
+        layout: &Layout,
+        read_clock: impl Fn() -> u64,
+        now: u64,
+        next: impl Fn(&Snapshot) -> Option<u64>,
+    ) -> Result<(), Replaced> {
+        let mut reread = false;
+        let mut cur = self.word.load(Ordering::Acquire);
+        loop {
+            if cur == SEALED {
+                return Err(Replaced { hand_units: 0 });
+            }
+            let mut snapshot = layout.refill(cur, layout.tick_of(now));
+            if snapshot.behind() != 0 && !reread {
+                reread = true;
+                cur = self.word.load(Ordering::Acquire);
+                continue;
+            }
+            if reread {
+                snapshot = reread_snapshot(layout, cur, read_clock().max(now));
+            }
+            let Some(word) = next(&snapshot) else {
                 return Ok(());
             };
             match self.cas(cur, word) {

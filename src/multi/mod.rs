@@ -52,7 +52,11 @@ pub enum MultiError {
         second: usize,
     },
     /// A bucket refused with an error ([`AcquireError`]): its cost is above its capacity
-    /// (checked for every bucket before anything is taken), or its clock went backwards.
+    /// (checked for every bucket before anything is taken), or a leased bucket's
+    /// [`Pool`](crate::leased::Pool) outside this crate returned one. The crate's own
+    /// buckets and pools never return [`AcquireError::ClockWentBackwards`]: they read
+    /// their clock through a [`Monotonic`](crate::clock::Monotonic) guard, so a clock
+    /// stepping back is time standing still.
     Bucket {
         /// Position of the bucket in the request list.
         index: usize,
@@ -163,8 +167,9 @@ impl fmt::Debug for MultiDecision {
 ///
 /// # Errors
 ///
-/// [`MultiError`] for a cost above its bucket's capacity, a bucket named twice, or a
-/// clock that went backwards; nothing is taken.
+/// [`MultiError`] for a cost above its bucket's capacity, a bucket named twice, or an
+/// error of a leased bucket's [`Pool`](crate::leased::Pool) outside this crate; nothing
+/// is taken. A clock stepping back is never an error (time standing still).
 pub fn acquire_all<M: Member + ?Sized>(
     requests: &[(&M, u64)],
 ) -> Result<MultiDecision, MultiError> {

@@ -767,7 +767,10 @@ pub enum ScopeError {
     /// The class was not given by this limiter's [`class`](crate::ScopedLimiter::class)
     /// (it came from another limiter).
     UnknownClass(crate::scope::rules::ClassId),
-    /// A scope's bucket refused with an error (a clock that went backwards).
+    /// A scope's bucket refused with an [`AcquireError`]. Never a clock that went
+    /// backwards: the limiter reads its clock through a
+    /// [`Monotonic`](crate::clock::Monotonic) guard, so a clock stepping back is time
+    /// standing still, and no scope returns [`AcquireError::ClockWentBackwards`].
     Acquire {
         /// The scope.
         scope: Scope,

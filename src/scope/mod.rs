@@ -606,8 +606,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// # Errors
     ///
     /// [`ScopeError::UnknownClass`] for a class this limiter did not give (from another
-    /// limiter, even one built from the same rules); [`ScopeError::Acquire`] when a
-    /// scope's clock went backwards; [`ScopeError::RemoteUnavailable`] when the remote
+    /// limiter, even one built from the same rules); [`ScopeError::Acquire`] for an
+    /// error a scope's bucket returns (never a clock stepping back, which is time
+    /// standing still); [`ScopeError::RemoteUnavailable`] when the remote
     /// store cannot decide (the local scopes given their costs back). Nothing is taken.
     pub fn try_acquire(
         &self,

@@ -584,7 +584,12 @@ fn check_probe(
     // refund
     let back = r.units(probe.refund);
     let w = l.refund(&s, back);
-    let expected = (u128::from(s.units()) + u128::from(back)).min(r.max) as u64;
+    // While reservations are owed (balance below zero) a refund gives nothing back.
+    let expected = if u128::from(s.units()) < r.base {
+        s.units()
+    } else {
+        (u128::from(s.units()) + u128::from(back)).min(r.max) as u64
+    };
     let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), expected.into());
     ensure!(
         l.decode(w) == Some((tick, expected)),
@@ -600,15 +605,27 @@ fn check_probe(
         .and_then(|left| {
             let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), left);
             let anchored = u128::from(tick != s.tick(l));
-            let wait = match r.ticks_until(left, 0) {
+            let owed = r.ticks_until(left, 0);
+            let wait = match owed {
                 0 => 0,
                 ticks => ticks + anchored,
             };
-            (wait <= u128::from(probe.max_wait_ticks)).then_some((left, wait))
+            // Refill at the ready edge exceeds the debt by less than R; a holder whose
+            // cost plus that excess is more than a full bucket is charged the excess too.
+            let paid = owed * r.refill;
+            let charged = if owed > 0
+                && paid <= r.base
+                && u128::from(cost) + (paid - (r.base - left)) > r.max - r.base
+            {
+                r.base - paid
+            } else {
+                left
+            };
+            (wait <= u128::from(probe.max_wait_ticks)).then_some((left, charged, wait))
         });
     match (got, expected) {
         (None, None) => {}
-        (Some((w, wait)), Some((left, want))) => {
+        (Some((w, wait)), Some((left, charged, want))) => {
             ensure!(
                 u128::from(wait) == want,
                 step,
@@ -616,7 +633,7 @@ fn check_probe(
             );
             let tick = r.write_tick(s.tick(l), s.behind(), s.units().into(), left);
             ensure!(
-                l.decode(w) == Some((tick, left as u64)),
+                l.decode(w) == Some((tick, charged as u64)),
                 step,
                 "reserve word decodes to {:?}",
                 l.decode(w)
