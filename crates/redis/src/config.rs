@@ -467,6 +467,31 @@ mod url_tests {
     use super::*;
 
     #[test]
+    fn secrets_are_read_where_named_and_never_shown() {
+        let dir = std::env::temp_dir().join(format!("tg-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "s3cret \n").unwrap();
+        let secret = Secret::File(file.clone());
+        assert_eq!(secret.read().unwrap(), "s3cret");
+        std::fs::write(&file, "\n").unwrap();
+        assert_eq!(secret.read().unwrap_err(), "empty");
+        assert!(Secret::File(dir.join("absent")).read().is_err());
+        assert!(
+            Secret::Env("TG_SURELY_UNSET_VARIABLE".into())
+                .read()
+                .is_err()
+        );
+        let config = PoolConfig::new("rediss://h/", "ns")
+            .username("u")
+            .password_file(&file)
+            .tls_root_ca(b"-----BEGIN CERTIFICATE-----\nMIIB\n".to_vec());
+        let shown = format!("{config:?}");
+        assert!(shown.contains("Pem(") && !shown.contains("MIIB"), "{shown}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn the_password_never_shows() {
         let cases = [
             ("redis://u:s3cret@h:6379/0", "redis://u:***@h:6379/0"),

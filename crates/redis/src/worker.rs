@@ -101,13 +101,21 @@ fn client(
     redis::Client::build_with_tls(info, certificates).map_err(|e| tls(e.to_string()))
 }
 
-/// The client for `info` (no TLS support built: a `rediss://` URL failed to parse).
+/// The client for `info` (no TLS support built: a `rediss://` URL failed to parse, and a
+/// CA is refused rather than ignored).
 #[cfg(not(feature = "tls"))]
 fn client(
-    _config: &PoolConfig,
+    config: &PoolConfig,
     info: redis::ConnectionInfo,
     url: &str,
 ) -> Result<redis::Client, PoolError> {
+    if config.root_ca.is_some() {
+        return Err(PoolError::Tls {
+            url: url.to_owned(),
+            detail: "a TLS root CA is set but the crate is built without the tls feature"
+                .to_owned(),
+        });
+    }
     redis::Client::open(info).map_err(|e| PoolError::Url {
         url: url.to_owned(),
         detail: e.to_string(),
