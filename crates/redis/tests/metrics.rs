@@ -9,18 +9,24 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokengate_redis::series::{
-    BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS, GRANT_TOKENS, GRANTS,
+    BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS, GRANT_TOKENS, GRANTS, RETRIES,
     ROUND_TRIP_SECONDS, ROUND_TRIPS,
 };
 use tokengate_redis::{
     Admitted, FailMode, PoolConfig, RedisPool, RedisScopes, RemotePolicy, StrictAdmitted,
 };
 
+/// The recorder of this test binary, installed at the first call (its tests share it).
 fn recorder() -> PrometheusHandle {
-    let recorder = PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).expect("the only recorder of this test binary");
-    handle
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
+            handle
+        })
+        .clone()
 }
 
 /// The sum of the samples of `name` (exactly: `name{...} value` or `name value`) whose
@@ -192,4 +198,54 @@ fn round_trips_grants_breaker_transitions_and_fail_mode_admissions_are_counted()
         0.0,
         "{shown}"
     );
+}
+
+/// A reply lost on the way back (a proxy swallows it and closes the connection): the pool
+/// sends the round again on a new connection (a retry), and a grant that ran is answered
+/// again under its id (a replay).
+#[test]
+fn a_lost_reply_is_counted_as_a_retry_and_its_grant_as_replayed() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let handle = recorder();
+    let server = common::Server::start();
+    let arm = Arc::new(AtomicBool::new(false));
+    let port = common::lossy_proxy(server.port(), arm.clone());
+    let pool = RedisPool::connect(
+        PoolConfig::new(
+            format!("redis://127.0.0.1:{port}/"),
+            common::namespace("m-lost"),
+        )
+        .max_lease(10)
+        .exchange_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(1_000_000, 100_000.0).unwrap())
+        .unwrap();
+    common::wait_until(
+        "no lease paid",
+        Duration::from_secs(5),
+        || bucket.try_acquire(1) == Ok(Admitted::Leased),
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
+    // Lose replies (of rounds that granted, sooner or later) until a replay is counted.
+    common::wait_until(
+        "no retry and replayed grant counted",
+        Duration::from_secs(10),
+        || {
+            let shown = handle.render();
+            value(&shown, RETRIES, &[r#"client="pool""#]) >= 1.0
+                && value(&shown, GRANTS, &[r#"outcome="replayed""#]) >= 1.0
+        },
+        || {
+            arm.store(true, Ordering::SeqCst);
+            for _ in 0..100 {
+                let _ = bucket.try_acquire(1);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        },
+    );
+    assert!(!pool.is_unavailable());
 }
