@@ -1,6 +1,8 @@
 //! A pool's settings, checked when the pool starts.
 
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::reservoir::MAX_LEASE_TOKENS;
@@ -56,6 +58,9 @@ pub struct PoolConfig {
     pub(crate) probe_max: Duration,
     pub(crate) key_keep: Duration,
     pub(crate) time: TimeSource,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<Secret>,
+    pub(crate) root_ca: Option<RootCa>,
 }
 
 impl PoolConfig {
@@ -80,7 +85,62 @@ impl PoolConfig {
             probe_max: Duration::from_secs(5),
             key_keep: Duration::from_secs(60),
             time: TimeSource::Redis,
+            username: None,
+            password: None,
+            root_ca: None,
         }
+    }
+
+    /// The ACL user to authenticate as (`AUTH user password`), in place of the URL's.
+    /// Without a password from [`password_from_env`](Self::password_from_env),
+    /// [`password_file`](Self::password_file) or the URL, no `AUTH` is sent.
+    #[must_use]
+    pub fn username(mut self, user: impl Into<String>) -> Self {
+        self.username = Some(user.into());
+        self
+    }
+
+    /// Reads the password from the environment variable `var` at each connection, in
+    /// place of the URL's: the value is never stored in the settings, shown by `Debug` or
+    /// put into an error (those name the variable only).
+    ///
+    /// ```
+    /// use tokengate_redis::PoolConfig;
+    /// let config = PoolConfig::new("redis://127.0.0.1:6379/", "api")
+    ///     .username("tokengate")
+    ///     .password_from_env("TOKENGATE_REDIS_PASSWORD");
+    /// assert!(format!("{config:?}").contains("TOKENGATE_REDIS_PASSWORD"));
+    /// ```
+    #[must_use]
+    pub fn password_from_env(mut self, var: impl Into<String>) -> Self {
+        self.password = Some(Secret::Env(var.into()));
+        self
+    }
+
+    /// Reads the password from the file at `path` at each connection (a mounted secret;
+    /// a rotated file is read again on the next reconnect), its trailing line break and
+    /// spaces removed, in place of the URL's. Never stored in the settings nor shown.
+    #[must_use]
+    pub fn password_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.password = Some(Secret::File(path.into()));
+        self
+    }
+
+    /// Trusts only the CA certificates in `pem` (one or more PEM blocks) for a
+    /// `rediss://` URL, in place of the system's roots: a private CA. Needs the `tls`
+    /// feature; without it a `rediss://` URL is a [`PoolError::Url`](crate::PoolError::Url).
+    #[must_use]
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_ca = Some(RootCa::Pem(pem.into().into()));
+        self
+    }
+
+    /// As [`tls_root_ca`](Self::tls_root_ca), read from the file at `path` at each
+    /// connection.
+    #[must_use]
+    pub fn tls_root_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.root_ca = Some(RootCa::File(path.into()));
+        self
     }
 
     /// How long a lease is spendable here, from the exchange's send time.
@@ -298,6 +358,73 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Where a password comes from: named in `Debug` and errors, its value never.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Secret {
+    /// An environment variable.
+    Env(String),
+    /// A file.
+    File(PathBuf),
+}
+
+impl Secret {
+    /// Where it comes from, for errors.
+    pub(crate) fn source(&self) -> String {
+        match self {
+            Self::Env(var) => format!("environment variable {var}"),
+            Self::File(path) => format!("file {}", path.display()),
+        }
+    }
+
+    /// Reads the password: an environment variable as it is, a file without its trailing
+    /// whitespace. Empty is an error (a missing secret would otherwise connect without
+    /// `AUTH` and fail later as `NOAUTH`). The error's detail never holds the value.
+    pub(crate) fn read(&self) -> Result<String, String> {
+        let value = match self {
+            Self::Env(var) => std::env::var(var).map_err(|e| e.to_string())?,
+            Self::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())?
+                .trim_end()
+                .to_owned(),
+        };
+        if value.is_empty() {
+            return Err("empty".to_owned());
+        }
+        Ok(value)
+    }
+}
+
+/// The CA certificates a `rediss://` connection trusts, when not the system's.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum RootCa {
+    /// PEM given in the settings.
+    Pem(Arc<[u8]>),
+    /// A PEM file read at each connection.
+    File(PathBuf),
+}
+
+impl RootCa {
+    /// The PEM bytes, or where they could not be read from and why.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub(crate) fn pem(&self) -> Result<Vec<u8>, String> {
+        match self {
+            Self::Pem(pem) => Ok(pem.to_vec()),
+            Self::File(path) => {
+                std::fs::read(path).map_err(|e| format!("CA file {}: {e}", path.display()))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RootCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pem(pem) => write!(f, "Pem({} bytes)", pem.len()),
+            Self::File(path) => f.debug_tuple("File").field(path).finish(),
+        }
+    }
+}
+
 /// A Redis URL whose password never leaves it: `Debug` and [`RedisUrl::redacted`] show
 /// `***` in its place (errors and logs use those).
 #[derive(Clone, PartialEq, Eq)]
@@ -338,6 +465,31 @@ impl std::fmt::Debug for RedisUrl {
 #[cfg(test)]
 mod url_tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_read_where_named_and_never_shown() {
+        let dir = std::env::temp_dir().join(format!("tg-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "s3cret \n").unwrap();
+        let secret = Secret::File(file.clone());
+        assert_eq!(secret.read().unwrap(), "s3cret");
+        std::fs::write(&file, "\n").unwrap();
+        assert_eq!(secret.read().unwrap_err(), "empty");
+        assert!(Secret::File(dir.join("absent")).read().is_err());
+        assert!(
+            Secret::Env("TG_SURELY_UNSET_VARIABLE".into())
+                .read()
+                .is_err()
+        );
+        let config = PoolConfig::new("rediss://h/", "ns")
+            .username("u")
+            .password_file(&file)
+            .tls_root_ca(b"-----BEGIN CERTIFICATE-----\nMIIB\n".to_vec());
+        let shown = format!("{config:?}");
+        assert!(shown.contains("Pem(") && !shown.contains("MIIB"), "{shown}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_password_never_shows() {

@@ -38,7 +38,33 @@ pub enum PoolError {
         /// The URL given, its password shown as `***`.
         url: String,
     },
-    /// Redis answered but refused the setup (authentication, scripts disabled, ...).
+    /// The password could not be read from where the settings say (an environment
+    /// variable unset, a file missing or empty). The value is never shown.
+    Credentials {
+        /// Where it was to come from: the variable's name or the file's path.
+        source: String,
+        /// Why it could not be read.
+        detail: String,
+    },
+    /// Redis refused the credentials (`WRONGPASS`, a disabled ACL user, or `NOAUTH`:
+    /// none given where one is required).
+    Auth {
+        /// The URL given, its password shown as `***`.
+        url: String,
+        /// The client's or the server's message (never the password).
+        detail: String,
+    },
+    /// The TLS handshake failed: the server's certificate is not trusted (an unknown CA,
+    /// another host name, expired), the CA file does not parse, or the server does not
+    /// speak TLS.
+    Tls {
+        /// The URL given, its password shown as `***`.
+        url: String,
+        /// The TLS library's message.
+        detail: String,
+    },
+    /// Redis answered but refused the setup (a command the ACL user lacks, scripts
+    /// disabled, ...).
     Misconfigured {
         /// The URL given, its password shown as `***`.
         url: String,
@@ -68,6 +94,15 @@ impl fmt::Display for PoolError {
                 f,
                 "Redis at {url} runs in cluster mode; the pool needs a standalone primary"
             ),
+            Self::Credentials { source, detail } => {
+                write!(f, "cannot read the Redis password from {source}: {detail}")
+            }
+            Self::Auth { url, detail } => {
+                write!(f, "Redis at {url} refused the credentials: {detail}")
+            }
+            Self::Tls { url, detail } => {
+                write!(f, "TLS with Redis at {url} failed: {detail}")
+            }
             Self::Misconfigured { url, detail } => {
                 write!(f, "Redis at {url} refused the pool's setup: {detail}")
             }

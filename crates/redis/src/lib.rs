@@ -21,6 +21,7 @@ mod pool;
 mod reservoir;
 mod scoped;
 pub mod script;
+pub mod series;
 mod sizing;
 mod strict;
 mod worker;

@@ -24,6 +24,7 @@ use crate::config::{FailMode, PoolConfig};
 use crate::error::PoolError;
 use crate::policy::{RemotePolicy, UNITS_PER_TOKEN};
 use crate::script::{BucketKeys, Exchange, Scripts, Take, Target};
+use crate::series::Metrics;
 use crate::worker;
 
 /// The most scopes one call decides.
@@ -246,6 +247,7 @@ pub struct RedisScopes {
     instances_seen: AtomicU64,
     /// Time (ns, since `start`) from which the next take sends the heartbeat.
     beat_due_ns: AtomicU64,
+    metrics: Metrics,
 }
 
 impl std::fmt::Debug for RedisScopes {
@@ -285,6 +287,7 @@ impl RedisScopes {
             instance,
             instances_seen: AtomicU64::new(config.instances),
             beat_due_ns: AtomicU64::new(0),
+            metrics: Metrics::new("strict"),
             config,
         };
         // Counted from the start; a beat that fails here is sent again with the next take.
@@ -387,35 +390,30 @@ impl RedisScopes {
             .unwrap_or_else(PoisonError::into_inner)
             .may_try(now);
         if may_try {
-            match self.take(tag, items) {
+            let started = self.now_ns();
+            let taken = self.take(tag, items);
+            if taken.is_ok() {
+                self.metrics.round_trips(1);
+                self.metrics
+                    .latency_ns(self.now_ns().saturating_sub(started));
+            }
+            match taken {
                 Ok(Take::Taken(_)) => {
-                    self.breaker
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .success();
+                    self.breaker_success();
                     return Ok(StrictAdmitted::Taken);
                 }
                 Ok(Take::Refused {
                     index,
                     retry_after_us,
                 }) => {
-                    self.breaker
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .success();
+                    self.breaker_success();
                     // Checked above: a cost never exceeds the capacity, so a retry time
                     // is always given; a missing one is a key whose state has leases out.
                     let retry_after =
                         retry_after_us.map_or(self.config.lease_ttl, Duration::from_micros);
                     return Err(StrictRefused::Rejected { index, retry_after });
                 }
-                Err(_) => {
-                    let now = self.now_ns();
-                    self.breaker
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .failure(now);
-                }
+                Err(_) => self.breaker_failure(),
             }
         }
         self.fail(items)
@@ -481,11 +479,27 @@ impl RedisScopes {
             Ok(())
         });
         if sent.is_err() {
-            let now = self.now_ns();
-            self.breaker
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .failure(now);
+            self.breaker_failure();
+        }
+    }
+
+    /// Records a successful round: the breaker counts it, and a close is exported.
+    fn breaker_success(&self) {
+        let mut breaker = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
+        let was_open = breaker.is_open();
+        if breaker.success() && was_open {
+            self.metrics.breaker(false);
+        }
+    }
+
+    /// Records a failed round: the breaker counts it, and an opening is exported.
+    fn breaker_failure(&self) {
+        self.metrics.failed_round();
+        let now = self.now_ns();
+        let mut breaker = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
+        let was_open = breaker.is_open();
+        if breaker.failure(now) && !was_open {
+            self.metrics.breaker(true);
         }
     }
 
@@ -582,6 +596,7 @@ impl RedisScopes {
             FailMode::FailClosed => Err(StrictRefused::Unavailable { retry_after }),
             FailMode::FailOpen => {
                 self.fail_open.fetch_add(1, Ordering::Relaxed);
+                self.metrics.fail_open(1);
                 Ok(StrictAdmitted::FailOpen)
             }
             FailMode::Local => self.local(items, retry_after),
@@ -616,6 +631,7 @@ impl RedisScopes {
             }
         }
         self.local.fetch_add(1, Ordering::Relaxed);
+        self.metrics.local(1);
         Ok(StrictAdmitted::Local)
     }
 }

@@ -14,9 +14,11 @@ use crate::policy::UNITS_PER_TOKEN;
 use crate::pool::{BucketShared, HEALTHY, PoolShared, UNAVAILABLE};
 use crate::reservoir::{TIME_SHIFT, tokens};
 use crate::script::{Exchange, Outcome, Reply, Scripts, Target, bad_reply};
+use crate::series::Metrics;
 use crate::sizing::{self, Inputs};
 
-/// Opens a connection with the configured timeouts and loads the scripts.
+/// Opens a connection with the configured timeouts, credentials and CA, and loads the
+/// scripts.
 pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection, PoolError> {
     let url = config.url.redacted();
     let bad_url = |e: redis::RedisError| PoolError::Url {
@@ -30,53 +32,161 @@ pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection,
         .as_str()
         .into_connection_info()
         .map_err(bad_url)?;
-    let settings = info.redis_settings().clone().set_skip_set_lib_name();
-    let client = redis::Client::open(info.set_redis_settings(settings)).map_err(bad_url)?;
-    let unreachable = |e: redis::RedisError, timeout| PoolError::Unreachable {
-        url: url.clone(),
-        timeout,
-        detail: e.to_string(),
-    };
-    let lost = |e: &redis::RedisError| {
-        e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
-    };
+    let mut settings = info.redis_settings().clone().set_skip_set_lib_name();
+    if let Some(user) = &config.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(secret) = &config.password {
+        let password = secret.read().map_err(|detail| PoolError::Credentials {
+            source: secret.source(),
+            detail,
+        })?;
+        settings = settings.set_password(password);
+    }
+    let client = client(config, info.set_redis_settings(settings), &url)?;
+    let failed = |e: redis::RedisError, timeout| classify(&url, e, timeout);
     let mut con = client
         .get_connection_with_timeout(config.connect_timeout)
-        .map_err(|e| {
-            if lost(&e) {
-                unreachable(e, config.connect_timeout)
-            } else {
-                PoolError::Misconfigured {
-                    url: url.clone(),
-                    detail: e.to_string(),
-                }
-            }
-        })?;
+        .map_err(|e| failed(e, config.connect_timeout))?;
     con.set_read_timeout(Some(config.exchange_timeout))
         .and_then(|()| con.set_write_timeout(Some(config.exchange_timeout)))
-        .map_err(|e| unreachable(e, config.exchange_timeout))?;
+        .map_err(|e| failed(e, config.exchange_timeout))?;
     // A cluster-mode server would answer MOVED for keys of other nodes and the breaker
-    // would never close: refused at start. (A server without INFO is taken as not one.)
+    // would never close: refused at start. (A server without INFO, or a user not allowed
+    // it, is taken as not one.) Over TLS without `AUTH`, this is the handshake.
     match redis::cmd("INFO").arg("cluster").query::<String>(&mut con) {
         Ok(info) if info.lines().any(|l| l.trim() == "cluster_enabled:1") => {
             return Err(PoolError::Cluster { url });
         }
-        Err(e) if lost(&e) => {
-            return Err(unreachable(e, config.exchange_timeout));
-        }
-        _ => {}
+        Err(e) => match failed(e, config.exchange_timeout) {
+            PoolError::Misconfigured { .. } => {}
+            e => return Err(e),
+        },
+        Ok(_) => {}
     }
-    scripts.load(&mut con).map_err(|e| {
-        if lost(&e) {
-            unreachable(e, config.exchange_timeout)
-        } else {
-            PoolError::Misconfigured {
-                url: url.clone(),
-                detail: e.to_string(),
-            }
-        }
-    })?;
+    scripts
+        .load(&mut con)
+        .map_err(|e| failed(e, config.exchange_timeout))?;
     Ok(con)
+}
+
+/// The client for `info`: over TLS trusting the configured CA when one is given.
+#[cfg(feature = "tls")]
+fn client(
+    config: &PoolConfig,
+    info: redis::ConnectionInfo,
+    url: &str,
+) -> Result<redis::Client, PoolError> {
+    let Some(ca) = &config.root_ca else {
+        return redis::Client::open(info).map_err(|e| PoolError::Url {
+            url: url.to_owned(),
+            detail: e.to_string(),
+        });
+    };
+    let tls = |detail: String| PoolError::Tls {
+        url: url.to_owned(),
+        detail,
+    };
+    if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        return Err(PoolError::Url {
+            url: url.to_owned(),
+            detail: "a TLS root CA is set: the URL must be rediss://".to_owned(),
+        });
+    }
+    let pem = ca.pem().map_err(tls)?;
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    };
+    redis::Client::build_with_tls(info, certificates).map_err(|e| tls(e.to_string()))
+}
+
+/// The client for `info` (no TLS support built: a `rediss://` URL failed to parse, and a
+/// CA is refused rather than ignored).
+#[cfg(not(feature = "tls"))]
+fn client(
+    config: &PoolConfig,
+    info: redis::ConnectionInfo,
+    url: &str,
+) -> Result<redis::Client, PoolError> {
+    if config.root_ca.is_some() {
+        return Err(PoolError::Tls {
+            url: url.to_owned(),
+            detail: "a TLS root CA is set but the crate is built without the tls feature"
+                .to_owned(),
+        });
+    }
+    redis::Client::open(info).map_err(|e| PoolError::Url {
+        url: url.to_owned(),
+        detail: e.to_string(),
+    })
+}
+
+/// Whether `e` lost the connection (refused, reset, timed out) rather than being refused
+/// by the server.
+fn lost(e: &redis::RedisError) -> bool {
+    e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// The typed error of a failed connection setup: TLS, credentials, unreachable (within
+/// `timeout`), or a refused setup.
+fn classify(url: &str, e: redis::RedisError, timeout: Duration) -> PoolError {
+    let url = url.to_owned();
+    if let Some(detail) = tls_failure(&e) {
+        return PoolError::Tls { url, detail };
+    }
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
+    {
+        return PoolError::Auth {
+            url,
+            detail: e.to_string(),
+        };
+    }
+    if lost(&e) {
+        PoolError::Unreachable {
+            url,
+            timeout,
+            detail: e.to_string(),
+        }
+    } else {
+        PoolError::Misconfigured {
+            url,
+            detail: e.to_string(),
+        }
+    }
+}
+
+/// The TLS library's message when `e` is a failed handshake: a [`rustls::Error`] in the
+/// I/O error redis-rs keeps (behind an `Arc`, its error's source).
+#[cfg(feature = "tls")]
+fn tls_failure(e: &redis::RedisError) -> Option<String> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let rustls_in = |io: &std::io::Error| {
+        io.get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .map(ToString::to_string)
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(t) = s.downcast_ref::<rustls::Error>() {
+            return Some(t.to_string());
+        }
+        let io = s.downcast_ref::<std::io::Error>().or_else(|| {
+            s.downcast_ref::<Shared>()
+                .and_then(|shared| shared.downcast_ref::<std::io::Error>())
+        });
+        if let Some(found) = io.and_then(rustls_in) {
+            return Some(found);
+        }
+        source = s.source();
+    }
+    None
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_failure(_: &redis::RedisError) -> Option<String> {
+    None
 }
 
 /// A fleet member's id in the heartbeat's set (process id and start time, hex), and the
@@ -138,13 +248,22 @@ struct Tracked {
     rate: Option<f64>,
     rate_at_ns: u64,
     spent_at: u64,
+    /// Tokens of words that had expired unspent when retired, not yet exported.
+    expired_unspent: u64,
+    /// The decisions' fail-mode admissions exported so far: (fail open, local).
+    exported: (u64, u64),
 }
 
 impl Tracked {
     /// Empties word `i` and queues its leases for settlement. The leftover is unspent:
     /// it is split over the word's leases newest first, each at most its grant.
     fn retire(&mut self, i: usize, now: u64) {
+        // An expired word is spent no more: what it held is exact.
+        let expired = crate::reservoir::expiry(self.shared.reservoir.load(i)) <= now >> TIME_SHIFT;
         let left = self.shared.reservoir.retire(i);
+        if expired {
+            self.expired_unspent += left;
+        }
         self.supplied = self.supplied.saturating_sub(left);
         let unspent = split_newest_first(&self.held[i], left);
         self.pending.extend(unspent);
@@ -252,6 +371,7 @@ pub(crate) struct Worker {
     /// most Redis has run ahead of the pool's clock since, ns.
     clock: Option<(u64, u64)>,
     ahead_ns: i64,
+    metrics: Metrics,
 }
 
 impl std::fmt::Debug for Worker {
@@ -284,6 +404,7 @@ impl Worker {
             rtt_ns: 1_000_000,
             clock: None,
             ahead_ns: 0,
+            metrics: Metrics::new("pool"),
         }
     }
 
@@ -310,6 +431,7 @@ impl Worker {
                 // settlements pending.
                 self.keep_for_next_round(&plans, false);
             }
+            self.export_metrics();
             if stopping {
                 return;
             }
@@ -348,6 +470,8 @@ impl Worker {
                 rate: None,
                 rate_at_ns: now,
                 spent_at: 0,
+                expired_unspent: 0,
+                exported: (0, 0),
             });
         }
     }
@@ -489,18 +613,23 @@ impl Worker {
     /// Sends one pipeline; on a connection failure reconnects and resends once (same
     /// request ids: a grant that ran is replayed, a settlement that ran is a no-op).
     fn round(&mut self, plans: Vec<Planned>, now: u64) {
+        let started = self.pool.now_ns();
         let mut result = self.send(&plans);
         if result.is_err() {
             self.con = None;
+            self.metrics.retry();
             result = self.send(&plans);
         }
         match result {
             Ok(replies) => {
-                let took = self.pool.now_ns().saturating_sub(now);
+                let received = self.pool.now_ns();
+                self.metrics.latency_ns(received.saturating_sub(started));
+                let took = received.saturating_sub(now);
                 self.rtt_ns = (3 * self.rtt_ns + took) / 4;
                 self.beat_at_ns = now;
                 let closed = self.breaker.success();
                 if closed && self.pool.health.swap(HEALTHY, Ordering::Relaxed) != HEALTHY {
+                    self.metrics.breaker(false);
                     for t in &self.buckets {
                         *t.shared
                             .local
@@ -516,16 +645,18 @@ impl Worker {
             Err(_) => {
                 self.con = None;
                 self.pool.failed_rounds.fetch_add(1, Ordering::Relaxed);
+                self.metrics.failed_round();
                 self.keep_for_next_round(&plans, true);
                 let now = self.pool.now_ns();
                 if self.breaker.failure(now) {
                     self.pool
                         .probe_at_ns
                         .store(self.breaker.probe_at().unwrap_or(now), Ordering::Relaxed);
-                    if self.pool.health.swap(UNAVAILABLE, Ordering::Relaxed) == HEALTHY
-                        && self.pool.config.fail_mode == FailMode::Local
-                    {
-                        self.start_local_buckets();
+                    if self.pool.health.swap(UNAVAILABLE, Ordering::Relaxed) == HEALTHY {
+                        self.metrics.breaker(true);
+                        if self.pool.config.fail_mode == FailMode::Local {
+                            self.start_local_buckets();
+                        }
                     }
                 }
             }
@@ -558,6 +689,36 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Exports what the decisions counted since the last call (their fail-mode
+    /// admissions: the decisions themselves touch no recorder), the tokens of leases that
+    /// expired here unspent, and the unspent tokens awaiting settlement.
+    fn export_metrics(&mut self) {
+        if !Metrics::ENABLED {
+            return;
+        }
+        let mut unsettled = 0;
+        for t in &mut self.buckets {
+            let s = &t.shared.stats;
+            let now = (
+                s.fail_open.load(Ordering::Relaxed),
+                s.local.load(Ordering::Relaxed),
+            );
+            if now.0 > t.exported.0 {
+                self.metrics.fail_open(now.0 - t.exported.0);
+            }
+            if now.1 > t.exported.1 {
+                self.metrics.local(now.1 - t.exported.1);
+            }
+            t.exported = now;
+            if t.expired_unspent > 0 {
+                self.metrics
+                    .expired_unspent(std::mem::take(&mut t.expired_unspent));
+            }
+            unsettled += t.pending.iter().map(|(_, left)| left).sum::<u64>();
+        }
+        self.metrics.unsettled(unsettled);
     }
 
     /// Puts back what unsent (or failed) `plans` carried, for the next round: their
@@ -657,6 +818,7 @@ impl Worker {
             .arg(&heartbeat);
         let raw: Vec<RedisResult<Value>> = pipe.ignore_errors().query(con)?;
         pool.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.metrics.round_trips(1);
         let mut replies = Vec::with_capacity(plans.len());
         let mut missing = Vec::new();
         let raw = &raw[dels.min(raw.len())..];
@@ -700,6 +862,7 @@ impl Worker {
             }
             let raw: Vec<Value> = again.query(con)?;
             pool.round_trips.fetch_add(2, Ordering::Relaxed);
+            self.metrics.round_trips(2);
             for (&i, v) in missing.iter().zip(&raw) {
                 replies[i] = Some(parse(v)?);
             }
@@ -775,7 +938,11 @@ impl Worker {
             .iter()
             .zip(first)
             .chain(ex.more.iter().zip(reply.more.iter().copied()));
+        let replayed = matches!(reply.outcome, Outcome::Replayed { .. });
         for (id, (g, reclaim_at_us)) in granted {
+            if g > 0 {
+                self.metrics.grant(g, replayed);
+            }
             if g > 0 && Self::install(t, id.clone(), g, expiry_of(reclaim_at_us), sent_ns) {
                 b.stats.grants.fetch_add(1, Ordering::Relaxed);
                 b.stats.granted_tokens.fetch_add(g, Ordering::Relaxed);
@@ -784,6 +951,7 @@ impl Worker {
         }
         match reply.outcome {
             Outcome::Rejected { retry_after_us } => {
+                self.metrics.rejected();
                 // Ask again when a whole lease of the largest size (at most the share)
                 // could be paid, not one token nor a lease sized from the refused rate: a
                 // fleet far over its budget then polls about K*r/L times a second, not

@@ -1,0 +1,251 @@
+//! The `metrics` feature's series, read from a Prometheus recorder installed for this test
+//! binary: a pool's round trips and grants, its breaker opening when its private server
+//! stops and closing when it comes back, and fail-mode admissions, for a pool and for
+//! strict scopes.
+
+mod common;
+
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokengate_redis::series::{
+    BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS, GRANT_TOKENS, GRANTS, RETRIES,
+    ROUND_TRIP_SECONDS, ROUND_TRIPS,
+};
+use tokengate_redis::{
+    Admitted, FailMode, PoolConfig, RedisPool, RedisScopes, RemotePolicy, StrictAdmitted,
+};
+
+/// The recorder of this test binary, installed at the first call (its tests share it).
+fn recorder() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
+            handle
+        })
+        .clone()
+}
+
+/// The sum of the samples of `name` (exactly: `name{...} value` or `name value`) whose
+/// labels include every one of `labels` (`key="value"`).
+fn value(rendered: &str, name: &str, labels: &[&str]) -> f64 {
+    rendered
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            (n == name && labels.iter().all(|want| rest.contains(want)))
+                .then(|| v.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+fn config(server: &common::Server, test: &str) -> PoolConfig {
+    PoolConfig::new(server.url(), common::namespace(test))
+        .exchange_timeout(Duration::from_millis(30))
+        .connect_timeout(Duration::from_millis(30))
+        .probe_backoff(Duration::from_millis(10), Duration::from_millis(40))
+        .fail_mode(FailMode::FailOpen)
+}
+
+#[test]
+fn round_trips_grants_breaker_transitions_and_fail_mode_admissions_are_counted() {
+    let handle = recorder();
+    let mut server = common::Server::start();
+    let pool = RedisPool::connect(config(&server, "m-pool")).unwrap();
+    let scopes = RedisScopes::connect(config(&server, "m-strict")).unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(1000, 100.0).unwrap())
+        .unwrap();
+    let tenant = scopes
+        .scope("tenant", RemotePolicy::new(10, 1.0).unwrap())
+        .unwrap();
+
+    // Round trips and grants.
+    let pool_ok = [r#"client="pool""#, r#"outcome="ok""#];
+    common::wait_until(
+        "no lease paid",
+        Duration::from_secs(5),
+        || bucket.try_acquire(1) == Ok(Admitted::Leased),
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
+    assert_eq!(
+        scopes.try_acquire("t", &[(&tenant, "a", 1)]),
+        Ok(StrictAdmitted::Taken)
+    );
+    let shown = handle.render();
+    assert!(value(&shown, ROUND_TRIPS, &pool_ok) >= 1.0, "{shown}");
+    assert!(
+        value(
+            &shown,
+            ROUND_TRIPS,
+            &[r#"client="strict""#, r#"outcome="ok""#]
+        ) >= 1.0,
+        "{shown}"
+    );
+    let count = format!("{ROUND_TRIP_SECONDS}_count");
+    assert!(
+        value(&shown, &count, &[r#"client="pool""#]) >= 1.0,
+        "{shown}"
+    );
+    assert!(
+        value(&shown, &count, &[r#"client="strict""#]) >= 1.0,
+        "{shown}"
+    );
+    assert!(
+        value(&shown, GRANTS, &[r#"outcome="granted""#]) >= 1.0,
+        "{shown}"
+    );
+    assert!(
+        value(&shown, &format!("{GRANT_TOKENS}_count"), &[]) >= 1.0,
+        "{shown}"
+    );
+    assert_eq!(value(&shown, BREAKER_OPEN, &[]), 0.0, "{shown}");
+    for series in [ROUND_TRIPS, ROUND_TRIP_SECONDS, GRANTS, GRANT_TOKENS] {
+        assert!(
+            shown.contains(&format!("# HELP {series} ")),
+            "{series} undescribed: {shown}"
+        );
+    }
+
+    // The server stops: both breakers open, and FailOpen admits (counted once each).
+    server.stop();
+    common::wait_unavailable(&pool, &bucket, Duration::from_secs(5));
+    common::wait_until(
+        "the pool never admitted by FailOpen",
+        Duration::from_secs(5),
+        || bucket.try_acquire(1) == Ok(Admitted::FailOpen),
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
+    // A failed call is decided by the fail mode; three in a row open the breaker.
+    common::wait_until(
+        "the strict scopes' breaker never opened",
+        Duration::from_secs(5),
+        || scopes.is_unavailable(),
+        || {
+            let admitted = scopes.try_acquire("t", &[(&tenant, "a", 1)]);
+            assert_eq!(admitted, Ok(StrictAdmitted::FailOpen));
+            std::thread::sleep(Duration::from_millis(2));
+        },
+    );
+    let pool_admitted = bucket.stats().fail_open_admitted as f64;
+    let strict_admitted = scopes.fail_open_admitted() as f64;
+    let pool_open = [r#"client="pool""#, r#"mode="fail_open""#];
+    // The pool's thread exports its decisions' counts within a loop (a few ms).
+    common::wait_until(
+        "the pool's fail-open admissions never exported",
+        Duration::from_secs(5),
+        || value(&handle.render(), FAIL_MODE_ADMISSIONS, &pool_open) >= pool_admitted,
+        || std::thread::sleep(Duration::from_millis(5)),
+    );
+    let shown = handle.render();
+    assert_eq!(
+        value(
+            &shown,
+            FAIL_MODE_ADMISSIONS,
+            &[r#"client="strict""#, r#"mode="fail_open""#]
+        ),
+        strict_admitted,
+        "{shown}"
+    );
+    for client in [r#"client="pool""#, r#"client="strict""#] {
+        assert_eq!(value(&shown, BREAKER_OPEN, &[client]), 1.0, "{shown}");
+        assert_eq!(
+            value(&shown, BREAKER_TRANSITIONS, &[client, r#"to="open""#]),
+            1.0,
+            "{shown}"
+        );
+        assert!(
+            value(&shown, ROUND_TRIPS, &[client, r#"outcome="failed""#]) >= 1.0,
+            "{shown}"
+        );
+    }
+    for series in [BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS] {
+        assert!(
+            shown.contains(&format!("# HELP {series} ")),
+            "{series} undescribed: {shown}"
+        );
+    }
+
+    // It comes back: the pool's breaker closes (three good rounds), counted once.
+    server.ensure_running();
+    common::wait_until(
+        "the pool's breaker never closed",
+        Duration::from_secs(10),
+        || !pool.is_unavailable(),
+        || {
+            let _ = bucket.try_acquire(1);
+            std::thread::sleep(Duration::from_millis(5));
+        },
+    );
+    let shown = handle.render();
+    assert_eq!(
+        value(
+            &shown,
+            BREAKER_TRANSITIONS,
+            &[r#"client="pool""#, r#"to="closed""#]
+        ),
+        1.0,
+        "{shown}"
+    );
+    assert_eq!(
+        value(&shown, BREAKER_OPEN, &[r#"client="pool""#]),
+        0.0,
+        "{shown}"
+    );
+}
+
+/// A reply lost on the way back (a proxy swallows it and closes the connection): the pool
+/// sends the round again on a new connection (a retry), and a grant that ran is answered
+/// again under its id (a replay).
+#[test]
+fn a_lost_reply_is_counted_as_a_retry_and_its_grant_as_replayed() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let handle = recorder();
+    let server = common::Server::start();
+    let arm = Arc::new(AtomicBool::new(false));
+    let port = common::lossy_proxy(server.port(), arm.clone());
+    let pool = RedisPool::connect(
+        PoolConfig::new(
+            format!("redis://127.0.0.1:{port}/"),
+            common::namespace("m-lost"),
+        )
+        .max_lease(10)
+        .exchange_timeout(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(1_000_000, 100_000.0).unwrap())
+        .unwrap();
+    common::wait_until(
+        "no lease paid",
+        Duration::from_secs(5),
+        || bucket.try_acquire(1) == Ok(Admitted::Leased),
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
+    // Lose replies (of rounds that granted, sooner or later) until a replay is counted.
+    common::wait_until(
+        "no retry and replayed grant counted",
+        Duration::from_secs(10),
+        || {
+            let shown = handle.render();
+            value(&shown, RETRIES, &[r#"client="pool""#]) >= 1.0
+                && value(&shown, GRANTS, &[r#"outcome="replayed""#]) >= 1.0
+        },
+        || {
+            arm.store(true, Ordering::SeqCst);
+            for _ in 0..100 {
+                let _ = bucket.try_acquire(1);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        },
+    );
+    assert!(!pool.is_unavailable());
+}
