@@ -203,6 +203,10 @@ fn a_single_burst_of_k_needs_a_capacity_of_k() {
     for _ in 0..k {
         log.push_str(&format!("{T0}.5,tenant,1\n"));
     }
+    // One more request 200 s later, when every bucket of the grid has refilled (it
+    // passes): the log then spans 200 s, long enough to judge each cell (fill time
+    // B / r at most 100 s).
+    log.push_str(&format!("{},tenant,1\n", T0 + 200));
     let log = write(&d, "burst.csv", &log);
     let out = tune(
         &d,
@@ -408,7 +412,7 @@ fn combined_and_json_samples_parse_with_their_edge_cases() {
             "--class=DELETE *=3",
             "--capacities=2..2",
             "--capacity-steps=1",
-            "--rates=1..1",
+            "--rates=40..40",
             "--rate-steps=1",
             "--objective=requests",
             "--max-rejected=1",
@@ -416,7 +420,8 @@ fn combined_and_json_samples_parse_with_their_edge_cases() {
     ));
     assert!(out.contains("3 requests (5 tokens) from 2 keys"), "{out}");
     assert!(out.contains("class DELETE *=3: 1 requests"), "{out}");
-    // Key v1 has B = 2 and two requests 100 ms apart: both pass; v2's 3 > B.
+    // Key v1 has B = 2 and two requests 100 ms apart: both pass; v2's 3 > B. (The log
+    // spans 200 ms: r = 40/s fills B in 50 ms, a rate the log can judge.)
     assert_eq!(num(&cells(&d)[0], "rejected"), 1.0);
 }
 
@@ -442,6 +447,7 @@ fn out_of_order_lines_pass_within_the_window_and_are_bad_beyond_it() {
             "--reorder-window=1s",
             "--max-bad=0.5",
             "--capacity-steps=1",
+            "--rates=10..10",
             "--rate-steps=1",
             "--max-rejected=1",
         ],
@@ -583,6 +589,9 @@ fn a_maximum_wait_reports_delay_percentiles() {
     for _ in 0..5 {
         log.push_str(&format!("{T0}.5,k,1\n"));
     }
+    // Another key a second later (it waits for nothing): the log spans 1 s, enough to
+    // judge B = 1 at r = 2/s (fill time 0.5 s).
+    log.push_str(&format!("{}.5,other,1\n", T0 + 1));
     let log = write(&d, "w.csv", &log);
     let out = ok(&tune(
         &d,
@@ -599,12 +608,13 @@ fn a_maximum_wait_reports_delay_percentiles() {
             "--max-rejected=1",
         ],
     ));
-    // B = 1, r = 2/s: waits 0, ~0.5 s, ~1 s; the other two would wait over 1.2 s.
+    // B = 1, r = 2/s: k waits 0, ~0.5 s, ~1 s; the other two would wait over 1.2 s.
+    // With the other key's request, the waits are 0, 0, ~0.5 s, ~1 s.
     let row = &cells(&d)[0];
     assert_eq!(num(row, "rejected"), 2.0);
     assert_eq!(num(row, "delayed"), 2.0);
-    let p50 = num(row, "delay_p50_ms");
-    assert!((500.0..=502.0).contains(&p50), "{p50}");
+    let p90 = num(row, "delay_p90_ms");
+    assert!((1000.0..=1002.0).contains(&p90), "{p90}");
     assert!(out.contains("max_reservation"), "{out}");
     assert!(out.contains("2 requests waited"), "{out}");
 }
@@ -709,26 +719,42 @@ fn a_real_apache_log_is_read_with_default_flags_and_the_recommendation_is_a_conf
     assert!(!stdout.contains("not settled"), "{stdout}");
 }
 
+/// The recommended capacity and rate in a report.
+fn recommended(out: &str) -> (f64, f64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("recommended: B = "))
+        .unwrap_or_else(|| panic!("no recommendation:\n{out}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    (words[3].parse().unwrap(), words[7].parse().unwrap())
+}
+
 #[test]
 fn a_recommendation_at_the_grids_edge_widens_the_grid_and_warns() {
     let d = dir("edge");
-    // 5 requests a second from one client for a minute: a bucket of 300 tokens holds the
-    // whole log, so the lowest rate of the default grid meets the rule.
-    let log = write(&d, "steady.csv", &steady_csv(1, 5, 60));
-    let out = ok(&tune(&d, 2, &[log.to_str().unwrap(), "--format=csv"]));
+    // One request every 20 s from one client for 1980 s: B = 1 at the grid's lowest rate,
+    // 0.1/s, refills between requests, so the rates are widened, down to 1/990 s, the
+    // lowest at which the log can judge B = 1 (fill time at most half its span). There
+    // a lower rate than 0.1/s meets the rule with a capacity the log can judge.
+    let mut log = String::new();
+    for i in 0..100 {
+        log.push_str(&format!("{},client,1\n", T0 + 20 * i));
+    }
+    let sparse = write(&d, "sparse.csv", &log);
+    let out = ok(&tune(&d, 2, &[sparse.to_str().unwrap(), "--format=csv"]));
     assert!(
         out.contains(
             "grid: the recommended rate was the grid's lowest, 0.1/s: rates widened to \
-             0.001..1000 /s and replayed"
+             0.00101..1000 /s and replayed"
         ),
         "{out}"
     );
-    assert!(
-        out.contains("warning: the recommended rate is the grid's lowest (0.001/s)"),
-        "{out}"
-    );
-    assert!(out.contains("the log cannot tell that rate"), "{out}");
-    // A grid given on the command line is kept, with the warning.
+    assert!(!out.contains("warning"), "{out}");
+    let (b, r) = recommended(&out);
+    assert!(r < 0.1 && b / r <= 990.0, "B = {b}, r = {r}\n{out}");
+    // A grid given on the command line is kept, with the warning: the log can judge
+    // rates below 20/s.
+    let log = write(&d, "steady.csv", &steady_csv(1, 5, 60));
     let out = ok(&tune(
         &d,
         2,
@@ -739,4 +765,55 @@ fn a_recommendation_at_the_grids_edge_widens_the_grid_and_warns() {
         out.contains("warning: the recommended rate is the grid's lowest (20/s)"),
         "{out}"
     );
+}
+
+#[test]
+fn a_log_whose_keys_fit_in_the_largest_burst_gets_a_rate_it_can_judge() {
+    let d = dir("judge");
+    // Three clients at 5 requests a second for a minute: 300 requests each, under the
+    // grid's largest capacity, 1000. Every rate passes with a burst that holds a whole
+    // key; the log can only tell rates whose bucket fills within half its 59.8 s.
+    let log = write(&d, "steady.csv", &steady_csv(3, 5, 60));
+    let out = ok(&tune(&d, 2, &[log.to_str().unwrap(), "--format=csv"]));
+    let (b, r) = recommended(&out);
+    let half_span = 59.8 / 2.0;
+    assert!(
+        b / r <= half_span,
+        "B = {b}, r = {r} fills in {} s\n{out}",
+        b / r
+    );
+    // Each key sends 300 requests in 59.8 s: B + r 59.8 >= 300 with B <= r 29.9 needs
+    // r >= 3.34/s.
+    assert!(r >= 3.3, "B = {b}, r = {r}\n{out}");
+    assert!(!out.contains("widened"), "{out}");
+    // The cells the log cannot judge are in the CSV, marked, among them cells that
+    // reject nothing at lower rates.
+    let rows = cells(&d);
+    let unjudged: Vec<_> = rows.iter().filter(|c| c["judgeable"] == "false").collect();
+    assert!(!unjudged.is_empty());
+    for c in &unjudged {
+        assert!(num(c, "fill_time_s") > half_span, "{c:?}");
+    }
+    assert!(
+        unjudged
+            .iter()
+            .any(|c| num(c, "rate") < r && num(c, "rejected") == 0.0)
+    );
+    for c in rows.iter().filter(|c| c["judgeable"] == "true") {
+        assert!(num(c, "fill_time_s") <= half_span, "{c:?}");
+    }
+
+    // With only rates too low for any cell the log can judge to meet the rule, the run
+    // says so and names the nearest cells.
+    let err = failed(&tune(
+        &d,
+        2,
+        &[log.to_str().unwrap(), "--format=csv", "--rates=0.1..1"],
+    ));
+    assert!(err.contains("among those the log can judge"), "{err}");
+    assert!(
+        err.contains("the nearest cell the log can judge is B = "),
+        "{err}"
+    );
+    assert!(err.contains("meets it but fills in"), "{err}");
 }

@@ -13,11 +13,20 @@
 //!
 //! Among the cells whose measure (`--objective`, default `small-keys`) is at most
 //! `--max-rejected` (default 0.001, that is 0.1%), the one with the smallest rate, and
-//! among those the smallest capacity. The default measure is the share of requests
-//! rejected among keys whose volume (requests in the log) is below the volume of the key
-//! at the `--volume-percentile` (default 99, nearest rank over keys): the limit should
-//! leave ordinary clients alone and hold back only the heaviest. When no key is below
-//! that volume (one key, or keys all equally busy) every request counts.
+//! among those the smallest capacity; only cells the log can judge are eligible: those
+//! whose fill time `B / r` is at most half the log's span (from its first request to its
+//! last). A bucket that takes longer to refill never shows its rate in the log: each key's
+//! traffic fits in its burst, and any lower rate would decide the same, so the log cannot
+//! tell that rate from a lower one. Such cells are still replayed, and marked in the CSV
+//! (`judgeable`), the table and the heatmap. When no eligible cell meets the objective the
+//! run says so, with the nearest cells (the eligible cell with the lowest share, and the
+//! cell meeting the objective that fills soonest), and fails.
+//!
+//! The default measure is the share of requests rejected among keys whose volume
+//! (requests in the log) is below the volume of the key at the `--volume-percentile`
+//! (default 99, nearest rank over keys): the limit should leave ordinary clients alone
+//! and hold back only the heaviest. When no key is below that volume (one key, or keys
+//! all equally busy) every request counts.
 
 mod classes;
 mod format;
@@ -42,7 +51,7 @@ use crate::{
 use classes::{Class, Classes};
 use format::{Format, JsonFields, KeyChoice, LineParser};
 use grid::{Cell, Setup};
-use report::{Measures, Objective, Outcome, Population};
+use report::{Measures, Objective, Outcome, Population, Recommendation};
 use stream::{Keys, Orderer, Reading, Scan, Spread};
 
 /// The most cells on one axis.
@@ -104,13 +113,14 @@ pub struct Args {
     default_cost: u64,
 
     /// The capacities B of the grid, LOW..HIGH in whole tokens [default: 1..1000,
-    /// widened once by two decades when the recommendation has the highest capacity].
+    /// widened once, by up to two decades, when the recommendation has the highest
+    /// capacity and the log can judge larger ones].
     #[arg(long, value_name = "LOW..HIGH", value_parser = capacity_range)]
     capacities: Option<(u64, u64)>,
 
     /// The refill rates r of the grid, LOW..HIGH in tokens per second [default:
-    /// 0.1..1000, widened once by two decades when the recommendation has the lowest
-    /// rate].
+    /// 0.1..1000, widened once, by up to two decades, when the recommendation has the
+    /// lowest rate and the log can judge lower ones].
     #[arg(long, value_name = "LOW..HIGH", value_parser = rate_range)]
     rates: Option<(f64, f64)>,
 
@@ -315,48 +325,58 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     // is widened.
     let rereadable = args.logs.iter().all(|p| p.as_os_str() != "-");
     let mut widened: Vec<String> = Vec::new();
-    // Each edge is widened once, by two decades: a log shorter than a bucket's refill
-    // time cannot tell its rate from a lower one, so widening without end would only
-    // follow that.
+    // Each edge is widened once, by at most two decades, and only toward cells the log
+    // can judge (see `grid_edge`).
     let mut widened_edges: Vec<Edge> = Vec::new();
     let threads = rayon::current_num_threads();
-    let (replayed, chosen) = loop {
+    let (replayed, recommendation) = loop {
         let replayed = replay(&args, &parser, &setup, &capacities, &rates)?;
-        let chosen = report::recommend(&replayed.outcomes, args.objective, args.max_rejected);
-        let Some(edge) = chosen.and_then(|i| grid_edge(&replayed.outcomes[i], &capacities, &rates))
+        let span = replayed.span_secs();
+        let recommendation =
+            report::recommend(&replayed.outcomes, args.objective, args.max_rejected, span);
+        let chosen = recommendation.chosen();
+        let Some(edge) =
+            chosen.and_then(|i| grid_edge(&replayed.outcomes[i], &capacities, &rates, span))
         else {
-            break (replayed, chosen);
+            break (replayed, recommendation);
         };
         let chosen_by_user = match edge {
             Edge::LowestRate => args.rates.is_some(),
             Edge::HighestCapacity => args.capacities.is_some(),
         };
         if chosen_by_user || !rereadable || widened_edges.contains(&edge) {
-            break (replayed, chosen);
+            break (replayed, recommendation);
         }
         widened_edges.push(edge);
         let note = match edge {
             Edge::LowestRate => {
                 let lo = rates[0];
+                // No lower than the lowest rate the log can judge (at the smallest
+                // capacity).
+                let floor = capacities[0] as f64 / (span * report::MAX_FILL_SHARE);
                 let wider = grid_rates(
-                    lo / 100.0,
+                    (lo / 100.0).max(floor),
                     rates[rates.len() - 1],
                     rates.len() + steps_per_decade(&rates) * 2,
                 );
                 let note = format!(
                     "the recommended rate was the grid's lowest, {}/s: rates widened to {}..{} /s and replayed",
-                    show_number(lo),
-                    show_number(wider[0]),
-                    show_number(wider[wider.len() - 1])
+                    lo,
+                    wider[0],
+                    wider[wider.len() - 1]
                 );
                 rates = wider;
                 note
             }
             Edge::HighestCapacity => {
                 let hi = capacities[capacities.len() - 1];
+                // A larger capacity helps only at a lower rate than the chosen one: no
+                // larger than the largest the log can judge at the next lower rate.
+                let ceiling = lower_rate(&replayed.outcomes[chosen.unwrap_or(0)], &rates)
+                    .map_or(hi, |r| (r * span * report::MAX_FILL_SHARE).floor() as u64);
                 let wider = grid::capacities(
                     capacities[0],
-                    hi.saturating_mul(100),
+                    hi.saturating_mul(100).min(ceiling).max(hi),
                     capacities.len() + 2 * capacity_steps_per_decade(&capacities),
                 );
                 let note = format!(
@@ -373,6 +393,8 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         }
         widened.push(note);
     };
+    let span = replayed.span_secs();
+    let chosen = recommendation.chosen();
     let Replayed {
         outcomes,
         total_cells,
@@ -385,14 +407,14 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         elapsed,
         read_time,
     } = replayed;
-    let edge_left = chosen.and_then(|i| grid_edge(&outcomes[i], &capacities, &rates));
+    let edge_left = chosen.and_then(|i| grid_edge(&outcomes[i], &capacities, &rates, span));
 
     let pop = Population::new(&keys.requests, args.volume_percentile, args.top as usize);
 
     write_output(
         csv_file,
         &csv_path,
-        &report::csv(&outcomes, &pop, args.max_wait),
+        &report::csv(&outcomes, &pop, args.max_wait, span),
     )?;
     let svg = report::heatmap(
         &outcomes,
@@ -401,6 +423,7 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         args.objective,
         args.volume_percentile,
         chosen,
+        span,
     )?;
     write_output(svg_file, &svg_path, &svg)?;
 
@@ -452,38 +475,24 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         args.objective,
         args.max_rejected,
         chosen,
+        span,
     ));
     text.push('\n');
-    let recommendation = chosen.and_then(|i| {
+    let recommended = chosen.and_then(|i| {
         let c = &outcomes[i];
         c.result.as_ref().ok().map(|(s, m)| (c, s, m))
     });
-    let span = scan.span.map_or(0, |(a, b)| b - a) as f64 / 1e9;
     match edge_left {
         Some(Edge::LowestRate) => {
-            let c = &outcomes[chosen.unwrap_or(0)];
-            let refill = c.capacity as f64 / c.rate;
             text.push_str(&format!(
                 "warning: the recommended rate is the grid's lowest ({}/s): a lower rate may meet \
-                 the rule too; widen --rates{}{}\n",
+                 the rule too; widen --rates{}\n",
                 show_number(rates[0]),
                 if rereadable {
                     ""
                 } else {
                     " (a log read from standard input is read once)"
                 },
-                if refill > span {
-                    format!(
-                        ". A bucket of {} tokens takes {} to refill at that rate, longer than the \
-                         log's {}: the log cannot tell that rate from a lower one; a longer log, \
-                         or --objective requests, measures it",
-                        c.capacity,
-                        show_duration(Duration::from_secs_f64(refill.min(1e12))),
-                        show_duration(Duration::from_secs_f64(span.max(1e-6)))
-                    )
-                } else {
-                    String::new()
-                }
             ));
         }
         Some(Edge::HighestCapacity) => text.push_str(&format!(
@@ -498,10 +507,15 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         )),
         None => {}
     }
-    if let Some((c, s, m)) = recommendation {
+    if let Some((c, s, m)) = recommended {
         text.push_str(&format!(
             "recommended: B = {} tokens, r = {} tokens/s: the smallest rate, then the smallest capacity, with {rule}\n",
             c.capacity, c.rate
+        ));
+        text.push_str(&format!(
+            "  fills in {} (B / r), within half the log's {}: cells that fill more slowly are not judged\n",
+            show_fill(c.capacity as f64 / c.rate),
+            show_fill(span)
         ));
         text.push_str(&format!(
             "  evidence: {} of requests rejected ({} of {}), {} of tokens, {} of keys ever rejected, {} of small-key requests\n",
@@ -532,13 +546,46 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
         csv_path.display(),
         svg_path.display()
     ));
+    let mut nearest = String::new();
+    if let Recommendation::NoneMeets { closest, unjudged } = recommendation {
+        if let Some(c) = closest.map(|i| &outcomes[i]) {
+            if let Ok((_, m)) = &c.result {
+                nearest.push_str(&format!(
+                    "; the nearest cell the log can judge is B = {}, r = {}/s, with {} rejected",
+                    c.capacity,
+                    show_number(c.rate),
+                    pct(m.get(args.objective))
+                ));
+            }
+        }
+        if let Some(c) = unjudged.map(|i| &outcomes[i]) {
+            nearest.push_str(&format!(
+                "; B = {}, r = {}/s meets it but fills in {}, more than half the log's {}: a \
+                 longer log can judge it",
+                c.capacity,
+                show_number(c.rate),
+                show_fill(c.capacity as f64 / c.rate),
+                show_fill(span)
+            ));
+        }
+        text.push_str(&format!(
+            "no recommendation: no cell the log can judge has {rule}{nearest}\n"
+        ));
+    }
     out.print(&text)?;
-    if recommendation.is_none() {
+    if recommended.is_none() {
         return Err(format!(
-            "no cell of the grid has {rule}: raise the top of --rates or --capacities"
+            "no cell of the grid has {rule} among those the log can judge (fill time B / r at \
+             most half the log's span){nearest}: raise the top of --rates or --capacities, or give \
+             a longer log"
         ));
     }
     Ok(())
+}
+
+/// A fill time or span in seconds, for the report.
+fn show_fill(secs: f64) -> String {
+    show_duration(Duration::from_secs_f64(secs.clamp(0.0, 1e12)))
 }
 
 /// An edge of the grid beyond which a better cell may lie under the recommendation
@@ -552,15 +599,28 @@ enum Edge {
     HighestCapacity,
 }
 
-/// The edge of the grid `chosen` sits on, if one matters.
-fn grid_edge(chosen: &Outcome, capacities: &[u64], rates: &[f64]) -> Option<Edge> {
+/// The edge of the grid `chosen` sits on, if one matters: only when beyond it lie cells
+/// the log can judge (fill time at most [`report::MAX_FILL_SHARE`] of `span`, in
+/// seconds), since no other cell can be recommended. Below the lowest rate, the smallest
+/// capacity must be judgeable at some lower rate; beyond the highest capacity, a larger
+/// capacity must be judgeable at the grid's next lower rate than the chosen one.
+fn grid_edge(chosen: &Outcome, capacities: &[u64], rates: &[f64], span: f64) -> Option<Edge> {
+    let most = span * report::MAX_FILL_SHARE;
+    let top = capacities[capacities.len() - 1];
     if rates.len() > 1 && chosen.rate <= rates[0] {
-        Some(Edge::LowestRate)
-    } else if capacities.len() > 1 && chosen.capacity >= capacities[capacities.len() - 1] {
-        Some(Edge::HighestCapacity)
+        // The lowest rate at which the smallest capacity is judgeable.
+        (capacities[0] as f64 / most < rates[0]).then_some(Edge::LowestRate)
+    } else if capacities.len() > 1 && chosen.capacity >= top {
+        let lower = lower_rate(chosen, rates)?;
+        ((top + 1) as f64 / lower <= most).then_some(Edge::HighestCapacity)
     } else {
         None
     }
+}
+
+/// The grid's largest rate below `chosen`'s.
+fn lower_rate(chosen: &Outcome, rates: &[f64]) -> Option<f64> {
+    rates.iter().rev().copied().find(|&r| r < chosen.rate)
 }
 
 /// Grid steps per decade of `rates` (at least 1), so a widened axis is as dense.
@@ -591,6 +651,13 @@ struct Replayed {
     most_late: u64,
     elapsed: Duration,
     read_time: Duration,
+}
+
+impl Replayed {
+    /// The log's span, from its first request to its last, in seconds.
+    fn span_secs(&self) -> f64 {
+        self.scan.span.map_or(0, |(a, b)| b - a) as f64 / 1e9
+    }
 }
 
 /// Reads the logs once and replays them on every cell of the grid.

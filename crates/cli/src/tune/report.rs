@@ -151,24 +151,82 @@ pub(crate) struct Outcome {
     pub(crate) result: Result<(Stats, Measures), String>,
 }
 
-/// The recommendation rule: the smallest rate, then the smallest capacity, whose
-/// `objective` is at most `max_share`. Returns the index in `cells`.
-pub(crate) fn recommend(cells: &[Outcome], objective: Objective, max_share: f64) -> Option<usize> {
+/// The longest fill time `B / r` of a cell the log can judge, as a share of the log's
+/// span. A bucket that takes longer to refill than that never shows its rate in the log:
+/// its key's traffic fits in the burst, and any lower rate would have decided the same.
+pub(crate) const MAX_FILL_SHARE: f64 = 0.5;
+
+/// Whether the log, spanning `span_secs` seconds, can judge the cell `capacity`, `rate`:
+/// its fill time `capacity / rate` is at most [`MAX_FILL_SHARE`] of the span.
+pub(crate) fn judgeable(capacity: u64, rate: f64, span_secs: f64) -> bool {
+    capacity as f64 / rate <= span_secs * MAX_FILL_SHARE
+}
+
+/// What the recommendation rule found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recommendation {
+    /// The index of the recommended cell.
+    Chosen(usize),
+    /// No judgeable cell meets the objective; the nearest cells, by index.
+    NoneMeets {
+        /// The judgeable cell with the lowest share (then the smallest rate, then the
+        /// smallest capacity), if any cell is judgeable.
+        closest: Option<usize>,
+        /// The cell meeting the objective with the shortest fill time, if one does: the
+        /// log is too short to judge it.
+        unjudged: Option<usize>,
+    },
+}
+
+impl Recommendation {
+    /// The recommended cell's index, if there is one.
+    pub(crate) fn chosen(self) -> Option<usize> {
+        match self {
+            Recommendation::Chosen(i) => Some(i),
+            Recommendation::NoneMeets { .. } => None,
+        }
+    }
+}
+
+/// The recommendation rule: among the cells the log can judge (see [`judgeable`]), the
+/// smallest rate, then the smallest capacity, whose `objective` is at most `max_share`.
+pub(crate) fn recommend(
+    cells: &[Outcome],
+    objective: Objective,
+    max_share: f64,
+    span_secs: f64,
+) -> Recommendation {
     let mut best: Option<usize> = None;
+    let mut closest: Option<(f64, usize)> = None;
+    let mut unjudged: Option<(f64, usize)> = None;
+    let key = |c: &Outcome| (c.rate, c.capacity);
     for (i, c) in cells.iter().enumerate() {
         let Ok((_, m)) = &c.result else { continue };
-        if m.get(objective) > max_share {
+        let share = m.get(objective);
+        if !judgeable(c.capacity, c.rate, span_secs) {
+            let fill = c.capacity as f64 / c.rate;
+            if share <= max_share && unjudged.is_none_or(|(f, _)| fill < f) {
+                unjudged = Some((fill, i));
+            }
             continue;
         }
-        let better = best.is_none_or(|b| {
-            let b = &cells[b];
-            (c.rate, c.capacity) < (b.rate, b.capacity)
-        });
-        if better {
+        if closest.is_none_or(|(s, j)| share < s || (share == s && key(c) < key(&cells[j]))) {
+            closest = Some((share, i));
+        }
+        if share > max_share {
+            continue;
+        }
+        if best.is_none_or(|b| key(c) < key(&cells[b])) {
             best = Some(i);
         }
     }
-    best
+    match best {
+        Some(i) => Recommendation::Chosen(i),
+        None => Recommendation::NoneMeets {
+            closest: closest.map(|(_, i)| i),
+            unjudged: unjudged.map(|(_, i)| i),
+        },
+    }
 }
 
 fn pct(v: f64) -> String {
@@ -180,9 +238,14 @@ fn ms(d: Option<Duration>) -> String {
 }
 
 /// The CSV of every cell.
-pub(crate) fn csv(cells: &[Outcome], pop: &Population, max_wait: Option<Duration>) -> String {
+pub(crate) fn csv(
+    cells: &[Outcome],
+    pop: &Population,
+    max_wait: Option<Duration>,
+    span_secs: f64,
+) -> String {
     let mut out = String::from(
-        "capacity,rate,requests,rejected,requests_rejected_share,tokens_rejected_share,\
+        "capacity,rate,fill_time_s,judgeable,requests,rejected,requests_rejected_share,tokens_rejected_share,\
          keys_rejected_share,small_keys_rejected_share,key_limit_rejections,\
          cost_above_capacity",
     );
@@ -191,7 +254,14 @@ pub(crate) fn csv(cells: &[Outcome], pop: &Population, max_wait: Option<Duration
     }
     out.push_str(",delayed,delay_p50_ms,delay_p90_ms,delay_p99_ms,delay_max_ms,error\n");
     for c in cells {
-        let _ = write!(out, "{},{}", c.capacity, c.rate);
+        let _ = write!(
+            out,
+            "{},{},{},{}",
+            c.capacity,
+            c.rate,
+            c.capacity as f64 / c.rate,
+            judgeable(c.capacity, c.rate, span_secs)
+        );
         match &c.result {
             Ok((s, m)) => {
                 let _ = write!(
@@ -235,13 +305,15 @@ pub(crate) fn csv(cells: &[Outcome], pop: &Population, max_wait: Option<Duration
     out
 }
 
-/// The summary table: for each rate, the smallest capacity that meets the rule (or the
-/// largest capacity, marked, when none does).
+/// The summary table: for each rate, the smallest capacity the log can judge that meets
+/// the rule; else the smallest that meets it, marked as too slow to fill for the log to
+/// judge; else the largest capacity, marked.
 pub(crate) fn table(
     cells: &[Outcome],
     objective: Objective,
     max_share: f64,
     recommended: Option<usize>,
+    span_secs: f64,
 ) -> String {
     let mut rates: Vec<f64> = cells.iter().map(|c| c.rate).collect();
     rates.sort_by(f64::total_cmp);
@@ -258,9 +330,11 @@ pub(crate) fn table(
             .enumerate()
             .filter(|(_, c)| c.rate == rate && c.result.is_ok())
             .collect();
+        let meets = |c: &Outcome| matches!(&c.result, Ok((_, m)) if m.get(objective) <= max_share);
         let pick = row
             .iter()
-            .find(|(_, c)| matches!(&c.result, Ok((_, m)) if m.get(objective) <= max_share))
+            .find(|(_, c)| meets(c) && judgeable(c.capacity, c.rate, span_secs))
+            .or_else(|| row.iter().find(|(_, c)| meets(c)))
             .or(row.last());
         let Some(&(i, c)) = pick else {
             let _ = writeln!(
@@ -277,6 +351,8 @@ pub(crate) fn table(
             "  <- recommended"
         } else if !meets {
             "  (none meets the rule)"
+        } else if !judgeable(c.capacity, c.rate, span_secs) {
+            "  (fills in over half the log: not judged)"
         } else {
             ""
         };
@@ -306,6 +382,7 @@ pub(crate) fn heatmap(
     objective: Objective,
     percentile: f64,
     recommended: Option<usize>,
+    span_secs: f64,
 ) -> Result<String, String> {
     let err = |e: &dyn std::fmt::Display| format!("cannot draw the heatmap: {e}");
     let mut svg = String::new();
@@ -314,7 +391,8 @@ pub(crate) fn heatmap(
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let (nx, ny) = (capacities.len() as f64, rates.len() as f64);
         let title = format!(
-            "share of {} (white: none; green to red: 0.01% to 100%)",
+            "share of {} (white: none; green to red: 0.01% to 100%; \
+             crossed: fills in over half the log, not judged)",
             objective.describe(percentile)
         );
         let mut chart = ChartBuilder::on(&root)
@@ -367,6 +445,17 @@ pub(crate) fn heatmap(
                     [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)],
                     color.filled(),
                 ))
+            }))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(cells.iter().filter_map(|c| {
+                let (x, y) = index(c)?;
+                (!judgeable(c.capacity, c.rate, span_secs)).then(|| {
+                    PathElement::new(
+                        [(x - 0.4, y - 0.4), (x + 0.4, y + 0.4)],
+                        RGBColor(90, 90, 90).stroke_width(1),
+                    )
+                })
             }))
             .map_err(|e| err(&e))?;
         if let Some((x, y)) = recommended.and_then(|i| index(&cells[i])) {
@@ -479,21 +568,81 @@ mod tests {
                 result: Err("bad".into()),
             },
         ];
-        assert_eq!(recommend(&cells, Objective::SmallKeys, 0.001), Some(4));
-        assert_eq!(recommend(&cells, Objective::SmallKeys, 0.0001), Some(3));
-        assert_eq!(recommend(&cells, Objective::SmallKeys, -1.0), None);
-        let table = table(&cells, Objective::SmallKeys, 0.001, Some(4));
+        // A log of an hour judges every cell here (the longest fill time is 1000 s).
+        let hour = 3600.0;
+        let pick = |share| recommend(&cells, Objective::SmallKeys, share, hour).chosen();
+        assert_eq!(pick(0.001), Some(4));
+        assert_eq!(pick(0.0001), Some(3));
+        assert_eq!(
+            recommend(&cells, Objective::SmallKeys, -1.0, hour),
+            Recommendation::NoneMeets {
+                closest: Some(3),
+                unjudged: None
+            }
+        );
+        let table = table(&cells, Objective::SmallKeys, 0.001, Some(4), hour);
         assert!(table.contains("<- recommended"), "{table}");
         assert!(table.contains("no valid policy"), "{table}");
     }
 
     #[test]
+    fn cells_that_fill_in_over_half_the_log_are_not_recommended() {
+        // Every cell meets the rule; a log of 100 s judges fill times up to 50 s.
+        let cells = vec![
+            outcome(100, 0.1, 0.0), // 1000 s
+            outcome(10, 0.1, 0.0),  // 100 s
+            outcome(100, 1.0, 0.0), // 100 s
+            outcome(40, 1.0, 0.0),  // 40 s
+            outcome(50, 1.0, 0.0),  // 50 s
+            outcome(10, 2.0, 0.0),  // 5 s
+        ];
+        assert!(judgeable(50, 1.0, 100.0) && !judgeable(51, 1.0, 100.0));
+        let r = recommend(&cells, Objective::SmallKeys, 0.001, 100.0);
+        assert_eq!(r, Recommendation::Chosen(3));
+        // A log of 10 s judges only the last cell; of 1 s, none: the nearest meeting
+        // cell is the one that fills soonest.
+        let r = recommend(&cells, Objective::SmallKeys, 0.001, 10.0);
+        assert_eq!(r, Recommendation::Chosen(5));
+        let r = recommend(&cells, Objective::SmallKeys, 0.001, 1.0);
+        assert_eq!(
+            r,
+            Recommendation::NoneMeets {
+                closest: None,
+                unjudged: Some(5)
+            }
+        );
+        let t = table(&cells, Objective::SmallKeys, 0.001, None, 10.0);
+        assert!(t.contains("not judged"), "{t}");
+        let csv = csv(&cells, &Population::new(&[1], 99.0, 0), None, 100.0);
+        assert!(csv.contains("\n100,0.1,1000,false,"), "{csv}");
+        assert!(csv.contains("\n40,1,40,true,"), "{csv}");
+    }
+
+    #[test]
     fn the_heatmap_marks_the_recommendation() {
         let cells = vec![outcome(1, 1.0, 0.5), outcome(2, 1.0, 0.0)];
-        let svg = heatmap(&cells, &[1, 2], &[1.0], Objective::Requests, 99.0, Some(1)).unwrap();
+        let svg = heatmap(
+            &cells,
+            &[1, 2],
+            &[1.0],
+            Objective::Requests,
+            99.0,
+            Some(1),
+            60.0,
+        )
+        .unwrap();
         assert!(svg.contains("recommended"));
         assert!(svg.contains("capacity B"));
-        let none = heatmap(&cells, &[1, 2], &[1.0], Objective::Requests, 99.0, None).unwrap();
+        let none = heatmap(
+            &cells,
+            &[1, 2],
+            &[1.0],
+            Objective::Requests,
+            99.0,
+            None,
+            60.0,
+        )
+        .unwrap();
         assert!(!none.contains("recommended"));
     }
 }
