@@ -401,20 +401,28 @@ fn fleet_burst_right_after_connect() {
 /// (Credits without an id were applied twice: 20 tokens more per lost reply.)
 #[test]
 fn fleet_lost_replies_carrying_credits() {
-    let mut server = common::Server::start();
-    // A credit of 20 tokens: 20 * 10^6 units.
-    let (port, lost) = common::credit_losing_proxy(server.port(), b"20000000");
-    let mut fleet = Fleet {
-        lease: 20,
-        ..Fleet::new("lost-credit", 6)
-    };
-    fleet.urls[0] = Some(format!("redis://127.0.0.1:{port}/"));
-    fleet.cycle[0] = 20;
-    let o = fleet.run(&mut server, |_, _, _| {});
-    let lost = lost.load(Ordering::Relaxed);
-    eprintln!("{lost} replies carrying a credit lost");
-    assert!(lost > 0, "no reply carrying a credit was lost");
-    common::ideal::assert_within("lost replies with credits", &o.admissions, 200, 100_000, 0);
+    // A run in which instance 0 sends no credit (a machine so busy that it never took
+    // tokens to give back) loses no reply and proves nothing about retries: such a run is
+    // still checked against the bound, then the scenario runs again, three times at most.
+    for attempt in 1..=3 {
+        let mut server = common::Server::start();
+        // A credit of 20 tokens: 20 * 10^6 units.
+        let (port, lost) = common::credit_losing_proxy(server.port(), b"20000000");
+        let mut fleet = Fleet {
+            lease: 20,
+            ..Fleet::new("lost-credit", 6)
+        };
+        fleet.urls[0] = Some(format!("redis://127.0.0.1:{port}/"));
+        fleet.cycle[0] = 20;
+        let o = fleet.run(&mut server, |_, _, _| {});
+        let lost = lost.load(Ordering::Relaxed);
+        eprintln!("attempt {attempt}: {lost} replies carrying a credit lost");
+        common::ideal::assert_within("lost replies with credits", &o.admissions, 200, 100_000, 0);
+        if lost > 0 {
+            return;
+        }
+    }
+    panic!("no reply carrying a credit was lost in three runs: the retry path was never taken");
 }
 
 /// The server paused (`CLIENT PAUSE 800`) four times, 300 ms apart, under the default
