@@ -438,17 +438,21 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         self
     }
 
-    /// Proxies whose `Forwarded` / `X-Forwarded-For` is believed: only a request whose
-    /// peer is in one of these networks has its client taken from those fields (a
-    /// client that connects directly gets its own address, whatever it writes there).
+    /// Proxies whose forwarding field is believed: only a request whose peer is in one
+    /// of these networks has its client taken from it (a client that connects directly
+    /// gets its own address, whatever it writes there). The field is `X-Forwarded-For`
+    /// unless [`forwarding`](RateLimitLayerBuilder::forwarding) names another.
     /// The [`ipnet`](crate::ipnet) crate's networks convert with `IpNet::from`.
     pub fn trusted_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
         self.proxies.nets.extend(nets);
         self
     }
 
-    /// Which field the trusted proxies write the client into ([`Forwarding::Either`] by
-    /// default). Name it: a proxy passes on the other field as the client wrote it.
+    /// Which field the trusted proxies write the client into
+    /// ([`Forwarding::XForwardedFor`] by default, the field nginx, HAProxy and most load
+    /// balancers write). Only that field is read: a proxy passes on the other one as the
+    /// client wrote it. [`Forwarding::Either`] is unsafe unless every trusted proxy
+    /// strips or rewrites both fields.
     pub fn forwarding(mut self, forwarding: Forwarding) -> Self {
         self.proxies.forwarding = forwarding;
         self
