@@ -84,10 +84,11 @@ impl From<RuleError> for LayerError {
 pub(crate) struct Shared<C: Clock> {
     pub(crate) limiter: Arc<ScopedLimiter<C>>,
     pub(crate) keys: [Option<Key>; 6],
-    /// The routes in the order added, then the fallback route, which matches every
-    /// request: every request matches one of them.
+    /// The routes in the order added.
     pub(crate) routes: Vec<CompiledRoute>,
-    pub(crate) default: Options,
+    /// The route of every request that matches none of `routes` (its `id` is `None`
+    /// unless one was given: then no route scope is paid).
+    pub(crate) fallback: CompiledRoute,
     pub(crate) proxies: Proxies,
     pub(crate) ietf: bool,
     pub(crate) admitted_fields: bool,
@@ -112,7 +113,7 @@ pub(crate) struct Options {
 
 pub(crate) struct CompiledRoute {
     pub(crate) route: Route,
-    pub(crate) id: RouteId,
+    pub(crate) id: Option<RouteId>,
     pub(crate) options: Options,
 }
 
@@ -167,6 +168,7 @@ impl<C: Clock + fmt::Debug> fmt::Debug for RateLimitLayer<C> {
                 "routes",
                 &s.routes.iter().map(|r| &r.route).collect::<Vec<_>>(),
             )
+            .field("fallback", &s.fallback.route)
             .field("proxies", &s.proxies)
             .field("shadow_kinds", &s.shadow_kinds)
             .finish_non_exhaustive()
@@ -372,13 +374,16 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
     }
 
     /// The route of requests that match no other (paths that exist but are not listed,
-    /// and 404s): its id (the route scope `route:{id}`), class, delay, refund and shadow
-    /// options apply to them; its method and pattern are not used. By default
-    /// [`Route::fallback`]: route scope `route:0`, the default class, so unmatched
-    /// requests are limited like the rest (their own route scope when the limiter has a
-    /// route rule, and the global and per-key scopes in any case). To count them without
-    /// refusing: `.fallback(Route::fallback().shadow(true))`. Listed routes number from 1
-    /// by default; a route given `.id(0)` shares the fallback's scope.
+    /// and 404s): its class, delay, refund and shadow options apply to them; its method
+    /// and pattern are not used. By default [`Route::fallback`]: **no route scope**, the
+    /// default class. Unmatched requests still pay the global and per-key scopes (so a
+    /// client's 404s spend that client's budget), but share no route budget: one route
+    /// budget for every unlisted path would let one client's junk requests refuse every
+    /// other client's. A fallback given an id pays that route scope
+    /// (`.fallback(Route::fallback().id(9))` is `route:9`, one budget for all unmatched
+    /// requests of all clients). To count them without refusing:
+    /// `.fallback(Route::fallback().shadow(true))`. Listed routes number from 1 by
+    /// default.
     pub fn fallback(mut self, route: Route) -> Self {
         self.fallback = route;
         self
@@ -563,19 +568,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 return Err(LayerError::KeyWithoutScope(kind));
             }
         }
-        let mut routes = Vec::with_capacity(self.routes.len() + 1);
-        // The fallback last, made to match every request.
-        let fallback = Route {
-            id: Some(self.fallback.id.unwrap_or(0)),
-            options: self.fallback.options,
-            ..Route::any("/*")
-        };
-        for (i, route) in self
-            .routes
-            .into_iter()
-            .chain(std::iter::once(fallback))
-            .enumerate()
-        {
+        let compile = |route: Route, id: Option<RouteId>| {
             let o = &route.options;
             let options = Options {
                 class: match &o.class {
@@ -586,12 +579,15 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 refund: o.refund.clone().or_else(|| default.refund.clone()),
                 shadow: o.shadow.unwrap_or(default.shadow),
             };
-            routes.push(CompiledRoute {
-                id: RouteId(route.id.unwrap_or(i as u64 + 1)),
-                route,
-                options,
-            });
+            Ok::<_, LayerError>(CompiledRoute { id, route, options })
+        };
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for (i, route) in self.routes.into_iter().enumerate() {
+            let id = RouteId(route.id.unwrap_or(i as u64 + 1));
+            routes.push(compile(route, Some(id))?);
         }
+        let fallback_id = self.fallback.id.map(RouteId);
+        let fallback = compile(self.fallback, fallback_id)?;
         let mut by_kind: [Option<Quota>; 6] = Default::default();
         for kind in ScopeKind::ALL {
             if let Some(p) = limiter.policy(kind) {
@@ -604,7 +600,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 limiter,
                 keys: self.keys,
                 routes,
-                default,
+                fallback,
                 proxies: self.proxies,
                 ietf: self.ietf,
                 admitted_fields: self.admitted_fields,
