@@ -234,8 +234,11 @@ impl RateLimitLayer {
     /// One budget per client address: `policy` for each client IP (an IPv6 /64 is one
     /// client, as one subscriber is usually given a /64). The peer address comes from
     /// axum's `ConnectInfo` (serve with
-    /// `into_make_service_with_connect_info::<SocketAddr>()`); a request without one gets
-    /// the missing-key answer instead of passing unlimited. Behind a proxy, use the
+    /// `into_make_service_with_connect_info::<SocketAddr>()`). Served without it (plain
+    /// `into_make_service()`), every request is answered `500 Internal Server Error`
+    /// (problem details) and never served unlimited: a server misconfiguration, logged
+    /// once at `ERROR` (target `tokengate::edge`, feature `tracing`) and counted in
+    /// [`EdgeStats::no_peer_address`]. Behind a proxy, use the
     /// [builder](RateLimitLayer::builder) with
     /// [`trusted_proxies`](RateLimitLayerBuilder::trusted_proxies).
     ///
@@ -260,7 +263,7 @@ impl RateLimitLayer {
         RateLimitLayer::one(
             ScopeKind::User,
             policy,
-            Some(Key::client_ip().ipv6_prefix(64).required()),
+            Some(Key::client_ip().ipv6_prefix(64)),
         )
     }
 
@@ -285,6 +288,13 @@ impl RateLimitLayer {
     /// each value hashed with the layer's secret (see [`Key`]). A request without the
     /// header gets the missing-key answer (400 by default), so leaving it out buys no
     /// fresh budget. The values are kept in the limiter's `api_key` scope kind.
+    ///
+    /// **A new value is a new, full budget.** A client that may send any value (a
+    /// rotating `x-api-key`) gets a fresh bucket per value, so this is an abuse limit
+    /// only when the value is authenticated before the layer (a middleware that rejects
+    /// unknown keys runs first), or combined with a per-address or global scope (the
+    /// [builder](RateLimitLayer::builder): `Key::client_ip()` on another kind, a
+    /// `Global` rule).
     ///
     /// ```
     /// use tokengate::Policy;
