@@ -432,6 +432,49 @@ mod tests {
         assert_eq!(parts(r#"for="1.2, 3.4"#), [" 3.4", r#"for="1.2"#]);
     }
 
+    /// Counts the allocations made by the current thread (other tests' threads do not
+    /// disturb the count).
+    struct Counting;
+
+    std::thread_local! {
+        static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    // SAFETY: every call is passed on to the system allocator unchanged.
+    unsafe impl std::alloc::GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+            // SAFETY: the caller's contract, passed on.
+            unsafe { std::alloc::System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { std::alloc::System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    #[test]
+    fn reading_a_forwarding_chain_allocates_nothing() {
+        let chain = "1.1.1.1, 10.0.0.9, 10.0.0.8, 10.0.0.7";
+        let forwarded = r#"for=1.1.1.1;by="a,b", for="[2001:db8::1]:80";proto=https, for=10.0.0.7"#;
+        let xff = headers(&[("x-forwarded-for", chain), ("x-forwarded-for", "10.0.0.6")]);
+        let fwd = headers(&[("forwarded", forwarded)]);
+        let (x, f) = (
+            proxies(Forwarding::XForwardedFor),
+            proxies(Forwarding::Forwarded),
+        );
+        let peer = ip("10.0.0.1");
+        let before = ALLOCATIONS.with(std::cell::Cell::get);
+        let got = (client_ip(peer, &xff, &x), client_ip(peer, &fwd, &f));
+        let after = ALLOCATIONS.with(std::cell::Cell::get);
+        assert_eq!(got, (Ok(ip("1.1.1.1")), Ok(ip("2001:db8::1"))));
+        assert_eq!(after - before, 0, "allocations while reading the chains");
+    }
+
     #[test]
     fn the_default_reads_x_forwarded_for_only() {
         let h = headers(&[("forwarded", "for=7.7.7.7"), ("x-forwarded-for", "1.2.3.4")]);
