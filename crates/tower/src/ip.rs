@@ -162,21 +162,23 @@ pub(crate) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
 /// Which forwarding field a trusted proxy's client is read from.
 ///
 /// A proxy passes on the fields it does not write as the client sent them: a proxy that
-/// appends `X-Forwarded-For` forwards a client's own `Forwarded` untouched. Naming the
-/// field the proxies write ([`XForwardedFor`](Forwarding::XForwardedFor) or
-/// [`Forwarded`](Forwarding::Forwarded)) makes the other one, which only a client could
-/// have written, unread.
+/// appends `X-Forwarded-For` (nginx, HAProxy, most load balancers) forwards a client's
+/// own `Forwarded` untouched. Only the named field is read, so the other one, which only
+/// a client could have written, never picks the key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Forwarding {
-    /// `Forwarded` (RFC 7239) when the request has it, else `X-Forwarded-For` (the
-    /// default; right only when the proxies strip or rewrite both).
+    /// `X-Forwarded-For` only (the default: the field nginx, HAProxy and most load
+    /// balancers write).
     #[default]
-    Either,
-    /// `X-Forwarded-For` only (nginx, HAProxy, most load balancers).
     XForwardedFor,
-    /// `Forwarded` only.
+    /// `Forwarded` (RFC 7239) only, for proxies that write it.
     Forwarded,
+    /// `Forwarded` when the request has it, else `X-Forwarded-For`. **Unsafe unless every
+    /// trusted proxy strips or rewrites both fields**: behind a proxy that only appends
+    /// `X-Forwarded-For`, a client writes its own `Forwarded: for=...` and picks its key
+    /// (a fresh budget per request, or a victim's budget to drain).
+    Either,
 }
 
 /// The trusted proxies and the field they write.
@@ -220,7 +222,7 @@ pub(crate) fn client_ip(
     if use_forwarded {
         for v in forwarded.iter().rev() {
             let v = v.to_str().map_err(|_| KeyError::Malformed("forwarded"))?;
-            for element in split_unquoted(v, b',').rev() {
+            for element in split_unquoted(v, b',') {
                 let ip = canonical(forwarded_for(element)?);
                 if !proxies.trusts(ip) {
                     return Ok(ip);
@@ -246,30 +248,50 @@ pub(crate) fn client_ip(
 }
 
 /// `s` split at each `sep` outside a quoted string (RFC 7230 `quoted-string`, with `\`
-/// escapes), so that `for="a,b"` stays one element.
-fn split_unquoted(s: &str, sep: u8) -> impl DoubleEndedIterator<Item = &str> {
-    let bytes = s.as_bytes();
-    let mut cuts = Vec::new();
-    let (mut quoted, mut escaped) = (false, false);
-    for (i, &b) in bytes.iter().enumerate() {
-        if escaped {
-            escaped = false;
-        } else if quoted && b == b'\\' {
-            escaped = true;
-        } else if b == b'"' {
-            quoted = !quoted;
-        } else if b == sep && !quoted {
-            cuts.push(i);
+/// escapes), so that `for="a,b"` stays one element: the parts from the right (the hop
+/// nearest to us first), found by scanning backwards, allocating nothing.
+fn split_unquoted(s: &str, sep: u8) -> RSplitUnquoted<'_> {
+    RSplitUnquoted { rest: Some(s), sep }
+}
+
+/// The parts of [`split_unquoted`], rightmost first.
+///
+/// Read backwards, a `"` met outside a quoted string closes one; inside, a `"` opens it
+/// unless an odd run of `\` precedes it (then it is an escaped quote). For a
+/// well-formed field this is the forward reading; an unbalanced quote keeps the rest of
+/// the field (to the left) as one part, which then fails to parse.
+struct RSplitUnquoted<'a> {
+    rest: Option<&'a str>,
+    sep: u8,
+}
+
+impl<'a> Iterator for RSplitUnquoted<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let s = self.rest?;
+        let bytes = s.as_bytes();
+        let mut quoted = false;
+        let mut i = bytes.len();
+        while i > 0 {
+            i -= 1;
+            let b = bytes[i];
+            if !quoted {
+                if b == self.sep {
+                    // `sep` is ASCII: both sides are on char boundaries.
+                    self.rest = Some(&s[..i]);
+                    return Some(&s[i + 1..]);
+                }
+                quoted = b == b'"';
+            } else if b == b'"' {
+                let backslashes = bytes[..i].iter().rev().take_while(|&&c| c == b'\\').count();
+                // An even run: the quote is not escaped, and opens the string.
+                quoted = backslashes % 2 == 1;
+            }
         }
+        self.rest = None;
+        Some(s)
     }
-    let mut from = 0;
-    let mut parts: Vec<&str> = Vec::with_capacity(cuts.len() + 1);
-    for c in cuts {
-        parts.push(&s[from..c]);
-        from = c + 1;
-    }
-    parts.push(&s[from..]);
-    parts.into_iter()
 }
 
 /// The address of one `Forwarded` element's `for=` parameter: exactly one `for`, every
@@ -394,6 +416,72 @@ mod tests {
             ("x-forwarded-for", "1.2.3.4"),
         ]);
         assert_eq!(client_ip(ip("10.0.0.1"), &h, &xff), Ok(ip("1.2.3.4")));
+    }
+
+    #[test]
+    fn fields_split_from_the_right_outside_quoted_strings() {
+        let parts = |s| split_unquoted(s, b',').collect::<Vec<_>>();
+        assert_eq!(parts("a, b,c"), ["c", " b", "a"]);
+        assert_eq!(parts(""), [""]);
+        assert_eq!(parts(",x,"), ["", "x", ""]);
+        assert_eq!(
+            parts(r#"for="a,b", by="x\",y", for="q\\",z"#),
+            ["z", r#" for="q\\""#, r#" by="x\",y""#, r#"for="a,b""#]
+        );
+        // An unbalanced quote keeps the rest, to its left, as one part.
+        assert_eq!(parts(r#"for="1.2, 3.4"#), [" 3.4", r#"for="1.2"#]);
+    }
+
+    /// Counts the allocations made by the current thread (other tests' threads do not
+    /// disturb the count).
+    struct Counting;
+
+    std::thread_local! {
+        static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    // SAFETY: every call is passed on to the system allocator unchanged.
+    unsafe impl std::alloc::GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+            // SAFETY: the caller's contract, passed on.
+            unsafe { std::alloc::System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { std::alloc::System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    #[test]
+    fn reading_a_forwarding_chain_allocates_nothing() {
+        let chain = "1.1.1.1, 10.0.0.9, 10.0.0.8, 10.0.0.7";
+        let forwarded = r#"for=1.1.1.1;by="a,b", for="[2001:db8::1]:80";proto=https, for=10.0.0.7"#;
+        let xff = headers(&[("x-forwarded-for", chain), ("x-forwarded-for", "10.0.0.6")]);
+        let fwd = headers(&[("forwarded", forwarded)]);
+        let (x, f) = (
+            proxies(Forwarding::XForwardedFor),
+            proxies(Forwarding::Forwarded),
+        );
+        let peer = ip("10.0.0.1");
+        let before = ALLOCATIONS.with(std::cell::Cell::get);
+        let got = (client_ip(peer, &xff, &x), client_ip(peer, &fwd, &f));
+        let after = ALLOCATIONS.with(std::cell::Cell::get);
+        assert_eq!(got, (Ok(ip("1.1.1.1")), Ok(ip("2001:db8::1"))));
+        assert_eq!(after - before, 0, "allocations while reading the chains");
+    }
+
+    #[test]
+    fn the_default_reads_x_forwarded_for_only() {
+        let h = headers(&[("forwarded", "for=7.7.7.7"), ("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &h, &proxies(Forwarding::default())),
+            Ok(ip("1.2.3.4"))
+        );
     }
 
     #[test]

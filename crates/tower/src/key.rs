@@ -243,8 +243,14 @@ impl Key {
         self
     }
 
-    /// A request without this key is answered with the missing-key response instead of
-    /// skipping the scope.
+    /// A request without this key is answered with the missing-key response (400 by
+    /// default) instead of skipping the scope.
+    ///
+    /// A [`client_ip`](Key::client_ip) key needs no `required`: its address is missing
+    /// only when the server does not record the peer (served without `ConnectInfo`), a
+    /// misconfiguration answered `500` whether or not the key is required (see
+    /// [`RateLimitLayer::per_ip`](crate::RateLimitLayer::per_ip)). A malformed forwarding
+    /// chain from a trusted proxy gets the missing-key answer.
     pub fn required(mut self) -> Key {
         self.required = true;
         self

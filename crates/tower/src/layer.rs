@@ -84,10 +84,11 @@ impl From<RuleError> for LayerError {
 pub(crate) struct Shared<C: Clock> {
     pub(crate) limiter: Arc<ScopedLimiter<C>>,
     pub(crate) keys: [Option<Key>; 6],
-    /// The routes in the order added, then the fallback route, which matches every
-    /// request: every request matches one of them.
+    /// The routes in the order added.
     pub(crate) routes: Vec<CompiledRoute>,
-    pub(crate) default: Options,
+    /// The route of every request that matches none of `routes` (its `id` is `None`
+    /// unless one was given: then no route scope is paid).
+    pub(crate) fallback: CompiledRoute,
     pub(crate) proxies: Proxies,
     pub(crate) ietf: bool,
     pub(crate) admitted_fields: bool,
@@ -112,7 +113,7 @@ pub(crate) struct Options {
 
 pub(crate) struct CompiledRoute {
     pub(crate) route: Route,
-    pub(crate) id: RouteId,
+    pub(crate) id: Option<RouteId>,
     pub(crate) options: Options,
 }
 
@@ -167,6 +168,7 @@ impl<C: Clock + fmt::Debug> fmt::Debug for RateLimitLayer<C> {
                 "routes",
                 &s.routes.iter().map(|r| &r.route).collect::<Vec<_>>(),
             )
+            .field("fallback", &s.fallback.route)
             .field("proxies", &s.proxies)
             .field("shadow_kinds", &s.shadow_kinds)
             .finish_non_exhaustive()
@@ -232,8 +234,11 @@ impl RateLimitLayer {
     /// One budget per client address: `policy` for each client IP (an IPv6 /64 is one
     /// client, as one subscriber is usually given a /64). The peer address comes from
     /// axum's `ConnectInfo` (serve with
-    /// `into_make_service_with_connect_info::<SocketAddr>()`); a request without one gets
-    /// the missing-key answer instead of passing unlimited. Behind a proxy, use the
+    /// `into_make_service_with_connect_info::<SocketAddr>()`). Served without it (plain
+    /// `into_make_service()`), every request is answered `500 Internal Server Error`
+    /// (problem details) and never served unlimited: a server misconfiguration, logged
+    /// once at `ERROR` (target `tokengate::edge`, feature `tracing`) and counted in
+    /// [`EdgeStats::no_peer_address`]. Behind a proxy, use the
     /// [builder](RateLimitLayer::builder) with
     /// [`trusted_proxies`](RateLimitLayerBuilder::trusted_proxies).
     ///
@@ -258,7 +263,7 @@ impl RateLimitLayer {
         RateLimitLayer::one(
             ScopeKind::User,
             policy,
-            Some(Key::client_ip().ipv6_prefix(64).required()),
+            Some(Key::client_ip().ipv6_prefix(64)),
         )
     }
 
@@ -283,6 +288,13 @@ impl RateLimitLayer {
     /// each value hashed with the layer's secret (see [`Key`]). A request without the
     /// header gets the missing-key answer (400 by default), so leaving it out buys no
     /// fresh budget. The values are kept in the limiter's `api_key` scope kind.
+    ///
+    /// **A new value is a new, full budget.** A client that may send any value (a
+    /// rotating `x-api-key`) gets a fresh bucket per value, so this is an abuse limit
+    /// only when the value is authenticated before the layer (a middleware that rejects
+    /// unknown keys runs first), or combined with a per-address or global scope (the
+    /// [builder](RateLimitLayer::builder): `Key::client_ip()` on another kind, a
+    /// `Global` rule).
     ///
     /// ```
     /// use tokengate::Policy;
@@ -372,13 +384,16 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
     }
 
     /// The route of requests that match no other (paths that exist but are not listed,
-    /// and 404s): its id (the route scope `route:{id}`), class, delay, refund and shadow
-    /// options apply to them; its method and pattern are not used. By default
-    /// [`Route::fallback`]: route scope `route:0`, the default class, so unmatched
-    /// requests are limited like the rest (their own route scope when the limiter has a
-    /// route rule, and the global and per-key scopes in any case). To count them without
-    /// refusing: `.fallback(Route::fallback().shadow(true))`. Listed routes number from 1
-    /// by default; a route given `.id(0)` shares the fallback's scope.
+    /// and 404s): its class, delay, refund and shadow options apply to them; its method
+    /// and pattern are not used. By default [`Route::fallback`]: **no route scope**, the
+    /// default class. Unmatched requests still pay the global and per-key scopes (so a
+    /// client's 404s spend that client's budget), but share no route budget: one route
+    /// budget for every unlisted path would let one client's junk requests refuse every
+    /// other client's. A fallback given an id pays that route scope
+    /// (`.fallback(Route::fallback().id(9))` is `route:9`, one budget for all unmatched
+    /// requests of all clients). To count them without refusing:
+    /// `.fallback(Route::fallback().shadow(true))`. Listed routes number from 1 by
+    /// default.
     pub fn fallback(mut self, route: Route) -> Self {
         self.fallback = route;
         self
@@ -438,17 +453,21 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         self
     }
 
-    /// Proxies whose `Forwarded` / `X-Forwarded-For` is believed: only a request whose
-    /// peer is in one of these networks has its client taken from those fields (a
-    /// client that connects directly gets its own address, whatever it writes there).
+    /// Proxies whose forwarding field is believed: only a request whose peer is in one
+    /// of these networks has its client taken from it (a client that connects directly
+    /// gets its own address, whatever it writes there). The field is `X-Forwarded-For`
+    /// unless [`forwarding`](RateLimitLayerBuilder::forwarding) names another.
     /// The [`ipnet`](crate::ipnet) crate's networks convert with `IpNet::from`.
     pub fn trusted_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
         self.proxies.nets.extend(nets);
         self
     }
 
-    /// Which field the trusted proxies write the client into ([`Forwarding::Either`] by
-    /// default). Name it: a proxy passes on the other field as the client wrote it.
+    /// Which field the trusted proxies write the client into
+    /// ([`Forwarding::XForwardedFor`] by default, the field nginx, HAProxy and most load
+    /// balancers write). Only that field is read: a proxy passes on the other one as the
+    /// client wrote it. [`Forwarding::Either`] is unsafe unless every trusted proxy
+    /// strips or rewrites both fields.
     pub fn forwarding(mut self, forwarding: Forwarding) -> Self {
         self.proxies.forwarding = forwarding;
         self
@@ -559,19 +578,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 return Err(LayerError::KeyWithoutScope(kind));
             }
         }
-        let mut routes = Vec::with_capacity(self.routes.len() + 1);
-        // The fallback last, made to match every request.
-        let fallback = Route {
-            id: Some(self.fallback.id.unwrap_or(0)),
-            options: self.fallback.options,
-            ..Route::any("/*")
-        };
-        for (i, route) in self
-            .routes
-            .into_iter()
-            .chain(std::iter::once(fallback))
-            .enumerate()
-        {
+        let compile = |route: Route, id: Option<RouteId>| {
             let o = &route.options;
             let options = Options {
                 class: match &o.class {
@@ -582,12 +589,15 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 refund: o.refund.clone().or_else(|| default.refund.clone()),
                 shadow: o.shadow.unwrap_or(default.shadow),
             };
-            routes.push(CompiledRoute {
-                id: RouteId(route.id.unwrap_or(i as u64 + 1)),
-                route,
-                options,
-            });
+            Ok::<_, LayerError>(CompiledRoute { id, route, options })
+        };
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for (i, route) in self.routes.into_iter().enumerate() {
+            let id = RouteId(route.id.unwrap_or(i as u64 + 1));
+            routes.push(compile(route, Some(id))?);
         }
+        let fallback_id = self.fallback.id.map(RouteId);
+        let fallback = compile(self.fallback, fallback_id)?;
         let mut by_kind: [Option<Quota>; 6] = Default::default();
         for kind in ScopeKind::ALL {
             if let Some(p) = limiter.policy(kind) {
@@ -600,7 +610,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 limiter,
                 keys: self.keys,
                 routes,
-                default,
+                fallback,
                 proxies: self.proxies,
                 ietf: self.ietf,
                 admitted_fields: self.admitted_fields,

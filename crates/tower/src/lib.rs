@@ -20,7 +20,10 @@
 //! Every key taken from a request becomes its scope id through one keyed hash under a
 //! per-process secret ([`Key`]): an id seen in a response or a log is no way to another
 //! client's bucket. A `GET` route matches `HEAD`; requests no route matches go through
-//! the [fallback route](RateLimitLayerBuilder::fallback), limited by default.
+//! the [fallback route](RateLimitLayerBuilder::fallback): limited by the global and
+//! per-key scopes, with no route budget shared by every client unless given an id. Behind
+//! [trusted proxies](RateLimitLayerBuilder::trusted_proxies), only `X-Forwarded-For` is
+//! read unless [`Forwarding`] names another field.
 //!
 //! The full builder:
 //!

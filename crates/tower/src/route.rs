@@ -21,8 +21,9 @@ pub(crate) type StatusPredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 ///
 /// A request that matches no route (a 404 included) goes through the layer's
 /// [fallback route](crate::RateLimitLayerBuilder::fallback): by default
-/// [`Route::fallback`], the route scope `route:0` at the default class, so unmatched paths
-/// are limited like any other.
+/// [`Route::fallback`], no route scope, at the default class: unmatched paths pay the
+/// global and per-key scopes like any other request, but no route budget shared by every
+/// client.
 ///
 /// ```
 /// use std::time::Duration;
@@ -103,10 +104,11 @@ impl Route {
         }
     }
 
-    /// The default fallback route: any method, any path, route scope `route:0` (see
+    /// The default fallback route: any method, any path, no route scope until given an
+    /// [`id`](Route::id) (see
     /// [`RateLimitLayerBuilder::fallback`](crate::RateLimitLayerBuilder::fallback)).
     pub fn fallback() -> Route {
-        Route::any("/*").id(0)
+        Route::any("/*")
     }
 
     /// `GET` (and `HEAD`) requests matching `pattern`.
@@ -125,7 +127,7 @@ impl Route {
     }
 
     /// The route scope's id (`route:{id}`); by default the route's position in the
-    /// layer's list, from 1.
+    /// layer's list, from 1 (the fallback route has none by default).
     pub fn id(mut self, id: u64) -> Route {
         self.id = Some(id);
         self

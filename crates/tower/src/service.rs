@@ -137,14 +137,12 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let s = &*self.shared;
-        let (route, options) = match s
+        let matched = s
             .routes
             .iter()
             .find(|r| r.route.matches(req.method(), req.uri().path()))
-        {
-            Some(r) => (Some(r.id), &r.options),
-            None => (None, &s.default),
-        };
+            .unwrap_or(&s.fallback);
+        let (route, options) = (matched.id, &matched.options);
         let head = Head {
             method: req.method(),
             uri: req.uri(),

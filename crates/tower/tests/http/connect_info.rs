@@ -2,6 +2,7 @@
 //! is answered 500 and the cause logged, never served unlimited.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::routing::get;
@@ -64,4 +65,36 @@ async fn a_client_ip_scope_without_connect_info_answers_500_and_never_serves_unl
         message.contains("into_make_service_with_connect_info"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn per_ip_served_without_connect_info_answers_500_and_serves_nothing() {
+    let served = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&served);
+    let layer = RateLimitLayer::per_ip(Policy::new(2, 0.001).unwrap()).unwrap();
+    let stats = layer.clone();
+    let addr = serve_without_peer(
+        Router::new()
+            .route(
+                "/",
+                get(move || {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                    async { "ok" }
+                }),
+            )
+            .layer(layer),
+    )
+    .await;
+    let c = client();
+    let statuses: Vec<u16> = {
+        let mut v = Vec::new();
+        for _ in 0..7 {
+            v.push(fetch(&c, addr, "/", &[]).await.status.as_u16());
+        }
+        v
+    };
+    assert_eq!(statuses, [500; 7]);
+    assert_eq!(served.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.stats().no_peer_address[ScopeKind::User as usize], 7);
+    assert_eq!(stats.stats().missing_key[ScopeKind::User as usize], 0);
 }

@@ -8,7 +8,7 @@ use axum::routing::get;
 use http::{HeaderMap, StatusCode};
 use tokengate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, WorkClass};
 use tokengate::{ManualClock, Policy, ScopedLimiter};
-use tokengate_tower::{Key, RateLimitLayer, Route};
+use tokengate_tower::{Forwarding, Key, RateLimitLayer, Route};
 
 use crate::support::{client, eventually, get as fetch, list, serve};
 
@@ -194,19 +194,62 @@ async fn a_routes_class_sets_its_cost_and_its_route_scope() {
     let route = |id| limiter.available(&Scope::Route(tokengate::scope::RouteId(id)));
     assert_eq!(route(7), Some(80.0));
     assert_eq!(route(8), Some(97.0));
-    assert_eq!(route(0), Some(99.0));
+    // The default fallback pays no route scope.
+    assert_eq!(route(0), Some(100.0));
 }
 
 fn per_client(trusted: &[&str]) -> (RateLimitLayer<ManualClock>, Arc<ScopedLimiter<ManualClock>>) {
+    per_client_reading(trusted, Forwarding::default())
+}
+
+fn per_client_reading(
+    trusted: &[&str],
+    forwarding: Forwarding,
+) -> (RateLimitLayer<ManualClock>, Arc<ScopedLimiter<ManualClock>>) {
     let limiter =
         limiter(RuleSet::new().rule(ScopeKind::User, counted(Policy::new(1, 1.0).unwrap())));
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .key(ScopeKind::User, Key::client_ip().ipv6_prefix(64))
         .trusted_proxies(trusted.iter().map(|n| n.parse().unwrap()))
+        .forwarding(forwarding)
         .default_class("metadata")
         .build()
         .unwrap();
     (layer, limiter)
+}
+
+#[tokio::test]
+async fn a_client_written_forwarded_behind_an_xff_proxy_picks_no_key() {
+    // The proxy (127.0.0.1, trusted) appends X-Forwarded-For and passes the client's own
+    // `Forwarded` through untouched, as nginx and most load balancers do.
+    let (layer, limiter) = per_client(&["127.0.0.0/8"]);
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let spoof = format!("for=203.0.113.{i}");
+        let r = fetch(
+            &c,
+            addr,
+            "/",
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("forwarded", spoof.as_str()),
+            ],
+        )
+        .await;
+        statuses.push(r.status.as_u16());
+    }
+    // Burst 1: the client is limited by its X-Forwarded-For address, whatever it rotates.
+    assert_eq!(statuses, [200, 429, 429, 429, 429, 429]);
+    assert_eq!(limiter.len(ScopeKind::User), 1);
+    // A victim named in `Forwarded` was never charged.
+    let drain = [("x-forwarded-for", "1.1.1.1"), ("forwarded", "for=5.5.5.5")];
+    for _ in 0..3 {
+        assert_eq!(fetch(&c, addr, "/", &drain).await.status, 429);
+    }
+    let victim = fetch(&c, addr, "/", &[("x-forwarded-for", "5.5.5.5")]).await;
+    assert_eq!(victim.status, 200);
 }
 
 #[tokio::test]
@@ -235,13 +278,15 @@ async fn a_trusted_proxys_forwarded_for_names_the_client() {
     // The client is the rightmost untrusted hop: a prefix it wrote itself is ignored.
     let again = fetch(&c, addr, "/", &xff("9.9.9.9, 1.1.1.1")).await;
     assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
-    // One IPv6 /64 is one client.
+    // One IPv6 /64 is one client; `Forwarded` is read where it is named.
+    let (layer, _) = per_client_reading(&["127.0.0.0/8"], Forwarding::Forwarded);
+    let fwd_addr = serve(app(layer)).await;
     let fwd = |v| [("forwarded", v)];
-    let a = fetch(&c, addr, "/", &fwd(r#"for="[2001:db8:1:2::a]:443""#)).await;
+    let a = fetch(&c, fwd_addr, "/", &fwd(r#"for="[2001:db8:1:2::a]:443""#)).await;
     assert_eq!(a.status, 200);
-    let b = fetch(&c, addr, "/", &fwd(r#"for="[2001:db8:1:2::b]""#)).await;
+    let b = fetch(&c, fwd_addr, "/", &fwd(r#"for="[2001:db8:1:2::b]""#)).await;
     assert_eq!(b.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(limiter.len(ScopeKind::User), 3);
+    assert_eq!(limiter.len(ScopeKind::User), 2);
     // A chain that names no address gets the missing-key answer, not a guess.
     let bad = fetch(&c, addr, "/", &xff("1.1.1.1, not-an-ip")).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);

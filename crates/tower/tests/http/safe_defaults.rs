@@ -12,7 +12,7 @@ use tokengate::scope::{ApiKeyId, Rule, RuleSet, Scope, ScopeKind, WorkClass};
 use tokengate::{ManualClock, Policy, ScopedLimiter};
 use tokengate_tower::{Key, RateLimitLayer, Route};
 
-use crate::support::{client, get as fetch, send, serve};
+use crate::support::{client, client_from, get as fetch, send, serve};
 
 fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
@@ -151,10 +151,11 @@ async fn head_on_a_get_route_pays_its_cost_in_its_scope() {
 }
 
 #[tokio::test]
-async fn unmatched_paths_are_limited_through_the_fallback_route() {
+async fn unmatched_paths_share_a_route_budget_only_when_the_fallback_has_an_id() {
     let limiter = route_limiter(3);
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .route(Route::get("/search").id(8))
+        .fallback(Route::fallback().id(0))
         .default_class("metadata")
         .build()
         .unwrap();
@@ -170,6 +171,48 @@ async fn unmatched_paths_are_limited_through_the_fallback_route() {
     assert_eq!(route(&limiter, 0), Some(0.0));
     // The listed route keeps its own budget.
     assert_eq!(fetch(&c, addr, "/search", &[]).await.status, 200);
+}
+
+#[tokio::test]
+async fn one_clients_404s_do_not_refuse_another_client_on_an_unlisted_path() {
+    // A route rule of capacity 3 and a per-client budget of 5.
+    let limiter = limiter(
+        RuleSet::new()
+            .rule(ScopeKind::Route, Rule::new(Policy::new(3, 0.001).unwrap()))
+            .rule(ScopeKind::User, Rule::new(Policy::new(5, 0.001).unwrap()))
+            .class(WorkClass::new("metadata", 1)),
+    );
+    let layer = RateLimitLayer::builder(Arc::clone(&limiter))
+        .key(ScopeKind::User, Key::client_ip())
+        .route(Route::get("/search").id(8))
+        .default_class("metadata")
+        .build()
+        .unwrap();
+    let addr = serve(routes().layer(layer)).await;
+    let a = client_from("127.0.0.2".parse().unwrap());
+    let b = client_from("127.0.0.3".parse().unwrap());
+    // Client A's junk: its own budget runs out (5), then it is refused by its own scope.
+    let mut statuses = Vec::new();
+    for i in 0..7 {
+        statuses.push(
+            fetch(&a, addr, &format!("/junk/{i}"), &[])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [404, 404, 404, 404, 404, 429, 429]);
+    let refused = fetch(&a, addr, "/junk", &[]).await;
+    assert!(
+        refused.body.contains("\"scope\":\"user:"),
+        "{}",
+        refused.body
+    );
+    // Client B, on an unlisted path that exists, has its own budget and no shared one.
+    for _ in 0..5 {
+        assert_eq!(fetch(&b, addr, "/", &[]).await.status, 200);
+    }
+    assert_eq!(route(&limiter, 0), Some(3.0), "no route scope was paid");
 }
 
 #[tokio::test]
@@ -191,7 +234,7 @@ async fn the_fallback_route_is_configurable() {
     // Shadowed: counted, never refused.
     let limiter = route_limiter(3);
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
-        .fallback(Route::fallback().shadow(true))
+        .fallback(Route::fallback().id(0).shadow(true))
         .default_class("metadata")
         .build()
         .unwrap();
