@@ -105,10 +105,11 @@ pub mod state;
 mod sync;
 pub mod telemetry;
 
-/// The README's examples, compiled and run as doc tests.
+/// The guide's examples (`docs/guide.md`), compiled and run as doc tests. The README's
+/// run in `tokengate-tower`, whose doc tests can also build its axum example.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+#[doc = include_str!("../docs/guide.md")]
+pub struct GuideDoctests;
 
 pub use bucket::Bucket;
 pub use clock::{Clock, CoarseClock, ManualClock, QuantaClock};

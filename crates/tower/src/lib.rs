@@ -110,3 +110,10 @@ pub use stats::EdgeStats;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The workspace README's examples (the engine's quick start and this crate's one-line
+/// axum setup), compiled and run as doc tests here, where both crates and axum are in
+/// reach.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct WorkspaceReadmeDoctests;
