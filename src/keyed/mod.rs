@@ -71,7 +71,7 @@ pub enum Eviction {
 pub enum KeyedError {
     /// The bucket refused with an error: a cost above the capacity. A clock that steps
     /// back is never an error: the map reads its clock through a
-    /// [`Monotonic`](crate::clock::Monotonic) guard, so it is time standing still, and
+    /// [`Monotonic`] guard, so it is time standing still, and
     /// [`AcquireError::ClockWentBackwards`] is never returned.
     Acquire(AcquireError),
     /// The key is new, the overflow policy is [`Overflow::Reject`], and no bucket in
