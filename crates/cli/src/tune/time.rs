@@ -1,6 +1,13 @@
 //! Timestamps of log lines: Common Log Format dates, RFC 3339, and Unix epoch numbers,
 //! converted to nanoseconds since the Unix epoch (UTC).
 
+use std::borrow::Cow;
+
+use jiff::Timestamp;
+use jiff::fmt::strtime;
+use jiff::fmt::temporal::Pieces;
+use jiff::tz::Offset;
+
 /// A timestamp read from a line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Stamp {
@@ -17,82 +24,44 @@ const NANOS: u64 = 1_000_000_000;
 /// 2554-07-21).
 const MAX_SECONDS: i64 = (u64::MAX / NANOS - 1) as i64;
 
-/// Days from 1970-01-01 to the given civil date (proleptic Gregorian), after Howard
-/// Hinnant's `days_from_civil`.
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(month);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn days_in_month(year: i64, month: u32) -> u32 {
-    match month {
-        4 | 6 | 9 | 11 => 30,
-        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
-        2 => 28,
-        _ => 31,
-    }
-}
-
-fn digits(s: &str) -> Option<u32> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
-
-/// Seconds since the epoch of a civil UTC date and time, checked field by field.
-fn civil_seconds(date: (i64, u32, u32), time: (u32, u32, u32)) -> Option<i64> {
-    let (year, month, day) = date;
-    let (h, m, s) = time;
-    if !(1970..=9999).contains(&year)
-        || !(1..=12).contains(&month)
-        || day == 0
-        || day > days_in_month(year, month)
-        || h > 23
-        || m > 59
-        || s > 60
-    {
-        return None;
-    }
-    // A leap second (":60") counts as the last instant of its minute.
-    let s = s.min(59);
-    Some(days_from_civil(year, month, day) * 86_400 + i64::from(h * 3600 + m * 60 + s))
-}
-
-/// A numeric zone offset `+hhmm`, `-hh:mm`, or `Z`, in seconds east of UTC.
-fn zone_offset(z: &str) -> Option<i64> {
-    if z == "Z" || z == "z" {
-        return Some(0);
-    }
-    let (sign, rest) = match z.as_bytes().first()? {
-        b'+' => (1, &z[1..]),
-        b'-' => (-1, &z[1..]),
-        _ => return None,
+/// A fraction written with more than nine digits, cut to its first nine (nanosecond
+/// precision; the digits past the ninth are dropped, as [`fraction_nanos`] does). The
+/// parsers of `jiff` refuse a longer fraction; the common case borrows the text as is.
+fn cut_fraction(text: &str) -> Cow<'_, str> {
+    let Some(dot) = text.find('.') else {
+        return Cow::Borrowed(text);
     };
-    let rest = rest.replacen(':', "", 1);
-    if rest.len() != 4 {
-        return None;
+    let after = &text[dot + 1..];
+    let run = after
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(after.len());
+    if run <= 9 {
+        return Cow::Borrowed(text);
     }
-    let h = digits(&rest[..2])?;
-    let m = digits(&rest[2..])?;
-    if h > 23 || m > 59 {
-        return None;
-    }
-    Some(sign * i64::from(h * 3600 + m * 60))
+    Cow::Owned(format!("{}{}", &text[..dot + 10], &after[run..]))
 }
 
-fn to_stamp(utc_seconds: i64, nanos: u32, whole_second: bool) -> Option<Stamp> {
+/// A numeric zone offset `+hhmm`, `-hh:mm`, or `Z`, read by `jiff`; offsets of a day or
+/// more (which `jiff` allows up to 25:59:59) are refused, as are minutes past 59.
+fn zone_offset(z: &str) -> Option<Offset> {
+    let offset = match z {
+        "Z" | "z" => Offset::UTC,
+        _ if z.contains(':') => strtime::parse("%:z", z).ok()?.offset()?,
+        _ => strtime::parse("%z", z).ok()?.offset()?,
+    };
+    (offset.seconds().abs() < 86_400).then_some(offset)
+}
+
+fn to_stamp(time: Timestamp, whole_second: bool) -> Option<Stamp> {
+    let utc_seconds = time.as_second();
     if !(0..=MAX_SECONDS).contains(&utc_seconds) {
         return None;
     }
     let seconds = u64::try_from(utc_seconds).ok()?;
+    // A timestamp at or after the epoch has a fraction in 0..1e9.
+    let nanos = u64::try_from(time.subsec_nanosecond()).ok()?;
     Some(Stamp {
-        nanos: seconds * NANOS + u64::from(nanos),
+        nanos: seconds * NANOS + nanos,
         whole_second,
     })
 }
@@ -111,68 +80,37 @@ fn fraction_nanos(f: &str) -> Option<u32> {
 }
 
 /// A Common Log Format date, as between the brackets: `10/Oct/2000:13:55:36 -0700`.
+///
+/// `jiff`'s `strptime` reads the fields and refuses an impossible date or time (31 Feb,
+/// hour 24); a leap second (`:60`) counts as the last instant of its minute (`:59`).
 pub(crate) fn parse_clf(text: &str) -> Option<Stamp> {
     let (datetime, zone) = text.split_once(' ')?;
-    let mut parts = datetime.splitn(4, ':');
-    let date = parts.next()?;
-    let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
-    let mut d = date.splitn(3, '/');
-    let day = digits(d.next()?)?;
-    let month = match d.next()? {
-        "Jan" => 1,
-        "Feb" => 2,
-        "Mar" => 3,
-        "Apr" => 4,
-        "May" => 5,
-        "Jun" => 6,
-        "Jul" => 7,
-        "Aug" => 8,
-        "Sep" => 9,
-        "Oct" => 10,
-        "Nov" => 11,
-        "Dec" => 12,
-        _ => return None,
-    };
-    let year = i64::from(digits(d.next()?)?);
+    let datetime = cut_fraction(datetime);
     // Apache's `%{msec_frac}t` style is rare; a fraction on the seconds is accepted.
-    let (s, frac) = match s.split_once('.') {
-        Some((s, f)) => (s, Some(fraction_nanos(f)?)),
-        None => (s, None),
-    };
-    let local = civil_seconds((year, month, day), (digits(h)?, digits(m)?, digits(s)?))?;
+    let fields = strtime::parse("%d/%b/%Y:%H:%M:%S%.f", datetime.as_ref()).ok()?;
+    let local = fields.to_datetime().ok()?;
     let offset = zone_offset(zone.trim())?;
-    to_stamp(local - offset, frac.unwrap_or(0), frac.is_none())
+    let utc = offset.to_timestamp(local).ok()?;
+    to_stamp(utc, fields.subsec_nanosecond().is_none())
 }
 
 /// An RFC 3339 / ISO 8601 timestamp: `2026-11-30T20:30:06Z`,
-/// `2026-11-30 20:30:06.250+01:00`.
+/// `2026-11-30 20:30:06.250+01:00`, read by `jiff`'s RFC 3339 / Temporal parser, which
+/// refuses impossible dates and reads a leap second `:60` as `:59`. The time of day and
+/// the offset are required; an offset of a day or more is refused.
 pub(crate) fn parse_rfc3339(text: &str) -> Option<Stamp> {
-    let text = text.trim();
-    if text.len() < 19 || !text.is_char_boundary(10) || !text.is_char_boundary(19) {
+    let text = cut_fraction(text.trim());
+    let pieces = Pieces::parse(text.as_ref()).ok()?;
+    let offset = pieces.offset()?.to_numeric_offset();
+    if offset.seconds().abs() >= 86_400 {
         return None;
     }
-    let (date, rest) = text.split_at(10);
-    let sep = rest.as_bytes()[0];
-    if !matches!(sep, b'T' | b't' | b' ') {
-        return None;
-    }
-    let mut d = date.splitn(3, '-');
-    let year = i64::from(digits(d.next()?)?);
-    let month = digits(d.next()?)?;
-    let day = digits(d.next()?)?;
-    let time = &rest[1..9];
-    let mut t = time.splitn(3, ':');
-    let (h, m, s) = (digits(t.next()?)?, digits(t.next()?)?, digits(t.next()?)?);
-    let mut tail = &rest[9..];
-    let mut frac = None;
-    if let Some(f) = tail.strip_prefix('.') {
-        let end = f.find(|c: char| !c.is_ascii_digit()).unwrap_or(f.len());
-        frac = Some(fraction_nanos(&f[..end])?);
-        tail = &f[end..];
-    }
-    let offset = zone_offset(tail)?;
-    let local = civil_seconds((year, month, day), (h, m, s))?;
-    to_stamp(local - offset, frac.unwrap_or(0), frac.is_none())
+    let utc = offset
+        .to_timestamp(pieces.date().to_datetime(pieces.time()?))
+        .ok()?;
+    // The fraction, if any, follows a `.` or `,` before any bracketed annotation.
+    let stamp_part = text.split('[').next().unwrap_or_default();
+    to_stamp(utc, !stamp_part.contains(['.', ',']))
 }
 
 /// Unix epoch seconds, whole (`1700000000`) or with a fraction (`1700000000.25`).
@@ -186,7 +124,8 @@ pub(crate) fn parse_epoch(text: &str) -> Option<Stamp> {
         return None;
     }
     let seconds: i64 = whole.parse().ok()?;
-    to_stamp(seconds, frac.unwrap_or(0), frac.is_none())
+    let time = Timestamp::new(seconds, i32::try_from(frac.unwrap_or(0)).ok()?).ok()?;
+    to_stamp(time, frac.is_none())
 }
 
 /// Any of the textual forms: RFC 3339, a Common Log Format date, or epoch seconds.
@@ -237,6 +176,34 @@ mod tests {
     }
 
     #[test]
+    fn leap_seconds_count_as_the_last_instant_of_their_minute() {
+        // Neither jiff nor the replay models leap seconds: `:60` reads as `:59`.
+        assert_eq!(secs("31/Dec/2016:23:59:60 +0000"), 1_483_228_799);
+        assert_eq!(secs("2016-12-31T23:59:60Z"), 1_483_228_799);
+        let s = parse_rfc3339("2016-12-31T23:59:60.5Z").unwrap();
+        assert_eq!(s.nanos, 1_483_228_799 * NANOS + 500_000_000);
+    }
+
+    #[test]
+    fn zones_and_long_fractions_are_read_in_every_accepted_spelling() {
+        assert_eq!(secs("10/Oct/2000:13:55:36 -07:00"), 971_211_336);
+        assert_eq!(secs("10/Oct/2000:20:55:36 Z"), 971_211_336);
+        let s = parse_clf("10/Oct/2000:20:55:36.125 +0000").unwrap();
+        assert_eq!(s.nanos, 971_211_336 * NANOS + 125_000_000);
+        assert!(!s.whole_second);
+        // Digits past the ninth are dropped, not rounded.
+        let s = parse_rfc3339("2000-10-10T20:55:36.1234567899Z").unwrap();
+        assert_eq!(s.nanos, 971_211_336 * NANOS + 123_456_789);
+        let s = parse_clf("10/Oct/2000:20:55:36.0000000019 +0000").unwrap();
+        assert_eq!(s.nanos, 971_211_336 * NANOS + 1);
+        assert!(
+            !parse_rfc3339("2000-10-10T20:55:36.000Z")
+                .unwrap()
+                .whole_second
+        );
+    }
+
+    #[test]
     fn impossible_dates_and_garbage_are_refused() {
         for bad in [
             "",
@@ -245,6 +212,10 @@ mod tests {
             "10/Foo/2000:13:55:36 -0700",
             "10/Oct/2000:24:00:00 +0000",
             "10/Oct/2000:13:55:36 -0799",
+            "10/Oct/2000:13:55:36 +2400",
+            "10/Oct/2000:13:55:36 +07",
+            "10/Oct/2000:13:55:61 +0000",
+            "2000-10-10T20:55:36+24:00",
             "10/Oct/2000:13:55:36",
             "2023-02-29T00:00:00Z",
             "2000-10-10T20:55:36",
