@@ -12,25 +12,30 @@
 //!
 //! # Cancel safety
 //!
-//! The reservation gives its tokens back in `Drop` when its time has not come, as a
-//! [`refund`](crate::Bucket::refund) of its cost: to each bucket whose balance is zero or
-//! above, capped at the capacity; to a bucket still owing reservations (balance below
-//! zero), nothing, since holders queued behind it keep their ready times and a credit
-//! ahead of them would be refilled again while they wait. A future that owns it (the one
+//! The reservation gives its tokens back in `Drop` when its time has not come, as
+//! [`Reservation::cancel`](crate::Reservation::cancel) does, on each bucket word it took
+//! from: it knows where it stands in that word's debt (what it charged, and the tick it
+//! is ready at there), so its whole charge comes back when no reservation was made on the
+//! word after it (the word is then exactly as if it had never reserved), and nothing when
+//! one was (the later holders keep their ready times, and a credit ahead of them would be
+//! refilled again while they wait: a holder and a newcomer could then take `2B` at one
+//! instant; the tokens count as used). A word that had the tokens at once (a scoped
+//! reservation waiting for another scope) gives them back as a
+//! [`refund`](crate::Bucket::refund) of an admission. A future that owns it (the one
 //! `ready` returns, or one that holds it while sleeping) is therefore cancel-safe by
 //! construction: aborting the task, dropping the future in a `select!`, or a client
-//! hanging up while a server waits never mints tokens, and gives back what can be given
-//! without letting a queued holder and a newcomer share the same refill.
+//! hanging up while a server waits never mints tokens, and a lone waiter that gives up
+//! leaves the limiter as if it had never asked.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::{Bucket, RawBucket, Seal};
+use crate::bucket::{Bucket, Fixed, RawBucket, Seal};
 use crate::clock::{Clock, Monotonic};
 use crate::reservation::{Limits, ReserveError, plan};
-use crate::state::Layout;
+use crate::state::{Layout, Reserved};
 
 /// A limiter that can back an [`OwnedReservation`]: [`Bucket`],
 /// [`KeyedLimiter`](crate::KeyedLimiter), [`ScopedLimiter`](crate::ScopedLimiter).
@@ -42,13 +47,61 @@ pub trait Reservable: sealed::Sealed {
     /// [`OwnedReservation::consume`], so that the caller can still refund it later.
     type Charge: fmt::Debug + Send + Sync;
 
+    /// Where the reservation stands on each bucket word it took from: what a cancel
+    /// before the ready time may give back.
+    #[doc(hidden)]
+    type Places: fmt::Debug + Send + Sync;
+
     /// The limiter's clock reading, in nanoseconds since its origin.
     #[doc(hidden)]
     fn now_nanos(&self) -> u64;
 
-    /// Gives `charge` back (exact refund, capped at capacity).
+    /// Cancels the reservation that took `charge` from the words at `places`, before its
+    /// ready time: on each word, as [`Reservation::cancel`](crate::Reservation::cancel).
     #[doc(hidden)]
-    fn give_back(&self, charge: &Self::Charge);
+    fn give_back(&self, charge: &Self::Charge, places: &Self::Places);
+}
+
+/// Where a reservation stands on one bucket word: what it charged there and the tick
+/// (modulo 2^T) it is ready at there, for [`Layout::cancel`].
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub(crate) reserved: Reserved,
+    pub(crate) ready_tick: u64,
+}
+
+impl Place {
+    /// The place of a reservation `reserved` ready at clock time `ready_at` on a word of
+    /// `layout`; `None` when it charged nothing (nothing to give back).
+    pub(crate) fn new(layout: &Layout, reserved: Reserved, ready_at: u64) -> Option<Place> {
+        (reserved.charged_units > 0).then(|| Place {
+            reserved,
+            ready_tick: layout.tick_of(ready_at),
+        })
+    }
+
+    /// Cancels on `raw` (a word of `layout`, possibly sealed: `S`) at `now`: the charge
+    /// back when no reservation was made after this one, else nothing. A word that had
+    /// the tokens at once (a scoped reservation waiting for another scope) took them as
+    /// an admission: they come back as a [`refund`](Layout::refund) does (nothing while
+    /// the balance is below zero).
+    pub(crate) fn cancel_in<S: Seal, C: Clock + ?Sized>(
+        &self,
+        raw: &RawBucket,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+    ) -> Result<(), S::Stop> {
+        raw.transition_in::<S, C, _>(layout, clock, now, false, |snapshot, _| {
+            let word = if self.reserved.wait_ticks == 0 {
+                layout.refund(snapshot, self.reserved.charged_units)
+            } else {
+                layout.cancel(snapshot, &self.reserved, self.ready_tick)
+            };
+            (Some(word), ())
+        })
+    }
 }
 
 pub(crate) mod sealed {
@@ -59,8 +112,10 @@ pub(crate) mod sealed {
 /// [`ready_at`](Self::ready_at), gives the tokens back when dropped before then.
 ///
 /// The table of [`Reservation`](crate::Reservation) holds: `consume` keeps the tokens,
-/// `cancel` or drop before `ready_at` gives them back as a refund (nothing to a bucket
-/// still owing reservations: see the module docs), and after `ready_at` keeps them. `Send` and `'static` when the limiter is, so it crosses `tokio::spawn`.
+/// `cancel` or drop before `ready_at` gives them back exactly on each bucket where no
+/// reservation was made after it, and nothing where one was (see the module docs), and
+/// after `ready_at` keeps them. `Send` and `'static` when the limiter is, so it crosses
+/// `tokio::spawn`.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -77,14 +132,23 @@ pub(crate) mod sealed {
 /// let r = bucket.reserve_owned(5, Duration::from_secs(1))?;
 /// assert_eq!(bucket.available(), -5.0); // the debt queues later callers
 /// let moved = std::thread::spawn(move || r).join().unwrap(); // crosses threads
-/// drop(moved); // before its time, into the debt: nothing comes back, nothing is minted
-/// assert_eq!(bucket.available(), -5.0);
+/// drop(moved); // before its time, nobody behind it: as if it had never reserved
+/// assert_eq!(bucket.available(), 0.0);
+///
+/// let first = bucket.reserve_owned(5, Duration::from_secs(2))?;
+/// let second = bucket.reserve_owned(5, Duration::from_secs(2))?;
+/// assert!(first.cancel()); // a holder queued behind it: nothing comes back
+/// assert_eq!(bucket.available(), -10.0);
+/// clock.set(second.ready_at()); // the later holder's time stands
+/// assert!(second.is_ready());
+/// # second.consume();
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "dropping a reservation before its time gives the tokens back"]
 pub struct OwnedReservation<L: Reservable> {
     limiter: Arc<L>,
     charge: Option<L::Charge>,
+    places: L::Places,
     reserved_at: u64,
     ready_at: u64,
 }
@@ -103,12 +167,14 @@ impl<L: Reservable> OwnedReservation<L> {
     pub(crate) fn new(
         limiter: Arc<L>,
         charge: L::Charge,
+        places: L::Places,
         reserved_at: u64,
         ready_at: u64,
     ) -> OwnedReservation<L> {
         OwnedReservation {
             limiter,
             charge: Some(charge),
+            places,
             reserved_at,
             ready_at,
         }
@@ -157,8 +223,10 @@ impl<L: Reservable> OwnedReservation<L> {
             .expect("a reservation holds its charge until settled")
     }
 
-    /// Gives the tokens back if the reservation's time has not come (`true`); at or after
-    /// [`ready_at`](Self::ready_at) they count as used (`false`). Dropping does the same.
+    /// Before [`ready_at`](Self::ready_at) (returns `true`): gives the tokens back on each
+    /// bucket where no reservation was made after this one, exactly, and nothing where
+    /// one was (see the module's [cancel safety](crate::owned#cancel-safety)). At or after
+    /// `ready_at` they count as used (`false`). Dropping does the same.
     pub fn cancel(mut self) -> bool {
         self.settle()
     }
@@ -209,7 +277,7 @@ impl<L: Reservable> OwnedReservation<L> {
         if self.limiter.now_nanos() >= self.ready_at {
             return false;
         }
-        self.limiter.give_back(&charge);
+        self.limiter.give_back(&charge, &self.places);
         true
     }
 }
@@ -222,7 +290,11 @@ impl<L: Reservable> Drop for OwnedReservation<L> {
     }
 }
 
-/// Reserves `cost_units` on one word at `now`: `(reserved_at, ready_at)` or why not.
+/// A reservation made on one word: `(reserved_at, ready_at, place)`.
+pub(crate) type OnWord = (u64, u64, Option<Place>);
+
+/// Reserves `cost_units` on one word at `now`: `(reserved_at, ready_at, place)` or why
+/// not.
 /// Nothing is written on an error.
 pub(crate) fn reserve_on<C: Clock + ?Sized>(
     raw: &RawBucket,
@@ -231,10 +303,13 @@ pub(crate) fn reserve_on<C: Clock + ?Sized>(
     now: u64,
     cost_units: u64,
     limits: &Limits,
-) -> Result<(u64, u64), ReserveError> {
+) -> Result<OnWord, ReserveError> {
     raw.transition(layout, clock, now, true, |snapshot, now| {
         match plan(layout, snapshot, now, cost_units, limits) {
-            Ok((word, ready_at, _)) => (word, Ok((now, ready_at))),
+            Ok((word, ready_at, reserved)) => (
+                word,
+                Ok((now, ready_at, Place::new(layout, reserved, ready_at))),
+            ),
             Err(e) => (None, Err(e)),
         }
     })?
@@ -249,10 +324,13 @@ pub(crate) fn reserve_on_in<S: Seal, C: Clock + ?Sized>(
     now: u64,
     cost_units: u64,
     limits: &Limits,
-) -> Result<Result<(u64, u64), ReserveError>, S::Stop> {
+) -> Result<Result<OnWord, ReserveError>, S::Stop> {
     raw.transition_in::<S, C, _>(layout, clock, now, true, |snapshot, now| {
         match plan(layout, snapshot, now, cost_units, limits) {
-            Ok((word, ready_at, _)) => (word, Ok((now, ready_at))),
+            Ok((word, ready_at, reserved)) => (
+                word,
+                Ok((now, ready_at, Place::new(layout, reserved, ready_at))),
+            ),
             Err(e) => (None, Err(e)),
         }
     })
@@ -264,13 +342,21 @@ impl<C: Clock> Reservable for Bucket<C> {
     /// The cost, in tokens.
     type Charge = u64;
 
+    type Places = Option<Place>;
+
     fn now_nanos(&self) -> u64 {
         self.now()
     }
 
-    fn give_back(&self, cost: &u64) {
-        // The cost was checked against the capacity when reserved.
-        let _ = self.refund(*cost);
+    fn give_back(&self, _cost: &u64, place: &Option<Place>) {
+        if let Some(place) = place {
+            let Ok(()) = place.cancel_in::<Fixed, C>(
+                self.raw(),
+                self.policy().layout(),
+                self.guarded_clock(),
+                self.now(),
+            );
+        }
     }
 }
 
@@ -286,18 +372,31 @@ impl<C: Clock> Bucket<C> {
         cost: u64,
         max_wait: Duration,
     ) -> Result<OwnedReservation<Bucket<C>>, ReserveError> {
-        let r = self.reserve(cost, max_wait)?;
-        let (reserved_at, ready_at) = (r.reserved_at(), r.ready_at());
-        r.consume();
+        let layout = self.policy().layout();
+        let Some(cost_units) = layout.units_of(cost) else {
+            return Err(ReserveError::CostExceedsCapacity {
+                cost,
+                capacity: layout.capacity(),
+            });
+        };
+        let limits = Limits {
+            max_wait,
+            horizon: self.policy().max_reservation(),
+        };
+        let (reserved_at, ready_at, place) = reserve_on(
+            self.raw(),
+            layout,
+            self.guarded_clock(),
+            self.now(),
+            cost_units,
+            &limits,
+        )?;
         Ok(OwnedReservation::new(
             Arc::clone(self),
             cost,
-            nanos(reserved_at),
-            nanos(ready_at),
+            place,
+            reserved_at,
+            ready_at,
         ))
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

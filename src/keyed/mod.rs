@@ -924,6 +924,40 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         }))
     }
 
+    /// Cancels a reservation on `key`'s bucket that stands at `place`, reserved under
+    /// `reserved_under` ([`Layout::cancel`](crate::state::Layout::cancel): its charge
+    /// back when no reservation was made after it, else nothing), only if `valid()`
+    /// holds under the key's shard lock (`false` when it does not, as
+    /// [`refund_if`](KeyedLimiter::refund_if)). Nothing for a key not in the map (evicted:
+    /// it had refilled to full) or a map reconfigured since (its words no longer count in
+    /// the units the place was charged in).
+    pub(crate) fn cancel_if<Q>(
+        &self,
+        key: &Q,
+        place: &crate::owned::Place,
+        reserved_under: &crate::state::Layout,
+        valid: impl FnOnce() -> bool,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.clock.now_nanos();
+        self.reanchor_if_due(now);
+        with_table!(&self.store, t => self.refund_in(t, key, valid, |epoch, bucket, hint| {
+            let layout = epoch.policy.layout();
+            if layout != reserved_under {
+                return None;
+            }
+            let Ok(()) = place.cancel_in::<Fixed, C>(bucket, layout, &self.clock, now);
+            // A cancel brings the time the bucket is full forward, as a refund does.
+            if !epoch.evict || hint <= now {
+                return None;
+            }
+            Some(full_at(layout, &bucket.snapshot(layout, now), now))
+        }))
+    }
+
     /// Tokens `key` has now (fractional): its bucket's balance, or a fresh bucket's for a
     /// key not in the map (the capacity, or zero under a start-empty policy). Writes
     /// nothing and creates no key.

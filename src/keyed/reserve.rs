@@ -8,8 +8,9 @@ use std::time::Duration;
 use crate::attempt::Attempt;
 use crate::clock::Clock;
 use crate::keyed::{KeyedLimiter, Slot};
-use crate::owned::{OwnedReservation, Reservable, reserve_on, sealed};
+use crate::owned::{OwnedReservation, Place, Reservable, reserve_on, sealed};
 use crate::reservation::{Limits, ReserveError};
+use crate::state::Layout;
 
 /// Why [`KeyedLimiter::reserve_owned`] refused. Nothing was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,13 +67,19 @@ where
 {
     type Charge = KeyedCharge<K>;
 
+    /// The key's word, and the layout it was reserved under.
+    type Places = Option<(Place, Layout)>;
+
     fn now_nanos(&self) -> u64 {
         self.clock().now_nanos()
     }
 
-    fn give_back(&self, charge: &KeyedCharge<K>) {
-        // A key evicted meanwhile had refilled to full: the refund would be capped away.
-        let _ = self.refund(&charge.key, charge.cost);
+    fn give_back(&self, charge: &KeyedCharge<K>, places: &Self::Places) {
+        let Some((place, reserved_under)) = places else {
+            return;
+        };
+        // A key evicted meanwhile had refilled to full: nothing to give back.
+        self.cancel_if(&charge.key, place, reserved_under, || true);
     }
 }
 
@@ -87,8 +94,11 @@ where
     /// needed, as [`Bucket::reserve`](crate::Bucket::reserve) does for one bucket; the
     /// reservation owns an `Arc` of the map (see [`OwnedReservation`]).
     ///
-    /// A key charged to the shared overflow bucket ([`Overflow::Share`](crate::keyed::Overflow))
-    /// gets no refund on cancel (its refund finds no bucket of its own).
+    /// Cancelling (or dropping) before the ready time gives the key's bucket its charge
+    /// back as [`Reservation::cancel`](crate::Reservation::cancel) does: all of it when no
+    /// reservation was made on the key after it, else nothing. A key charged to the shared
+    /// overflow bucket ([`Overflow::Share`](crate::keyed::Overflow)), evicted since, or a
+    /// map reconfigured since, gets nothing back.
     ///
     /// # Errors
     ///
@@ -105,8 +115,8 @@ where
     /// map.try_acquire(&7, 4)?;
     /// let r = map.reserve_owned(7, 2, Duration::from_secs(2))?; // 1 s ahead
     /// assert_eq!(map.available(&7), -2.0);
-    /// assert!(r.cancel()); // before its time, into the debt: nothing comes back
-    /// assert_eq!(map.available(&7), -2.0);
+    /// assert!(r.cancel()); // before its time, nobody behind it: the charge comes back
+    /// assert_eq!(map.available(&7), 0.0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reserve_owned(
@@ -120,7 +130,7 @@ where
             horizon: self.policy().max_reservation(),
         };
         let now = self.clock().now_nanos();
-        let (reserved_at, ready_at) = self.with_slot(&key, now, |slot| match slot {
+        let (reserved_at, ready_at, place) = self.with_slot(&key, now, |slot| match slot {
             Slot::Full { max_keys } => Err(KeyedReserveError::KeyLimit { max_keys }),
             // Not made by `with_slot`; were it, nothing was reserved.
             Slot::Stale => Err(KeyedReserveError::KeyLimit {
@@ -133,15 +143,17 @@ where
                         capacity: h.layout.capacity(),
                     },
                 ))?;
-                let out = reserve_on(h.raw, h.layout, h.clock, now, units, &limits)
-                    .map_err(KeyedReserveError::Reserve)?;
+                let (reserved_at, ready_at, place) =
+                    reserve_on(h.raw, h.layout, h.clock, now, units, &limits)
+                        .map_err(KeyedReserveError::Reserve)?;
                 h.counters.record(true, cost, Attempt::Original);
-                Ok(out)
+                Ok((reserved_at, ready_at, place.map(|p| (p, *h.layout))))
             }
         })?;
         Ok(OwnedReservation::new(
             Arc::clone(self),
             KeyedCharge { key, cost },
+            place,
             reserved_at,
             ready_at,
         ))

@@ -13,6 +13,7 @@ use crate::inherit::Inherit;
 use crate::keyed::{
     KeyedLimiter, KeyedOptions, Overflow, Sections, Slot, SweepReport, Switch, convert_between,
 };
+use crate::owned::Place;
 use crate::policy::Policy;
 use crate::scope::decision::{KindPolicies, KindSet, bit};
 use crate::scope::generation::{Generation, carried};
@@ -235,6 +236,19 @@ pub(super) trait KindMapOps {
         scope: &Scope,
         cost: u64,
     );
+    /// Cancels a reservation that took `cost` tokens from each of `scope`'s buckets
+    /// under `paid`, standing at `places` (by limit): while `paid` is current, on each
+    /// bucket as [`Layout::cancel`](crate::state::Layout::cancel) (the charge back when
+    /// no reservation was made after it, else nothing); after a switch, as
+    /// [`refund`](KindMapOps::refund).
+    fn cancel<'g>(
+        &self,
+        paid: &'g Generation,
+        current: &dyn Fn() -> &'g Generation,
+        scope: &Scope,
+        cost: u64,
+        places: &[Option<Place>],
+    );
     /// The local tier of `scope`'s key in `g` (0: the rule's); `None` when `scope` is not
     /// of this kind.
     fn tier_of(&self, g: &Generation, scope: &Scope) -> Option<u8>;
@@ -382,30 +396,18 @@ where
         scope: &Scope,
         cost: u64,
     ) {
-        let Some(key) = (self.key_of)(scope) else {
-            return;
-        };
-        let tier_in = |g: &Generation| self.limits_of(g, &key).0;
-        for limit in 0..MAX_POLICIES_PER_RULE {
-            let mut spins = 0u32;
-            loop {
-                let g = current();
-                let Some(m) = self.limits_of(g, &key).1.limit(limit) else {
-                    return;
-                };
-                let c = carried(paid, g, self.kind.index(), &tier_in, limit, cost);
-                // Given only while `g` is current (checked under the key's lock, which a
-                // switch's barrier waits for): a switch may have moved the key to
-                // another map since. Capped at the capacity, as any refund; an evicted
-                // key gets nothing.
-                if m.refund_if(&key, c, || {
-                    mutant!(SCOPED_REFUND_SKIPS_RECHECK) || ptr::eq(current(), g)
-                }) {
-                    break;
-                }
-                crate::sync::spin(&mut spins);
-            }
-        }
+        self.give_back(paid, current, scope, cost, None);
+    }
+
+    fn cancel<'g>(
+        &self,
+        paid: &'g Generation,
+        current: &dyn Fn() -> &'g Generation,
+        scope: &Scope,
+        cost: u64,
+        places: &[Option<Place>],
+    ) {
+        self.give_back(paid, current, scope, cost, Some(places));
     }
 
     fn tier_of(&self, g: &Generation, scope: &Scope) -> Option<u8> {
@@ -1138,3 +1140,58 @@ macro_rules! define_maps {
 }
 
 with_keyed_kinds!(define_maps);
+
+impl<K, C, S> KindMap<K, C, S>
+where
+    K: Hash + Eq + Send + Sync,
+    C: Clock,
+    S: BuildHasher,
+{
+    /// [`KindMapOps::refund`] (`places` none) or [`KindMapOps::cancel`].
+    fn give_back<'g>(
+        &self,
+        paid: &'g Generation,
+        current: &dyn Fn() -> &'g Generation,
+        scope: &Scope,
+        cost: u64,
+        places: Option<&[Option<Place>]>,
+    ) {
+        let Some(key) = (self.key_of)(scope) else {
+            return;
+        };
+        let tier_in = |g: &Generation| self.limits_of(g, &key).0;
+        for limit in 0..MAX_POLICIES_PER_RULE {
+            let mut spins = 0u32;
+            loop {
+                let g = current();
+                let Some(m) = self.limits_of(g, &key).1.limit(limit) else {
+                    return;
+                };
+                // Given only while `g` is current (checked under the key's lock, which a
+                // switch's barrier waits for): a switch may have moved the key to
+                // another map since. Capped at the capacity, as any refund; an evicted
+                // key gets nothing.
+                let valid = || mutant!(SCOPED_REFUND_SKIPS_RECHECK) || ptr::eq(current(), g);
+                let done = match places {
+                    // Still the configuration it was reserved under: exact, on the word
+                    // it was reserved on.
+                    Some(places) if g.number == paid.number => {
+                        let Some(place) = places.get(limit).copied().flatten() else {
+                            break;
+                        };
+                        let policy = m.policy();
+                        m.cancel_if(&key, &place, policy.layout(), valid)
+                    }
+                    _ => {
+                        let c = carried(paid, g, self.kind.index(), &tier_in, limit, cost);
+                        m.refund_if(&key, c, valid)
+                    }
+                };
+                if done {
+                    break;
+                }
+                crate::sync::spin(&mut spins);
+            }
+        }
+    }
+}

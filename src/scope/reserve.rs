@@ -6,10 +6,10 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::{Sealable, Sealed};
-use crate::clock::Clock;
+use crate::bucket::{Fixed, Sealable, Sealed};
+use crate::clock::{Clock, Monotonic};
 use crate::keyed::{Handle, Slot};
-use crate::owned::{OwnedReservation, Reservable, reserve_on, reserve_on_in, sealed};
+use crate::owned::{OwnedReservation, Place, Reservable, reserve_on, reserve_on_in, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
 use crate::scope::generation::{Generation, carried, refund_global};
@@ -136,17 +136,58 @@ impl fmt::Display for ScopeReserveError {
 
 impl std::error::Error for ScopeReserveError {}
 
+/// Where a scoped reservation stands on each word it took from: the global words by
+/// limit, and each kind's buckets at `kind * MAX_POLICIES_PER_RULE + limit`.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Places {
+    global: [Option<Place>; MAX_POLICIES_PER_RULE],
+    keyed: [Option<Place>; MAX_PAYERS],
+}
+
 impl<C: Clock, S> sealed::Sealed for ScopedLimiter<C, S> {}
 
 impl<C: Clock, S: BuildHasher + Send + Sync> Reservable for ScopedLimiter<C, S> {
     type Charge = Charge;
 
+    type Places = Places;
+
     fn now_nanos(&self) -> u64 {
         self.now()
     }
 
-    fn give_back(&self, charge: &Charge) {
-        self.refund(charge);
+    /// On each word, as [`Reservation::cancel`](crate::Reservation::cancel) while the
+    /// configuration it was reserved under is current; a word reconfigured since (sealed
+    /// and carried) gets the [`refund`](ScopedLimiter::refund) of its cost instead.
+    fn give_back(&self, charge: &Charge, places: &Places) {
+        let r = &charge.request;
+        let c = &charge.costs;
+        let Some(paid) = self.generations.find(charge.generation) else {
+            // Every generation is kept: not expected. Refund, as after a switch.
+            self.refund(charge);
+            return;
+        };
+        let cost = c[ScopeKind::Global.index()];
+        if cost > 0 {
+            // A leased global scope does not reserve ahead: the words are plain.
+            let now = self.now_on(paid);
+            for (limit, place) in places.global.iter().enumerate() {
+                if let Some(place) = place {
+                    cancel_global(paid, limit, place, &self.clock, cost, now);
+                }
+            }
+        }
+        for kind in ScopeKind::ALL {
+            let k = kind.index();
+            let cost = c[k];
+            if let (Some(m), Some(scope), true) =
+                (self.maps.get(kind), Scope::of(r, kind), cost > 0)
+            {
+                let at = k * MAX_POLICIES_PER_RULE;
+                let places = &places.keyed[at..at + MAX_POLICIES_PER_RULE];
+                m.cancel(paid, &|| self.generation(), &scope, cost, places);
+            }
+        }
     }
 }
 
@@ -265,11 +306,13 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     /// [`ready_at`](OwnedReservation::ready_at), the latest of the scopes' times.
     ///
     /// Reservations are served in the order they are made, scope by scope. Cancelling
-    /// (or dropping) before `ready_at` gives each scope its cost back as a
-    /// [`refund`](ScopedLimiter::refund): nothing to a scope still owing reservations
-    /// (balance below zero), whose queued holders keep their times;
-    /// [`consume`](OwnedReservation::consume)
-    /// returns the [`Charge`]. Reservations count as admissions in the scopes' counters.
+    /// (or dropping) before `ready_at` gives each scope's bucket back what it charged
+    /// there as [`Reservation::cancel`](crate::Reservation::cancel) does: all of it where
+    /// no reservation was made on that bucket after it, nothing where one was (the queued
+    /// holders keep their times); a scope that had the tokens at once gets them back as a
+    /// [`refund`](ScopedLimiter::refund). After a reconfiguration, each scope gets the
+    /// refund of its cost. [`consume`](OwnedReservation::consume) returns the
+    /// [`Charge`]. Reservations count as admissions in the scopes' counters.
     ///
     /// # Errors
     ///
@@ -298,9 +341,10 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     /// assert!(first.is_ready()); // there at once
     /// let second = limiter.reserve_owned(&request, export, Duration::from_secs(2))?;
     /// assert!(second.wait() >= Duration::from_secs(1)); // queued behind the first
-    /// drop(second); // gives the global scope its tokens back; the tenant's is owed
     /// let tenant = limiter.available(&Scope::Tenant(TenantId(9))).unwrap();
     /// assert!(tenant < -10.0 && tenant > -10.01); // charged to its ready edge
+    /// drop(second); // nobody reserved after it: every scope as if it never had
+    /// assert_eq!(limiter.available(&Scope::Tenant(TenantId(9))), Some(0.0));
     /// assert_eq!(limiter.available(&Scope::Global), Some(90.0));
     /// # first.consume();
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -327,7 +371,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 return Err(ScopeReserveError::RemoteScope { scope });
             }
             let now = self.now_on(g);
-            let ready_at = self.maps.with_slots(
+            let reserved = self.maps.with_slots(
                 g,
                 &|| std::ptr::eq(self.generation(), g),
                 request,
@@ -341,7 +385,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                     self.reserve_slots(g, slots, &costs, request, now, max_wait)
                 },
             );
-            let ready_at = match ready_at {
+            let (ready_at, places) = match reserved {
                 Ok(r) => r?,
                 Err(Retry) => {
                     self.generations.await_successor(g);
@@ -356,6 +400,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             return Ok(OwnedReservation::new(
                 Arc::clone(self),
                 charge,
+                places,
                 now,
                 ready_at,
             ));
@@ -376,7 +421,8 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     }
 
     /// Reserves on the held slots and generation `g`'s global words at `now` (every
-    /// limit of every kind), rolling back on a refusal; the latest ready time. A global
+    /// limit of every kind), rolling back on a refusal; the latest ready time and where
+    /// the reservation stands on each word. A global
     /// word found sealed gives back what was reserved and starts again ([`Retry`]).
     fn reserve_slots(
         &self,
@@ -386,7 +432,11 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
         request: &Request,
         now: u64,
         max_wait: Duration,
-    ) -> Result<Result<u64, ScopeReserveError>, Retry> {
+    ) -> Result<Result<(u64, Places), ScopeReserveError>, Retry> {
+        let mut places = Places {
+            global: [None; MAX_POLICIES_PER_RULE],
+            keyed: [None; MAX_PAYERS],
+        };
         let global_cost = costs[ScopeKind::Global.index()];
         // The plain global words, when the class charges the global scope.
         let words = if global_cost > 0 { &g.words[..] } else { &[] };
@@ -412,18 +462,18 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 }
             }
         }
-        // Gives back the first `global` words and the handles before `keyed`, at the
-        // same reading.
-        let give_back = |global: usize, keyed: usize| {
-            for limit in 0..global {
-                refund_global(g, limit, &self.clock, global_cost, now);
+        // Cancels the reservations on the first `global` words and the handles before
+        // `keyed`, at the same reading, each as `Reservation::cancel` does: exactly,
+        // unless another reservation was made on the word since.
+        let give_back = |places: &Places, global: usize, keyed: usize| {
+            for (limit, place) in places.global.iter().enumerate().take(global) {
+                if let Some(place) = place {
+                    cancel_global(g, limit, place, &self.clock, global_cost, now);
+                }
             }
-            for (j, done) in handles[..keyed].iter().enumerate() {
-                let cost = costs[j / MAX_POLICIES_PER_RULE];
-                if let Some(d) = done {
-                    if let Some(units) = d.layout.units_of(cost) {
-                        d.raw.refund_units(d.layout, d.clock, now, units);
-                    }
+            for (done, place) in handles[..keyed].iter().zip(&places.keyed) {
+                if let (Some(d), Some(place)) = (done, place) {
+                    let Ok(()) = place.cancel_in::<Fixed, C>(d.raw, d.layout, d.clock, now);
                 }
             }
         };
@@ -437,7 +487,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
         for (l, core) in words.iter().enumerate() {
             let layout = core.policy().layout();
             let refused = |error| {
-                give_back(l, 0);
+                give_back(&places, l, 0);
                 Ok(Err(ScopeReserveError::Reserve {
                     scope: Scope::Global,
                     error,
@@ -455,10 +505,15 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             };
             match reserve_on_in::<Sealable, C>(core.raw(), layout, &self.clock, now, units, &limits)
             {
-                Ok(Ok((_, ready))) => ready_at = ready_at.max(ready),
+                Ok(Ok((_, ready, place))) => {
+                    ready_at = ready_at.max(ready);
+                    if let Some(slot) = places.global.get_mut(l) {
+                        *slot = place;
+                    }
+                }
                 Ok(Err(e)) => return refused(e),
                 Err(Sealed) => {
-                    give_back(l, 0);
+                    give_back(&places, l, 0);
                     return Err(Retry);
                 }
             }
@@ -469,7 +524,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             let kind = ScopeKind::ALL[k];
             let refused = |error| {
                 // Give back what this request reserved so far, at the same reading.
-                give_back(words.len(), i);
+                give_back(&places, words.len(), i);
                 Ok(Err(ScopeReserveError::Reserve {
                     scope: Scope::of(request, kind).unwrap_or(Scope::Global),
                     error,
@@ -486,7 +541,10 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 horizon: horizon(k, tiers[k], l),
             };
             match reserve_on(h.raw, h.layout, h.clock, now, units, &limits) {
-                Ok((_, ready)) => ready_at = ready_at.max(ready),
+                Ok((_, ready, place)) => {
+                    ready_at = ready_at.max(ready);
+                    places.keyed[i] = place;
+                }
                 Err(e) => return refused(e),
             }
         }
@@ -500,6 +558,26 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                     .record(true, costs[i / MAX_POLICIES_PER_RULE], request.attempt);
             }
         }
-        Ok(Ok(ready_at))
+        Ok(Ok((ready_at, places)))
+    }
+}
+
+/// Cancels a reservation of `cost` standing at `place` on generation `g`'s global word of
+/// limit `limit`, at `now` ([`Place::cancel_in`]); a word sealed since (reconfigured)
+/// gets the refund of `cost`, carried to the current generation.
+fn cancel_global<C: Clock>(
+    g: &Generation,
+    limit: usize,
+    place: &Place,
+    clock: &Monotonic<C>,
+    cost: u64,
+    now: u64,
+) {
+    let Some(core) = g.words.get(limit) else {
+        return;
+    };
+    let layout = core.policy().layout();
+    if let Err(Sealed) = place.cancel_in::<Sealable, C>(core.raw(), layout, clock, now) {
+        refund_global(g, limit, clock, cost, now);
     }
 }
