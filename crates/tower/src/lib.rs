@@ -39,7 +39,8 @@
 //! - **refuses**: answers `429` with `Retry-After` (whole seconds, rounded up, never 0)
 //!   and the refusing scope's fields, and a body from a hook (problem details by default);
 //! - **delays** (routes with [`max_wait`](Route::max_wait)): takes an owned reservation
-//!   and sleeps on tokio's timer; a client that hangs up gives the tokens back;
+//!   and sleeps on tokio's timer; a client that hangs up cancels it (its tokens come
+//!   back on each scope where no request reserved after it);
 //! - **shadow** ([`shadow`](RateLimitLayerBuilder::shadow),
 //!   [`shadow_scope`](RateLimitLayerBuilder::shadow_scope), [`Route::shadow`]): counts
 //!   and logs the refusal, and admits;
