@@ -373,16 +373,7 @@ impl<C: Clock> Bucket<C> {
         max_wait: Duration,
     ) -> Result<OwnedReservation<Bucket<C>>, ReserveError> {
         let layout = self.policy().layout();
-        let Some(cost_units) = layout.units_of(cost) else {
-            return Err(ReserveError::CostExceedsCapacity {
-                cost,
-                capacity: layout.capacity(),
-            });
-        };
-        let limits = Limits {
-            max_wait,
-            horizon: self.policy().max_reservation(),
-        };
+        let (cost_units, limits) = self.reserve_terms(cost, max_wait)?;
         let (reserved_at, ready_at, place) = reserve_on(
             self.raw(),
             layout,

@@ -326,6 +326,28 @@ impl<C: Clock> Drop for Reservation<'_, C> {
 }
 
 impl<C: Clock> Bucket<C> {
+    /// A reservation's cost in units and its limits, shared by [`reserve`](Bucket::reserve)
+    /// and [`reserve_owned`](Bucket::reserve_owned): a cost above the capacity is an error
+    /// before anything is read or written.
+    pub(crate) fn reserve_terms(
+        &self,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<(u64, Limits), ReserveError> {
+        let layout = self.policy().layout();
+        let Some(cost_units) = layout.units_of(cost) else {
+            return Err(ReserveError::CostExceedsCapacity {
+                cost,
+                capacity: layout.capacity(),
+            });
+        };
+        let limits = Limits {
+            max_wait,
+            horizon: self.policy().max_reservation(),
+        };
+        Ok((cost_units, limits))
+    }
+
     /// Takes `cost` tokens now, into the policy's reservation allowance if needed, and says
     /// when the caller may proceed; or fails at once, changing nothing.
     ///
@@ -370,16 +392,7 @@ impl<C: Clock> Bucket<C> {
         max_wait: Duration,
     ) -> Result<Reservation<'_, C>, ReserveError> {
         let layout = self.policy().layout();
-        let Some(cost_units) = layout.units_of(cost) else {
-            return Err(ReserveError::CostExceedsCapacity {
-                cost,
-                capacity: layout.capacity(),
-            });
-        };
-        let limits = Limits {
-            max_wait,
-            horizon: self.policy().max_reservation(),
-        };
+        let (cost_units, limits) = self.reserve_terms(cost, max_wait)?;
         let now = self.now();
         let (reserved_at, ready_at, reserved) = self.raw().transition(
             layout,
