@@ -13,6 +13,7 @@
 mod breaker;
 mod compose;
 mod config;
+mod connect;
 mod error;
 mod lease_pool;
 pub mod model;

@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
-use tokengate::scope::{RemoteRefusal, RemoteScopes, Scope, ScopeKind};
+use tokengate::scope::{RemoteRefusal, RemoteScopes, Scope, ScopeKind, TenantId};
 
 use crate::error::PoolError;
 use crate::policy::RemotePolicy;
 use crate::strict::{InvalidRequest, RedisScopes, StrictRefused, StrictScope};
 
-/// The hash tag of every call unless [`with_tag`](RedisScopeKinds::with_tag) says
-/// otherwise.
+/// The hash tag of a call that names no tenant, unless
+/// [`with_tag`](RedisScopeKinds::with_tag) says otherwise.
 const DEFAULT_TAG: &str = "scopes";
 
 /// A [`RedisScopes`] as the [`RemoteScopes`] of a scoped limiter: each remote
@@ -20,10 +20,17 @@ const DEFAULT_TAG: &str = "scopes";
 /// of its scopes a key of it named as the scope prints (`tenant:42`); a request's remote
 /// scopes are taken in one strict script call, all or none.
 ///
-/// Every call uses one hash tag ([`with_tag`](RedisScopeKinds::with_tag)): a scope's key
-/// must not depend on the request that names it (a user seen with two tenants is one
-/// budget), and one call's keys must share a slot. All the kinds' keys thus live in one
-/// Redis Cluster slot; the crate assumes one primary anyway (see the README).
+/// One call's keys share one hash tag, so Redis Cluster keeps them in one slot and the
+/// all-or-nothing script never answers `CROSSSLOT`. The tag is the request's partition:
+/// its tenant (`tenant:42`, from a [`Scope::Tenant`] or [`Scope::TenantRoute`] among its
+/// remote scopes: keep the tenant kind remote to partition),
+/// so different tenants land in different slots and a cluster spreads them over its
+/// primaries; a request that names no tenant uses the fixed tag
+/// ([`with_tag`](RedisScopeKinds::with_tag), `scopes` by default). The scopes a request
+/// names beside its tenant (a user, an API key, a route) are therefore budgets *within*
+/// that tenant: a user seen with two tenants has one budget in each. Where that is not
+/// wanted (users shared across tenants), [`unpartitioned`](RedisScopeKinds::unpartitioned)
+/// puts every key under the fixed tag, in one slot.
 ///
 /// Refusals map as follows: [`StrictRefused::Rejected`] names its scope;
 /// [`StrictRefused::Unavailable`] (Redis unreachable under
@@ -54,15 +61,43 @@ pub struct RedisScopeKinds {
     scopes: RedisScopes,
     kinds: Vec<(ScopeKind, StrictScope)>,
     tag: String,
+    by_tenant: bool,
 }
 
 impl RedisScopeKinds {
-    /// No kinds yet, on `scopes`, with the hash tag `scopes`.
+    /// No kinds yet, on `scopes`, partitioned by tenant, with the fixed hash tag `scopes`
+    /// for requests that name no tenant.
     pub fn new(scopes: RedisScopes) -> Self {
         Self {
             scopes,
             kinds: Vec::new(),
             tag: DEFAULT_TAG.to_owned(),
+            by_tenant: true,
+        }
+    }
+
+    /// Every call under the fixed tag, whatever tenant it names: one budget per scope
+    /// across tenants, all in one cluster slot.
+    #[must_use]
+    pub fn unpartitioned(mut self) -> Self {
+        self.by_tenant = false;
+        self
+    }
+
+    /// The hash tag of a call naming `scopes`: `tenant:<id>` of the first tenant named,
+    /// else the fixed tag.
+    fn tag_of<'a>(&'a self, scopes: impl IntoIterator<Item = &'a Scope>) -> String {
+        let tenant = |s: &Scope| match *s {
+            Scope::Tenant(t) | Scope::TenantRoute(t, _) => Some(t),
+            _ => None,
+        };
+        match scopes
+            .into_iter()
+            .find_map(tenant)
+            .filter(|_| self.by_tenant)
+        {
+            Some(TenantId(t)) => format!("tenant:{t}"),
+            None => self.tag.clone(),
         }
     }
 
@@ -85,7 +120,8 @@ impl RedisScopeKinds {
         Ok(self)
     }
 
-    /// Uses `tag` as every call's hash tag (`tg:{namespace:tag}:s:...`).
+    /// Uses `tag` as the hash tag (`tg:{namespace:tag}:s:...`) of every call that names no
+    /// tenant (of every call, when [`unpartitioned`](Self::unpartitioned)).
     ///
     /// # Errors
     ///
@@ -110,10 +146,20 @@ impl RedisScopeKinds {
         self.kinds.iter().find(|(k, _)| *k == kind).map(|(_, s)| s)
     }
 
-    /// The Redis key of `scope`'s bucket, if its kind is kept here.
+    /// The Redis key of `scope`'s bucket in a request naming it alone, if its kind is
+    /// kept here ([`key_in`](Self::key_in) for a request naming more).
     pub fn key(&self, scope: &Scope) -> Option<String> {
+        self.key_in(std::slice::from_ref(scope), scope)
+    }
+
+    /// The Redis key of `scope`'s bucket in a request naming `request` (its partition is
+    /// the tenant `request` names), if its kind is kept here.
+    pub fn key_in(&self, request: &[Scope], scope: &Scope) -> Option<String> {
         let strict = self.strict_scope(scope.kind())?;
-        Some(self.scopes.key(&self.tag, strict, &scope.to_string()))
+        Some(
+            self.scopes
+                .key(&self.tag_of(request), strict, &scope.to_string()),
+        )
     }
 
     /// `items` as strict items (their keys are the scopes as they print), or the first
@@ -149,7 +195,8 @@ impl RemoteScopes for RedisScopeKinds {
         let strict: Vec<(&StrictScope, &str, u64)> =
             owned.iter().map(|(s, k, c)| (*s, k.as_str(), *c)).collect();
         let scope_at = |index: usize| items.get(index).map_or(first, |&(s, _)| s);
-        match self.scopes.try_acquire(&self.tag, &strict) {
+        let tag = self.tag_of(items.iter().map(|(s, _)| s));
+        match self.scopes.try_acquire(&tag, &strict) {
             Ok(_) => Ok(()),
             Err(StrictRefused::Rejected { index, retry_after }) => Err(RemoteRefusal::Refused {
                 scope: scope_at(index),
@@ -175,6 +222,7 @@ impl RemoteScopes for RedisScopeKinds {
             .collect();
         let strict: Vec<(&StrictScope, &str, u64)> =
             owned.iter().map(|(s, k, c)| (*s, k.as_str(), *c)).collect();
-        self.scopes.give_back(&self.tag, &strict);
+        let tag = self.tag_of(items.iter().map(|(s, _)| s));
+        self.scopes.give_back(&tag, &strict);
     }
 }

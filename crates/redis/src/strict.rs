@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::Connection;
 use tokengate::KeyedLimiter;
 
 use crate::breaker::Breaker;
 use crate::config::{FailMode, PoolConfig};
+use crate::connect::{self, Link};
 use crate::error::PoolError;
 use crate::policy::{RemotePolicy, UNITS_PER_TOKEN};
 use crate::script::{BucketKeys, Exchange, Scripts, Take, Target};
@@ -234,7 +234,7 @@ impl std::error::Error for StrictRefused {}
 pub struct RedisScopes {
     config: PoolConfig,
     scripts: Scripts,
-    connections: Vec<Mutex<Option<Connection>>>,
+    connections: Vec<Mutex<Option<Link>>>,
     next: AtomicUsize,
     breaker: Mutex<Breaker>,
     clock: quanta::Clock,
@@ -269,7 +269,7 @@ impl RedisScopes {
     pub fn connect(config: PoolConfig) -> Result<Self, PoolError> {
         config.validate()?;
         let scripts = Scripts::new(config.time);
-        let first = worker::open(&config, &scripts)?;
+        let first = connect::open(&config, &scripts)?;
         let mut connections: Vec<_> = (0..CONNECTIONS).map(|_| Mutex::new(None)).collect();
         connections[0] = Mutex::new(Some(first));
         let clock = quanta::Clock::new();
@@ -513,7 +513,7 @@ impl RedisScopes {
     /// `f` or the beat failed.
     fn on_connection<R>(
         &self,
-        f: impl FnOnce(&mut Connection, u64) -> redis::RedisResult<R>,
+        f: impl FnOnce(&mut Link, u64) -> redis::RedisResult<R>,
     ) -> redis::RedisResult<R> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         let mut slot = self.connections[i]
@@ -521,7 +521,7 @@ impl RedisScopes {
             .unwrap_or_else(PoisonError::into_inner);
         let mut con = match slot.take() {
             Some(con) => con,
-            None => worker::open(&self.config, &self.scripts).map_err(|e| {
+            None => connect::open(&self.config, &self.scripts).map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "connect failed", e.to_string()))
             })?,
         };
@@ -545,13 +545,28 @@ impl RedisScopes {
             .map(|(k, (scope, _, cost))| (k, &scope.policy, *cost))
             .collect();
         let keep_ms = self.config.key_keep.as_millis() as u64;
-        self.on_connection(|con, now_us| self.scripts.take(con, &args, keep_ms, now_us))
+        let wait = self.config.wait;
+        self.on_connection(|con, now_us| {
+            let taken = self.scripts.take(con, &args, keep_ms, now_us)?;
+            // With `WAIT`, a take counts only once the replicas hold it: otherwise the
+            // call fails (and the fail mode decides), whatever the take wrote.
+            if let (Take::Taken(_), Some((replicas, timeout))) = (&taken, wait) {
+                let acked = con.wait(&[keys[0].state.as_str()], replicas, timeout)?;
+                if acked < replicas {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "too few replicas acknowledged the take",
+                    )));
+                }
+            }
+            Ok(taken)
+        })
     }
 
     /// Sends the fleet heartbeat on `con` when it is due (one caller at a time) and keeps
     /// the count Redis replies. False when the beat failed: the connection is dropped and
     /// the next take beats again.
-    fn beat_if_due(&self, con: &mut Connection, now_us: u64) -> bool {
+    fn beat_if_due(&self, con: &mut Link, now_us: u64) -> bool {
         let now = self.now_ns();
         let due = self.beat_due_ns.load(Ordering::Relaxed);
         let next = now + self.config.heartbeat_every().as_nanos() as u64;

@@ -1,0 +1,426 @@
+//! The fleet on a private Redis Cluster (3 primaries, 3 replicas, started by the test on
+//! free loopback ports): strict multi-scope calls in one slot per tenant, tenants spread
+//! over the primaries, and a fleet of instances (threads, each with its own pool) run
+//! through a resharding of the slots it uses, a SIGKILLed primary and a forced failover,
+//! its admissions checked by the ideal bucket of `common::ideal`.
+//!
+//! The tests of this binary run one at a time (each starts its own cluster).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::Duration;
+
+use common::cluster::Cluster;
+use tokengate::scope::{ApiKeyId, RemoteScopes, Scope, ScopeKind, TenantId, UserId};
+use tokengate_redis::{
+    FailMode, PoolConfig, RedisPool, RedisScopeKinds, RedisScopes, RemotePolicy, StrictAdmitted,
+    StrictRefused,
+};
+
+/// One cluster at a time: six servers each, on two cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+const CAP: u64 = 200;
+const RATE: u64 = 100;
+
+fn config(url: &str, ns: &str) -> PoolConfig {
+    PoolConfig::new(url, ns)
+        .max_lease(5)
+        .lease_ttl(Duration::from_secs(2))
+        .grace(Duration::from_millis(50))
+        .exchange_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(100))
+        .probe_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .fail_mode(FailMode::FailClosed)
+}
+
+/// What a fleet run gave.
+struct Run {
+    /// Admissions per bucket, (wall ns before, wall ns after).
+    admissions: Vec<Vec<(u64, u64)>>,
+    /// Tokens granted to the fleet while the fault ran (from its start until the
+    /// cluster was whole again plus 300 ms), summed over the instances' pools.
+    granted_in_fault: u64,
+    /// Rounds that failed, over the instances.
+    failed_rounds: u64,
+    /// Admissions per bucket in the run's last second.
+    last_second: Vec<usize>,
+}
+
+/// `k` instances, each a pool with `threads` threads offering far more than the budget
+/// to every bucket of `scopes`, for `ms`; `fault` runs on this thread 1 s in and the
+/// grants made from its start until it returns (plus 300 ms) are counted.
+fn fleet(
+    url: &str,
+    ns: &str,
+    scopes: &[String],
+    k: usize,
+    threads: usize,
+    ms: u64,
+    tune: impl Fn(PoolConfig) -> PoolConfig + Sync,
+    fault: impl FnOnce(),
+) -> Run {
+    let policy = RemotePolicy::new(CAP, RATE as f64).unwrap();
+    let logs: Vec<Mutex<Vec<(u64, u64)>>> = scopes.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let ready = Barrier::new(k + 1);
+    let sample = Barrier::new(k + 1);
+    let sampled = Barrier::new(k + 1);
+    let granted = Mutex::new(Vec::new());
+    let failed = Mutex::new(0);
+    let end = AtomicU64::new(common::wall_ns() + 60_000_000_000);
+    let mut granted_in_fault = 0;
+    std::thread::scope(|s| {
+        for _ in 0..k {
+            s.spawn(|| {
+                let pool = RedisPool::connect(tune(config(url, ns))).unwrap();
+                let buckets: Vec<_> = scopes
+                    .iter()
+                    .map(|sc| pool.bucket(sc, policy.clone()).unwrap())
+                    .collect();
+                let grants = || {
+                    buckets
+                        .iter()
+                        .map(|b| b.stats().granted_tokens)
+                        .sum::<u64>()
+                };
+                ready.wait();
+                std::thread::scope(|t| {
+                    for _ in 0..threads {
+                        t.spawn(|| {
+                            let mut mine: Vec<Vec<(u64, u64)>> =
+                                scopes.iter().map(|_| Vec::new()).collect();
+                            while common::wall_ns() < end.load(Ordering::Relaxed) {
+                                let mut any = false;
+                                for (i, b) in buckets.iter().enumerate() {
+                                    let before = common::wall_ns();
+                                    if b.try_acquire(1).is_ok() {
+                                        mine[i].push((before, common::wall_ns()));
+                                        any = true;
+                                    }
+                                }
+                                if !any {
+                                    std::thread::sleep(Duration::from_micros(300));
+                                }
+                            }
+                            for (i, m) in mine.into_iter().enumerate() {
+                                logs[i].lock().unwrap().extend(m);
+                            }
+                        });
+                    }
+                    sample.wait();
+                    let g0 = grants();
+                    sampled.wait();
+                    sample.wait();
+                    granted.lock().unwrap().push(grants() - g0);
+                    sampled.wait();
+                });
+                *failed.lock().unwrap() += pool.failed_rounds();
+            });
+        }
+        ready.wait();
+        let start = common::wall_ns();
+        std::thread::sleep(Duration::from_secs(1));
+        sample.wait();
+        sampled.wait();
+        fault();
+        std::thread::sleep(Duration::from_millis(300));
+        sample.wait();
+        sampled.wait();
+        granted_in_fault = granted.lock().unwrap().iter().sum();
+        let done = (common::wall_ns() + 1_500_000_000).max(start + ms * 1_000_000);
+        end.store(done, Ordering::Relaxed);
+    });
+    let admissions: Vec<Vec<(u64, u64)>> =
+        logs.into_iter().map(|l| l.into_inner().unwrap()).collect();
+    let last_second = admissions
+        .iter()
+        .map(|a| {
+            let last = a.iter().map(|x| x.1).max().unwrap_or(0);
+            a.iter().filter(|x| x.0 + 1_000_000_000 >= last).count()
+        })
+        .collect();
+    Run {
+        admissions,
+        granted_in_fault,
+        failed_rounds: *failed.lock().unwrap(),
+        last_second,
+    }
+}
+
+/// Scope names whose buckets live on `n` different primaries (the first found for each).
+fn scopes_on_distinct_primaries(c: &Cluster, ns: &str, n: usize) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for i in 0..1000 {
+        let scope = format!("b{i}");
+        let primary = c.primary_of(c.slot(&format!("tg:{{{ns}:{scope}}}")));
+        if seen.insert(primary) {
+            out.push(scope);
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The most any window exceeded `B + r*w` by (0 when none did).
+fn over_admission(adm: &[(u64, u64)]) -> u64 {
+    common::ideal::worst_windows(adm, CAP, RATE * 1000, 0)
+        .iter()
+        .map(|w| w.admitted.saturating_sub(w.bound))
+        .max()
+        .unwrap_or(0)
+}
+
+fn balance(c: &Cluster, key: &str) -> Option<u64> {
+    let mut con = c.connect(c.primary_of(c.slot(key)));
+    let u: Option<u64> = redis::cmd("HGET")
+        .arg(key)
+        .arg("u")
+        .query(&mut con)
+        .unwrap();
+    u.map(|u| u / tokengate_redis::UNITS_PER_TOKEN)
+}
+
+#[test]
+fn strict_calls_keep_a_requests_keys_in_one_slot_and_spread_tenants_over_the_primaries() {
+    let _one = serial();
+    let c = Cluster::start();
+    let ns = common::namespace("cluster-strict");
+    let kinds = |redis: RedisScopes| {
+        RedisScopeKinds::new(redis)
+            .kind(ScopeKind::Tenant, RemotePolicy::new(10, 0.001).unwrap())
+            .unwrap()
+            .kind(ScopeKind::User, RemotePolicy::new(2, 0.001).unwrap())
+            .unwrap()
+            .kind(ScopeKind::ApiKey, RemotePolicy::new(10, 0.001).unwrap())
+            .unwrap()
+    };
+    let store = kinds(RedisScopes::connect(config(&c.url(), &ns)).unwrap());
+    let mut primaries = BTreeSet::new();
+    for t in 0..24 {
+        let items = [
+            (Scope::Tenant(TenantId(t)), 1),
+            (Scope::User(UserId(7)), 1),
+            (Scope::ApiKey(ApiKeyId(t)), 1),
+        ];
+        // Three kinds in one script call: a CROSSSLOT would be an error here.
+        store.take(&items).unwrap();
+        let scopes: Vec<Scope> = items.iter().map(|i| i.0).collect();
+        let slots: BTreeSet<u16> = scopes
+            .iter()
+            .map(|s| c.slot(&store.key_in(&scopes, s).unwrap()))
+            .collect();
+        assert_eq!(
+            slots.len(),
+            1,
+            "tenant {t}: one request's keys in {slots:?}"
+        );
+        let slot = *slots.first().unwrap();
+        primaries.insert(c.primary_of(slot));
+        let tenant_key = store.key_in(&scopes, &scopes[0]).unwrap();
+        assert_eq!(balance(&c, &tenant_key), Some(9), "tenant {t}");
+    }
+    assert_eq!(
+        primaries.len(),
+        3,
+        "24 tenants landed on the primaries {primaries:?} only"
+    );
+    // All or nothing on the cluster: user 7 of tenant 0 has one token left.
+    let items = [(Scope::Tenant(TenantId(0)), 1), (Scope::User(UserId(7)), 1)];
+    store.take(&items).unwrap();
+    match store.take(&items) {
+        Err(tokengate::scope::RemoteRefusal::Refused { scope, .. }) => {
+            assert_eq!(scope, Scope::User(UserId(7)));
+        }
+        other => panic!("{other:?}"),
+    }
+    let scopes = [items[0].0, items[1].0];
+    assert_eq!(
+        balance(&c, &store.key_in(&scopes, &scopes[0]).unwrap()),
+        Some(8)
+    );
+    // Unpartitioned: every tenant in one slot.
+    let flat = kinds(RedisScopes::connect(config(&c.url(), &ns)).unwrap()).unpartitioned();
+    let slots: BTreeSet<u16> = (0..24)
+        .map(|t| c.slot(&flat.key(&Scope::Tenant(TenantId(t))).unwrap()))
+        .collect();
+    assert_eq!(slots.len(), 1);
+    // A strict call straight on RedisScopes, tagged by the caller, works the same.
+    let s = RedisScopes::connect(config(&c.url(), &ns)).unwrap();
+    let tenant = s
+        .scope("tenant", RemotePolicy::new(1, 0.001).unwrap())
+        .unwrap();
+    let user = s
+        .scope("user", RemotePolicy::new(1, 0.001).unwrap())
+        .unwrap();
+    let ask = || s.try_acquire("acme", &[(&tenant, "acme", 1), (&user, "al", 1)]);
+    assert_eq!(ask(), Ok(StrictAdmitted::Taken));
+    assert!(matches!(
+        ask(),
+        Err(StrictRefused::Rejected { index: 0, .. })
+    ));
+}
+
+#[test]
+fn the_fleet_stays_within_its_bound_while_the_slots_it_uses_move() {
+    let _one = serial();
+    let c = Cluster::start();
+    let ns = common::namespace("cluster-reshard");
+    let scopes = scopes_on_distinct_primaries(&c, &ns, 2);
+    let slots: Vec<u16> = scopes
+        .iter()
+        .map(|s| c.slot(&format!("tg:{{{ns}:{s}}}")))
+        .collect();
+    let mut moved = 0;
+    let run = fleet(
+        &c.url(),
+        &ns,
+        &scopes,
+        4,
+        2,
+        4000,
+        |cfg| cfg,
+        || {
+            for &slot in &slots {
+                let from = c.primary_of(slot);
+                let to = c
+                    .live()
+                    .into_iter()
+                    .find(|&p| p != from && c.is_primary(p))
+                    .unwrap();
+                moved += c.migrate_slot(slot, from, to, Duration::from_millis(200));
+                c.wait_ok(Duration::from_secs(10));
+                assert_eq!(c.primary_of(slot), to);
+            }
+        },
+    );
+    eprintln!(
+        "resharding: {moved} keys moved, {} failed rounds, last second {:?}",
+        run.failed_rounds, run.last_second
+    );
+    assert!(moved > 0, "the buckets' keys were not in the slots moved");
+    for (i, adm) in run.admissions.iter().enumerate() {
+        common::ideal::assert_within(&format!("resharding, bucket {i}"), adm, CAP, RATE * 1000, 0);
+        // After the move the fleet goes on at its rate: MOVED is followed.
+        assert!(
+            run.last_second[i] as u64 >= RATE / 2,
+            "bucket {i} admitted {} in the last second",
+            run.last_second[i]
+        );
+    }
+}
+
+#[test]
+fn a_sigkilled_primary_fails_over_and_the_fleet_stays_within_the_lost_grant_term() {
+    let _one = serial();
+    let mut c = Cluster::start();
+    let ns = common::namespace("cluster-kill");
+    let scopes = scopes_on_distinct_primaries(&c, &ns, 1);
+    let primary = c.primary_of(c.slot(&format!("tg:{{{ns}:{}}}", scopes[0])));
+    let replica = c.replica_of(primary);
+    let url = c.url();
+    let run = fleet(
+        &url,
+        &ns,
+        &scopes,
+        4,
+        2,
+        4000,
+        |cfg| cfg,
+        || {
+            c.kill(primary);
+            c.wait_ok(Duration::from_secs(20));
+        },
+    );
+    assert!(c.is_primary(replica), "the replica was not promoted");
+    let adm = &run.admissions[0];
+    eprintln!(
+        "SIGKILL failover: over-admission {} (term: {} tokens granted during the failover), \
+         {} failed rounds, last second {:?}",
+        over_admission(adm),
+        run.granted_in_fault,
+        run.failed_rounds,
+        run.last_second
+    );
+    common::ideal::assert_within(
+        "SIGKILLed primary",
+        adm,
+        CAP,
+        RATE * 1000,
+        run.granted_in_fault,
+    );
+    assert!(
+        run.last_second[0] as u64 >= RATE / 2,
+        "{:?}",
+        run.last_second
+    );
+}
+
+#[test]
+fn a_forced_failover_stays_within_the_lost_grant_term_and_with_wait_within_b_plus_rt() {
+    let _one = serial();
+    let c = Cluster::start();
+    let url = c.url();
+    for wait in [false, true] {
+        let ns = common::namespace(if wait {
+            "cluster-force-wait"
+        } else {
+            "cluster-force"
+        });
+        let scopes = scopes_on_distinct_primaries(&c, &ns, 1);
+        let primary = c.primary_of(c.slot(&format!("tg:{{{ns}:{}}}", scopes[0])));
+        let replica = c.replica_of(primary);
+        let tune = |cfg: PoolConfig| {
+            if wait {
+                cfg.wait_for_replicas(1, Duration::from_millis(20))
+            } else {
+                cfg
+            }
+        };
+        let run = fleet(&url, &ns, &scopes, 4, 2, 4000, tune, || {
+            c.failover_force(replica);
+            common::wait_until(
+                "the old primary never became a replica",
+                Duration::from_secs(20),
+                || !c.is_primary(primary),
+                || std::thread::sleep(Duration::from_millis(5)),
+            );
+            c.wait_ok(Duration::from_secs(20));
+            // The old primary, now a replica, in sync again: WAIT can be answered.
+            c.wait_replicas_online(Duration::from_secs(20));
+        });
+        let adm = &run.admissions[0];
+        eprintln!(
+            "CLUSTER FAILOVER FORCE, wait {wait}: over-admission {} (term: {} tokens granted \
+             during the failover), {} failed rounds, last second {:?}",
+            over_admission(adm),
+            run.granted_in_fault,
+            run.failed_rounds,
+            run.last_second
+        );
+        let slack = if wait { 0 } else { run.granted_in_fault };
+        common::ideal::assert_within(
+            &format!("forced failover, wait {wait}"),
+            adm,
+            CAP,
+            RATE * 1000,
+            slack,
+        );
+        assert!(
+            run.last_second[0] as u64 >= RATE / 2,
+            "{:?}",
+            run.last_second
+        );
+    }
+}

@@ -1,0 +1,443 @@
+//! A private Redis Cluster (3 primaries, each with a replica) and a private primary with a
+//! replica watched by Sentinels, on free loopback ports. Every process is a [`Server`]:
+//! killed on drop, and when the test process dies by any signal or panic.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::Server;
+
+/// A scratch directory for node and Sentinel files, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tg-{what}-{}-{}",
+            std::process::id(),
+            super::wall_ns()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A free port whose cluster bus port (`port + 10000`) is free too.
+fn cluster_port() -> u16 {
+    for _ in 0..1000 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair for a cluster node");
+}
+
+fn connect(port: u16) -> redis::Connection {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("node {port}: {e}"));
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c
+}
+
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .and_then(|mut c| {
+            c.set_read_timeout(Some(Duration::from_secs(2)))?;
+            cmd.query(&mut c)
+        })
+}
+
+fn int(v: &Value) -> i64 {
+    redis::from_redis_value_ref(v).unwrap()
+}
+
+/// A 3-primary, 3-replica cluster on loopback, `cluster-node-timeout` 500 ms.
+pub struct Cluster {
+    nodes: Vec<Server>,
+    _dir: Scratch,
+}
+
+impl Cluster {
+    /// Starts six nodes, joins them with `redis-cli --cluster create --cluster-replicas
+    /// 1`, and waits until every node says `cluster_state:ok`.
+    pub fn start() -> Self {
+        let dir = Scratch::new("cluster");
+        let nodes: Vec<Server> = (0..6)
+            .map(|_| {
+                let port = cluster_port();
+                Server::start_on(
+                    port,
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &dir.path(&format!("nodes-{port}.conf")),
+                        "--cluster-node-timeout",
+                        "500",
+                        // Replicas in sync at once (the default waits 5 s for more).
+                        "--repl-diskless-sync-delay",
+                        "0",
+                        "--dir",
+                        &dir.path(""),
+                    ]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect(),
+                )
+            })
+            .collect();
+        let status = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli must run");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let c = Self { nodes, _dir: dir };
+        c.wait_ok(Duration::from_secs(30));
+        c.wait_replicas_online(Duration::from_secs(30));
+        c
+    }
+
+    /// Waits until every primary has a replica in sync (`state=online`).
+    pub fn wait_replicas_online(&self, within: Duration) {
+        let start = Instant::now();
+        loop {
+            let online = self.live().iter().all(|&p| {
+                !self.is_primary(p)
+                    || query::<String>(p, redis::cmd("INFO").arg("replication"))
+                        .is_ok_and(|i| i.contains("state=online"))
+            });
+            if online {
+                return;
+            }
+            assert!(
+                start.elapsed() < within,
+                "replicas not online within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis+cluster://` naming every node.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The ports of the nodes still running.
+    pub fn live(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .map(Server::port)
+            .collect()
+    }
+
+    /// A connection to the node on `port`.
+    pub fn connect(&self, port: u16) -> redis::Connection {
+        connect(port)
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and agrees on who serves
+    /// every slot.
+    pub fn wait_ok(&self, within: Duration) {
+        let start = Instant::now();
+        loop {
+            let ok = self.live().iter().all(|&p| {
+                query::<String>(p, redis::cmd("CLUSTER").arg("INFO"))
+                    .is_ok_and(|i| i.contains("cluster_state:ok"))
+            });
+            let maps: Vec<_> = self.live().iter().map(|&p| self.slot_map(p)).collect();
+            if ok && maps.windows(2).all(|w| w[0] == w[1]) && !maps[0].is_empty() {
+                return;
+            }
+            assert!(start.elapsed() < within, "cluster not ok within {within:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// (first slot, last slot, primary port) as node `port` sees it, sorted.
+    fn slot_map(&self, port: u16) -> Vec<(i64, i64, i64)> {
+        let Ok(slots) = query::<Vec<Vec<Value>>>(port, redis::cmd("CLUSTER").arg("SLOTS")) else {
+            return Vec::new();
+        };
+        let mut map: Vec<_> = slots
+            .iter()
+            .map(|s| {
+                let primary: Vec<Value> = redis::from_redis_value_ref(&s[2]).unwrap();
+                (int(&s[0]), int(&s[1]), int(&primary[1]))
+            })
+            .collect();
+        map.sort_unstable();
+        map
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        query(
+            self.live()[0],
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+        )
+        .unwrap()
+    }
+
+    /// The port of the primary serving `slot`.
+    pub fn primary_of(&self, slot: u16) -> u16 {
+        let slot = i64::from(slot);
+        let p = self.live()[0];
+        self.slot_map(p)
+            .iter()
+            .find(|(a, b, _)| (*a..=*b).contains(&slot))
+            .map(|m| m.2 as u16)
+            .expect("every slot is served")
+    }
+
+    /// The port of `primary`'s replica, once it is attached (within 10 s).
+    pub fn replica_of(&self, primary: u16) -> u16 {
+        for _ in 0..500 {
+            let role: Vec<Value> = query(primary, &redis::cmd("ROLE")).unwrap();
+            let replicas: Vec<Vec<Value>> = redis::from_redis_value_ref(&role[2]).unwrap();
+            if let Some(r) = replicas.first() {
+                let port: String = redis::from_redis_value_ref(&r[1]).unwrap();
+                return port.parse().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("primary {primary} has no replica attached");
+    }
+
+    /// Whether the node on `port` is a primary.
+    pub fn is_primary(&self, port: u16) -> bool {
+        query::<Vec<Value>>(port, &redis::cmd("ROLE"))
+            .is_ok_and(|r| matches!(&r[0], Value::BulkString(b) if b == b"master"))
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        if let Some(n) = self.nodes.iter_mut().find(|n| n.port() == port) {
+            n.stop();
+        }
+    }
+
+    /// `CLUSTER FAILOVER FORCE` on the replica on `port`: it becomes primary without
+    /// its primary's agreement, which goes on accepting writes until it learns.
+    pub fn failover_force(&self, replica: u16) {
+        let ok: String =
+            query(replica, redis::cmd("CLUSTER").arg("FAILOVER").arg("FORCE")).unwrap();
+        assert_eq!(ok, "OK");
+    }
+
+    fn id(port: u16) -> String {
+        query(port, redis::cmd("CLUSTER").arg("MYID")).unwrap()
+    }
+
+    /// Moves `slot` from the primary on `from` to the one on `to` as `redis-cli --cluster
+    /// reshard` does (IMPORTING, MIGRATING, MIGRATE key by key, SETSLOT NODE), pausing
+    /// `pause` after opening the migration and between keys, so clients meet `ASK` and
+    /// `TRYAGAIN` while it runs and `MOVED` after. Returns the keys moved.
+    pub fn migrate_slot(&self, slot: u16, from: u16, to: u16, pause: Duration) -> usize {
+        let (from_id, to_id) = (Self::id(from), Self::id(to));
+        let setslot = |port: u16, how: &str, id: &str| {
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg("SETSLOT").arg(slot).arg(how);
+            if !id.is_empty() {
+                cmd.arg(id);
+            }
+            let ok: String = query(port, &cmd).unwrap();
+            assert_eq!(ok, "OK");
+        };
+        setslot(to, "IMPORTING", &from_id);
+        setslot(from, "MIGRATING", &to_id);
+        std::thread::sleep(pause);
+        let mut moved = 0;
+        let mut con = connect(from);
+        for _ in 0..10_000 {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(1)
+                .query(&mut con)
+                .unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            let _: Value = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut con)
+                .unwrap();
+            moved += keys.len();
+            std::thread::sleep(pause / 4);
+        }
+        setslot(to, "NODE", &to_id);
+        setslot(from, "NODE", &to_id);
+        for p in self.live() {
+            if p != from && p != to && self.is_primary(p) {
+                setslot(p, "NODE", &to_id);
+            }
+        }
+        moved
+    }
+}
+
+/// A primary, its replica, and `n` Sentinels watching it as `tgm` (quorum 1).
+pub struct Sentinels {
+    pub primary: Server,
+    pub replica: Server,
+    pub sentinels: Vec<Server>,
+    _dir: Scratch,
+}
+
+impl Sentinels {
+    /// The primary's name the Sentinels know.
+    pub const NAME: &'static str = "tgm";
+
+    /// Starts the primary, its replica and `n` Sentinels; waits until the replica is in
+    /// sync and every Sentinel sees it.
+    pub fn start(n: usize) -> Self {
+        let dir = Scratch::new("sentinel");
+        let primary = Server::start_with(&["--repl-diskless-sync-delay", "0"]);
+        let replica = Server::start_on(
+            cluster_port(),
+            vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary.port().to_string(),
+                "--repl-diskless-sync-delay".into(),
+                "0".into(),
+            ],
+        );
+        let sentinels = (0..n)
+            .map(|_| {
+                let port = cluster_port();
+                let conf = dir.path(&format!("sentinel-{port}.conf"));
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "sentinel monitor {name} 127.0.0.1 {p} 1\n\
+                         sentinel down-after-milliseconds {name} 1000\n\
+                         sentinel failover-timeout {name} 5000\n",
+                        name = Self::NAME,
+                        p = primary.port()
+                    ),
+                )
+                .unwrap();
+                Server::start_conf(
+                    port,
+                    vec![conf, "--sentinel".into()],
+                    vec!["--dir".into(), dir.path("")],
+                )
+            })
+            .collect();
+        let s = Self {
+            primary,
+            replica,
+            sentinels,
+            _dir: dir,
+        };
+        let start = Instant::now();
+        loop {
+            let synced = query::<String>(s.replica.port(), redis::cmd("INFO").arg("replication"))
+                .is_ok_and(|i| i.contains("master_link_status:up"));
+            let seen = s.sentinels.iter().all(|x| {
+                query::<Vec<Value>>(
+                    x.port(),
+                    redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::NAME),
+                )
+                .is_ok_and(|r| !r.is_empty())
+            });
+            if synced && seen {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the replica or the Sentinels were not ready within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `redis+sentinel://` naming every Sentinel and the primary.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+sentinel://{}/{}", hosts.join(","), Self::NAME)
+    }
+
+    /// The primary's port the first Sentinel names.
+    pub fn named_primary(&self) -> u16 {
+        let (_, port): (String, u16) = query(
+            self.sentinels[0].port(),
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(Self::NAME),
+        )
+        .unwrap();
+        port
+    }
+
+    /// `SENTINEL FAILOVER` through the first Sentinel, then waits until every Sentinel
+    /// names the replica and the old primary follows it.
+    pub fn failover(&self) {
+        let ok: String = query(
+            self.sentinels[0].port(),
+            redis::cmd("SENTINEL").arg("FAILOVER").arg(Self::NAME),
+        )
+        .unwrap();
+        assert_eq!(ok, "OK");
+        let start = Instant::now();
+        loop {
+            let named = self.sentinels.iter().all(|x| {
+                query::<(String, u16)>(
+                    x.port(),
+                    redis::cmd("SENTINEL")
+                        .arg("get-master-addr-by-name")
+                        .arg(Self::NAME),
+                )
+                .is_ok_and(|(_, p)| p == self.replica.port())
+            });
+            let demoted = query::<Vec<Value>>(self.primary.port(), &redis::cmd("ROLE"))
+                .is_ok_and(|r| matches!(&r[0], Value::BulkString(b) if b == b"slave"));
+            if named && demoted {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the Sentinel failover did not finish within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
