@@ -409,9 +409,17 @@ fn open_cluster(
         url: url.clone(),
         detail: e.to_string(),
     })?;
-    let con = client
-        .get_connection()
-        .map_err(|e| classify(&url, e, config.connect_timeout))?;
+    let con = client.get_connection().map_err(|e| {
+        // redis-rs reports a seed's refusal of `CLUSTER SLOTS` as an I/O failure.
+        if e.to_string().contains("cluster support disabled") {
+            PoolError::Misconfigured {
+                url: url.clone(),
+                detail: format!("a seed node is not in cluster mode: {e}"),
+            }
+        } else {
+            classify(&url, e, config.connect_timeout)
+        }
+    })?;
     con.set_write_timeout(Some(config.exchange_timeout))
         .map_err(|e| classify(&url, e, config.exchange_timeout))?;
     let mut link = Link::Cluster(Box::new(con));
@@ -627,4 +635,64 @@ fn tls_failure(e: &redis::RedisError) -> Option<String> {
 #[cfg(not(feature = "tls"))]
 fn tls_failure(_: &redis::RedisError) -> Option<String> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(url: &str) -> Result<Topology, String> {
+        Topology::of(&RedisUrl(url.to_owned()))
+    }
+
+    #[test]
+    fn urls_name_a_node_a_cluster_or_a_sentinel_group() {
+        assert_eq!(of("redis://h:1/0"), Ok(Topology::Node));
+        assert_eq!(of("rediss://u:p@h:1/"), Ok(Topology::Node));
+        let Ok(Topology::Cluster { seeds }) = of("rediss+cluster://u:p@a:1,b:2/") else {
+            panic!()
+        };
+        let seeds: Vec<&str> = seeds.iter().map(RedisUrl::as_str).collect();
+        assert_eq!(seeds, ["rediss://u:p@a:1/", "rediss://u:p@b:2/"]);
+        let Ok(Topology::Sentinel {
+            sentinels,
+            master,
+            scheme,
+            userinfo,
+            db,
+        }) = of("redis+sentinel://:pw@s1,s2:5000,[::1]/main/3")
+        else {
+            panic!()
+        };
+        assert_eq!(
+            sentinels,
+            [
+                "redis://s1:26379/",
+                "redis://s2:5000/",
+                "redis://[::1]:26379/"
+            ]
+        );
+        assert_eq!(
+            (master.as_str(), scheme, db.as_str()),
+            ("main", "redis", "/3")
+        );
+        assert_eq!(userinfo.as_str(), ":pw@");
+    }
+
+    #[test]
+    fn a_malformed_cluster_or_sentinel_url_says_what_is_wrong() {
+        for (url, says) in [
+            ("redis+cluster://a:1,,b:2", "empty address"),
+            ("redis+cluster://a:1/2", "database 0 only"),
+            ("redis+cluster://a:1?x=1", "query parameters"),
+            ("redis+sentinel://a:1", "name is missing"),
+            ("redis+sentinel://a:1/", "name is missing"),
+            ("redis+sentinel://a:1/m/x", "must be a number"),
+        ] {
+            let e = of(url).unwrap_err();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        let many = format!("redis+cluster://{}", vec!["h:1"; 65].join(","));
+        assert!(of(&many).unwrap_err().contains("at most 64"));
+    }
 }

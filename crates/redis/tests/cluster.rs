@@ -9,15 +9,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use common::cluster::Cluster;
+use common::cluster::{CAP, Cluster, RATE, config, fleet, over_admission};
 use tokengate::scope::{ApiKeyId, RemoteScopes, Scope, ScopeKind, TenantId, UserId};
 use tokengate_redis::{
-    FailMode, PoolConfig, RedisPool, RedisScopeKinds, RedisScopes, RemotePolicy, StrictAdmitted,
-    StrictRefused,
+    PoolConfig, RedisScopeKinds, RedisScopes, RemotePolicy, StrictAdmitted, StrictRefused,
 };
 
 /// One cluster at a time: six servers each, on two cores.
@@ -27,133 +25,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-const CAP: u64 = 200;
-const RATE: u64 = 100;
-
-fn config(url: &str, ns: &str) -> PoolConfig {
-    PoolConfig::new(url, ns)
-        .max_lease(5)
-        .lease_ttl(Duration::from_secs(2))
-        .grace(Duration::from_millis(50))
-        .exchange_timeout(Duration::from_millis(100))
-        .connect_timeout(Duration::from_millis(100))
-        .probe_backoff(Duration::from_millis(20), Duration::from_millis(100))
-        .fail_mode(FailMode::FailClosed)
-}
-
-/// What a fleet run gave.
-struct Run {
-    /// Admissions per bucket, (wall ns before, wall ns after).
-    admissions: Vec<Vec<(u64, u64)>>,
-    /// Tokens granted to the fleet while the fault ran (from its start until the
-    /// cluster was whole again plus 300 ms), summed over the instances' pools.
-    granted_in_fault: u64,
-    /// Rounds that failed, over the instances.
-    failed_rounds: u64,
-    /// Admissions per bucket in the run's last second.
-    last_second: Vec<usize>,
-}
-
-/// `k` instances, each a pool with `threads` threads offering far more than the budget
-/// to every bucket of `scopes`, for `ms`; `fault` runs on this thread 1 s in and the
-/// grants made from its start until it returns (plus 300 ms) are counted.
-fn fleet(
-    url: &str,
-    ns: &str,
-    scopes: &[String],
-    k: usize,
-    threads: usize,
-    ms: u64,
-    tune: impl Fn(PoolConfig) -> PoolConfig + Sync,
-    fault: impl FnOnce(),
-) -> Run {
-    let policy = RemotePolicy::new(CAP, RATE as f64).unwrap();
-    let logs: Vec<Mutex<Vec<(u64, u64)>>> = scopes.iter().map(|_| Mutex::new(Vec::new())).collect();
-    let ready = Barrier::new(k + 1);
-    let sample = Barrier::new(k + 1);
-    let sampled = Barrier::new(k + 1);
-    let granted = Mutex::new(Vec::new());
-    let failed = Mutex::new(0);
-    let end = AtomicU64::new(common::wall_ns() + 60_000_000_000);
-    let mut granted_in_fault = 0;
-    std::thread::scope(|s| {
-        for _ in 0..k {
-            s.spawn(|| {
-                let pool = RedisPool::connect(tune(config(url, ns))).unwrap();
-                let buckets: Vec<_> = scopes
-                    .iter()
-                    .map(|sc| pool.bucket(sc, policy.clone()).unwrap())
-                    .collect();
-                let grants = || {
-                    buckets
-                        .iter()
-                        .map(|b| b.stats().granted_tokens)
-                        .sum::<u64>()
-                };
-                ready.wait();
-                std::thread::scope(|t| {
-                    for _ in 0..threads {
-                        t.spawn(|| {
-                            let mut mine: Vec<Vec<(u64, u64)>> =
-                                scopes.iter().map(|_| Vec::new()).collect();
-                            while common::wall_ns() < end.load(Ordering::Relaxed) {
-                                let mut any = false;
-                                for (i, b) in buckets.iter().enumerate() {
-                                    let before = common::wall_ns();
-                                    if b.try_acquire(1).is_ok() {
-                                        mine[i].push((before, common::wall_ns()));
-                                        any = true;
-                                    }
-                                }
-                                if !any {
-                                    std::thread::sleep(Duration::from_micros(300));
-                                }
-                            }
-                            for (i, m) in mine.into_iter().enumerate() {
-                                logs[i].lock().unwrap().extend(m);
-                            }
-                        });
-                    }
-                    sample.wait();
-                    let g0 = grants();
-                    sampled.wait();
-                    sample.wait();
-                    granted.lock().unwrap().push(grants() - g0);
-                    sampled.wait();
-                });
-                *failed.lock().unwrap() += pool.failed_rounds();
-            });
-        }
-        ready.wait();
-        let start = common::wall_ns();
-        std::thread::sleep(Duration::from_secs(1));
-        sample.wait();
-        sampled.wait();
-        fault();
-        std::thread::sleep(Duration::from_millis(300));
-        sample.wait();
-        sampled.wait();
-        granted_in_fault = granted.lock().unwrap().iter().sum();
-        let done = (common::wall_ns() + 1_500_000_000).max(start + ms * 1_000_000);
-        end.store(done, Ordering::Relaxed);
-    });
-    let admissions: Vec<Vec<(u64, u64)>> =
-        logs.into_iter().map(|l| l.into_inner().unwrap()).collect();
-    let last_second = admissions
-        .iter()
-        .map(|a| {
-            let last = a.iter().map(|x| x.1).max().unwrap_or(0);
-            a.iter().filter(|x| x.0 + 1_000_000_000 >= last).count()
-        })
-        .collect();
-    Run {
-        admissions,
-        granted_in_fault,
-        failed_rounds: *failed.lock().unwrap(),
-        last_second,
-    }
 }
 
 /// Scope names whose buckets live on `n` different primaries (the first found for each).
@@ -171,15 +42,6 @@ fn scopes_on_distinct_primaries(c: &Cluster, ns: &str, n: usize) -> Vec<String> 
         }
     }
     out
-}
-
-/// The most any window exceeded `B + r*w` by (0 when none did).
-fn over_admission(adm: &[(u64, u64)]) -> u64 {
-    common::ideal::worst_windows(adm, CAP, RATE * 1000, 0)
-        .iter()
-        .map(|w| w.admitted.saturating_sub(w.bound))
-        .max()
-        .unwrap_or(0)
 }
 
 fn balance(c: &Cluster, key: &str) -> Option<u64> {

@@ -5,7 +5,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+
 use redis::Value;
+use tokengate_redis::{FailMode, PoolConfig, RedisPool, RemotePolicy};
 
 use super::Server;
 
@@ -409,8 +413,14 @@ impl Sentinels {
     }
 
     /// `SENTINEL FAILOVER` through the first Sentinel, then waits until every Sentinel
-    /// names the replica and the old primary follows it.
+    /// names the other node and the old primary follows it.
     pub fn failover(&self) {
+        let old = self.named_primary();
+        let new = if old == self.primary.port() {
+            self.replica.port()
+        } else {
+            self.primary.port()
+        };
         let ok: String = query(
             self.sentinels[0].port(),
             redis::cmd("SENTINEL").arg("FAILOVER").arg(Self::NAME),
@@ -426,18 +436,156 @@ impl Sentinels {
                         .arg("get-master-addr-by-name")
                         .arg(Self::NAME),
                 )
-                .is_ok_and(|(_, p)| p == self.replica.port())
+                .is_ok_and(|(_, p)| p == new)
             });
-            let demoted = query::<Vec<Value>>(self.primary.port(), &redis::cmd("ROLE"))
+            let demoted = query::<Vec<Value>>(old, &redis::cmd("ROLE"))
                 .is_ok_and(|r| matches!(&r[0], Value::BulkString(b) if b == b"slave"));
-            if named && demoted {
+            let synced = query::<String>(old, redis::cmd("INFO").arg("replication"))
+                .is_ok_and(|i| i.contains("master_link_status:up"));
+            if named && demoted && synced {
                 return;
             }
             assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the Sentinel failover did not finish within 20 s"
+                start.elapsed() < Duration::from_secs(30),
+                "the Sentinel failover did not finish within 30 s"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+pub const CAP: u64 = 200;
+pub const RATE: u64 = 100;
+
+pub fn config(url: &str, ns: &str) -> PoolConfig {
+    PoolConfig::new(url, ns)
+        .max_lease(5)
+        .lease_ttl(Duration::from_secs(2))
+        .grace(Duration::from_millis(50))
+        .exchange_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(100))
+        .probe_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .fail_mode(FailMode::FailClosed)
+}
+
+/// What a fleet run gave.
+pub struct Run {
+    /// Admissions per bucket, (wall ns before, wall ns after).
+    pub admissions: Vec<Vec<(u64, u64)>>,
+    /// Tokens granted to the fleet while the fault ran (from its start until the
+    /// cluster was whole again plus 300 ms), summed over the instances' pools.
+    pub granted_in_fault: u64,
+    /// Rounds that failed, over the instances.
+    pub failed_rounds: u64,
+    /// Admissions per bucket in the run's last second.
+    pub last_second: Vec<usize>,
+}
+
+/// `k` instances, each a pool with `threads` threads offering far more than the budget
+/// to every bucket of `scopes`, for `ms`; `fault` runs on this thread 1 s in and the
+/// grants made from its start until it returns (plus 300 ms) are counted.
+pub fn fleet(
+    url: &str,
+    ns: &str,
+    scopes: &[String],
+    k: usize,
+    threads: usize,
+    ms: u64,
+    tune: impl Fn(PoolConfig) -> PoolConfig + Sync,
+    fault: impl FnOnce(),
+) -> Run {
+    let policy = RemotePolicy::new(CAP, RATE as f64).unwrap();
+    let logs: Vec<Mutex<Vec<(u64, u64)>>> = scopes.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let ready = Barrier::new(k + 1);
+    let sample = Barrier::new(k + 1);
+    let sampled = Barrier::new(k + 1);
+    let granted = Mutex::new(Vec::new());
+    let failed = Mutex::new(0);
+    let end = AtomicU64::new(super::wall_ns() + 60_000_000_000);
+    let mut granted_in_fault = 0;
+    std::thread::scope(|s| {
+        for _ in 0..k {
+            s.spawn(|| {
+                let pool = RedisPool::connect(tune(config(url, ns))).unwrap();
+                let buckets: Vec<_> = scopes
+                    .iter()
+                    .map(|sc| pool.bucket(sc, policy.clone()).unwrap())
+                    .collect();
+                let grants = || {
+                    buckets
+                        .iter()
+                        .map(|b| b.stats().granted_tokens)
+                        .sum::<u64>()
+                };
+                ready.wait();
+                std::thread::scope(|t| {
+                    for _ in 0..threads {
+                        t.spawn(|| {
+                            let mut mine: Vec<Vec<(u64, u64)>> =
+                                scopes.iter().map(|_| Vec::new()).collect();
+                            while super::wall_ns() < end.load(Ordering::Relaxed) {
+                                let mut any = false;
+                                for (i, b) in buckets.iter().enumerate() {
+                                    let before = super::wall_ns();
+                                    if b.try_acquire(1).is_ok() {
+                                        mine[i].push((before, super::wall_ns()));
+                                        any = true;
+                                    }
+                                }
+                                if !any {
+                                    std::thread::sleep(Duration::from_micros(300));
+                                }
+                            }
+                            for (i, m) in mine.into_iter().enumerate() {
+                                logs[i].lock().unwrap().extend(m);
+                            }
+                        });
+                    }
+                    sample.wait();
+                    let g0 = grants();
+                    sampled.wait();
+                    sample.wait();
+                    granted.lock().unwrap().push(grants() - g0);
+                    sampled.wait();
+                });
+                *failed.lock().unwrap() += pool.failed_rounds();
+            });
+        }
+        ready.wait();
+        let start = super::wall_ns();
+        std::thread::sleep(Duration::from_secs(1));
+        sample.wait();
+        sampled.wait();
+        fault();
+        std::thread::sleep(Duration::from_millis(300));
+        sample.wait();
+        sampled.wait();
+        granted_in_fault = granted.lock().unwrap().iter().sum();
+        let done = (super::wall_ns() + 1_500_000_000).max(start + ms * 1_000_000);
+        end.store(done, Ordering::Relaxed);
+    });
+    let admissions: Vec<Vec<(u64, u64)>> =
+        logs.into_iter().map(|l| l.into_inner().unwrap()).collect();
+    let last_second = admissions
+        .iter()
+        .map(|a| {
+            let last = a.iter().map(|x| x.1).max().unwrap_or(0);
+            a.iter().filter(|x| x.0 + 1_000_000_000 >= last).count()
+        })
+        .collect();
+    Run {
+        admissions,
+        granted_in_fault,
+        failed_rounds: *failed.lock().unwrap(),
+        last_second,
+    }
+}
+
+/// The most any window exceeded `B + r*w` by (0 when none did).
+pub fn over_admission(adm: &[(u64, u64)]) -> u64 {
+    super::ideal::worst_windows(adm, CAP, RATE * 1000, 0)
+        .iter()
+        .map(|w| w.admitted.saturating_sub(w.bound))
+        .max()
+        .unwrap_or(0)
 }
