@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::sync::{Barrier, Mutex};
 use std::time::Duration;
 
 use common::cluster::{CAP, Cluster, RATE, config, fleet, over_admission};
@@ -284,5 +284,155 @@ fn a_forced_failover_stays_within_the_lost_grant_term_and_with_wait_within_b_plu
             "{:?}",
             run.last_second
         );
+    }
+}
+
+/// Decisions, round trips, and per-decision latencies (ns, sorted) of one measurement.
+struct Measured {
+    decisions: u64,
+    round_trips: u64,
+    secs: f64,
+    latency_ns: Vec<u64>,
+}
+
+impl Measured {
+    fn print(&self, what: &str) {
+        let q = |p: usize| {
+            self.latency_ns
+                .get(self.latency_ns.len().saturating_sub(1) * p / 100)
+                .copied()
+                .unwrap_or(0)
+        };
+        println!(
+            "| {what} | {:.0} | {:.1} | {} | {} |",
+            self.decisions as f64 / self.secs,
+            self.round_trips as f64 * 1000.0 / self.decisions.max(1) as f64,
+            q(50),
+            q(99)
+        );
+    }
+}
+
+/// `k` instances (threads, each its own client) deciding as fast as they can for `secs`;
+/// `decide(instance, i)` decides once and says whether it admitted; `setup` makes an
+/// instance's client and `trips` reads its round trips.
+fn measure<C: Send>(
+    k: usize,
+    secs: f64,
+    setup: impl Fn(usize) -> C + Sync,
+    decide: impl Fn(&C, usize, u64) -> bool + Sync,
+    trips: impl Fn(&C, u64) -> u64 + Sync,
+) -> Measured {
+    let ready = Barrier::new(k);
+    let out = Mutex::new(Measured {
+        decisions: 0,
+        round_trips: 0,
+        secs,
+        latency_ns: Vec::new(),
+    });
+    std::thread::scope(|s| {
+        for inst in 0..k {
+            let (ready, out, setup, decide, trips) = (&ready, &out, &setup, &decide, &trips);
+            s.spawn(move || {
+                let client = setup(inst);
+                ready.wait();
+                let end = std::time::Instant::now() + Duration::from_secs_f64(secs);
+                let (mut n, mut i, mut lat) = (0, 0, Vec::new());
+                while std::time::Instant::now() < end {
+                    let t = std::time::Instant::now();
+                    if decide(&client, inst, i) {
+                        n += 1;
+                    }
+                    lat.push(t.elapsed().as_nanos() as u64);
+                    i += 1;
+                }
+                let mut o = out.lock().unwrap();
+                o.decisions += n;
+                o.round_trips += trips(&client, n);
+                o.latency_ns.extend(lat);
+            });
+        }
+    });
+    let mut m = out.into_inner().unwrap();
+    m.latency_ns.sort_unstable();
+    m
+}
+
+/// The figures of BENCHMARKS.md "Redis: single node vs cluster": K = 8 instances on one
+/// node (with a replica) and on the 3-primary cluster, token leases and strict calls,
+/// with and without `WAIT`. A measurement, not a check.
+#[test]
+#[ignore = "a measurement: cargo test --release -p tokengate-redis --test cluster -- --ignored --nocapture"]
+fn single_node_vs_cluster_at_k_8() {
+    let _one = serial();
+    let node = common::cluster::Sentinels::start(0);
+    let c = Cluster::start();
+    let secs = 3.0;
+    let k = 8;
+    println!("| case | decisions/s | round trips / 1,000 decisions | p50 ns | p99 ns |");
+    println!("|---|---|---|---|---|");
+    let single = node.primary.url();
+    for (name, url) in [
+        ("single node", single.as_str()),
+        ("3-primary cluster", &c.url()),
+    ] {
+        let fast = |cfg: PoolConfig| {
+            cfg.exchange_timeout(Duration::from_millis(200))
+                .connect_timeout(Duration::from_millis(500))
+                .fail_mode(tokengate_redis::FailMode::FailClosed)
+        };
+        for wait in [false, true] {
+            let tune = |cfg: PoolConfig| {
+                let cfg = fast(cfg);
+                if wait {
+                    cfg.wait_for_replicas(1, Duration::from_millis(50))
+                } else {
+                    cfg
+                }
+            };
+            let w = if wait { ", WAIT 1" } else { "" };
+            // Token leases: 24 buckets (spread over the slots), B = 9,000,000,
+            // r = 10^6/s, leases of up to 100.
+            let ns = common::namespace("bench-lease");
+            let policy = RemotePolicy::new(9_000_000, 1e6).unwrap();
+            let m = measure(
+                k,
+                secs,
+                |_| {
+                    let pool = tokengate_redis::RedisPool::connect(tune(PoolConfig::new(url, &ns)))
+                        .unwrap();
+                    let buckets: Vec<_> = (0..24)
+                        .map(|b| pool.bucket(&format!("b{b}"), policy.clone()).unwrap())
+                        .collect();
+                    (pool, buckets)
+                },
+                |(_, b), _, i| b[i as usize % b.len()].try_acquire(1).is_ok(),
+                |(p, _), _| p.round_trips(),
+            );
+            m.print(&format!("{name}, token leases, K = {k}{w}"));
+            // Strict calls: a tenant and a user per call, one script call each, tenants
+            // spread over the slots; K = 8, then one instance alone (the round trip's
+            // own latency, without queueing behind the others).
+            for k in [k, 1] {
+                let ns = common::namespace("bench-strict");
+                let m = measure(
+                    k,
+                    secs,
+                    |_| {
+                        let s = RedisScopes::connect(tune(PoolConfig::new(url, &ns))).unwrap();
+                        let t = s.scope("tenant", policy.clone()).unwrap();
+                        let u = s.scope("user", policy.clone()).unwrap();
+                        (s, t, u)
+                    },
+                    |(s, t, u), inst, i| {
+                        let tenant = format!("t{}", (inst as u64 * 7 + i) % 64);
+                        s.try_acquire(&tenant, &[(t, &tenant, 1), (u, "u", 1)])
+                            .is_ok()
+                    },
+                    |_, n| if wait { 2 * n } else { n },
+                );
+                m.print(&format!("{name}, strict calls, K = {k}{w}"));
+            }
+        }
     }
 }
