@@ -436,3 +436,81 @@ fn single_node_vs_cluster_at_k_8() {
         }
     }
 }
+
+#[test]
+fn ask_and_moved_are_followed_within_the_call_and_the_round() {
+    let _one = serial();
+    let c = Cluster::start();
+    let ns = common::namespace("cluster-redirect");
+    let url = c.url();
+    // A pool holding at most two one-token leases (decisions need rounds), and a strict
+    // call with one key, both in the slot of tag "t".
+    let pool =
+        tokengate_redis::RedisPool::connect(config(&url, &ns).max_lease(1).lease_depth(2)).unwrap();
+    let bucket = pool
+        .bucket("t", RemotePolicy::new(1000, 0.001).unwrap())
+        .unwrap();
+    let strict = RedisScopes::connect(config(&url, &ns)).unwrap();
+    let tenant = strict
+        .scope("tenant", RemotePolicy::new(1000, 0.001).unwrap())
+        .unwrap();
+    let state = format!("tg:{{{ns}:t}}");
+    let take_key = strict.key("t", &tenant, "acme");
+    let slot = c.slot(&state);
+    let drive = |n: usize| {
+        let mut admitted = 0;
+        for _ in 0..2000 {
+            if bucket.try_acquire(1).is_ok() {
+                admitted += 1;
+                if admitted == n {
+                    return;
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        panic!("{admitted} of {n} admitted");
+    };
+    let take = || strict.try_acquire("t", &[(&tenant, "acme", 1)]);
+    drive(5);
+    assert_eq!(take(), Ok(StrictAdmitted::Taken));
+    assert_eq!(c.slot(&take_key), slot);
+    let from = c.primary_of(slot);
+    let to = c
+        .live()
+        .into_iter()
+        .find(|&p| p != from && c.is_primary(p))
+        .unwrap();
+    // Mid-migration, every key moved: the source answers ASK for the strict key, which
+    // the call follows (ASKING, then the take on the target).
+    c.open_migration(slot, from, to);
+    assert!(c.move_keys(slot, from, to, Duration::ZERO) > 0);
+    assert!(!c.holds(from, &take_key) && c.holds(to, &take_key));
+    assert_eq!(take(), Ok(StrictAdmitted::Taken));
+    // Done: the pool's cached slot map is stale, its next round meets MOVED and follows
+    // it within the round: no failed round, and no connection opened (a round sent again
+    // on a new connection would open one to every node).
+    c.close_migration(slot, from, to);
+    c.wait_ok(Duration::from_secs(10));
+    let failed = pool.failed_rounds();
+    let trips = pool.round_trips();
+    let opened = c.connections_received();
+    drive(20);
+    let opened = c.connections_received() - opened - c.live().len() as u64;
+    assert!(pool.round_trips() > trips, "no round after the move");
+    assert_eq!(pool.failed_rounds(), failed, "a round failed on MOVED");
+    assert_eq!(opened, 0, "connections opened to follow MOVED");
+    assert_eq!(take(), Ok(StrictAdmitted::Taken));
+    assert!(!strict.is_unavailable() && !pool.is_unavailable());
+    let mut con = c.connect(to);
+    let u: u64 = redis::cmd("HGET")
+        .arg(&take_key)
+        .arg("u")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        u / tokengate_redis::UNITS_PER_TOKEN,
+        997,
+        "three takes, on the target"
+    );
+}

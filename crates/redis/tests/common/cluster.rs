@@ -264,19 +264,29 @@ impl Cluster {
     /// `pause` after opening the migration and between keys, so clients meet `ASK` and
     /// `TRYAGAIN` while it runs and `MOVED` after. Returns the keys moved.
     pub fn migrate_slot(&self, slot: u16, from: u16, to: u16, pause: Duration) -> usize {
-        let (from_id, to_id) = (Self::id(from), Self::id(to));
-        let setslot = |port: u16, how: &str, id: &str| {
-            let mut cmd = redis::cmd("CLUSTER");
-            cmd.arg("SETSLOT").arg(slot).arg(how);
-            if !id.is_empty() {
-                cmd.arg(id);
-            }
-            let ok: String = query(port, &cmd).unwrap();
-            assert_eq!(ok, "OK");
-        };
-        setslot(to, "IMPORTING", &from_id);
-        setslot(from, "MIGRATING", &to_id);
+        self.open_migration(slot, from, to);
         std::thread::sleep(pause);
+        let moved = self.move_keys(slot, from, to, pause / 4);
+        self.close_migration(slot, from, to);
+        moved
+    }
+
+    fn setslot(port: u16, slot: u16, how: &str, id: &str) {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT").arg(slot).arg(how).arg(id);
+        let ok: String = query(port, &cmd).unwrap();
+        assert_eq!(ok, "OK");
+    }
+
+    /// Marks `slot` IMPORTING on `to` and MIGRATING on `from`.
+    pub fn open_migration(&self, slot: u16, from: u16, to: u16) {
+        Self::setslot(to, slot, "IMPORTING", &Self::id(from));
+        Self::setslot(from, slot, "MIGRATING", &Self::id(to));
+    }
+
+    /// MIGRATEs the keys of `slot` from `from` to `to` one at a time, `pause` between
+    /// them; returns how many.
+    pub fn move_keys(&self, slot: u16, from: u16, to: u16, pause: Duration) -> usize {
         let mut moved = 0;
         let mut con = connect(from);
         for _ in 0..10_000 {
@@ -300,16 +310,46 @@ impl Cluster {
                 .query(&mut con)
                 .unwrap();
             moved += keys.len();
-            std::thread::sleep(pause / 4);
-        }
-        setslot(to, "NODE", &to_id);
-        setslot(from, "NODE", &to_id);
-        for p in self.live() {
-            if p != from && p != to && self.is_primary(p) {
-                setslot(p, "NODE", &to_id);
-            }
+            std::thread::sleep(pause);
         }
         moved
+    }
+
+    /// Gives `slot` to `to` on every primary (`SETSLOT NODE`).
+    pub fn close_migration(&self, slot: u16, from: u16, to: u16) {
+        let to_id = Self::id(to);
+        Self::setslot(to, slot, "NODE", &to_id);
+        Self::setslot(from, slot, "NODE", &to_id);
+        for p in self.live() {
+            if p != from && p != to && self.is_primary(p) {
+                Self::setslot(p, slot, "NODE", &to_id);
+            }
+        }
+    }
+
+    /// Client connections the running nodes have accepted so far (`INFO stats`), each
+    /// node's count including the connection that asks.
+    pub fn connections_received(&self) -> u64 {
+        self.live()
+            .iter()
+            .map(|&p| {
+                let info: String = query(p, redis::cmd("INFO").arg("stats")).unwrap();
+                info.lines()
+                    .find_map(|l| l.strip_prefix("total_connections_received:"))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .unwrap()
+            })
+            .sum()
+    }
+
+    /// Whether the node on `port` holds `key`.
+    pub fn holds(&self, port: u16, key: &str) -> bool {
+        let mut con = connect(port);
+        let _: () = redis::cmd("ASKING").query(&mut con).unwrap();
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<u64>(&mut con)
+            .is_ok_and(|n| n == 1)
     }
 }
 
