@@ -369,9 +369,51 @@ fn single_node_vs_cluster_at_k_8() {
     let c = Cluster::start();
     let secs = 3.0;
     let k = 8;
+    let single = node.primary.url();
+    // WAIT's cost, paired: one thread alternates a strict call without WAIT and one
+    // with it, so the machine's load weighs on both alike.
+    println!("| case | p50 µs | p90 µs | p99 µs |");
+    println!("|---|---|---|---|");
+    for (name, url) in [
+        ("single node", single.as_str()),
+        ("3-primary cluster", &c.url()),
+    ] {
+        let ns = common::namespace("bench-wait");
+        let policy = RemotePolicy::new(9_000_000, 1e6).unwrap();
+        let plain = RedisScopes::connect(PoolConfig::new(url, &ns)).unwrap();
+        let waiting = RedisScopes::connect(
+            PoolConfig::new(url, &ns)
+                .exchange_timeout(Duration::from_millis(200))
+                .wait_for_replicas(1, Duration::from_millis(100)),
+        )
+        .unwrap();
+        let (tp, tw) = (
+            plain.scope("tenant", policy.clone()).unwrap(),
+            waiting.scope("tenant", policy.clone()).unwrap(),
+        );
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for i in 0..4000 {
+            for (s, t, lat) in [(&plain, &tp, &mut a), (&waiting, &tw, &mut b)] {
+                let start = std::time::Instant::now();
+                s.try_acquire("acme", &[(t, "acme", 1)]).unwrap();
+                if i >= 200 {
+                    lat.push(start.elapsed().as_nanos() as u64);
+                }
+            }
+        }
+        for (what, lat) in [("strict call", &mut a), ("strict call, WAIT 1", &mut b)] {
+            lat.sort_unstable();
+            let q = |p: usize| lat[(lat.len() - 1) * p / 100] as f64 / 1000.0;
+            println!(
+                "| {name}, {what} | {:.0} | {:.0} | {:.0} |",
+                q(50),
+                q(90),
+                q(99)
+            );
+        }
+    }
     println!("| case | decisions/s | round trips / 1,000 decisions | p50 ns | p99 ns |");
     println!("|---|---|---|---|---|");
-    let single = node.primary.url();
     for (name, url) in [
         ("single node", single.as_str()),
         ("3-primary cluster", &c.url()),
