@@ -66,7 +66,13 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    /// Settings for the Redis at `url` (`redis://host:port/db`), keys under `namespace`.
+    /// Settings for the Redis at `url`, keys under `namespace`. The URL picks the kind:
+    /// `redis://host:port/db` (`rediss://` over TLS) one primary;
+    /// `redis+cluster://host:port,host:port` (`rediss+cluster://`) a Redis Cluster through
+    /// its seed nodes; `redis+sentinel://host:port,host:port/name[/db]`
+    /// (`rediss+sentinel://`) the primary the Sentinels name `name`. User information
+    /// (`user:password@`) applies to the data nodes. A malformed cluster or Sentinel URL is
+    /// [`PoolError::Url`](crate::PoolError::Url) at connect.
     /// Defaults: lease time-to-live 2 s, grace 100 ms, leases of up to 100 tokens, at
     /// most 32 of them held per bucket,
     /// exchange timeout 50 ms, connect timeout 200 ms, [`FailMode::Local`] with a fleet

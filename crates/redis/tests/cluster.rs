@@ -149,9 +149,7 @@ fn the_fleet_stays_within_its_bound_while_the_slots_it_uses_move() {
         &c.url(),
         &ns,
         &scopes,
-        4,
-        2,
-        4000,
+        (4, 2, 4000),
         |cfg| cfg,
         || {
             for &slot in &slots {
@@ -196,9 +194,7 @@ fn a_sigkilled_primary_fails_over_and_the_fleet_stays_within_the_lost_grant_term
         &url,
         &ns,
         &scopes,
-        4,
-        2,
-        4000,
+        (4, 2, 4000),
         |cfg| cfg,
         || {
             c.kill(primary);
@@ -250,7 +246,7 @@ fn a_forced_failover_stays_within_the_lost_grant_term_and_with_wait_within_b_plu
                 cfg
             }
         };
-        let run = fleet(&url, &ns, &scopes, 4, 2, 4000, tune, || {
+        let run = fleet(&url, &ns, &scopes, (4, 2, 4000), tune, || {
             c.failover_force(replica);
             common::wait_until(
                 "the old primary never became a replica",
@@ -388,8 +384,8 @@ fn single_node_vs_cluster_at_k_8() {
         )
         .unwrap();
         let (tp, tw) = (
-            plain.scope("tenant", policy.clone()).unwrap(),
-            waiting.scope("tenant", policy.clone()).unwrap(),
+            plain.scope("tenant", policy).unwrap(),
+            waiting.scope("tenant", policy).unwrap(),
         );
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for i in 0..4000 {
@@ -444,7 +440,7 @@ fn single_node_vs_cluster_at_k_8() {
                     let pool = tokengate_redis::RedisPool::connect(tune(PoolConfig::new(url, &ns)))
                         .unwrap();
                     let buckets: Vec<_> = (0..24)
-                        .map(|b| pool.bucket(&format!("b{b}"), policy.clone()).unwrap())
+                        .map(|b| pool.bucket(&format!("b{b}"), policy).unwrap())
                         .collect();
                     (pool, buckets)
                 },
@@ -462,8 +458,8 @@ fn single_node_vs_cluster_at_k_8() {
                     secs,
                     |_| {
                         let s = RedisScopes::connect(tune(PoolConfig::new(url, &ns))).unwrap();
-                        let t = s.scope("tenant", policy.clone()).unwrap();
-                        let u = s.scope("user", policy.clone()).unwrap();
+                        let t = s.scope("tenant", policy).unwrap();
+                        let u = s.scope("user", policy).unwrap();
                         (s, t, u)
                     },
                     |(s, t, u), inst, i| {

@@ -60,10 +60,17 @@ fn the_fleet_finds_its_primary_through_sentinel_and_follows_a_sentinel_failover(
             }
         };
         let mut before = None;
-        let run = fleet(&url, &ns, &["global".to_owned()], 3, 2, 4000, tune, || {
-            before = state_ts(old, &key);
-            s.failover();
-        });
+        let run = fleet(
+            &url,
+            &ns,
+            &["global".to_owned()],
+            (3, 2, 4000),
+            tune,
+            || {
+                before = state_ts(old, &key);
+                s.failover();
+            },
+        );
         assert!(
             before.is_some(),
             "the pool did not write on the primary Sentinel named"

@@ -528,9 +528,7 @@ pub fn fleet(
     url: &str,
     ns: &str,
     scopes: &[String],
-    k: usize,
-    threads: usize,
-    ms: u64,
+    (k, threads, ms): (usize, usize, u64),
     tune: impl Fn(PoolConfig) -> PoolConfig + Sync,
     fault: impl FnOnce(),
 ) -> Run {
@@ -549,7 +547,7 @@ pub fn fleet(
                 let pool = RedisPool::connect(tune(config(url, ns))).unwrap();
                 let buckets: Vec<_> = scopes
                     .iter()
-                    .map(|sc| pool.bucket(sc, policy.clone()).unwrap())
+                    .map(|sc| pool.bucket(sc, policy).unwrap())
                     .collect();
                 let grants = || {
                     buckets
