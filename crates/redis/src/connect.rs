@@ -40,13 +40,13 @@ pub(crate) enum Topology {
     Node,
     /// A cluster, through these seed nodes (`redis://` or `rediss://` URLs).
     Cluster { seeds: Vec<RedisUrl> },
-    /// The primary `master` the Sentinels name; reached with `scheme`, `userinfo` (with
-    /// its `@`, or empty) and the database path `db` (`/0`).
+    /// The primary `master` the Sentinels name; reached as `{prefix}host:port{db}`,
+    /// `prefix` the scheme and user information (`redis://user:password@`), `db` the
+    /// database path (`/0`).
     Sentinel {
         sentinels: Vec<String>,
         master: String,
-        scheme: &'static str,
-        userinfo: RedisUrl,
+        prefix: RedisUrl,
         db: String,
     },
 }
@@ -119,8 +119,7 @@ impl Topology {
         Ok(Self::Sentinel {
             sentinels,
             master: master.to_owned(),
-            scheme: data,
-            userinfo: RedisUrl(userinfo.to_owned()),
+            prefix: RedisUrl(format!("{data}://{userinfo}")),
             db: format!("/{db}"),
         })
     }
@@ -321,8 +320,7 @@ pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Link, PoolE
         Topology::Sentinel {
             sentinels,
             master,
-            scheme,
-            userinfo,
+            prefix,
             db,
         } => {
             let (host, port) = ask_sentinels(config, &sentinels, &master)?;
@@ -331,7 +329,7 @@ pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Link, PoolE
             } else {
                 host
             };
-            let url = RedisUrl(format!("{scheme}://{}{host}:{port}{db}", userinfo.as_str()));
+            let url = RedisUrl(format!("{}{host}:{port}{db}", prefix.as_str()));
             let mut con = open_node(config, &url, scripts)?;
             let role: Vec<Value> = redis::cmd("ROLE")
                 .query(&mut con)
@@ -657,10 +655,9 @@ mod tests {
         let Ok(Topology::Sentinel {
             sentinels,
             master,
-            scheme,
-            userinfo,
+            prefix,
             db,
-        }) = of("redis+sentinel://:pw@s1,s2:5000,[::1]/main/3")
+        }) = of("rediss+sentinel://:pw@s1,s2:5000,[::1]/main/3")
         else {
             panic!()
         };
@@ -672,11 +669,13 @@ mod tests {
                 "redis://[::1]:26379/"
             ]
         );
-        assert_eq!(
-            (master.as_str(), scheme, db.as_str()),
-            ("main", "redis", "/3")
-        );
-        assert_eq!(userinfo.as_str(), ":pw@");
+        assert_eq!((master.as_str(), db.as_str()), ("main", "/3"));
+        assert_eq!(prefix.as_str(), "rediss://:pw@");
+        // Shown without the password.
+        let shown = format!("{:?}", of("redis+sentinel://u:pw@s/m").unwrap());
+        assert!(!shown.contains("pw") && shown.contains("u:***@"), "{shown}");
+        let shown = format!("{:?}", of("redis+cluster://u:pw@a:1,b:2").unwrap());
+        assert!(!shown.contains("pw"), "{shown}");
     }
 
     #[test]

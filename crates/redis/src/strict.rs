@@ -393,7 +393,9 @@ impl RedisScopes {
             let started = self.now_ns();
             let taken = self.take(tag, items);
             if taken.is_ok() {
-                self.metrics.round_trips(1);
+                // The take, and WAIT's after it.
+                self.metrics
+                    .round_trips(1 + u64::from(self.config.wait.is_some()));
                 self.metrics
                     .latency_ns(self.now_ns().saturating_sub(started));
             }
