@@ -86,20 +86,23 @@ impl Cluster {
         let nodes: Vec<Server> = (0..6)
             .map(|_| {
                 let port = cluster_port();
+                // Each node in its own directory: a replica writes the RDB it loads there.
+                let at = dir.path(&format!("n{port}"));
+                std::fs::create_dir_all(&at).unwrap();
                 Server::start_on(
                     port,
                     [
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
-                        &dir.path(&format!("nodes-{port}.conf")),
+                        &format!("{at}/nodes.conf"),
                         "--cluster-node-timeout",
                         "500",
                         // Replicas in sync at once (the default waits 5 s for more).
                         "--repl-diskless-sync-delay",
                         "0",
                         "--dir",
-                        &dir.path(""),
+                        &at,
                     ]
                     .iter()
                     .map(|s| (*s).to_owned())
@@ -369,15 +372,25 @@ impl Sentinels {
     /// sync and every Sentinel sees it.
     pub fn start(n: usize) -> Self {
         let dir = Scratch::new("sentinel");
-        let primary = Server::start_with(&["--repl-diskless-sync-delay", "0"]);
-        let replica = Server::start_on(
-            cluster_port(),
+        // Each in its own directory: a replica writes the RDB it loads there.
+        let node = |name: &str, mut extra: Vec<String>| {
+            let at = dir.path(name);
+            std::fs::create_dir_all(&at).unwrap();
+            extra.extend([
+                "--repl-diskless-sync-delay".into(),
+                "0".into(),
+                "--dir".into(),
+                at,
+            ]);
+            Server::start_on(cluster_port(), extra)
+        };
+        let primary = node("primary", Vec::new());
+        let replica = node(
+            "replica",
             vec![
                 "--replicaof".into(),
                 "127.0.0.1".into(),
                 primary.port().to_string(),
-                "--repl-diskless-sync-delay".into(),
-                "0".into(),
             ],
         );
         let sentinels = (0..n)
