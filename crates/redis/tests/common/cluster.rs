@@ -330,21 +330,6 @@ impl Cluster {
         }
     }
 
-    /// Client connections the running nodes have accepted so far (`INFO stats`), each
-    /// node's count including the connection that asks.
-    pub fn connections_received(&self) -> u64 {
-        self.live()
-            .iter()
-            .map(|&p| {
-                let info: String = query(p, redis::cmd("INFO").arg("stats")).unwrap();
-                info.lines()
-                    .find_map(|l| l.strip_prefix("total_connections_received:"))
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .unwrap()
-            })
-            .sum()
-    }
-
     /// Whether the node on `port` holds `key`.
     pub fn holds(&self, port: u16, key: &str) -> bool {
         let mut con = connect(port);
