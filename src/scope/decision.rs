@@ -591,8 +591,7 @@ impl<'a> ScopeVerdict<'a> {
         retry_after: Option<Duration>,
     ) -> ScopeVerdict<'a> {
         let refused = retry_after.map(|_| Refused::RateLimited(ScopeKind::ALL[k], 0));
-        let wait_nanos =
-            retry_after.map_or(0, |r| u64::try_from(r.as_nanos()).unwrap_or(u64::MAX));
+        let wait_nanos = retry_after.map_or(0, |r| u64::try_from(r.as_nanos()).unwrap_or(u64::MAX));
         let Some(kp) = policies.get(k, tier) else {
             // No policy to read the balance with: no tightest scope (as `verdict`).
             return ScopeVerdict {
@@ -974,7 +973,9 @@ mod tests {
             || {
                 RuleSet::new().rule(
                     ScopeKind::User,
-                    Rule::new(Policy::new(5, 0.2).unwrap()).max_keys(3).shards(1),
+                    Rule::new(Policy::new(5, 0.2).unwrap())
+                        .max_keys(3)
+                        .shards(1),
                 )
             },
             || {
@@ -987,7 +988,9 @@ mod tests {
                     .rule(ScopeKind::Tenant, Rule::new(Policy::new(6, 1.0).unwrap()))
                     .rule(
                         ScopeKind::User,
-                        Rule::new(Policy::new(4, 0.5).unwrap()).max_keys(2).shards(1),
+                        Rule::new(Policy::new(4, 0.5).unwrap())
+                            .max_keys(2)
+                            .shards(1),
                     )
             },
         ];
@@ -1018,7 +1021,10 @@ mod tests {
             assert!(admitted > 20 && refused > 20, "{n}: {admitted} {refused}");
         }
         let one_held = crate::scope::held::ONE_HELD.with(std::cell::Cell::get);
-        assert!(one_held > 100, "the one-bucket held path took {one_held} requests");
+        assert!(
+            one_held > 100,
+            "the one-bucket held path took {one_held} requests"
+        );
     }
 
     #[test]

@@ -164,7 +164,12 @@ macro_rules! timed {
 
 /// The engine's pair: a global + tenant limiter, its class and request (the tenant's key
 /// in its map), and two bare buckets; every policy admitting everything.
-fn engine() -> (ScopedLimiter, tokengate::scope::ClassId, ScopedRequest, [Bucket; 2]) {
+fn engine() -> (
+    ScopedLimiter,
+    tokengate::scope::ClassId,
+    ScopedRequest,
+    [Bucket; 2],
+) {
     let policy = Policy::new(1_000_000, 1_000_000_000.0).expect("a valid policy");
     let limiter = RuleSet::new()
         .rule(ScopeKind::Global, Rule::new(policy))
@@ -174,8 +179,18 @@ fn engine() -> (ScopedLimiter, tokengate::scope::ClassId, ScopedRequest, [Bucket
         .expect("valid rules");
     let one = limiter.class("one").expect("the class");
     let request = ScopedRequest::new().tenant(TenantId(1));
-    assert!(limiter.try_acquire(&request, one).expect("decided").is_admitted());
-    (limiter, one, request, [Bucket::new(policy), Bucket::new(policy)])
+    assert!(
+        limiter
+            .try_acquire(&request, one)
+            .expect("decided")
+            .is_admitted()
+    );
+    (
+        limiter,
+        one,
+        request,
+        [Bucket::new(policy), Bucket::new(policy)],
+    )
 }
 
 /// Every engine case: `$each!(name, |state| one call)`.
@@ -273,7 +288,8 @@ fn layer(c: &mut Criterion) {
     let peer: SocketAddr = PEER.parse().unwrap();
     for threads in [1, 2] {
         let mut group = c.benchmark_group(format!("layer_{threads}_thread"));
-        group.warm_up_time(Duration::from_millis(300))
+        group
+            .warm_up_time(Duration::from_millis(300))
             .measurement_time(Duration::from_millis(1200))
             .sample_size(20);
         macro_rules! case {

@@ -544,7 +544,10 @@ mod tests {
 
     #[test]
     fn prefixes_mask_the_host_bits() {
-        assert_eq!(mask(ip("2001:db8:1:2:aaaa::1"), 32, 64), ip("2001:db8:1:2::"));
+        assert_eq!(
+            mask(ip("2001:db8:1:2:aaaa::1"), 32, 64),
+            ip("2001:db8:1:2::")
+        );
         assert_eq!(mask(ip("192.168.7.9"), 24, 128), ip("192.168.7.0"));
         assert_eq!(mask(ip("192.168.7.9"), 0, 128), ip("0.0.0.0"));
         assert_eq!(mask(ip("192.168.7.9"), 32, 0), ip("192.168.7.9"));

@@ -366,7 +366,12 @@ mod tests {
         assert_eq!(s.addr(v4), streamed(&[ADDR_V4, 192, 0, 2, 7]));
         let v6: IpAddr = "2001:db8::7".parse().unwrap();
         let mut m = vec![ADDR_V6];
-        m.extend_from_slice(&"2001:db8::7".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        m.extend_from_slice(
+            &"2001:db8::7"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
         assert_eq!(s.addr(v6), streamed(&m));
         // Keyed: another secret, another id; an address is not its own id, nor its
         // bytes read as text or as a custom number.
