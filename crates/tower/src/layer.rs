@@ -100,6 +100,9 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) hasher: KeyHasher,
     pub(crate) counts: Counts,
     pub(crate) store_down_admits: bool,
+    /// Whether one scope kind alone has a quota (a rule): a request then pays at most
+    /// one scope, and its admitted fields are its verdict's.
+    pub(crate) one_quota: bool,
 }
 
 /// A route's resolved options.
@@ -605,6 +608,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                     Some(Quota::new(kind.name(), p).map_err(|e| LayerError::Quota(kind, e))?);
             }
         }
+        let one_quota = by_kind.iter().filter(|q| q.is_some()).count() == 1;
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
@@ -625,6 +629,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 },
                 counts: Counts::default(),
                 store_down_admits: self.store_down_admits,
+                one_quota,
             }),
         })
     }
