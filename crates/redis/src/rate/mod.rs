@@ -169,6 +169,29 @@ struct Shared {
     share_changes: AtomicU64,
 }
 
+impl Shared {
+    fn new(keys: RateKeys, policy: RemotePolicy) -> Self {
+        let clock = LeaseClock::new(QuantaClock::new());
+        // No lease yet: the clock is stopped at 0 and this policy is never decided on.
+        let idle = Policy::per(1, 1, Duration::from_secs(1))
+            .expect("one token per second is a policy")
+            .start_empty();
+        Self {
+            keys,
+            policy,
+            bucket: LiveBucket::with_clock(idle, clock.clone()),
+            clock,
+            admitted: AtomicU64::new(0),
+            starved: AtomicBool::new(true),
+            rate_milli: AtomicU64::new(0),
+            burst: AtomicU64::new(0),
+            target_milli: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            share_changes: AtomicU64::new(0),
+        }
+    }
+}
+
 /// A pool of rate-leased budgets on one Redis: one thread owns the connection and
 /// refreshes every bucket's share; decisions never wait on the network.
 ///
@@ -239,24 +262,7 @@ impl RatePool {
     pub fn bucket(&self, scope: &str, policy: RemotePolicy) -> Result<RateBucket, PoolError> {
         let keys =
             RateKeys::new(&self.shared.config.pool.namespace, scope).map_err(PoolError::Scope)?;
-        let clock = LeaseClock::new(QuantaClock::new());
-        // No lease yet: the clock is stopped at 0 and this policy is never decided on.
-        let idle = Policy::per(1, 1, Duration::from_secs(1))
-            .map_err(|e| PoolError::Scope(e.to_string()))?
-            .start_empty();
-        let shared = Arc::new(Shared {
-            keys,
-            policy,
-            bucket: LiveBucket::with_clock(idle, clock.clone()),
-            clock,
-            admitted: AtomicU64::new(0),
-            starved: AtomicBool::new(true),
-            rate_milli: AtomicU64::new(0),
-            burst: AtomicU64::new(0),
-            target_milli: AtomicU64::new(0),
-            live: AtomicU64::new(0),
-            share_changes: AtomicU64::new(0),
-        });
+        let shared = Arc::new(Shared::new(keys, policy));
         self.shared
             .new_buckets
             .lock()
@@ -605,4 +611,118 @@ fn wall_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The local side of a grant, without Redis: what a bucket holds when a share starts,
+    //! grows, lapses and resumes.
+
+    use super::*;
+    use tokengate::Clock;
+
+    fn grant(rate_milli: u64, burst: u64, continuous: bool) -> RateReply {
+        RateReply {
+            granted: true,
+            rate_milli,
+            burst,
+            expiry_us: 0,
+            continuous,
+            now_us: 0,
+            epoch: 0,
+            live: 1,
+            target_milli: rate_milli,
+        }
+    }
+
+    fn setup() -> (Local, Arc<Shared>) {
+        let keys = RateKeys::new("unit", "b").unwrap();
+        let policy = RemotePolicy::new(1000, 1000.0).unwrap();
+        let shared = Arc::new(Shared::new(keys, policy));
+        let local = Local {
+            shared: shared.clone(),
+            seq: 1,
+            has: None,
+            last_admitted: 0,
+            last_at: 0,
+            next_at: 0,
+            last_extra: None,
+        };
+        (local, shared)
+    }
+
+    /// Spins until the lease clock has run `ns` of real time.
+    fn spin(s: &Shared, ns: u64) {
+        let end = s.clock.real() + ns;
+        while s.clock.real() < end {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn a_new_share_starts_empty_and_a_larger_one_adds_no_token() {
+        let (mut local, s) = setup();
+        let t = s.clock.real();
+        apply(&s, &mut local, &grant(1_000_000, 10, false), t + 10_000_000_000);
+        // Empty at the start: at most what 1000/s refilled since (a microsecond or so).
+        let start = s.bucket.available();
+        assert!(start < 1.0, "a new share started with {start} tokens");
+        spin(&s, 30_000_000); // 30 ms at 1000/s: full (10)
+        let full = s.bucket.available();
+        assert!((full - 10.0).abs() < 1e-9, "{full}");
+        // The same share continued, ten times larger: the tokens stay; the bucket only
+        // fills further at its rate.
+        local.seq += 1;
+        let before = s.clock.real();
+        apply(&s, &mut local, &grant(1_000, 100, true), t + 10_000_000_000);
+        let elapsed_s = (s.clock.real() - before) as f64 / 1e9;
+        let after = s.bucket.available();
+        assert!(
+            after <= 10.0 + elapsed_s + 1e-9,
+            "a larger share added tokens: {after}"
+        );
+        // A share that does not continue (Redis lost it, or the lease lapsed) empties.
+        local.seq += 1;
+        apply(&s, &mut local, &grant(1_000, 100, false), t + 10_000_000_000);
+        assert!(s.bucket.available() < 1.0);
+    }
+
+    #[test]
+    fn an_expired_share_is_not_spent_and_a_gap_refills_nothing() {
+        let (mut local, s) = setup();
+        let bucket = RateBucket {
+            pool: Arc::new(PoolShared {
+                config: RateConfig::new(PoolConfig::new("redis://127.0.0.1:1/", "unit")),
+                instance: "unit".into(),
+                stop: AtomicBool::new(false),
+                thread: OnceLock::new(),
+                new_buckets: Mutex::new(Vec::new()),
+                round_trips: AtomicU64::new(0),
+                failed_rounds: AtomicU64::new(0),
+                unreachable: AtomicBool::new(false),
+            }),
+            shared: s.clone(),
+        };
+        let t = s.clock.real();
+        // A lease of 20 ms at 1000/s, burst 5: full within 5 ms.
+        apply(&s, &mut local, &grant(1_000_000, 5, false), t + 20_000_000);
+        spin(&s, 25_000_000);
+        assert!(s.clock.real() > t + 20_000_000);
+        // Expired: the five tokens it holds are not spent.
+        assert!(matches!(
+            bucket.try_acquire(1),
+            Err(Refused::Rejected { .. })
+        ));
+        assert!((s.bucket.available() - 5.0).abs() < 1e-9);
+        // Resumed by a continuing grant after the gap: the clock did not run meanwhile.
+        let frozen = s.clock.now_nanos();
+        spin(&s, 5_000_000);
+        assert_eq!(s.clock.now_nanos(), frozen, "lease time ran past the expiry");
+        local.seq += 1;
+        apply(&s, &mut local, &grant(1_000_000, 5, true), s.clock.real() + 1_000_000_000);
+        assert!(s.bucket.available() <= 5.0);
+        for _ in 0..5 {
+            assert!(bucket.try_acquire(1).is_ok());
+        }
+    }
 }
