@@ -16,8 +16,9 @@
 -- ARGV: 1 B (tokens), 2 r (milli-tokens/s), 3 lease lifetime on Redis (µs: ttl + grace),
 --       4 minimum share (milli-tokens/s), 5 learn after a loss (0|1), 6 key keep (ms),
 --       7 instance id, 8 request sequence number (increasing per instance), 9 the
---       sequence number of the grant the instance spends now (0: none), 10 its rate,
---       11 its burst, 12 the instance's demand (milli-tokens/s), 13 leave (0|1: give the
+--       sequence number of the grant the instance spends now (0: none), 10 the rate and
+--       11 the burst it spends of that grant (at most the grant's: it may have shrunk
+--       it locally), 12 the instance's demand (milli-tokens/s), 13 leave (0|1: give the
 --       share back).
 -- Reply: {status, r_i, b_i, expiry (µs), continuous (0|1), now, epoch, live instances,
 --        fair target r (milli-tokens/s)}. Status 1 granted; 0 stale (a sequence number
@@ -90,13 +91,15 @@ for _, rec in ipairs(others) do
   used_r = used_r + r; used_b = used_b + b
 end
 
--- The share the caller spends until it receives this reply.
+-- The share the caller spends until it receives this reply: the grant it names, or less
+-- where it reports less (an instance whose demand fell shrinks its share locally before
+-- it asks, so the difference is free at once, with no acknowledgement).
 local hseq, hr, hb, hexp, continuous = 0, 0, 0, 0, 0
 if has_seq > 0 then
   if me and has_seq == me.seq and me.cexp > now then
-    hseq, hr, hb, hexp, continuous = me.seq, me.cr, me.cb, me.cexp, 1
+    hseq, hr, hb, hexp, continuous = me.seq, math.min(me.cr, has_r), math.min(me.cb, has_b), me.cexp, 1
   elseif me and has_seq == me.hseq and me.hexp > now then
-    hseq, hr, hb, hexp, continuous = me.hseq, me.hr, me.hb, me.hexp, 1
+    hseq, hr, hb, hexp, continuous = me.hseq, math.min(me.hr, has_r), math.min(me.hb, has_b), me.hexp, 1
   elseif (has_r > 0 or has_b > 0) and not (me and has_seq <= me.seq) then
     -- A grant this state never saw (it was lost): counted from now for one lifetime.
     hseq, hr, hb, hexp, continuous = has_seq, math.min(has_r, R), math.min(has_b, B), now + lease, 1

@@ -190,7 +190,10 @@ fn quiet_then_burst_with_an_instance_stopped_past_its_expiry() {
             spawn::signal(&children[0], "-CONT");
         },
     );
-    assert!(per_child.iter().all(|a| !a.is_empty()), "an instance never admitted");
+    assert!(
+        per_child.iter().all(|a| !a.is_empty()),
+        "an instance never admitted"
+    );
 }
 
 /// The hot spot moves: instance 0 hot for 1.2 s, then instance 1, then 2, then 3 (the

@@ -99,8 +99,12 @@ impl Client {
     fn deliver(&mut self) {
         if let Some((reply, seq, sent)) = self.pending.take() {
             if reply.granted {
-                self.has =
-                    (reply.rate_milli > 0).then_some((seq, reply.rate_milli, reply.burst, sent + TTL_US));
+                self.has = (reply.rate_milli > 0).then_some((
+                    seq,
+                    reply.rate_milli,
+                    reply.burst,
+                    sent + TTL_US,
+                ));
             }
         }
     }
@@ -158,6 +162,14 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
                 0..=4 => {
                     // A refresh; its reply arrives later (or is lost).
                     if clients[i].pending.is_none() {
+                        // Now and then the client first shrinks its share locally (its
+                        // demand fell) and reports the smaller one.
+                        if rng.below(3) == 0 {
+                            if let Some(h) = clients[i].has.as_mut() {
+                                h.1 /= 2;
+                                h.2 /= 2;
+                            }
+                        }
                         let want = match rng.below(4) {
                             0 => 0,
                             1 => R_MILLI,
@@ -338,10 +350,7 @@ fn after_a_loss_nobody_gets_more_than_it_spends_for_one_lifetime() {
         leave: false,
     };
     assert_eq!(f.ask(&newcomer, now + 1000).rate_milli, 0);
-    let later = RateAsk {
-        seq: 2,
-        ..newcomer
-    };
+    let later = RateAsk { seq: 2, ..newcomer };
     let after = f.ask(&later, now + TTL_US + GRACE_US + 1);
     assert!(after.rate_milli > 0, "{after:?}");
 }

@@ -420,8 +420,15 @@ struct Local {
     seq: u64,
     /// The grant spent now: (sequence number, rate milli-tokens/s, burst).
     has: Option<(u64, u64, u64)>,
-    last_admitted: u64,
     last_at: u64,
+    /// (time, admitted) at each of the last four rounds, oldest first.
+    history: [(u64, u64); 4],
+    /// (time, admitted) halfway through the period.
+    mid: Option<(u64, u64)>,
+    /// Refused in the first half of the period.
+    starved_early: bool,
+    /// The last round asked for the whole rate.
+    asked_all: bool,
     next_at: u64,
     last_extra: Option<u64>,
 }
@@ -452,8 +459,11 @@ impl Worker {
                     shared,
                     seq: 0,
                     has: None,
-                    last_admitted: 0,
                     last_at: now,
+                    history: [(now, 0); 4],
+                    mid: None,
+                    starved_early: false,
+                    asked_all: false,
                     next_at: 0,
                     last_extra: None,
                 });
@@ -468,13 +478,21 @@ impl Worker {
             }
             let mut wait = 5_000_000u64;
             for i in 0..self.buckets.len() {
-                let b = &self.buckets[i];
+                let b = &mut self.buckets[i];
                 let now = b.shared.clock.real();
-                // One round more per second at most: while starved below the fair share.
+                if b.mid.is_none() && now >= b.last_at + refresh / 2 {
+                    // Halfway: what the first half admitted, and whether it was refused.
+                    b.mid = Some((now, b.shared.admitted.load(Ordering::Relaxed)));
+                    b.starved_early = b.shared.starved.swap(false, Ordering::Relaxed);
+                }
+                // One round more per second at most: refused while its last round did not
+                // ask for everything, or below its fair share.
+                let starved = b.starved_early || b.shared.starved.load(Ordering::Relaxed);
                 let extra = b.last_extra.is_none_or(|at| now >= at + SECOND_NS)
-                    && b.shared.starved.load(Ordering::Relaxed)
-                    && b.shared.target_milli.load(Ordering::Relaxed)
-                        > b.shared.rate_milli.load(Ordering::Relaxed)
+                    && starved
+                    && (!b.asked_all
+                        || b.shared.target_milli.load(Ordering::Relaxed)
+                            > b.shared.rate_milli.load(Ordering::Relaxed))
                     && now >= b.last_at + refresh / 8;
                 if now >= b.next_at || extra {
                     if extra && now < b.next_at {
@@ -511,14 +529,63 @@ impl Worker {
         b.seq += 1;
         let sent = s.clock.real();
         let admitted = s.admitted.load(Ordering::Relaxed);
-        let elapsed = sent.saturating_sub(b.last_at).max(1);
-        let used_milli = (u128::from(admitted - b.last_admitted) * 1_000_000_000_000
-            / u128::from(elapsed)) as u64;
-        let want_milli = if s.starved.swap(false, Ordering::Relaxed) {
+        let rate_of = |count: u64, since: u64| {
+            (u128::from(count) * 1_000_000_000_000 / u128::from(sent.saturating_sub(since).max(1)))
+                as u64
+        };
+        // Demand over the last four periods (about one lease lifetime: enough admissions
+        // to be steady at low rates)...
+        let (t0, a0) = b.history[0];
+        let mut used_milli = rate_of(admitted - a0, t0);
+        let share_milli = b.has.map_or(0, |h| h.1);
+        // ...or over the second half of this period when it fell below a quarter of the
+        // share, and the share would have paid at least 8 tokens there: a drop is
+        // reported at once.
+        if let Some((at, count)) = b.mid.filter(|m| m.0 > b.last_at && sent > m.0) {
+            let half = rate_of(admitted - count, at);
+            let meaningful =
+                u128::from(share_milli) * u128::from(sent - at) >= 8 * 1_000_000_000_000;
+            if meaningful && half < share_milli / 4 {
+                used_milli = half;
+            }
+        }
+        for k in 0..3 {
+            b.history[k] = b.history[k + 1];
+        }
+        b.history[3] = (sent, admitted);
+        // Refused in the second half (or, with no halfway sample, at all): it wants the
+        // whole rate. Otherwise its use, with an eighth of headroom; a share it still
+        // uses half of is kept as it is (fewer changes).
+        let starved =
+            s.starved.swap(false, Ordering::Relaxed) || (b.starved_early && b.mid.is_none());
+        b.mid = None;
+        b.starved_early = false;
+        b.asked_all = starved;
+        let want_milli = if starved {
             s.policy.rate_milli()
+        } else if used_milli >= share_milli / 2 {
+            share_milli.max(used_milli + used_milli / 8)
         } else {
             used_milli + used_milli / 8
         };
+        // Demand well below the share: shrink it here first and report the smaller share,
+        // so Redis can hand the difference to others at once.
+        if let (false, false, Some((seq, r, bu))) = (starved, leave, b.has) {
+            let min_r = (s.policy.rate_milli() / cfg.min_share_divisor).max(1);
+            let r2 = want_milli.max(min_r);
+            let b2 = ((u128::from(s.policy.capacity()) * u128::from(r2)
+                / u128::from(s.policy.rate_milli())) as u64)
+                .clamp(1, bu.max(1));
+            if r2 < r - r / 4 {
+                if let Ok(p) = Policy::per(b2, r2, Duration::from_secs(1000)) {
+                    s.bucket.reconfigure(p, Inherit::AsIs);
+                    s.share_changes.fetch_add(1, Ordering::Relaxed);
+                    b.has = Some((seq, r2, b2));
+                    s.rate_milli.store(r2, Ordering::Relaxed);
+                    s.burst.store(b2, Ordering::Relaxed);
+                }
+            }
+        }
         let (now, until) = s.clock.lease_now();
         let ask = RateAsk {
             instance: self.shared.instance.clone(),
@@ -537,7 +604,6 @@ impl Worker {
         let con = self.con.as_mut().expect("connected above");
         let result = self.script.refresh(con, &target, &ask, wall_us());
         self.shared.round_trips.fetch_add(1, Ordering::Relaxed);
-        b.last_admitted = admitted;
         b.last_at = sent;
         b.next_at = sent + refresh;
         match result {
@@ -643,8 +709,11 @@ mod tests {
             shared: shared.clone(),
             seq: 1,
             has: None,
-            last_admitted: 0,
             last_at: 0,
+            history: [(0, 0); 4],
+            mid: None,
+            starved_early: false,
+            asked_all: false,
             next_at: 0,
             last_extra: None,
         };
@@ -663,7 +732,12 @@ mod tests {
     fn a_new_share_starts_empty_and_a_larger_one_adds_no_token() {
         let (mut local, s) = setup();
         let t = s.clock.real();
-        apply(&s, &mut local, &grant(1_000_000, 10, false), t + 10_000_000_000);
+        apply(
+            &s,
+            &mut local,
+            &grant(1_000_000, 10, false),
+            t + 10_000_000_000,
+        );
         // Empty at the start: at most what 1000/s refilled since (a microsecond or so).
         let start = s.bucket.available();
         assert!(start < 1.0, "a new share started with {start} tokens");
@@ -683,7 +757,12 @@ mod tests {
         );
         // A share that does not continue (Redis lost it, or the lease lapsed) empties.
         local.seq += 1;
-        apply(&s, &mut local, &grant(1_000, 100, false), t + 10_000_000_000);
+        apply(
+            &s,
+            &mut local,
+            &grant(1_000, 100, false),
+            t + 10_000_000_000,
+        );
         assert!(s.bucket.available() < 1.0);
     }
 
@@ -717,9 +796,18 @@ mod tests {
         // Resumed by a continuing grant after the gap: the clock did not run meanwhile.
         let frozen = s.clock.now_nanos();
         spin(&s, 5_000_000);
-        assert_eq!(s.clock.now_nanos(), frozen, "lease time ran past the expiry");
+        assert_eq!(
+            s.clock.now_nanos(),
+            frozen,
+            "lease time ran past the expiry"
+        );
         local.seq += 1;
-        apply(&s, &mut local, &grant(1_000_000, 5, true), s.clock.real() + 1_000_000_000);
+        apply(
+            &s,
+            &mut local,
+            &grant(1_000_000, 5, true),
+            s.clock.real() + 1_000_000_000,
+        );
         assert!(s.bucket.available() <= 5.0);
         for _ in 0..5 {
             assert!(bucket.try_acquire(1).is_ok());
