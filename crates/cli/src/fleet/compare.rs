@@ -103,11 +103,15 @@ fn offered_per_s(s: &Setup, i: usize, t: f64) -> f64 {
     }
 }
 
+/// One instance's admissions (wall ns before, after) and its round trips when the
+/// measured window began and at the end.
+type InstanceRun = (Vec<(u64, u64)>, u64, u64);
+
 enum Decider {
     Rate(RatePool, tokengate_redis::RateBucket),
     Token(RedisPool, tokengate_redis::RemoteBucket),
     /// The strict per-request mode: one script per decision; its calls counted.
-    PerRequest(RedisScopes, StrictScope, u64),
+    PerRequest(Box<RedisScopes>, StrictScope, u64),
 }
 
 impl Decider {
@@ -138,7 +142,10 @@ fn connect(url: &str, ns: &str, s: &Setup, policy: RemotePolicy) -> Result<Decid
         .lease_ttl(s.ttl)
         .grace(Duration::from_millis(50))
         .fail_mode(FailMode::FailClosed)
-        .instances(s.k as u64);
+        .instances(s.k as u64)
+        // A busy two-core machine with 64 instances: no run aborted by a slow reply.
+        .exchange_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(2));
     Ok(match s.mode {
         Mode::Rate => {
             let pool = RatePool::connect(
@@ -158,7 +165,7 @@ fn connect(url: &str, ns: &str, s: &Setup, policy: RemotePolicy) -> Result<Decid
         Mode::PerRequest => {
             let scopes = RedisScopes::connect(config).map_err(|e| e.to_string())?;
             let scope = scopes.scope("global", policy).map_err(|e| e.to_string())?;
-            Decider::PerRequest(scopes, scope, 0)
+            Decider::PerRequest(Box::new(scopes), scope, 0)
         }
     })
 }
@@ -183,7 +190,7 @@ pub(super) fn run_one(url: &str, s: Setup) -> Result<Measured, String> {
     let measure_from = begin + Duration::from_secs_f64(s.warmup);
     let end = measure_from + Duration::from_secs_f64(s.seconds);
     let wall_at_measure = wall_ns() + (measure_from - Instant::now()).as_nanos() as u64;
-    let results: Vec<(Vec<(u64, u64)>, u64, u64)> = std::thread::scope(|sc| {
+    let results: Vec<InstanceRun> = std::thread::scope(|sc| {
         let handles: Vec<_> = deciders
             .into_iter()
             .enumerate()
@@ -476,4 +483,83 @@ pub(super) fn draw(rows: &[Measured], title: &str) -> Result<String, String> {
         root.present().map_err(|e| err(&e))?;
     }
     Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(mode: Mode, k: usize, offer: f64, rt: f64, eff: f64) -> Measured {
+        Measured {
+            setup: Setup {
+                k,
+                capacity: 100,
+                rate: 1000,
+                offer,
+                ttl: Duration::from_secs(1),
+                seconds: 8.0,
+                warmup: 1.0,
+                demand: Demand::Equal,
+                mode,
+            },
+            admitted: (eff * 8100.0) as u64,
+            rt_per_instance_s: rt,
+            efficiency: eff,
+            jain: Some(0.99),
+            worst: (8000, 8100, 8000),
+            recovery_ms: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_chart_has_a_line_per_mode_and_k_and_the_row_its_figures() {
+        let rows: Vec<Measured> = [Mode::Rate, Mode::Token, Mode::PerRequest]
+            .into_iter()
+            .flat_map(|m| {
+                [8, 64].into_iter().flat_map(move |k| {
+                    [1.5, 16.0]
+                        .into_iter()
+                        .map(move |o| measured(m, k, o, 4.0 * o, 0.98))
+                })
+            })
+            .collect();
+        let svg = draw(&rows, "test").unwrap();
+        assert!(svg.contains("<svg"));
+        for label in [
+            "rate leases, K = 64",
+            "token leases, K = 8",
+            "per-request Lua, K = 64",
+        ] {
+            assert!(svg.contains(label), "{label} missing");
+        }
+        let line = row(&rows[0]);
+        assert!(
+            line.starts_with("| rate leases | 8 | Equal | 1.5 | 7938 | 98.0% | 6.00 | 0.990 | 8000 / 8100 (8000 ms) | - |"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn demand_patterns_offer_what_they_say() {
+        let s = |demand| Setup {
+            k: 4,
+            capacity: 100,
+            rate: 1000,
+            offer: 2.0,
+            ttl: Duration::from_secs(1),
+            seconds: 8.0,
+            warmup: 1.0,
+            demand,
+            mode: Mode::Rate,
+        };
+        let total = |st: &Setup, t: f64| (0..4).map(|i| offered_per_s(st, i, t)).sum::<f64>();
+        assert!((total(&s(Demand::Equal), 1.0) - 2000.0).abs() < 1e-6);
+        assert!((total(&s(Demand::Skewed), 1.0) - 2000.0).abs() < 1e-6);
+        // The hot spot: instance 0 for the first quarter, then 1, 2, 3.
+        let sh = s(Demand::Shifting);
+        for (t, hot) in [(0.5, 0), (2.5, 1), (4.5, 2), (6.5, 3)] {
+            assert_eq!(offered_per_s(&sh, hot, t), 2000.0);
+            assert_eq!(offered_per_s(&sh, (hot + 1) % 4, t), 1000.0 / 16.0);
+        }
+    }
 }

@@ -423,10 +423,14 @@ struct Local {
     last_at: u64,
     /// (time, admitted) at each of the last four rounds, oldest first.
     history: [(u64, u64); 4],
-    /// (time, admitted) halfway through the period.
+    /// (time, admitted) three quarters through the period.
     mid: Option<(u64, u64)>,
-    /// Refused in the first half of the period.
-    starved_early: bool,
+    /// Samples taken this period, and how many saw a refusal.
+    polls: u32,
+    starved_polls: u32,
+    /// The same in the last quarter of the period.
+    late_polls: u32,
+    late_starved: u32,
     /// The last round asked for the whole rate.
     asked_all: bool,
     next_at: u64,
@@ -462,7 +466,10 @@ impl Worker {
                     last_at: now,
                     history: [(now, 0); 4],
                     mid: None,
-                    starved_early: false,
+                    polls: 0,
+                    starved_polls: 0,
+                    late_polls: 0,
+                    late_starved: 0,
                     asked_all: false,
                     next_at: 0,
                     last_extra: None,
@@ -476,20 +483,28 @@ impl Worker {
                 }
                 return;
             }
-            let mut wait = 5_000_000u64;
+            let poll = refresh / 16;
+            let mut wait = poll;
             for i in 0..self.buckets.len() {
                 let b = &mut self.buckets[i];
                 let now = b.shared.clock.real();
-                if b.mid.is_none() && now >= b.last_at + refresh / 2 {
-                    // Halfway: what the first half admitted, and whether it was refused.
+                if b.mid.is_none() && now >= b.last_at + refresh * 3 / 4 {
+                    // Three quarters through: what the period admitted so far.
                     b.mid = Some((now, b.shared.admitted.load(Ordering::Relaxed)));
-                    b.starved_early = b.shared.starved.swap(false, Ordering::Relaxed);
+                }
+                // Sixteen samples a period of whether decisions were refused: the share of
+                // the period the instance was starved, and of its last quarter.
+                b.polls += 1;
+                let refused = b.shared.starved.swap(false, Ordering::Relaxed);
+                b.starved_polls += u32::from(refused);
+                if b.mid.is_some() {
+                    b.late_polls += 1;
+                    b.late_starved += u32::from(refused);
                 }
                 // One round more per second at most: refused while its last round did not
                 // ask for everything, or below its fair share.
-                let starved = b.starved_early || b.shared.starved.load(Ordering::Relaxed);
                 let extra = b.last_extra.is_none_or(|at| now >= at + SECOND_NS)
-                    && starved
+                    && b.starved_polls > 0
                     && (!b.asked_all
                         || b.shared.target_milli.load(Ordering::Relaxed)
                             > b.shared.rate_milli.load(Ordering::Relaxed))
@@ -503,7 +518,7 @@ impl Worker {
                 let b = &self.buckets[i];
                 wait = wait.min(b.next_at.saturating_sub(b.shared.clock.real()));
             }
-            // Poll at least every 5 ms for starvation; sleep to the next refresh.
+            // Poll sixteen times a period; sleep to the next refresh.
             std::thread::park_timeout(Duration::from_nanos(wait.max(100_000)));
         }
     }
@@ -538,11 +553,13 @@ impl Worker {
         let (t0, a0) = b.history[0];
         let mut used_milli = rate_of(admitted - a0, t0);
         let share_milli = b.has.map_or(0, |h| h.1);
-        // ...or over the second half of this period when it fell below a quarter of the
+        // ...or over the last quarter of this period when it fell below a quarter of the
         // share, and the share would have paid at least 8 tokens there: a drop is
         // reported at once.
         if let Some((at, count)) = b.mid.filter(|m| m.0 > b.last_at && sent > m.0) {
-            let half = rate_of(admitted - count, at);
+            // One admission more than counted: a few admissions measure a low rate
+            // coarsely, and too small a share would be refused at once.
+            let half = rate_of(admitted - count + 1, at);
             let meaningful =
                 u128::from(share_milli) * u128::from(sent - at) >= 8 * 1_000_000_000_000;
             if meaningful && half < share_milli / 4 {
@@ -553,16 +570,28 @@ impl Worker {
             b.history[k] = b.history[k + 1];
         }
         b.history[3] = (sent, admitted);
-        // Refused in the second half (or, with no halfway sample, at all): it wants the
-        // whole rate. Otherwise its use, with an eighth of headroom; a share it still
-        // uses half of is kept as it is (fewer changes).
-        let starved =
-            s.starved.swap(false, Ordering::Relaxed) || (b.starved_early && b.mid.is_none());
+        // Refused for three quarters of the period or more: it wants the whole rate; for
+        // a fraction f of it: (1 + 2f) times what it has or used. Otherwise its use, with
+        // an eighth of headroom; a share it still uses half of is kept as it is (fewer
+        // changes).
+        b.polls += 1;
+        if s.starved.swap(false, Ordering::Relaxed) {
+            b.starved_polls += 1;
+            b.late_starved += u32::from(b.mid.is_some());
+        }
+        b.late_polls += u32::from(b.mid.is_some());
+        let (polls, starved_polls) = (u64::from(b.polls), u64::from(b.starved_polls));
+        // Refused at every sample of the last quarter: demand just rose.
+        let late = b.late_polls >= 2 && b.late_starved == b.late_polls;
+        (b.polls, b.starved_polls, b.late_polls, b.late_starved) = (0, 0, 0, 0);
         b.mid = None;
-        b.starved_early = false;
-        b.asked_all = starved;
-        let want_milli = if starved {
+        let starved = starved_polls > 0;
+        b.asked_all = late || starved_polls * 4 >= polls * 3;
+        let want_milli = if b.asked_all {
             s.policy.rate_milli()
+        } else if starved {
+            let more = share_milli.max(used_milli);
+            (more + more * 2 * starved_polls / polls).min(s.policy.rate_milli())
         } else if used_milli >= share_milli / 2 {
             share_milli.max(used_milli + used_milli / 8)
         } else {
@@ -712,7 +741,10 @@ mod tests {
             last_at: 0,
             history: [(0, 0); 4],
             mid: None,
-            starved_early: false,
+            polls: 0,
+            starved_polls: 0,
+            late_polls: 0,
+            late_starved: 0,
             asked_all: false,
             next_at: 0,
             last_extra: None,
