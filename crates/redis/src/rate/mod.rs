@@ -551,7 +551,9 @@ impl Worker {
         // Demand over the last four periods (about one lease lifetime: enough admissions
         // to be steady at low rates)...
         let (t0, a0) = b.history[0];
-        let mut used_milli = rate_of(admitted - a0, t0);
+        let long_milli = rate_of(admitted - a0, t0);
+        let mut used_milli = long_milli;
+        let mut dropped = false;
         let share_milli = b.has.map_or(0, |h| h.1);
         // ...or over the last quarter of this period when it fell below a quarter of the
         // share, and the share would have paid at least 8 tokens there: a drop is
@@ -564,6 +566,8 @@ impl Worker {
                 u128::from(share_milli) * u128::from(sent - at) >= 8 * 1_000_000_000_000;
             if meaningful && half < share_milli / 4 {
                 used_milli = half;
+                // Used before, not now: the share goes back before the round.
+                dropped = long_milli >= share_milli / 2;
             }
         }
         for k in 0..3 {
@@ -597,9 +601,11 @@ impl Worker {
         } else {
             used_milli + used_milli / 8
         };
-        // Demand well below the share: shrink it here first and report the smaller share,
-        // so Redis can hand the difference to others at once.
-        if let (false, false, Some((seq, r, bu))) = (starved, leave, b.has) {
+        // Demand fell well below a share it used: shrink the share here first and report
+        // the smaller one, so Redis can hand the difference to others at once. (An idle
+        // instance keeps what it holds: Redis splits what nobody wants evenly, so a quiet
+        // fleet's buckets fill to its whole burst.)
+        if let (true, false, false, Some((seq, r, bu))) = (dropped, starved, leave, b.has) {
             let min_r = (s.policy.rate_milli() / cfg.min_share_divisor).max(1);
             let r2 = want_milli.max(min_r);
             let b2 = ((u128::from(s.policy.capacity()) * u128::from(r2)
