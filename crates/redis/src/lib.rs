@@ -19,6 +19,7 @@ mod lease_pool;
 pub mod model;
 mod policy;
 mod pool;
+pub mod rate;
 mod reservoir;
 mod scoped;
 pub mod script;
@@ -40,6 +41,7 @@ pub use policy::{
     LUA_EXACT_LIMIT, MIN_RATE, Mode, PolicyError, RemotePolicy, Start, UNITS_PER_TOKEN,
 };
 pub use pool::{Admitted, BucketStats, RedisPool, RemoteBucket};
+pub use rate::{RateBucket, RateConfig, RatePool, RateStats};
 pub use reservoir::MAX_LEASE_TOKENS;
 pub use scoped::RedisScopeKinds;
 pub use strict::{

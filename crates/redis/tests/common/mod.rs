@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod ideal;
+pub mod spawn;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
