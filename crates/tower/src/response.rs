@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokengate::Decision;
 use tokengate::http::{MAX_INTEGER, Quota};
-use tokengate::scope::{RouteId, Scope, ScopeKind};
+use tokengate::scope::{PerKind, RouteId, Scope, ScopeKind};
 
 use crate::key::KeyError;
 
@@ -98,12 +98,28 @@ pub fn problem_missing(m: &MissingKey) -> (StatusCode, Body) {
 /// values of each set of kinds, built on first use: a policy field costs no formatting
 /// and no allocation per response.
 pub(crate) struct Quotas {
-    pub(crate) by_kind: [Option<Quota>; 6],
-    policy_fields: [OnceLock<Option<HeaderValue>>; 64],
+    pub(crate) by_kind: PerKind<Option<Quota>>,
+    /// Indexed by a [`KindMask`].
+    policy_fields: [OnceLock<Option<HeaderValue>>; KINDS_SETS],
+}
+
+/// A set of scope kinds, one bit per kind at its [`index`](ScopeKind::index).
+type KindMask = u8;
+
+// Every kind has its bit in a mask.
+const _: () = assert!(ScopeKind::COUNT <= KindMask::BITS as usize);
+
+/// How many sets of kinds there are.
+const KINDS_SETS: usize = 1 << ScopeKind::COUNT;
+
+/// The bit of `kind` in a [`KindMask`].
+#[inline]
+const fn kind_bit(kind: ScopeKind) -> KindMask {
+    1 << kind.index()
 }
 
 impl Quotas {
-    pub(crate) fn new(by_kind: [Option<Quota>; 6]) -> Quotas {
+    pub(crate) fn new(by_kind: PerKind<Option<Quota>>) -> Quotas {
         Quotas {
             by_kind,
             policy_fields: std::array::from_fn(|_| OnceLock::new()),
@@ -111,15 +127,15 @@ impl Quotas {
     }
 
     /// The `RateLimit-Policy` value listing the kinds in `mask` (bit = kind index).
-    fn policy_field(&self, mask: u8) -> Option<HeaderValue> {
-        self.policy_fields[usize::from(mask & 63)]
+    fn policy_field(&self, mask: KindMask) -> Option<HeaderValue> {
+        self.policy_fields[usize::from(mask) & (KINDS_SETS - 1)]
             .get_or_init(|| {
                 let mut v = String::new();
                 for kind in ScopeKind::ALL {
-                    let Some(q) = &self.by_kind[kind as usize] else {
+                    let Some(q) = &self.by_kind[kind] else {
                         continue;
                     };
-                    if mask & (1 << kind as u8) != 0 {
+                    if mask & kind_bit(kind) != 0 {
                         if !v.is_empty() {
                             v.push_str(", ");
                         }
@@ -172,10 +188,10 @@ impl Fields {
             return fields;
         };
         if ietf {
-            let mask = items.iter().fold(0u8, |m, it| m | 1 << it.kind as u8);
+            let mask = items.iter().fold(0, |m, it| m | kind_bit(it.kind));
             fields.policy = quotas.policy_field(mask);
-            // At most 6 items of `"tenant_route";r=<15 digits>;t=<15 digits>`: fits.
-            let mut buf = StackBuf::<384>::new();
+            // At most one item per kind: fits (see `LIMIT_FIELD_BYTES`).
+            let mut buf = StackBuf::<LIMIT_FIELD_BYTES>::new();
             for (i, it) in items.iter().enumerate() {
                 if i > 0 {
                     buf.push(b", ");
@@ -215,9 +231,21 @@ impl Fields {
     }
 }
 
+/// The longest `RateLimit` value: one item per kind, each at most
+/// `, "<name>";r=<20 digits>;t=<20 digits>`.
+const LIMIT_FIELD_BYTES: usize = {
+    let mut bytes = 0;
+    let mut i = 0;
+    while i < ScopeKind::COUNT {
+        bytes += ScopeKind::ALL[i].name().len() + r#", "";r=;t="#.len() + 2 * 20;
+        i += 1;
+    }
+    bytes
+};
+
 /// A fixed buffer for writing a field value without allocating; text past its end is
-/// dropped (the caller's values are bounded: at most 6 items of
-/// `"tenant_route";r=<15 digits>;t=<15 digits>`).
+/// dropped (the caller's values are bounded: at most one item per kind, in
+/// [`LIMIT_FIELD_BYTES`]).
 struct StackBuf<const N: usize> {
     buf: [u8; N],
     len: usize,
