@@ -3,41 +3,31 @@
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokengate::Decision;
-use tokengate::http::{MAX_INTEGER, Quota};
+use tokengate::http::{self as http_rules, Quota};
 use tokengate::scope::{PerKind, RouteId, Scope, ScopeKind};
 
 use crate::key::KeyError;
 
-/// `x-ratelimit-limit`: the quota of the reported scope.
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-/// `x-ratelimit-remaining`: whole tokens left in it.
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-/// `x-ratelimit-reset`: seconds until it is full again (or, refused, until the retry).
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `x-ratelimit-limit`: the quota of the reported scope
+/// ([`tokengate::http::X_RATELIMIT_LIMIT`]).
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static(http_rules::X_RATELIMIT_LIMIT);
+/// `x-ratelimit-remaining`: whole tokens left in it
+/// ([`tokengate::http::X_RATELIMIT_REMAINING`]).
+pub const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static(http_rules::X_RATELIMIT_REMAINING);
+/// `x-ratelimit-reset`: seconds until it is full again (or, refused, until the retry)
+/// ([`tokengate::http::X_RATELIMIT_RESET`]).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static(http_rules::X_RATELIMIT_RESET);
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static(http_rules::RATELIMIT_POLICY);
+const RATELIMIT: HeaderName = HeaderName::from_static(http_rules::RATELIMIT);
 
-/// A wait as `Retry-After` seconds: rounded up, at least 1, at most the largest
-/// structured-field integer (so `Duration::MAX` saturates instead of overflowing).
-///
-/// ```
-/// use std::time::Duration;
-/// use tokengate_tower::retry_after_seconds;
-/// assert_eq!(retry_after_seconds(Duration::ZERO), 1);
-/// assert_eq!(retry_after_seconds(Duration::from_millis(2001)), 3);
-/// assert_eq!(retry_after_seconds(Duration::MAX), 999_999_999_999_999);
-/// ```
-pub fn retry_after_seconds(wait: Duration) -> u64 {
-    let up = wait
-        .as_secs()
-        .saturating_add(u64::from(wait.subsec_nanos() > 0));
-    up.clamp(1, MAX_INTEGER)
-}
+// The one rule for `Retry-After` seconds is the engine's (capped at
+// `tokengate::http::MAX_INTEGER`, so it equals a refusal's `t`).
+pub use tokengate::http::retry_after_seconds;
 
 /// A refused request, as the [refusal body hook](crate::RateLimitLayerBuilder::refusal_body)
 /// sees it.
@@ -308,11 +298,11 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_rounds_up_and_saturates() {
-        assert_eq!(retry_after_seconds(Duration::from_nanos(1)), 1);
-        assert_eq!(retry_after_seconds(Duration::from_secs(2)), 2);
-        assert_eq!(retry_after_seconds(Duration::new(2, 1)), 3);
-        assert_eq!(retry_after_seconds(Duration::new(u64::MAX, 1)), MAX_INTEGER);
+    fn the_field_names_are_the_engines() {
+        assert_eq!(http::header::RETRY_AFTER.as_str(), http_rules::RETRY_AFTER);
+        assert_eq!(RATELIMIT_POLICY.as_str(), http_rules::RATELIMIT_POLICY);
+        assert_eq!(RATELIMIT.as_str(), http_rules::RATELIMIT);
+        assert_eq!(X_RATELIMIT_RESET.as_str(), "x-ratelimit-reset");
     }
 
     #[test]
