@@ -17,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::fmt;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
 use crossbeam_utils::CachePadded;
@@ -33,13 +34,27 @@ use crate::sync::{AtomicU64, Ordering};
 /// What a transition step decided: the word to write (if any) and the result.
 pub(crate) type Step<T> = (Option<u64>, T);
 
-/// Whether a word may be [`SEALED`] under an operation, and what the operation then
-/// returns instead of deciding.
+/// Whether a word may be [`SEALED`], as part of its type ([`RawBucket<S>`], [`Core<S>`]),
+/// and what an operation on it returns.
+///
+/// A word of a policy that is never replaced ([`Fixed`]: [`Bucket`], keyed maps) is
+/// never sealed: its check compiles away, and its operations return their result as it
+/// is. A word of a policy a reconfiguration replaces ([`Sealable`]) is sealed by the
+/// switch: every operation on it checks, and one that finds it sealed decides and writes
+/// nothing and returns [`Sealed`] (wrapped in [`Seal::Out`]) so that its caller starts
+/// again on the new policy.
 pub(crate) trait Seal {
     /// What an operation stops with on a sealed word.
     type Stop;
+    /// What an operation returns that may stop: `T` itself where no word is ever sealed,
+    /// `Result<T, Sealed>` where it may be.
+    type Out<T>;
     /// `Err` when `word` is sealed.
     fn check(word: u64) -> Result<(), Self::Stop>;
+    /// An operation's result as [`Out`](Seal::Out).
+    fn out<T>(result: Result<T, Self::Stop>) -> Self::Out<T>;
+    /// An [`Out`](Seal::Out) as a `Result`, for an operation built on another.
+    fn result<T>(out: Self::Out<T>) -> Result<T, Self::Stop>;
 }
 
 /// The words of a bucket that is never reconfigured ([`Bucket`], keyed maps): never
@@ -48,9 +63,19 @@ pub(crate) enum Fixed {}
 
 impl Seal for Fixed {
     type Stop = Infallible;
+    type Out<T> = T;
     #[inline(always)]
     fn check(_: u64) -> Result<(), Infallible> {
         Ok(())
+    }
+    #[inline(always)]
+    fn out<T>(result: Result<T, Infallible>) -> T {
+        let Ok(out) = result;
+        out
+    }
+    #[inline(always)]
+    fn result<T>(out: T) -> Result<T, Infallible> {
+        Ok(out)
     }
 }
 
@@ -63,7 +88,7 @@ pub(crate) enum Sealable {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Sealed;
 
-/// What [`RawBucket::try_acquire_in`] returns on a sealed word, in place of a decision
+/// What [`RawBucket::try_acquire`] returns on a sealed word, in place of a decision
 /// (the hot path builds its result in place: no wrapper to unwrap). A live bucket has no
 /// pool, so no decision of its own is ever this error; it retries on the new policy.
 pub(crate) const SEALED_ERROR: AcquireError = AcquireError::PoolUnavailable {
@@ -72,19 +97,30 @@ pub(crate) const SEALED_ERROR: AcquireError = AcquireError::PoolUnavailable {
 
 impl Seal for Sealable {
     type Stop = Sealed;
+    type Out<T> = Result<T, Sealed>;
     #[inline(always)]
     fn check(word: u64) -> Result<(), Sealed> {
         if word == SEALED { Err(Sealed) } else { Ok(()) }
     }
+    #[inline(always)]
+    fn out<T>(result: Result<T, Sealed>) -> Result<T, Sealed> {
+        result
+    }
+    #[inline(always)]
+    fn result<T>(out: Result<T, Sealed>) -> Result<T, Sealed> {
+        out
+    }
 }
 
 /// The bare atomic word of a bucket, without padding, policy or clock: what keyed maps
-/// store per key and what [`Bucket`] pads.
-pub(crate) struct RawBucket {
+/// store per key and what [`Bucket`] pads. `S` says whether it may be sealed (see
+/// [`Seal`]).
+pub(crate) struct RawBucket<S: Seal = Fixed> {
     word: AtomicU64,
+    seal: PhantomData<S>,
 }
 
-impl fmt::Debug for RawBucket {
+impl<S: Seal> fmt::Debug for RawBucket<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RawBucket")
             .field(&self.word.load(Ordering::Relaxed))
@@ -92,38 +128,39 @@ impl fmt::Debug for RawBucket {
     }
 }
 
-impl RawBucket {
+impl<S: Seal> RawBucket<S> {
     /// A bucket in the policy's start state at `now_nanos`.
-    pub(crate) fn new(layout: &Layout, now_nanos: u64, full: bool) -> RawBucket {
-        RawBucket {
-            word: AtomicU64::new(layout.start_word(layout.tick_of(now_nanos), full)),
-        }
+    pub(crate) fn new(layout: &Layout, now_nanos: u64, full: bool) -> RawBucket<S> {
+        RawBucket::from_word(layout.start_word(layout.tick_of(now_nanos), full))
     }
 
     /// A bucket holding `word` (of the layout of whoever reads it).
-    pub(crate) fn from_word(word: u64) -> RawBucket {
+    pub(crate) fn from_word(word: u64) -> RawBucket<S> {
         RawBucket {
             word: AtomicU64::new(word),
+            seal: PhantomData,
         }
     }
 
     /// Stores the start word of a full bucket read at `now` (full at the next tick edge):
     /// the state of a bucket idle for longer than its fill time, whatever it held. Only
     /// a re-anchoring pass that found every write older than that calls it (see
-    /// [`crate::pass`]). A CAS that leaves a sealed word (`S`) as it is.
-    pub(crate) fn fill_in<S: Seal>(&self, layout: &Layout, now: u64) -> Result<(), S::Stop> {
+    /// [`crate::pass`]). A CAS that leaves a sealed word as it is.
+    pub(crate) fn fill(&self, layout: &Layout, now: u64) -> S::Out<()> {
         let full = layout.start_word(layout.tick_of(now), true);
         let mut cur = self.word.load(Ordering::Relaxed);
-        loop {
-            S::check(cur)?;
+        S::out(loop {
+            if let Err(stop) = S::check(cur) {
+                break Err(stop);
+            }
             match self
                 .word
                 .compare_exchange(cur, full, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => return Ok(()),
+                Ok(_) => break Ok(()),
                 Err(actual) => cur = actual,
             }
-        }
+        })
     }
 
     /// Seals the word (see [`SEALED`]) and returns what it held: every later operation
@@ -162,6 +199,8 @@ impl RawBucket {
     /// Only the first attempt is inlined into the caller; the retries after a lost CAS
     /// ([`transition_contended`](Self::transition_contended)) and the re-read are out of
     /// line, so the uncontended path keeps its registers (measured: BENCHMARKS.md).
+    ///
+    /// On a sealed word it stops, deciding and writing nothing (see [`Seal`]).
     #[inline(always)]
     pub(crate) fn transition<C: Clock + ?Sized, T>(
         &self,
@@ -169,24 +208,9 @@ impl RawBucket {
         clock: &Monotonic<C>,
         now: u64,
         strict: bool,
-        step: impl FnMut(&Snapshot, u64) -> Step<T>,
-    ) -> Result<T, AcquireError> {
-        let Ok(out) = self.transition_in::<Fixed, C, T>(layout, clock, now, strict, step);
-        Ok(out)
-    }
-
-    /// [`transition`](Self::transition) on a word that may be sealed (`S`): stops with
-    /// `S::Stop`, deciding and writing nothing, when it finds the word sealed.
-    #[inline(always)]
-    pub(crate) fn transition_in<S: Seal, C: Clock + ?Sized, T>(
-        &self,
-        layout: &Layout,
-        clock: &Monotonic<C>,
-        now: u64,
-        strict: bool,
         mut step: impl FnMut(&Snapshot, u64) -> Step<T>,
-    ) -> Result<T, S::Stop> {
-        self.transition_or::<S, C, Result<T, S::Stop>>(
+    ) -> S::Out<T> {
+        S::out(self.transition_or::<C, Result<T, S::Stop>>(
             layout,
             clock,
             now,
@@ -196,7 +220,7 @@ impl RawBucket {
                 (next, Ok(out))
             },
             Err,
-        )
+        ))
     }
 
     /// The CAS loop itself: `step`'s result, or `sealed`'s on a sealed word. The hot
@@ -204,7 +228,7 @@ impl RawBucket {
     /// and moved after the loop (an unwrapped `Result` measured 12 more instructions per
     /// decision: a copy of the decision).
     #[inline(always)]
-    pub(crate) fn transition_or<S: Seal, C: Clock + ?Sized, T>(
+    pub(crate) fn transition_or<C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -222,7 +246,7 @@ impl RawBucket {
         }
         let snapshot = layout.refill(cur, layout.tick_of(now));
         if snapshot.behind() > slack(layout, strict) {
-            return self.transition_after_reread::<S, C, T>(layout, clock, step, sealed);
+            return self.transition_after_reread::<C, T>(layout, clock, step, sealed);
         }
         let (next, out) = step(&snapshot, now);
         let Some(next) = next else {
@@ -233,8 +257,9 @@ impl RawBucket {
             .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
         {
             Ok(_) => out,
-            Err(actual) => self
-                .transition_contended::<S, C, T>(layout, clock, now, strict, actual, step, sealed),
+            Err(actual) => {
+                self.transition_contended::<C, T>(layout, clock, now, strict, actual, step, sealed)
+            }
         }
     }
 
@@ -249,7 +274,7 @@ impl RawBucket {
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    fn transition_contended<S: Seal, C: Clock + ?Sized, T>(
+    fn transition_contended<C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -266,7 +291,7 @@ impl RawBucket {
             }
             let snapshot = layout.refill(cur, now_tick);
             if snapshot.behind() > slack(layout, strict) {
-                return self.transition_after_reread::<S, C, T>(layout, clock, step, sealed);
+                return self.transition_after_reread::<C, T>(layout, clock, step, sealed);
             }
             let (next, out) = step(&snapshot, now);
             let Some(next) = next else {
@@ -298,7 +323,7 @@ impl RawBucket {
     /// another thread made progress. Out of line, so that the hot loop stays small.
     #[cold]
     #[inline(never)]
-    fn transition_after_reread<S: Seal, C: Clock + ?Sized, T>(
+    fn transition_after_reread<C: Clock + ?Sized, T>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -326,7 +351,8 @@ impl RawBucket {
         }
     }
 
-    /// Takes `cost` tokens if the balance covers them; a rejection writes nothing.
+    /// Takes `cost` tokens if the balance covers them; a rejection writes nothing. On a
+    /// sealed word, [`SEALED_ERROR`].
     #[inline(always)]
     pub(crate) fn try_acquire<C: Clock + ?Sized>(
         &self,
@@ -335,23 +361,10 @@ impl RawBucket {
         now: u64,
         cost: u64,
     ) -> Result<Decision, AcquireError> {
-        self.try_acquire_in::<Fixed, C>(layout, clock, now, cost)
+        self.try_acquire_with::<C, false>(layout, clock, now, cost)
     }
 
-    /// [`try_acquire`](Self::try_acquire) on a word that may be sealed: [`SEALED_ERROR`]
-    /// when it is.
-    #[inline(always)]
-    pub(crate) fn try_acquire_in<S: Seal, C: Clock + ?Sized>(
-        &self,
-        layout: &Layout,
-        clock: &Monotonic<C>,
-        now: u64,
-        cost: u64,
-    ) -> Result<Decision, AcquireError> {
-        self.try_acquire_with::<S, C, false>(layout, clock, now, cost)
-    }
-
-    /// [`try_acquire_in`](Self::try_acquire_in), the slow paths' result written where
+    /// [`try_acquire`](Self::try_acquire), the slow paths' result written where
     /// `APART` says.
     ///
     /// Without `APART` a slow path (a lost CAS, a reading behind the stored tick) writes
@@ -366,7 +379,7 @@ impl RawBucket {
     /// attempt's decision stays in registers (measured: BENCHMARKS.md, "Keyed lookups:
     /// the slow paths' result apart"). A keyed map's take passes `APART`.
     #[inline(always)]
-    pub(crate) fn try_acquire_with<S: Seal, C: Clock + ?Sized, const APART: bool>(
+    pub(crate) fn try_acquire_with<C: Clock + ?Sized, const APART: bool>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -377,7 +390,7 @@ impl RawBucket {
             return Err(cost_over_capacity(layout, cost));
         };
         if cost_units == 0 {
-            return self.acquire_nothing::<S>(layout, now, cost);
+            return self.acquire_nothing(layout, now, cost);
         }
         let now = clock.observe(now);
         let cur = self.word.load(Ordering::Relaxed);
@@ -407,14 +420,14 @@ impl RawBucket {
                     layout, balance, behind, now, cost, true,
                 )),
                 Err(actual) if APART => {
-                    apart(move || self.acquire_contended::<S, C>(layout, clock, now, cost, actual))
+                    apart(move || self.acquire_contended::<C>(layout, clock, now, cost, actual))
                 }
-                Err(actual) => self.acquire_contended::<S, C>(layout, clock, now, cost, actual),
+                Err(actual) => self.acquire_contended::<C>(layout, clock, now, cost, actual),
             },
             FirstTake::Elsewhere if APART => {
-                apart(move || self.acquire_behind::<S, C>(layout, clock, now, cost, cur))
+                apart(move || self.acquire_behind::<C>(layout, clock, now, cost, cur))
             }
-            FirstTake::Elsewhere => self.acquire_behind::<S, C>(layout, clock, now, cost, cur),
+            FirstTake::Elsewhere => self.acquire_behind::<C>(layout, clock, now, cost, cur),
         }
     }
 
@@ -422,16 +435,10 @@ impl RawBucket {
     /// [`Prepared`]): on the word loaded now, the refusal [`refusal`](Self::refusal)
     /// gives, or the take [`try_acquire`](Self::try_acquire) would make, or neither (a
     /// cost of zero or above the capacity, a reading the word is ahead of but for a take
-    /// at its edge: the take decides). Writes nothing.
+    /// at its edge: the take decides; a sealed word: the take finds the seal). Writes
+    /// nothing.
     #[inline(always)]
     pub(crate) fn prepare(&self, layout: &Layout, now: u64, cost: u64) -> Prepared {
-        self.prepare_in::<Fixed>(layout, now, cost)
-    }
-
-    /// [`prepare`](Self::prepare) on a word that may be sealed: neither, on a sealed
-    /// word (the take finds the seal).
-    #[inline(always)]
-    pub(crate) fn prepare_in<S: Seal>(&self, layout: &Layout, now: u64, cost: u64) -> Prepared {
         let Some(cost_units) = layout.units_of(cost).filter(|&u| u > 0) else {
             return Prepared::Open;
         };
@@ -476,23 +483,10 @@ impl RawBucket {
     }
 
     /// Lands `plan`, which [`prepare`](Self::prepare) made at `now` for `cost`: one
-    /// compare-and-swap from the word it read, else the take's loop from the word found.
+    /// compare-and-swap from the word it read, else the take's loop from the word found
+    /// ([`SEALED_ERROR`] when it was sealed since it was read).
     #[inline(always)]
     pub(crate) fn commit<C: Clock + ?Sized>(
-        &self,
-        layout: &Layout,
-        clock: &Monotonic<C>,
-        now: u64,
-        cost: u64,
-        plan: &Planned,
-    ) -> Result<Decision, AcquireError> {
-        self.commit_in::<Fixed, C>(layout, clock, now, cost, plan)
-    }
-
-    /// [`commit`](Self::commit) on a word that may be sealed: [`SEALED_ERROR`] when it
-    /// was sealed since it was read.
-    #[inline(always)]
-    pub(crate) fn commit_in<S: Seal, C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -521,18 +515,18 @@ impl RawBucket {
             )),
             Err(actual) => {
                 let now = clock.observe(now);
-                self.acquire_contended::<S, C>(layout, clock, now, cost, actual)
+                self.acquire_contended::<C>(layout, clock, now, cost, actual)
             }
         }
     }
 
-    /// [`try_acquire_in`](Self::try_acquire_in) on the loaded word `cur` where
+    /// [`try_acquire`](Self::try_acquire) on the loaded word `cur` where
     /// [`Layout::first_take`] does not decide (a reading behind the stored tick, but for
     /// a take at the next edge): the first attempt of the CAS loop on the refilled
     /// snapshot, from `cur`, then the loop's slow paths. Out of line, and not cold: a
     /// reading a tick or two behind is a lost race, not rare under contention.
     #[inline(never)]
-    fn acquire_behind<S: Seal, C: Clock + ?Sized>(
+    fn acquire_behind<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -543,7 +537,7 @@ impl RawBucket {
         let cost_units = cost << layout.frac_bits();
         let snapshot = layout.refill(cur, layout.tick_of(now));
         if snapshot.behind() > layout.tolerance_ticks() {
-            return self.acquire_after_reread::<S, C>(layout, clock, cost);
+            return self.acquire_after_reread::<C>(layout, clock, cost);
         }
         let Some(next) = layout.take(&snapshot, cost_units) else {
             // A rejection writes nothing (I5).
@@ -558,11 +552,11 @@ impl RawBucket {
             Ok(_) => Ok(Decision::new(
                 layout, &snapshot, now, cost, cost_units, true,
             )),
-            Err(actual) => self.acquire_contended::<S, C>(layout, clock, now, cost, actual),
+            Err(actual) => self.acquire_contended::<C>(layout, clock, now, cost, actual),
         }
     }
 
-    /// The step of [`try_acquire_in`](Self::try_acquire_in) for `cost` (`cost_units`):
+    /// The step of [`try_acquire`](Self::try_acquire) for `cost` (`cost_units`):
     /// the whole result, so that the decision is built where it is returned.
     #[inline(always)]
     fn acquire_step<'a>(
@@ -584,10 +578,10 @@ impl RawBucket {
         }
     }
 
-    /// [`try_acquire_in`](Self::try_acquire_in) after its first CAS was lost to `actual`.
+    /// [`try_acquire`](Self::try_acquire) after its first CAS was lost to `actual`.
     #[cold]
     #[inline(never)]
-    fn acquire_contended<S: Seal, C: Clock + ?Sized>(
+    fn acquire_contended<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
@@ -596,42 +590,45 @@ impl RawBucket {
         actual: u64,
     ) -> Result<Decision, AcquireError> {
         let step = Self::acquire_step(layout, cost, cost << layout.frac_bits());
-        self.transition_contended::<S, C, _>(layout, clock, now, true, actual, step, |_| {
+        self.transition_contended::<C, _>(layout, clock, now, true, actual, step, |_| {
             Err(SEALED_ERROR)
         })
     }
 
-    /// [`try_acquire_in`](Self::try_acquire_in) once its reading was found well behind
+    /// [`try_acquire`](Self::try_acquire) once its reading was found well behind
     /// the stored tick.
     #[cold]
     #[inline(never)]
-    fn acquire_after_reread<S: Seal, C: Clock + ?Sized>(
+    fn acquire_after_reread<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
         cost: u64,
     ) -> Result<Decision, AcquireError> {
         let step = Self::acquire_step(layout, cost, cost << layout.frac_bits());
-        self.transition_after_reread::<S, C, _>(layout, clock, step, |_| Err(SEALED_ERROR))
+        self.transition_after_reread::<C, _>(layout, clock, step, |_| Err(SEALED_ERROR))
     }
 
-    /// [`try_acquire_in`](Self::try_acquire_in) for a cost of zero: admitted whatever
+    /// [`try_acquire`](Self::try_acquire) for a cost of zero: admitted whatever
     /// the balance or the clock, nothing written.
     #[cold]
     #[inline(never)]
-    fn acquire_nothing<S: Seal>(
+    fn acquire_nothing(
         &self,
         layout: &Layout,
         now: u64,
         cost: u64,
     ) -> Result<Decision, AcquireError> {
-        let Ok(snapshot) = self.snapshot_in::<S>(layout, now) else {
+        let word = self.word.load(Ordering::Relaxed);
+        if S::check(word).is_err() {
             return Err(SEALED_ERROR);
-        };
+        }
+        let snapshot = layout.refill(word, layout.tick_of(now));
         Ok(Decision::new(layout, &snapshot, now, cost, 0, true))
     }
 
-    /// Gives back `units` (already validated): never fails, never creates credit.
+    /// Gives back `units` (already validated): never fails (but on a sealed word), never
+    /// creates credit.
     #[inline]
     pub(crate) fn refund_units<C: Clock + ?Sized>(
         &self,
@@ -639,26 +636,14 @@ impl RawBucket {
         clock: &Monotonic<C>,
         now: u64,
         units: u64,
-    ) {
-        let Ok(()) = self.refund_units_in::<Fixed, C>(layout, clock, now, units);
-    }
-
-    /// [`refund_units`](Self::refund_units) on a word that may be sealed.
-    #[inline]
-    pub(crate) fn refund_units_in<S: Seal, C: Clock + ?Sized>(
-        &self,
-        layout: &Layout,
-        clock: &Monotonic<C>,
-        now: u64,
-        units: u64,
-    ) -> Result<(), S::Stop> {
-        self.transition_in::<S, C, _>(layout, clock, now, false, |snapshot, _| {
+    ) -> S::Out<()> {
+        self.transition(layout, clock, now, false, |snapshot, _| {
             (Some(layout.refund(snapshot, units)), ())
         })
     }
 
-    /// Cancels a reservation ready at `ready_tick`: see [`Layout::cancel`]. Never fails,
-    /// never creates credit.
+    /// Cancels a reservation ready at `ready_tick`: see [`Layout::cancel`]. Never fails
+    /// (but on a sealed word), never creates credit.
     pub(crate) fn cancel_units<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
@@ -666,21 +651,21 @@ impl RawBucket {
         now: u64,
         reserved: &crate::state::Reserved,
         ready_tick: u64,
-    ) {
-        let Ok(()) = self.transition_in::<Fixed, C, _>(layout, clock, now, false, |snapshot, _| {
+    ) -> S::Out<()> {
+        self.transition(layout, clock, now, false, |snapshot, _| {
             (Some(layout.cancel(snapshot, reserved, ready_tick)), ())
-        });
+        })
     }
 
     /// Back to the start state, at `now` or at the stored tick if `now` is behind it.
-    pub(crate) fn reset_in<S: Seal, C: Clock + ?Sized>(
+    pub(crate) fn reset<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
         now: u64,
         full: bool,
-    ) -> Result<(), S::Stop> {
-        self.transition_in::<S, C, _>(layout, clock, now, false, |snapshot, _| {
+    ) -> S::Out<()> {
+        self.transition(layout, clock, now, false, |snapshot, _| {
             (Some(layout.restart(snapshot, full)), ())
         })
     }
@@ -688,19 +673,22 @@ impl RawBucket {
     /// Rewrites the word refilled to `now` (exact on the tick grid, so nothing changes
     /// but the anchor): a re-anchoring pass's write. A reading behind the stored tick
     /// leaves it as it is.
-    pub(crate) fn reanchor_in<S: Seal, C: Clock + ?Sized>(
+    pub(crate) fn reanchor<C: Clock + ?Sized>(
         &self,
         layout: &Layout,
         clock: &Monotonic<C>,
         now: u64,
-    ) -> Result<(), S::Stop> {
-        self.transition_in::<S, C, _>(layout, clock, now, false, |s, _| (s.reanchored(), ()))
+    ) -> S::Out<()> {
+        self.transition(layout, clock, now, false, |s, _| (s.reanchored(), ()))
     }
 
     /// Time from `now` until `cost` tokens are there (zero if they are), writing nothing.
-    pub(crate) fn wait(&self, layout: &Layout, now: u64, cost: u64) -> std::time::Duration {
-        let snapshot = self.snapshot(layout, now);
-        Decision::new(layout, &snapshot, now, cost, 0, false).wait_for(cost)
+    pub(crate) fn wait(&self, layout: &Layout, now: u64, cost: u64) -> S::Out<std::time::Duration> {
+        let word = self.word.load(Ordering::Relaxed);
+        S::out(S::check(word).map(|()| {
+            let snapshot = layout.refill(word, layout.tick_of(now));
+            Decision::new(layout, &snapshot, now, cost, 0, false).wait_for(cost)
+        }))
     }
 
     /// The refusal [`try_acquire`](Self::try_acquire) would give for `cost` at `now`
@@ -708,47 +696,27 @@ impl RawBucket {
     /// `None` if it can, or if `now` reads well behind the stored tick (only the CAS loop
     /// can tell a lost race from a clock stepping back). Writes nothing.
     #[inline]
-    pub(crate) fn refusal(&self, layout: &Layout, now: u64, cost: u64) -> Option<Decision> {
-        let Ok(out) = self.refusal_in::<Fixed>(layout, now, cost);
-        out
-    }
-
-    /// [`refusal`](Self::refusal) on a word that may be sealed.
-    #[inline]
-    pub(crate) fn refusal_in<S: Seal>(
-        &self,
-        layout: &Layout,
-        now: u64,
-        cost: u64,
-    ) -> Result<Option<Decision>, S::Stop> {
-        let snapshot = self.snapshot_in::<S>(layout, now)?;
-        let Some(cost_units) = layout.units_of(cost) else {
-            return Ok(None);
-        };
-        if snapshot.behind() > layout.tolerance_ticks() || layout.can_take(&snapshot, cost_units) {
-            return Ok(None);
-        }
-        Ok(Some(Decision::new(
-            layout, &snapshot, now, cost, cost_units, false,
-        )))
+    pub(crate) fn refusal(&self, layout: &Layout, now: u64, cost: u64) -> S::Out<Option<Decision>> {
+        let word = self.word.load(Ordering::Relaxed);
+        S::out(S::check(word).map(|()| {
+            let snapshot = layout.refill(word, layout.tick_of(now));
+            let cost_units = layout.units_of(cost)?;
+            if snapshot.behind() > layout.tolerance_ticks()
+                || layout.can_take(&snapshot, cost_units)
+            {
+                return None;
+            }
+            Some(Decision::new(
+                layout, &snapshot, now, cost, cost_units, false,
+            ))
+        }))
     }
 
     /// The refilled snapshot at `now`, writing nothing.
     #[inline]
-    pub(crate) fn snapshot(&self, layout: &Layout, now: u64) -> Snapshot {
-        layout.refill(self.word.load(Ordering::Relaxed), layout.tick_of(now))
-    }
-
-    /// [`snapshot`](Self::snapshot) of a word that may be sealed.
-    #[inline]
-    pub(crate) fn snapshot_in<S: Seal>(
-        &self,
-        layout: &Layout,
-        now: u64,
-    ) -> Result<Snapshot, S::Stop> {
+    pub(crate) fn snapshot(&self, layout: &Layout, now: u64) -> S::Out<Snapshot> {
         let word = self.word.load(Ordering::Relaxed);
-        S::check(word)?;
-        Ok(layout.refill(word, layout.tick_of(now)))
+        S::out(S::check(word).map(|()| layout.refill(word, layout.tick_of(now))))
     }
 }
 
@@ -796,27 +764,26 @@ pub(crate) fn reread_snapshot(layout: &Layout, cur: u64, now: u64) -> Snapshot {
     }
 }
 
-/// One policy and its word: a [`Bucket`]'s state, and one policy epoch of a
-/// [`LiveBucket`](crate::LiveBucket). Its operations take the limiter's clock and say
-/// with `S` whether the word may be sealed (see [`Seal`]).
+/// One policy and its word: a [`Bucket`]'s state (`Core<Fixed>`), and one policy epoch
+/// of a [`LiveBucket`](crate::LiveBucket) or a scoped limiter's global word
+/// (`Core<Sealable>`). Its operations take the limiter's clock; `S` says whether the word
+/// may be sealed (see [`Seal`]).
 // `repr(C)`: the due time of the next pass sits right after the word's padded line, on
 // the line that holds the layout every operation reads.
 #[repr(C)]
-pub(crate) struct Core {
-    raw: CachePadded<RawBucket>,
+pub(crate) struct Core<S: Seal = Fixed> {
+    raw: CachePadded<RawBucket<S>>,
     /// When the word is next re-anchored against the tick wrap (see [`crate::pass`]).
     passes: Passes,
     policy: Policy,
 }
 
-impl Core {
+impl<S: Seal> Core<S> {
     /// A policy's state at `created`: `word`, or the policy's start state.
-    pub(crate) fn new(policy: Policy, created: u64, word: Option<u64>) -> Core {
+    pub(crate) fn new(policy: Policy, created: u64, word: Option<u64>) -> Core<S> {
         let layout = policy.layout();
         let raw = match word {
-            Some(word) => RawBucket {
-                word: AtomicU64::new(word),
-            },
+            Some(word) => RawBucket::from_word(word),
             None => RawBucket::new(layout, created, policy.starts_full()),
         };
         Core {
@@ -829,12 +796,10 @@ impl Core {
     /// `from`'s policy holding `word` (a state of `from`, read at its seal) from the
     /// switch reading `at`, its passes due no later than `from`'s: a word whose policy a
     /// switch does not change, carried over untouched.
-    pub(crate) fn carried(from: &Core, word: u64, at: u64) -> Core {
+    pub(crate) fn carried(from: &Core<S>, word: u64, at: u64) -> Core<S> {
         let timing = crate::pass::Timing::of(from.policy.layout());
         Core {
-            raw: CachePadded::new(RawBucket {
-                word: AtomicU64::new(word),
-            }),
+            raw: CachePadded::new(RawBucket::from_word(word)),
             passes: Passes::continuing(&from.passes, timing, at),
             policy: from.policy,
         }
@@ -844,7 +809,7 @@ impl Core {
         &self.policy
     }
 
-    pub(crate) fn raw(&self) -> &RawBucket {
+    pub(crate) fn raw(&self) -> &RawBucket<S> {
         &self.raw
     }
 
@@ -856,39 +821,38 @@ impl Core {
     /// load and a predicted branch otherwise. See [`crate::pass`]. A pass on a sealed
     /// word writes nothing: the operation then finds it sealed.
     #[inline(always)]
-    pub(crate) fn at<S: Seal, C: Clock + ?Sized>(&self, clock: &Monotonic<C>, now: u64) -> u64 {
+    pub(crate) fn at<C: Clock + ?Sized>(&self, clock: &Monotonic<C>, now: u64) -> u64 {
         self.passes
-            .check(now, clock, |now, idle| self.pass::<S, C>(clock, now, idle))
+            .check(now, clock, |now, idle| self.pass::<C>(clock, now, idle))
     }
 
     /// The re-anchoring pass: the word refilled to `now` at its own tick, or, after an
     /// idle longer than the fill time (`idle`), full.
     #[cold]
     #[inline(never)]
-    fn pass<S: Seal, C: Clock + ?Sized>(&self, clock: &Monotonic<C>, now: u64, idle: bool) {
+    fn pass<C: Clock + ?Sized>(&self, clock: &Monotonic<C>, now: u64, idle: bool) {
         let layout = self.policy.layout();
         // A sealed word is left as it is: its policy has been replaced.
         let _sealed = if idle {
-            self.raw.fill_in::<S>(layout, now)
+            self.raw.fill(layout, now)
         } else {
-            self.raw.reanchor_in::<S, C>(layout, clock, now)
+            self.raw.reanchor(layout, clock, now)
         };
     }
 
     /// [`Bucket::try_acquire`] at the guarded reading `now`; [`SEALED_ERROR`] on a sealed
     /// word.
     #[inline(always)]
-    pub(crate) fn try_acquire<S: Seal, C: Clock + ?Sized>(
+    pub(crate) fn try_acquire<C: Clock + ?Sized>(
         &self,
         clock: &Monotonic<C>,
         now: u64,
         cost: u64,
     ) -> Result<Decision, AcquireError> {
         if self.passes.is_due(now) {
-            return self.acquire_due::<S, C>(clock, now, cost);
+            return self.acquire_due::<C>(clock, now, cost);
         }
-        self.raw
-            .try_acquire_in::<S, C>(self.policy.layout(), clock, now, cost)
+        self.raw.try_acquire(self.policy.layout(), clock, now, cost)
     }
 
     /// [`try_acquire`](Core::try_acquire) at a reading at or after the re-anchoring
@@ -897,7 +861,7 @@ impl Core {
     /// nothing; an admission runs the pass first.
     #[cold]
     #[inline(never)]
-    pub(crate) fn acquire_due<S: Seal, C: Clock + ?Sized>(
+    pub(crate) fn acquire_due<C: Clock + ?Sized>(
         &self,
         clock: &Monotonic<C>,
         now: u64,
@@ -910,9 +874,9 @@ impl Core {
         if !self.passes.idle_at(now) {
             // The word reads exactly.
             if cost_units == 0 {
-                return self.raw.try_acquire_in::<S, C>(layout, clock, now, cost);
+                return self.raw.try_acquire(layout, clock, now, cost);
             }
-            match self.raw.refusal_in::<S>(layout, now, cost) {
+            match S::result(self.raw.refusal(layout, now, cost)) {
                 Ok(Some(refusal)) => return Ok(refusal),
                 Ok(None) => {}
                 Err(_) => return Err(SEALED_ERROR),
@@ -924,58 +888,55 @@ impl Core {
             let full = layout.reanchor_full(layout.tick_of(now));
             return Ok(Decision::new(layout, &full, now, cost, 0, true));
         }
-        let now = self.at::<S, C>(clock, now);
-        self.raw.try_acquire_in::<S, C>(layout, clock, now, cost)
+        let now = self.at::<C>(clock, now);
+        self.raw.try_acquire(layout, clock, now, cost)
     }
 
     /// [`Bucket::refund`].
-    pub(crate) fn refund<S: Seal, C: Clock + ?Sized>(
+    pub(crate) fn refund<C: Clock + ?Sized>(
         &self,
         clock: &Monotonic<C>,
         cost: u64,
-    ) -> Result<Result<(), AcquireError>, S::Stop> {
+    ) -> S::Out<Result<(), AcquireError>> {
         let layout = self.policy.layout();
         let Some(units) = layout.units_of(cost) else {
-            return Ok(Err(cost_exceeds_capacity(layout, cost)));
+            return S::out(Ok(Err(cost_exceeds_capacity(layout, cost))));
         };
         if units == 0 {
-            return Ok(Ok(()));
+            return S::out(Ok(Ok(())));
         }
-        let now = self.at::<S, C>(clock, clock.now_nanos());
-        self.raw
-            .refund_units_in::<S, C>(layout, clock, now, units)
-            .map(Ok)
+        let now = self.at::<C>(clock, clock.now_nanos());
+        S::out(S::result(self.raw.refund_units(layout, clock, now, units)).map(Ok))
     }
 
     /// [`Bucket::reset`].
-    pub(crate) fn reset<S: Seal, C: Clock + ?Sized>(
-        &self,
-        clock: &Monotonic<C>,
-    ) -> Result<(), S::Stop> {
-        let now = self.at::<S, C>(clock, clock.now_nanos());
+    pub(crate) fn reset<C: Clock + ?Sized>(&self, clock: &Monotonic<C>) -> S::Out<()> {
+        let now = self.at::<C>(clock, clock.now_nanos());
         self.raw
-            .reset_in::<S, C>(self.policy.layout(), clock, now, self.policy.starts_full())
+            .reset(self.policy.layout(), clock, now, self.policy.starts_full())
     }
 
     /// The snapshot a decision at the guarded reading `now` sees, writing nothing: the
     /// pass's view once one is due (full after an idle longer than the fill time).
-    pub(crate) fn view<S: Seal>(&self, now: u64) -> Result<Snapshot, S::Stop> {
+    pub(crate) fn view(&self, now: u64) -> S::Out<Snapshot> {
         let layout = self.policy.layout();
-        let snapshot = self.raw.snapshot_in::<S>(layout, now)?;
-        if self.passes.is_due(now) && self.passes.idle_at(now) {
-            return Ok(layout.reanchor_full(layout.tick_of(now)));
-        }
-        Ok(snapshot)
+        let word = self.raw.load();
+        S::out(S::check(word).map(|()| {
+            if self.passes.is_due(now) && self.passes.idle_at(now) {
+                layout.reanchor_full(layout.tick_of(now))
+            } else {
+                layout.refill(word, layout.tick_of(now))
+            }
+        }))
     }
 
     /// [`Bucket::available`].
-    pub(crate) fn available<S: Seal, C: Clock + ?Sized>(
-        &self,
-        clock: &Monotonic<C>,
-    ) -> Result<f64, S::Stop> {
+    pub(crate) fn available<C: Clock + ?Sized>(&self, clock: &Monotonic<C>) -> S::Out<f64> {
         let layout = self.policy.layout();
-        let snapshot = self.view::<S>(clock.now_nanos())?;
-        Ok(layout.units_to_tokens(layout.balance_units(&snapshot)))
+        S::out(
+            S::result(self.view(clock.now_nanos()))
+                .map(|snapshot| layout.units_to_tokens(layout.balance_units(&snapshot))),
+        )
     }
 }
 
@@ -1007,7 +968,7 @@ impl Core {
 /// ```
 #[repr(C)]
 pub struct Bucket<C: Clock = QuantaClock> {
-    core: Core,
+    core: Core<Fixed>,
     clock: Monotonic<C>,
 }
 
@@ -1056,7 +1017,7 @@ impl<C: Clock> Bucket<C> {
     /// load and a predicted branch otherwise. See [`crate::pass`].
     #[inline(always)]
     pub(crate) fn at(&self, now: u64) -> u64 {
-        self.core.at::<Fixed, C>(&self.clock, now)
+        self.core.at(&self.clock, now)
     }
 
     /// Takes `cost` tokens if the balance covers them.
@@ -1092,13 +1053,13 @@ impl<C: Clock> Bucket<C> {
     #[inline(always)]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
         let now = self.clock.now_nanos();
-        self.core.try_acquire::<Fixed, C>(&self.clock, now, cost)
+        self.core.try_acquire(&self.clock, now, cost)
     }
 
     /// [`try_acquire`](Bucket::try_acquire) at a guarded reading at or after the
     /// re-anchoring pass's due time (see [`Core::acquire_due`]).
     pub(crate) fn acquire_due(&self, now: u64, cost: u64) -> Result<Decision, AcquireError> {
-        self.core.acquire_due::<Fixed, C>(&self.clock, now, cost)
+        self.core.acquire_due(&self.clock, now, cost)
     }
 
     pub(crate) fn passes(&self) -> &Passes {
@@ -1127,8 +1088,7 @@ impl<C: Clock> Bucket<C> {
     /// [`AcquireError::CostExceedsCapacity`] for a cost above the capacity (nothing
     /// changes).
     pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
-        let Ok(out) = self.core.refund::<Fixed, C>(&self.clock, cost);
-        out
+        self.core.refund(&self.clock, cost)
     }
 
     /// Puts the bucket back in the policy's start state (full or empty).
@@ -1142,7 +1102,7 @@ impl<C: Clock> Bucket<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reset(&self) {
-        let Ok(()) = self.core.reset::<Fixed, C>(&self.clock);
+        self.core.reset(&self.clock);
     }
 
     /// Tokens available now (fractional; negative while reservations are owed). A
@@ -1161,8 +1121,7 @@ impl<C: Clock> Bucket<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available(&self) -> f64 {
-        let Ok(out) = self.core.available::<Fixed, C>(&self.clock);
-        out
+        self.core.available(&self.clock)
     }
 
     /// The policy this bucket enforces.

@@ -373,7 +373,7 @@ impl RuleSet {
                 counters: r.options.counters.then(StripedCounters::new),
             }),
         };
-        let words: Box<[Core]> = match global_rule {
+        let words: Box<[Core<Sealable>]> = match global_rule {
             Some(r) if r.lease.is_none() => r
                 .policies()
                 .iter()
@@ -1118,7 +1118,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         loop {
             let g = self.generation();
             let core = g.words.get(limit)?;
-            match core.available::<Sealable, C>(&self.clock) {
+            match core.available(&self.clock) {
                 Ok(tokens) => return Some(tokens),
                 Err(_) => self.generations.await_successor(g),
             }
@@ -1140,7 +1140,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     fn now_on(&self, g: &Generation) -> u64 {
         let mut now = self.clock.now_nanos();
         for core in g.words.iter() {
-            now = core.at::<Sealable, C>(&self.clock, now);
+            now = core.at(&self.clock, now);
         }
         now
     }
@@ -1160,9 +1160,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         for core in self.generation().words.iter() {
             let now = self.clock.now_nanos();
             // A word sealed meanwhile is left to its switch.
-            let _sealed =
-                core.raw()
-                    .reanchor_in::<Sealable, C>(core.policy().layout(), &self.clock, now);
+            let _sealed = core
+                .raw()
+                .reanchor(core.policy().layout(), &self.clock, now);
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
