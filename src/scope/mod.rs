@@ -33,11 +33,7 @@
 
 mod decision;
 mod generation;
-#[cfg(test)]
-mod global_path;
 mod held;
-#[cfg(test)]
-mod held_path;
 mod inline;
 mod kind;
 mod maps;
@@ -45,6 +41,8 @@ mod reconfigure;
 mod remote;
 mod reserve;
 mod rules;
+#[cfg(test)]
+mod tests;
 mod tiers;
 
 use std::fmt;
