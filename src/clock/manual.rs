@@ -71,7 +71,7 @@ impl ManualClock {
 
     /// Sets the time to `to` since the origin. May move backwards: a manual clock does
     /// not declare [`is_monotonic`](Clock::is_monotonic), so limiters see a step back as
-    /// time standing still (see [`Monotonic`]).
+    /// time standing still (see [`Monotonic`](super::Monotonic)).
     pub fn set(&self, to: Duration) {
         let to = u64::try_from(to.as_nanos()).unwrap_or(u64::MAX);
         self.nanos.store(to, Ordering::Relaxed);

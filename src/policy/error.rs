@@ -64,7 +64,7 @@ pub enum PolicyError {
         /// The refill rate asked for, in tokens per second.
         refill_per_second: f64,
     },
-    /// The refill period of [`Policy::per`] is zero.
+    /// The refill period of [`Policy::per`](super::Policy::per) is zero.
     ZeroPeriod,
     /// `max_reservation` is longer than the packed word can owe at this rate.
     ReservationTooLong {
