@@ -56,10 +56,21 @@
 //!
 //! Durations become whole seconds by rounding **up**, so a client never comes back early:
 //! 0.001 s is `1`, 2.0 s is `2`, 2.000000001 s is `3`. A rejection's `Retry-After` is
-//! never `0` (a zero would invite an immediate retry that is refused again). Integers
-//! above [`MAX_INTEGER`], the largest a structured field carries (about 31.7 million
-//! years in seconds), are written as [`MAX_INTEGER`] in `t`; a `q` or `w` above it is a
-//! [`QuotaError`].
+//! never `0` (a zero would invite an immediate retry that is refused again).
+//!
+//! # One cap for every count of seconds
+//!
+//! `Retry-After` is `delay-seconds`, a non-negative decimal integer of any length
+//! (RFC 9110, section 10.2.3); `t` and `w` are structured-field Integers, at most 15
+//! digits (RFC 9651). Every count of seconds this module writes or reads is capped at
+//! [`MAX_INTEGER`] (999,999,999,999,999 s, about 31.7 million years): a longer wait
+//! (`Duration::MAX`, a rate too slow to refill within it) is written as [`MAX_INTEGER`]
+//! rather than refused or wrapped, so `Retry-After` and a rejection's `t` are always the
+//! same number and every value is valid in both grammars. Reading, a `Retry-After`
+//! above it, however many digits, reads as [`MAX_INTEGER`] seconds: RFC 9110 asks
+//! recipients to handle large values, and RFC 9111 (section 1.2.2) has them take a
+//! delta-seconds they cannot represent as the greatest they can, not as absent. A `q` or
+//! `w` above the cap cannot be written truthfully and is a [`QuotaError`].
 //!
 //! ```
 //! use tokengate::http::{self, Quota};
@@ -106,12 +117,25 @@ pub const RATELIMIT: &str = "ratelimit";
 /// The draft the `RateLimit` field values follow.
 pub const DRAFT: &str = "draft-ietf-httpapi-ratelimit-headers-11";
 
-/// The largest Integer a structured field carries (RFC 9651: at most 15 digits).
+/// The legacy `X-RateLimit-Limit` field name (lower case): the quota of the reported
+/// scope, for clients that predate the IETF fields.
+pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
+
+/// The legacy `X-RateLimit-Remaining` field name (lower case): whole tokens left.
+pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
+
+/// The legacy `X-RateLimit-Reset` field name (lower case): seconds until the scope is
+/// full again (or, refused, until the retry).
+pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
+
+/// The largest Integer a structured field carries (RFC 9651: at most 15 digits), and the
+/// cap of every count of seconds written or read (see [the module docs](self#one-cap-for-every-count-of-seconds)).
 pub const MAX_INTEGER: u64 = 999_999_999_999_999;
 
 /// A decision an HTTP response can report: admitted, or rejected with a wait.
 ///
-/// Implemented by [`Decision`], [`MultiDecision`] and
+/// Implemented by [`Decision`], [`MultiDecision`],
+/// [`ScopeDecision`](crate::scope::ScopeDecision) and
 /// [`ScopeVerdict`](crate::scope::ScopeVerdict).
 pub trait Verdict {
     /// Whether the request was admitted.
@@ -138,6 +162,16 @@ impl Verdict for crate::scope::ScopeVerdict<'_> {
 
     fn retry_after(&self) -> Option<Duration> {
         crate::scope::ScopeVerdict::retry_after(self)
+    }
+}
+
+impl Verdict for crate::scope::ScopeDecision<'_> {
+    fn is_admitted(&self) -> bool {
+        crate::scope::ScopeDecision::is_admitted(self)
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        crate::scope::ScopeDecision::retry_after(self)
     }
 }
 
@@ -187,42 +221,53 @@ pub fn retry_after(verdict: &impl Verdict) -> Option<u64> {
     ))
 }
 
-/// A wait as `Retry-After` delay-seconds: rounded up to whole seconds, and at least 1, so
+/// A wait as `Retry-After` delay-seconds: rounded up to whole seconds, at least 1, so
 /// that a refused client never comes back before the wait is over and never retries at
-/// once.
+/// once, and at most [`MAX_INTEGER`] (the one cap, see [the module
+/// docs](self#one-cap-for-every-count-of-seconds)), so it equals a rejection's `t`.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tokengate::http::retry_after_seconds;
+/// use tokengate::http::{retry_after_seconds, MAX_INTEGER};
 /// assert_eq!(retry_after_seconds(Duration::from_millis(1)), 1);
 /// assert_eq!(retry_after_seconds(Duration::from_secs(2)), 2);
 /// assert_eq!(retry_after_seconds(Duration::new(2, 1)), 3);
 /// assert_eq!(retry_after_seconds(Duration::ZERO), 1);
-/// // A wait that never ends (`Decision::wait_for`'s saturation value) saturates too.
-/// assert_eq!(retry_after_seconds(Duration::MAX), u64::MAX);
+/// // A wait that never ends (`Decision::wait_for`'s saturation value) is the cap.
+/// assert_eq!(retry_after_seconds(Duration::MAX), MAX_INTEGER);
 /// ```
 pub fn retry_after_seconds(wait: Duration) -> u64 {
-    ceil_seconds(wait).max(1)
+    ceil_seconds(wait).clamp(1, MAX_INTEGER)
 }
 
 /// Reads a `Retry-After` value in delay-seconds form (`"120"`, surrounding spaces and tabs
-/// allowed) as a duration. `None` for anything else: an HTTP-date (convert it with the
-/// HTTP library, which knows the current date), an empty or signed value, or more seconds
-/// than a `u64` holds.
+/// allowed) as a duration, capped at [`MAX_INTEGER`] seconds however many digits it has
+/// (see [the module docs](self#one-cap-for-every-count-of-seconds)). `None` for anything
+/// else: an HTTP-date (convert it with the HTTP library, which knows the current date),
+/// or an empty or signed value.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tokengate::http::parse_retry_after;
+/// use tokengate::http::{parse_retry_after, MAX_INTEGER};
 /// assert_eq!(parse_retry_after(" 3 "), Some(Duration::from_secs(3)));
 /// assert_eq!(parse_retry_after("Fri, 31 Dec 1999 23:59:59 GMT"), None);
 /// assert_eq!(parse_retry_after("-1"), None);
+/// assert_eq!(parse_retry_after("99999999999999999999"), Some(Duration::from_secs(MAX_INTEGER)));
 /// ```
 pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let digits = value.trim_matches([' ', '\t']);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if digits.is_empty() {
         return None;
     }
-    digits.parse().ok().map(Duration::from_secs)
+    let mut secs: u64 = 0;
+    for b in digits.bytes() {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        // Below the cap, `secs * 10 + 9` fits a u64; at the cap it stays there.
+        secs = (secs * 10 + u64::from(b - b'0')).min(MAX_INTEGER);
+    }
+    Some(Duration::from_secs(secs))
 }
 
 /// Whole seconds in `d`, rounded up, saturating at `u64::MAX` (for `Duration::MAX`).

@@ -36,7 +36,7 @@ use std::ptr;
 use std::time::Duration;
 
 use crate::bucket::reread_snapshot;
-use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
+use crate::bucket::{Core, RawBucket, SEALED_ERROR, Sealable, Sealed};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -51,7 +51,7 @@ pub const EPOCH_BYTES: usize = std::mem::size_of::<Epoch>();
 
 /// One policy of a [`LiveBucket`] and its word, and the epoch it replaced.
 struct Epoch {
-    core: Core,
+    core: Core<Sealable>,
     /// The epoch this one replaced (owned: freed when the bucket is dropped), or null.
     prev: *mut Epoch,
 }
@@ -158,7 +158,7 @@ impl<C: Clock> LiveBucket<C> {
 
     /// Runs `op` on the current epoch until it finds its word unsealed.
     #[inline(always)]
-    fn on_epoch<T>(&self, mut op: impl FnMut(&Core) -> Result<T, Sealed>) -> T {
+    fn on_epoch<T>(&self, mut op: impl FnMut(&Core<Sealable>) -> Result<T, Sealed>) -> T {
         loop {
             let epoch = self.epoch();
             match op(&epoch.core) {
@@ -189,9 +189,7 @@ impl<C: Clock> LiveBucket<C> {
     fn acquire(&self, cost: u64, now: impl Fn() -> u64) -> Result<Decision, AcquireError> {
         loop {
             let epoch = self.epoch();
-            let out = epoch
-                .core
-                .try_acquire::<Sealable, C>(&self.clock, now(), cost);
+            let out = epoch.core.try_acquire(&self.clock, now(), cost);
             if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {
                 return out;
             }
@@ -211,18 +209,18 @@ impl<C: Clock> LiveBucket<C> {
     ///
     /// [`AcquireError::CostExceedsCapacity`] for a cost above the current capacity.
     pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
-        self.on_epoch(|core| core.refund::<Sealable, C>(&self.clock, cost))
+        self.on_epoch(|core| core.refund(&self.clock, cost))
     }
 
     /// Puts the bucket back in the current policy's start state.
     pub fn reset(&self) {
-        self.on_epoch(|core| core.reset::<Sealable, C>(&self.clock));
+        self.on_epoch(|core| core.reset(&self.clock));
     }
 
     /// Tokens available now under the current policy (fractional; negative while
     /// reservations are owed). Writes nothing.
     pub fn available(&self) -> f64 {
-        self.on_epoch(|core| core.available::<Sealable, C>(&self.clock))
+        self.on_epoch(|core| core.available(&self.clock))
     }
 
     /// The policy enforced now.
@@ -338,9 +336,8 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
             if units == 0 {
                 return Ok(());
             }
-            let now = core.at::<Sealable, C>(&self.clock, now);
-            core.raw()
-                .refund_units_in::<Sealable, C>(layout, &self.clock, now, units)
+            let now = core.at(&self.clock, now);
+            core.raw().refund_units(layout, &self.clock, now, units)
         });
     }
 
@@ -348,7 +345,7 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
         let now = self.clock.observe(now);
         self.on_epoch(|core| {
             let layout = core.policy().layout();
-            let snapshot = core.view::<Sealable>(now)?;
+            let snapshot = core.view(now)?;
             Ok(Decision::new(layout, &snapshot, now, cost, 0, false).wait_for(cost))
         })
     }
@@ -362,14 +359,14 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
         }
         // A sealed word: no refusal known; the take decides on the new policy.
         core.raw()
-            .refusal_in::<Sealable>(core.policy().layout(), now, cost)
+            .refusal(core.policy().layout(), now, cost)
             .unwrap_or(None)
     }
 }
 
 /// Unseals a word whose switch did not complete.
 pub(crate) struct Unseal<'a> {
-    pub(crate) raw: &'a crate::bucket::RawBucket,
+    pub(crate) raw: &'a RawBucket<Sealable>,
     pub(crate) word: u64,
 }
 

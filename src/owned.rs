@@ -32,7 +32,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::{Bucket, Fixed, RawBucket, Seal};
+use crate::bucket::{Bucket, RawBucket, Seal};
 use crate::clock::{Clock, Monotonic};
 use crate::reservation::{Limits, ReserveError, plan};
 use crate::state::{Layout, Reserved};
@@ -86,14 +86,14 @@ impl Place {
     /// the tokens at once (a scoped reservation waiting for another scope) took them as
     /// an admission: they come back as a [`refund`](Layout::refund) does (nothing while
     /// the balance is below zero).
-    pub(crate) fn cancel_in<S: Seal, C: Clock + ?Sized>(
+    pub(crate) fn cancel<S: Seal, C: Clock + ?Sized>(
         &self,
-        raw: &RawBucket,
+        raw: &RawBucket<S>,
         layout: &Layout,
         clock: &Monotonic<C>,
         now: u64,
-    ) -> Result<(), S::Stop> {
-        raw.transition_in::<S, C, _>(layout, clock, now, false, |snapshot, _| {
+    ) -> S::Out<()> {
+        raw.transition(layout, clock, now, false, |snapshot, _| {
             let word = if self.reserved.wait_ticks == 0 {
                 layout.refund(snapshot, self.reserved.charged_units)
             } else {
@@ -294,38 +294,17 @@ impl<L: Reservable> Drop for OwnedReservation<L> {
 pub(crate) type OnWord = (u64, u64, Option<Place>);
 
 /// Reserves `cost_units` on one word at `now`: `(reserved_at, ready_at, place)` or why
-/// not.
-/// Nothing is written on an error.
-pub(crate) fn reserve_on<C: Clock + ?Sized>(
-    raw: &RawBucket,
+/// not. Nothing is written on an error, and nothing decided on a sealed word (see
+/// [`Seal`]).
+pub(crate) fn reserve_on<S: Seal, C: Clock + ?Sized>(
+    raw: &RawBucket<S>,
     layout: &Layout,
     clock: &Monotonic<C>,
     now: u64,
     cost_units: u64,
     limits: &Limits,
-) -> Result<OnWord, ReserveError> {
+) -> S::Out<Result<OnWord, ReserveError>> {
     raw.transition(layout, clock, now, true, |snapshot, now| {
-        match plan(layout, snapshot, now, cost_units, limits) {
-            Ok((word, ready_at, reserved)) => (
-                word,
-                Ok((now, ready_at, Place::new(layout, reserved, ready_at))),
-            ),
-            Err(e) => (None, Err(e)),
-        }
-    })?
-}
-
-/// [`reserve_on`] on a word that may be sealed (`S`): stops with `S::Stop`, deciding and
-/// writing nothing, when it finds the word sealed.
-pub(crate) fn reserve_on_in<S: Seal, C: Clock + ?Sized>(
-    raw: &RawBucket,
-    layout: &Layout,
-    clock: &Monotonic<C>,
-    now: u64,
-    cost_units: u64,
-    limits: &Limits,
-) -> Result<Result<OnWord, ReserveError>, S::Stop> {
-    raw.transition_in::<S, C, _>(layout, clock, now, true, |snapshot, now| {
         match plan(layout, snapshot, now, cost_units, limits) {
             Ok((word, ready_at, reserved)) => (
                 word,
@@ -350,7 +329,7 @@ impl<C: Clock> Reservable for Bucket<C> {
 
     fn give_back(&self, _cost: &u64, place: &Option<Place>) {
         if let Some(place) = place {
-            let Ok(()) = place.cancel_in::<Fixed, C>(
+            place.cancel(
                 self.raw(),
                 self.policy().layout(),
                 self.guarded_clock(),

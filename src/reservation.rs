@@ -394,16 +394,18 @@ impl<C: Clock> Bucket<C> {
         let layout = self.policy().layout();
         let (cost_units, limits) = self.reserve_terms(cost, max_wait)?;
         let now = self.now();
-        let (reserved_at, ready_at, reserved) = self.raw().transition(
-            layout,
-            self.guarded_clock(),
-            now,
-            true,
-            |snapshot, now| match plan(layout, snapshot, now, cost_units, &limits) {
-                Ok((word, ready_at, reserved)) => (word, Ok((now, ready_at, reserved))),
-                Err(e) => (None, Err(e)),
-            },
-        )??;
+        let (reserved_at, ready_at, reserved) =
+            self.raw()
+                .transition(
+                    layout,
+                    self.guarded_clock(),
+                    now,
+                    true,
+                    |snapshot, now| match plan(layout, snapshot, now, cost_units, &limits) {
+                        Ok((word, ready_at, reserved)) => (word, Ok((now, ready_at, reserved))),
+                        Err(e) => (None, Err(e)),
+                    },
+                )?;
         Ok(Reservation {
             bucket: self,
             cost,

@@ -234,7 +234,18 @@ fn delay_seconds_parse_and_anything_else_does_not() {
     ] {
         assert_eq!(parse_retry_after(bad), None, "{bad:?}");
     }
-    assert_eq!(parse_retry_after("18446744073709551616"), None);
+    // Past the cap, however many digits: the cap (RFC 9111 1.2.2), not "no hint".
+    for long in ["1000000000000000", "18446744073709551616", &"9".repeat(400)] {
+        assert_eq!(
+            parse_retry_after(long),
+            Some(Duration::from_secs(MAX_INTEGER)),
+            "{long}"
+        );
+    }
+    assert_eq!(
+        parse_retry_after("999999999999999"),
+        Some(Duration::from_secs(MAX_INTEGER))
+    );
     // What the server writes, the client reads back.
     for secs in [1, 2, 59, 3600] {
         assert_eq!(
@@ -252,16 +263,58 @@ fn field_values_fit_structured_field_integers() {
         (http::RETRY_AFTER, http::RATELIMIT_POLICY, http::RATELIMIT),
         ("retry-after", "ratelimit-policy", "ratelimit")
     );
+    assert_eq!(
+        (
+            http::X_RATELIMIT_LIMIT,
+            http::X_RATELIMIT_REMAINING,
+            http::X_RATELIMIT_RESET
+        ),
+        (
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        )
+    );
 }
 
 #[test]
-fn retry_after_seconds_of_a_wait_that_never_ends_is_the_longest() {
+fn retry_after_seconds_of_a_wait_that_never_ends_is_the_cap() {
     use std::time::Duration;
     use tokengate::http::retry_after_seconds;
-    assert_eq!(retry_after_seconds(Duration::MAX), u64::MAX);
-    assert_eq!(retry_after_seconds(Duration::new(u64::MAX, 0)), u64::MAX);
+    assert_eq!(retry_after_seconds(Duration::MAX), MAX_INTEGER);
+    assert_eq!(retry_after_seconds(Duration::new(u64::MAX, 0)), MAX_INTEGER);
     assert_eq!(
-        retry_after_seconds(Duration::new(u64::MAX - 1, 1)),
-        u64::MAX
+        retry_after_seconds(Duration::new(MAX_INTEGER - 1, 1)),
+        MAX_INTEGER
+    );
+    assert_eq!(
+        retry_after_seconds(Duration::new(MAX_INTEGER, 1)),
+        MAX_INTEGER
+    );
+    assert_eq!(
+        retry_after_seconds(Duration::new(MAX_INTEGER - 2, 1)),
+        MAX_INTEGER - 1
+    );
+}
+
+/// A rejection whose wait has no end (`Duration::MAX`, what a limiter reports when it
+/// cannot say): `Retry-After` is the cap, the `RateLimit` field's `t` of a refusal is
+/// the same function's value, and the client reads the same wait back.
+#[test]
+fn an_endless_wait_is_the_cap_written_and_read_back() {
+    struct Endless;
+    impl http::Verdict for Endless {
+        fn is_admitted(&self) -> bool {
+            false
+        }
+        fn retry_after(&self) -> Option<Duration> {
+            Some(Duration::MAX)
+        }
+    }
+    let secs = http::retry_after(&Endless).unwrap();
+    assert_eq!(secs, MAX_INTEGER);
+    assert_eq!(
+        parse_retry_after(&secs.to_string()),
+        Some(Duration::from_secs(secs))
     );
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::bucket::{Fixed, RawBucket};
+use crate::bucket::RawBucket;
 use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -43,7 +43,7 @@ impl<C: Clock> Handle<'_, C> {
     pub(crate) fn take(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         // Apart: the caller moves the result into a `Result<Decision, KeyedError>`.
         self.raw
-            .try_acquire_with::<Fixed, C, true>(self.layout, self.clock, now, cost)
+            .try_acquire_with::<C, true>(self.layout, self.clock, now, cost)
     }
 }
 

@@ -19,7 +19,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::attempt::Attempt;
-use crate::bucket::{Core, Fixed, RawBucket};
+use crate::bucket::{Core, RawBucket};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
 use crate::error::AcquireError;
@@ -949,7 +949,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
             if layout != reserved_under {
                 return None;
             }
-            let Ok(()) = place.cancel_in::<Fixed, C>(bucket, layout, &self.clock, now);
+            place.cancel(bucket, layout, &self.clock, now);
             // A cancel brings the time the bucket is full forward, as a refund does.
             if !epoch.evict || hint <= now {
                 return None;
@@ -1461,7 +1461,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
                 // Its re-anchoring pass first, if one is due: every operation on the
                 // handle reads the clock after this reading.
                 raw: {
-                    b.at::<Fixed, _>(&self.clock, self.clock.now_nanos());
+                    b.at(&self.clock, self.clock.now_nanos());
                     b.raw()
                 },
                 layout: b.policy().layout(),

@@ -21,7 +21,7 @@ use std::sync::PoisonError;
 use hashbrown::HashTable;
 
 use super::epoch::{Epochs, MapEpoch};
-use crate::bucket::{Fixed, RawBucket};
+use crate::bucket::RawBucket;
 use crate::clock::{Clock, Monotonic};
 use crate::hint::cold_path;
 use crate::state::{Layout, Snapshot};
@@ -1097,7 +1097,7 @@ pub(crate) fn reanchor<C: Clock + ?Sized>(
     clock: &Monotonic<C>,
     now: u64,
 ) {
-    let Ok(()) = bucket.reanchor_in::<Fixed, C>(layout, clock, now);
+    bucket.reanchor(layout, clock, now);
 }
 
 /// Clock nanoseconds from which a bucket in state `s`, read at `now`, is full if nothing

@@ -43,7 +43,7 @@ pub(super) struct Generation {
     pub(super) number: u64,
     /// The plain global scope's words, one per policy of its rule, in its order (empty
     /// when the global scope has no rule or is leased: see `leased_epoch`).
-    pub(super) words: Box<[Core]>,
+    pub(super) words: Box<[Core<Sealable>]>,
     pub(super) classes: Vec<WorkClass>,
     pub(super) policies: Policies,
     /// Whether the global scope has one bucket: a request paying no keyed scope then
@@ -73,7 +73,7 @@ unsafe impl Sync for Generation {}
 impl Generation {
     pub(super) fn new(
         number: u64,
-        words: Box<[Core]>,
+        words: Box<[Core<Sealable>]>,
         classes: Vec<WorkClass>,
         policies: Policies,
         global_single: bool,
@@ -295,10 +295,7 @@ pub(super) fn refund_global<C: Clock>(
             return;
         }
         let now = clock.observe(now);
-        match core
-            .raw()
-            .refund_units_in::<Sealable, C>(layout, clock, now, units)
-        {
+        match core.raw().refund_units(layout, clock, now, units) {
             Ok(()) => return,
             Err(Sealed) => {
                 if let Some(next) = g.successor() {
@@ -345,7 +342,7 @@ pub(super) fn refund_leased<C: Clock>(
 pub(super) struct GlobalWord<'a, C> {
     pub(super) generation: &'a Generation,
     /// The word: `generation.words[limit]`.
-    core: &'a Core,
+    core: &'a Core<Sealable>,
     pub(super) limit: usize,
     pub(super) clock: &'a Monotonic<C>,
     pub(super) counters: CounterRef<'a>,
@@ -378,7 +375,7 @@ impl<'a, C: Clock> GlobalWord<'a, C> {
     }
 
     #[inline(always)]
-    fn core(&self) -> &'a Core {
+    fn core(&self) -> &'a Core<Sealable> {
         self.core
     }
 }
@@ -394,8 +391,7 @@ impl<C: Clock> GlobalWord<'_, C> {
         if passes.is_due(now) && passes.idle_at(now) {
             return Prepared::Open;
         }
-        core.raw()
-            .prepare_in::<Sealable>(core.policy().layout(), now, cost)
+        core.raw().prepare(core.policy().layout(), now, cost)
     }
 }
 
@@ -420,7 +416,7 @@ impl<C: Clock> sealed::Sealed for GlobalWord<'_, C> {
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         let core = self.core();
         core.raw()
-            .try_acquire_in::<Sealable, C>(core.policy().layout(), self.clock, now, cost)
+            .try_acquire(core.policy().layout(), self.clock, now, cost)
     }
 
     fn refund_at(&self, cost: u64, now: u64) {
@@ -429,7 +425,7 @@ impl<C: Clock> sealed::Sealed for GlobalWord<'_, C> {
 
     fn wait_at(&self, cost: u64, now: u64) -> Duration {
         let core = self.core();
-        match core.view::<Sealable>(self.clock.observe(now)) {
+        match core.view(self.clock.observe(now)) {
             Ok(snapshot) => {
                 Decision::new(core.policy().layout(), &snapshot, now, cost, 0, false).wait_for(cost)
             }
@@ -447,7 +443,7 @@ impl<C: Clock> sealed::Sealed for GlobalWord<'_, C> {
         }
         // A sealed word: no refusal known; the take finds the seal.
         core.raw()
-            .refusal_in::<Sealable>(core.policy().layout(), now, cost)
+            .refusal(core.policy().layout(), now, cost)
             .unwrap_or(None)
     }
 
@@ -460,7 +456,7 @@ impl<C: Clock> sealed::Sealed for GlobalWord<'_, C> {
     fn commit(&self, plan: &Planned, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         let core = self.core();
         core.raw()
-            .commit_in::<Sealable, C>(core.policy().layout(), self.clock, now, cost, plan)
+            .commit(core.policy().layout(), self.clock, now, cost, plan)
     }
 }
 

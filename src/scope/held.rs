@@ -269,7 +269,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             e.handle.counters.record(true, e.cost(costs), attempt);
         }
         #[cfg(test)]
-        super::held_path::count_held();
+        super::tests::held_path::count_held();
         // Every kind of `paid` decided: the global scope's above, each keyed kind's in
         // the loop (the sections held every one); `out` holds the admission.
     }
@@ -389,7 +389,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         );
         decision.refused_by(k, 0, d, retry_after);
         #[cfg(test)]
-        super::held_path::count_held();
+        super::tests::held_path::count_held();
         Ok(decision)
     }
 }

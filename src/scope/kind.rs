@@ -1,6 +1,7 @@
 //! Scope kinds and typed scope keys: who shares a budget.
 
 use std::fmt;
+use std::ops::{Index, IndexMut};
 
 use crate::scope::rules::Request;
 
@@ -12,6 +13,12 @@ macro_rules! id_type {
         /// once, outside the hot path. `Display` prints the number.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(pub u64);
+
+        impl From<u64> for $name {
+            fn from(id: u64) -> $name {
+                $name(id)
+            }
+        }
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -43,9 +50,12 @@ id_type!(
 /// that make its key, with their types.
 ///
 /// Adding a kind is one line here and its field on [`Request`]: [`ScopeKind`], [`Scope`]
-/// (variant, kind, `Display`), a request's scopes, the limiter's maps and their lock
-/// order are generated from this list, and everything else matches on [`ScopeKind`]
-/// exhaustively or iterates [`ScopeKind::ALL`], so the compiler finds what is left.
+/// (variant, kind, `Display`, [`Scope::from_ids`]), [`ScopeKind::key_bytes`], a request's
+/// scopes, the limiter's maps and their lock order are generated from this list. Every
+/// other crate of the workspace (the HTTP layer, the configuration format, telemetry)
+/// sizes its per-kind arrays as [`PerKind`], indexes them by [`ScopeKind`], and matches on
+/// [`ScopeKind`] exhaustively (no `_` arm) or iterates [`ScopeKind::ALL`], so a new kind
+/// fails to compile wherever it is not handled.
 ///
 /// `$callback` is a macro taking the list as one bracketed token tree.
 macro_rules! with_keyed_kinds {
@@ -92,10 +102,42 @@ macro_rules! define_kinds {
             pub const ALL: [ScopeKind; ScopeKind::COUNT] = [ScopeKind::Global $(, ScopeKind::$kind)*];
 
             /// The name used in scope keys and records.
-            pub fn name(self) -> &'static str {
+            pub const fn name(self) -> &'static str {
                 match self {
                     ScopeKind::Global => "global",
                     $(ScopeKind::$kind => $name,)*
+                }
+            }
+
+            /// The bytes of one key of this kind in the limiter's maps: the sum of its
+            /// ids' sizes (0 for the global kind, which has no key).
+            ///
+            /// ```
+            /// use tokengate::scope::ScopeKind;
+            /// assert_eq!(ScopeKind::Global.key_bytes(), 0);
+            /// assert_eq!(ScopeKind::Tenant.key_bytes(), 8);
+            /// assert_eq!(ScopeKind::TenantRoute.key_bytes(), 16);
+            /// ```
+            pub const fn key_bytes(self) -> usize {
+                match self {
+                    ScopeKind::Global => 0,
+                    $(ScopeKind::$kind => 0 $(+ std::mem::size_of::<$ty>())+,)*
+                }
+            }
+
+            /// How many ids make a key of this kind (0 for the global kind), in the
+            /// order [`Scope::from_ids`] takes them.
+            ///
+            /// ```
+            /// use tokengate::scope::ScopeKind;
+            /// assert_eq!(ScopeKind::Global.key_ids(), 0);
+            /// assert_eq!(ScopeKind::User.key_ids(), 1);
+            /// assert_eq!(ScopeKind::TenantRoute.key_ids(), 2);
+            /// ```
+            pub const fn key_ids(self) -> usize {
+                match self {
+                    ScopeKind::Global => 0,
+                    $(ScopeKind::$kind => [$(stringify!($field)),+].len(),)*
                 }
             }
         }
@@ -133,6 +175,29 @@ macro_rules! define_kinds {
                 }
             }
 
+            /// The scope of `kind` keyed by `ids` (in the order of the kind's
+            /// fields: `[tenant, route]` for [`ScopeKind::TenantRoute`]), or `None`
+            /// when `ids` has not [`ScopeKind::key_ids`] of them.
+            ///
+            /// ```
+            /// use tokengate::scope::{RouteId, Scope, ScopeKind, TenantId};
+            /// assert_eq!(Scope::from_ids(ScopeKind::Global, &[]), Some(Scope::Global));
+            /// assert_eq!(
+            ///     Scope::from_ids(ScopeKind::TenantRoute, &[4, 2]),
+            ///     Some(Scope::TenantRoute(TenantId(4), RouteId(2)))
+            /// );
+            /// assert_eq!(Scope::from_ids(ScopeKind::Tenant, &[4, 2]), None);
+            /// ```
+            pub fn from_ids(kind: ScopeKind, ids: &[u64]) -> Option<Scope> {
+                match kind {
+                    ScopeKind::Global => ids.is_empty().then_some(Scope::Global),
+                    $(ScopeKind::$kind => match *ids {
+                        [$($field),+] => Some(Scope::$kind($(<$ty>::from($field)),+)),
+                        _ => None,
+                    },)*
+                }
+            }
+
             /// The scope of `kind` that `request` names, if it names one (the global
             /// scope always).
             pub(crate) fn of(request: &Request, kind: ScopeKind) -> Option<Scope> {
@@ -167,9 +232,17 @@ macro_rules! define_kinds {
 with_keyed_kinds!(define_kinds);
 
 impl ScopeKind {
-    /// Position in [`ScopeKind::ALL`].
+    /// Position in [`ScopeKind::ALL`]: the index of the kind's value in a [`PerKind`]
+    /// array and its bit in a set of kinds.
+    ///
+    /// ```
+    /// use tokengate::scope::ScopeKind;
+    /// for (i, kind) in ScopeKind::ALL.into_iter().enumerate() {
+    ///     assert_eq!(kind.index(), i);
+    /// }
+    /// ```
     #[inline]
-    pub(crate) fn index(self) -> usize {
+    pub const fn index(self) -> usize {
         self as usize
     }
 }
@@ -180,8 +253,37 @@ impl fmt::Display for ScopeKind {
     }
 }
 
-/// One value per scope kind, indexed by [`ScopeKind::index`].
-pub(crate) type PerKind<T> = [T; ScopeKind::COUNT];
+/// One value per scope kind, in the order of [`ScopeKind::ALL`], indexed by a
+/// [`ScopeKind`] (or its [`index`](ScopeKind::index)).
+///
+/// The array every crate keeps per kind (counters, quotas, keys): its length comes from
+/// the kind list, so a new kind grows it, and indexing by kind cannot go out of bounds.
+/// Build one with [`ScopeKind::ALL`]`.map(..)` or `Default::default()`.
+///
+/// ```
+/// use tokengate::scope::{PerKind, ScopeKind};
+/// let mut hits: PerKind<u64> = Default::default();
+/// hits[ScopeKind::User] += 2;
+/// let names: PerKind<&str> = ScopeKind::ALL.map(ScopeKind::name);
+/// assert_eq!((hits[ScopeKind::User], names[ScopeKind::Route]), (2, "route"));
+/// ```
+pub type PerKind<T> = [T; ScopeKind::COUNT];
+
+impl<T> Index<ScopeKind> for PerKind<T> {
+    type Output = T;
+
+    #[inline]
+    fn index(&self, kind: ScopeKind) -> &T {
+        &self[kind.index()]
+    }
+}
+
+impl<T> IndexMut<ScopeKind> for PerKind<T> {
+    #[inline]
+    fn index_mut(&mut self, kind: ScopeKind) -> &mut T {
+        &mut self[kind.index()]
+    }
+}
 
 #[cfg(test)]
 mod tests {

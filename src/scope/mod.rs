@@ -33,11 +33,7 @@
 
 mod decision;
 mod generation;
-#[cfg(test)]
-mod global_path;
 mod held;
-#[cfg(test)]
-mod held_path;
 mod inline;
 mod kind;
 mod maps;
@@ -45,6 +41,8 @@ mod reconfigure;
 mod remote;
 mod reserve;
 mod rules;
+#[cfg(test)]
+mod tests;
 mod tiers;
 
 use std::fmt;
@@ -68,8 +66,7 @@ use decision::{KindPolicies, Policies};
 pub use decision::{Refusal, ScopeDecision, ScopeError, ScopeVerdict};
 use generation::{Generation, Generations, GlobalWord, is_sealed};
 use inline::Inline;
-use kind::PerKind;
-pub use kind::{ApiKeyId, RouteId, Scope, ScopeKind, TenantId, UserId};
+pub use kind::{ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId};
 use maps::{KeyedMaps, KindMapOps, KindSlots};
 pub use reconfigure::ScopeReconfigured;
 use remote::Remote;
@@ -374,7 +371,7 @@ impl RuleSet {
                 counters: r.options.counters.then(StripedCounters::new),
             }),
         };
-        let words: Box<[Core]> = match global_rule {
+        let words: Box<[Core<Sealable>]> = match global_rule {
             Some(r) if r.lease.is_none() => r
                 .policies()
                 .iter()
@@ -1158,7 +1155,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         loop {
             let g = self.generation();
             let core = g.words.get(limit)?;
-            match core.available::<Sealable, C>(&self.clock) {
+            match core.available(&self.clock) {
                 Ok(tokens) => return Some(tokens),
                 Err(_) => self.generations.await_successor(g),
             }
@@ -1180,7 +1177,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     fn now_on(&self, g: &Generation) -> u64 {
         let mut now = self.clock.now_nanos();
         for core in g.words.iter() {
-            now = core.at::<Sealable, C>(&self.clock, now);
+            now = core.at(&self.clock, now);
         }
         now
     }
@@ -1200,9 +1197,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         for core in self.generation().words.iter() {
             let now = self.clock.now_nanos();
             // A word sealed meanwhile is left to its switch.
-            let _sealed =
-                core.raw()
-                    .reanchor_in::<Sealable, C>(core.policy().layout(), &self.clock, now);
+            let _sealed = core
+                .raw()
+                .reanchor(core.policy().layout(), &self.clock, now);
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {

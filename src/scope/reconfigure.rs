@@ -5,7 +5,7 @@
 
 use std::hash::BuildHasher;
 
-use crate::bucket::Core;
+use crate::bucket::{Core, Sealable};
 use crate::clock::Clock;
 use crate::inherit::Inherit;
 use crate::keyed::KeyedOptions;
@@ -286,7 +286,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             inherit,
             old.tables,
         ));
-        let mut words: Vec<Core> = Vec::with_capacity(old.words.len());
+        let mut words: Vec<Core<Sealable>> = Vec::with_capacity(old.words.len());
         let mut unseals: Vec<Unseal<'_>> = Vec::with_capacity(old.words.len());
         let mut report = Vec::with_capacity(old.words.len());
 

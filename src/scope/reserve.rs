@@ -6,10 +6,10 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bucket::{Fixed, Sealable, Sealed};
+use crate::bucket::Sealed;
 use crate::clock::{Clock, Monotonic};
 use crate::keyed::{Handle, Slot};
-use crate::owned::{OwnedReservation, Place, Reservable, reserve_on, reserve_on_in, sealed};
+use crate::owned::{OwnedReservation, Place, Reservable, reserve_on, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
 use crate::scope::generation::{Generation, carried, refund_global};
@@ -473,7 +473,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             }
             for (done, place) in handles[..keyed].iter().zip(&places.keyed) {
                 if let (Some(d), Some(place)) = (done, place) {
-                    let Ok(()) = place.cancel_in::<Fixed, C>(d.raw, d.layout, d.clock, now);
+                    place.cancel(d.raw, d.layout, d.clock, now);
                 }
             }
         };
@@ -503,8 +503,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
                 max_wait,
                 horizon: horizon(ScopeKind::Global.index(), 0, l),
             };
-            match reserve_on_in::<Sealable, C>(core.raw(), layout, &self.clock, now, units, &limits)
-            {
+            match reserve_on(core.raw(), layout, &self.clock, now, units, &limits) {
                 Ok(Ok((_, ready, place))) => {
                     ready_at = ready_at.max(ready);
                     if let Some(slot) = places.global.get_mut(l) {
@@ -563,7 +562,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
 }
 
 /// Cancels a reservation of `cost` standing at `place` on generation `g`'s global word of
-/// limit `limit`, at `now` ([`Place::cancel_in`]); a word sealed since (reconfigured)
+/// limit `limit`, at `now` ([`Place::cancel`]); a word sealed since (reconfigured)
 /// gets the refund of `cost`, carried to the current generation.
 fn cancel_global<C: Clock>(
     g: &Generation,
@@ -577,7 +576,7 @@ fn cancel_global<C: Clock>(
         return;
     };
     let layout = core.policy().layout();
-    if let Err(Sealed) = place.cancel_in::<Sealable, C>(core.raw(), layout, clock, now) {
+    if let Err(Sealed) = place.cancel(core.raw(), layout, clock, now) {
         refund_global(g, limit, clock, cost, now);
     }
 }

@@ -7,7 +7,7 @@
 //! key, original vs retry) are summed by scope kind when
 //! [`export_metrics`](crate::ScopedLimiter::export_metrics) runs, typically right before a
 //! Prometheus scrape is rendered. Labels are bounded: the limiter's name, the scope kind
-//! (six values), the result and the attempt, never a key (per-key figures stay in
+//! (one value per [`ScopeKind`]), the result and the attempt, never a key (per-key figures stay in
 //! [`ScopedLimiter::counters`](crate::ScopedLimiter::counters) and
 //! [`for_each_counters`](crate::ScopedLimiter::for_each_counters)).
 //!
@@ -30,7 +30,7 @@
 use std::hash::BuildHasher;
 
 use crate::clock::Clock;
-use crate::scope::{ScopeKind, ScopedLimiter};
+use crate::scope::{PerKind, ScopeKind, ScopedLimiter};
 use crate::telemetry::{CounterSnapshot, Tally};
 
 /// The counter names, as exported.
@@ -59,18 +59,18 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// recorder under the name `limiter` (see [the table](crate::telemetry::metrics)).
     /// Reads every key's counters once: call it when metrics are scraped, not per request.
     pub fn export_metrics(&self, limiter: &str) {
-        self.export_metrics_served(limiter, &[Served::default(); 6]);
+        self.export_metrics_served(limiter, &PerKind::default());
     }
 
     /// [`export_metrics`](ScopedLimiter::export_metrics), with the refusals of each kind
-    /// (indexed as [`ScopeKind::ALL`]) that the caller served anyway (shadow mode): they
+    /// (a [`PerKind`], indexed by kind) that the caller served anyway (shadow mode): they
     /// are exported as `result="shadow_rejected"` (attempt `original`) and not as
     /// `rejected`. Read `served` before calling: the limiter counts a refusal before
     /// its caller can, so the limiter's `rejected` then holds every refusal in `served`.
-    pub fn export_metrics_served(&self, limiter: &str, served: &[Served; 6]) {
+    pub fn export_metrics_served(&self, limiter: &str, served: &PerKind<Served>) {
         describe();
-        let mut sums = [CounterSnapshot::default(); 6];
-        self.for_each_counters(|scope, c| sums[scope.kind() as usize] += c);
+        let mut sums = PerKind::<CounterSnapshot>::default();
+        self.for_each_counters(|scope, c| sums[scope.kind()] += c);
         for kind in ScopeKind::ALL {
             if self.policy(kind).is_none() {
                 continue;
@@ -89,8 +89,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 continue;
             }
             let evicted = self.evicted_counters(kind);
-            let total = sums[kind as usize] + evicted;
-            let shadow = served[kind as usize];
+            let total = sums[kind] + evicted;
+            let shadow = served[kind];
             export_tally(limiter, k, "original", &total.original, Some(shadow));
             export_tally(limiter, k, "retry", &total.retry, None);
             metrics::gauge!(EVICTED_REQUESTS, &labels).set(evicted.total().requests() as f64);

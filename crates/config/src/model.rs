@@ -129,15 +129,6 @@ impl RuleConfig {
             .unwrap_or(0)
     }
 
-    /// The bytes of one key of this kind.
-    fn key_bytes(&self) -> usize {
-        match self.kind {
-            ScopeKind::Global => 0,
-            ScopeKind::TenantRoute => 16,
-            _ => 8,
-        }
-    }
-
     /// The memory bound of a keyed rule (`None` for the global rule).
     ///
     /// The figure the keyed map documents: an entry is the key and the 8-byte word
@@ -157,7 +148,7 @@ impl RuleConfig {
         } else {
             0
         };
-        let entry_bytes = maps * (self.key_bytes() + WORD_BYTES) + counters;
+        let entry_bytes = maps * (self.kind.key_bytes() + WORD_BYTES) + counters;
         // One control byte per map's slot.
         let bytes_per_key = (entry_bytes + maps) as f64 * 16.0 / 7.0;
         let max_keys = self.options.max_keys_value();

@@ -8,9 +8,7 @@ use std::path::Path;
 use serde::Deserialize;
 use tokengate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedOptions, MAX_SHARDS, Overflow};
 use tokengate::leased::MAX_SLOTS;
-use tokengate::scope::{
-    ApiKeyId, RouteId, Rule, RuleError, RuleSet, Scope, ScopeKind, TenantId, UserId, WorkClass,
-};
+use tokengate::scope::{Rule, RuleError, RuleSet, Scope, ScopeKind, WorkClass};
 use tokengate::{ManualClock, Policy};
 use toml::de::{DeTable, DeValue};
 use toml::{Spanned, Value};
@@ -762,17 +760,39 @@ impl Checker<'_> {
     }
 }
 
-/// The scope of an override's key, if the key has the shape of `kind`'s keys.
+/// The scope of an override's key, if the key has the shape of `kind`'s keys: a whole
+/// number for a kind keyed by one id, an array of as many for a kind keyed by several
+/// ([`Scope::from_ids`], generated from the engine's list of kinds).
 fn scope_of(kind: ScopeKind, key: &Value) -> Option<Scope> {
     let id = |v: &Value| v.as_integer().and_then(|n| u64::try_from(n).ok());
-    Some(match (kind, key) {
-        (ScopeKind::Tenant, v) => Scope::Tenant(TenantId(id(v)?)),
-        (ScopeKind::User, v) => Scope::User(UserId(id(v)?)),
-        (ScopeKind::ApiKey, v) => Scope::ApiKey(ApiKeyId(id(v)?)),
-        (ScopeKind::Route, v) => Scope::Route(RouteId(id(v)?)),
-        (ScopeKind::TenantRoute, Value::Array(pair)) if pair.len() == 2 => {
-            Scope::TenantRoute(TenantId(id(&pair[0])?), RouteId(id(&pair[1])?))
+    let mut ids = [0; MAX_KEY_IDS];
+    let n = kind.key_ids();
+    if n == 1 {
+        ids[0] = id(key)?;
+    } else {
+        let Value::Array(parts) = key else {
+            return None;
+        };
+        if parts.len() != n || n > MAX_KEY_IDS {
+            return None;
         }
-        _ => return None,
-    })
+        for (slot, part) in ids.iter_mut().zip(parts) {
+            *slot = id(part)?;
+        }
+    }
+    Scope::from_ids(kind, &ids[..n])
 }
+
+/// The most ids a kind's key has.
+const MAX_KEY_IDS: usize = {
+    let mut most = 0;
+    let mut i = 0;
+    while i < ScopeKind::COUNT {
+        let n = ScopeKind::ALL[i].key_ids();
+        if n > most {
+            most = n;
+        }
+        i += 1;
+    }
+    most
+};

@@ -10,6 +10,8 @@ use siphasher::sip::SipHasher13;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
 
+use tokengate::scope::{ApiKeyId, Request, ScopeKind, TenantId, UserId};
+
 use crate::ip::{Proxies, client_ip, mask};
 
 /// Why a request has no key for a scope. The layer answers with the configured
@@ -319,6 +321,26 @@ impl Key {
             Source::Custom(f) => Ok(f(head).map(|n| hasher.id(CUSTOM, n))),
         }
     }
+}
+
+/// Puts `id`, the key of `kind` taken from a request's head, in `request`; `false` for
+/// a kind no [`Key`] gives (the global scope has no key; the route and tenant-route
+/// scopes come from the matched route). No `_` arm: a new scope kind does not compile
+/// until it is placed here.
+#[inline]
+pub(crate) fn set_key_id(request: &mut Request, kind: ScopeKind, id: u64) -> bool {
+    match kind {
+        ScopeKind::Tenant => request.tenant = Some(TenantId(id)),
+        ScopeKind::User => request.user = Some(UserId(id)),
+        ScopeKind::ApiKey => request.api_key = Some(ApiKeyId(id)),
+        ScopeKind::Global | ScopeKind::Route | ScopeKind::TenantRoute => return false,
+    }
+    true
+}
+
+/// Whether a [`Key`] can give the key of `kind` (see [`set_key_id`]).
+pub(crate) fn takes_key(kind: ScopeKind) -> bool {
+    set_key_id(&mut Request::new(), kind, 0)
 }
 
 /// The peer address the server put in the request extensions.

@@ -7,12 +7,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokengate::http::{Quota, QuotaError};
-use tokengate::scope::{ClassId, RouteId, Rule, RuleError, RuleSet, ScopeKind};
+use tokengate::scope::{ClassId, PerKind, RouteId, Rule, RuleError, RuleSet, ScopeKind};
 use tokengate::{Clock, Policy, QuantaClock, ScopedLimiter};
 use tower_layer::Layer;
 
 use crate::ip::{Forwarding, IpNet, Proxies};
-use crate::key::{Key, KeyHasher};
+use crate::key::{Key, KeyHasher, takes_key};
 use crate::response::{Body, MissingKey, Quotas, Refused, problem_missing, problem_refused};
 use crate::route::{Route, StatusPredicate};
 use crate::service::RateLimit;
@@ -83,7 +83,7 @@ impl From<RuleError> for LayerError {
 /// What every clone of the layer and its services share.
 pub(crate) struct Shared<C: Clock> {
     pub(crate) limiter: Arc<ScopedLimiter<C>>,
-    pub(crate) keys: [Option<Key>; 6],
+    pub(crate) keys: PerKind<Option<Key>>,
     /// The routes in the order added.
     pub(crate) routes: Vec<CompiledRoute>,
     /// The route of every request that matches none of `routes` (its `id` is `None`
@@ -344,7 +344,7 @@ impl RateLimitLayer {
 /// Configures a [`RateLimitLayer`].
 pub struct RateLimitLayerBuilder<C: Clock = QuantaClock> {
     limiter: Arc<ScopedLimiter<C>>,
-    keys: [Option<Key>; 6],
+    keys: PerKind<Option<Key>>,
     routes: Vec<Route>,
     fallback: Route,
     key_secret: Option<[u8; 16]>,
@@ -376,7 +376,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
     /// Where the key of `kind` comes from (tenant, user, API key; a tenant-route scope
     /// is paid when both a tenant and a route are known).
     pub fn key(mut self, kind: ScopeKind, key: Key) -> Self {
-        self.keys[kind as usize] = Some(key);
+        self.keys[kind] = Some(key);
         self
     }
 
@@ -572,12 +572,8 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
             shadow: self.shadow,
         };
         for kind in ScopeKind::ALL {
-            let keyed = self.keys[kind as usize].is_some();
-            let takes_key = !matches!(
-                kind,
-                ScopeKind::Global | ScopeKind::Route | ScopeKind::TenantRoute
-            );
-            if keyed && (!takes_key || limiter.policy(kind).is_none()) {
+            let keyed = self.keys[kind].is_some();
+            if keyed && (!takes_key(kind) || limiter.policy(kind).is_none()) {
                 return Err(LayerError::KeyWithoutScope(kind));
             }
         }
@@ -601,10 +597,10 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         }
         let fallback_id = self.fallback.id.map(RouteId);
         let fallback = compile(self.fallback, fallback_id)?;
-        let mut by_kind: [Option<Quota>; 6] = Default::default();
+        let mut by_kind: PerKind<Option<Quota>> = Default::default();
         for kind in ScopeKind::ALL {
             if let Some(p) = limiter.policy(kind) {
-                by_kind[kind as usize] =
+                by_kind[kind] =
                     Some(Quota::new(kind.name(), p).map_err(|e| LayerError::Quota(kind, e))?);
             }
         }

@@ -3,41 +3,31 @@
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokengate::Decision;
-use tokengate::http::{MAX_INTEGER, Quota};
-use tokengate::scope::{RouteId, Scope, ScopeKind};
+use tokengate::http::{self as http_rules, Quota};
+use tokengate::scope::{PerKind, RouteId, Scope, ScopeKind};
 
 use crate::key::KeyError;
 
-/// `x-ratelimit-limit`: the quota of the reported scope.
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-/// `x-ratelimit-remaining`: whole tokens left in it.
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-/// `x-ratelimit-reset`: seconds until it is full again (or, refused, until the retry).
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `x-ratelimit-limit`: the quota of the reported scope
+/// ([`tokengate::http::X_RATELIMIT_LIMIT`]).
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static(http_rules::X_RATELIMIT_LIMIT);
+/// `x-ratelimit-remaining`: whole tokens left in it
+/// ([`tokengate::http::X_RATELIMIT_REMAINING`]).
+pub const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static(http_rules::X_RATELIMIT_REMAINING);
+/// `x-ratelimit-reset`: seconds until it is full again (or, refused, until the retry)
+/// ([`tokengate::http::X_RATELIMIT_RESET`]).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static(http_rules::X_RATELIMIT_RESET);
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static(http_rules::RATELIMIT_POLICY);
+const RATELIMIT: HeaderName = HeaderName::from_static(http_rules::RATELIMIT);
 
-/// A wait as `Retry-After` seconds: rounded up, at least 1, at most the largest
-/// structured-field integer (so `Duration::MAX` saturates instead of overflowing).
-///
-/// ```
-/// use std::time::Duration;
-/// use tokengate_tower::retry_after_seconds;
-/// assert_eq!(retry_after_seconds(Duration::ZERO), 1);
-/// assert_eq!(retry_after_seconds(Duration::from_millis(2001)), 3);
-/// assert_eq!(retry_after_seconds(Duration::MAX), 999_999_999_999_999);
-/// ```
-pub fn retry_after_seconds(wait: Duration) -> u64 {
-    let up = wait
-        .as_secs()
-        .saturating_add(u64::from(wait.subsec_nanos() > 0));
-    up.clamp(1, MAX_INTEGER)
-}
+// The one rule for `Retry-After` seconds is the engine's (capped at
+// `tokengate::http::MAX_INTEGER`, so it equals a refusal's `t`).
+pub use tokengate::http::retry_after_seconds;
 
 /// A refused request, as the [refusal body hook](crate::RateLimitLayerBuilder::refusal_body)
 /// sees it.
@@ -98,12 +88,28 @@ pub fn problem_missing(m: &MissingKey) -> (StatusCode, Body) {
 /// values of each set of kinds, built on first use: a policy field costs no formatting
 /// and no allocation per response.
 pub(crate) struct Quotas {
-    pub(crate) by_kind: [Option<Quota>; 6],
-    policy_fields: [OnceLock<Option<HeaderValue>>; 64],
+    pub(crate) by_kind: PerKind<Option<Quota>>,
+    /// Indexed by a [`KindMask`].
+    policy_fields: [OnceLock<Option<HeaderValue>>; KINDS_SETS],
+}
+
+/// A set of scope kinds, one bit per kind at its [`index`](ScopeKind::index).
+type KindMask = u8;
+
+// Every kind has its bit in a mask.
+const _: () = assert!(ScopeKind::COUNT <= KindMask::BITS as usize);
+
+/// How many sets of kinds there are.
+const KINDS_SETS: usize = 1 << ScopeKind::COUNT;
+
+/// The bit of `kind` in a [`KindMask`].
+#[inline]
+const fn kind_bit(kind: ScopeKind) -> KindMask {
+    1 << kind.index()
 }
 
 impl Quotas {
-    pub(crate) fn new(by_kind: [Option<Quota>; 6]) -> Quotas {
+    pub(crate) fn new(by_kind: PerKind<Option<Quota>>) -> Quotas {
         Quotas {
             by_kind,
             policy_fields: std::array::from_fn(|_| OnceLock::new()),
@@ -111,15 +117,15 @@ impl Quotas {
     }
 
     /// The `RateLimit-Policy` value listing the kinds in `mask` (bit = kind index).
-    fn policy_field(&self, mask: u8) -> Option<HeaderValue> {
-        self.policy_fields[usize::from(mask & 63)]
+    fn policy_field(&self, mask: KindMask) -> Option<HeaderValue> {
+        self.policy_fields[usize::from(mask) & (KINDS_SETS - 1)]
             .get_or_init(|| {
                 let mut v = String::new();
                 for kind in ScopeKind::ALL {
-                    let Some(q) = &self.by_kind[kind as usize] else {
+                    let Some(q) = &self.by_kind[kind] else {
                         continue;
                     };
-                    if mask & (1 << kind as u8) != 0 {
+                    if mask & kind_bit(kind) != 0 {
                         if !v.is_empty() {
                             v.push_str(", ");
                         }
@@ -172,10 +178,10 @@ impl Fields {
             return fields;
         };
         if ietf {
-            let mask = items.iter().fold(0u8, |m, it| m | 1 << it.kind as u8);
+            let mask = items.iter().fold(0, |m, it| m | kind_bit(it.kind));
             fields.policy = quotas.policy_field(mask);
-            // At most 6 items of `"tenant_route";r=<15 digits>;t=<15 digits>`: fits.
-            let mut buf = StackBuf::<384>::new();
+            // At most one item per kind: fits (see `LIMIT_FIELD_BYTES`).
+            let mut buf = StackBuf::<LIMIT_FIELD_BYTES>::new();
             for (i, it) in items.iter().enumerate() {
                 if i > 0 {
                     buf.push(b", ");
@@ -215,9 +221,21 @@ impl Fields {
     }
 }
 
+/// The longest `RateLimit` value: one item per kind, each at most
+/// `, "<name>";r=<20 digits>;t=<20 digits>`.
+const LIMIT_FIELD_BYTES: usize = {
+    let mut bytes = 0;
+    let mut i = 0;
+    while i < ScopeKind::COUNT {
+        bytes += ScopeKind::ALL[i].name().len() + r#", "";r=;t="#.len() + 2 * 20;
+        i += 1;
+    }
+    bytes
+};
+
 /// A fixed buffer for writing a field value without allocating; text past its end is
-/// dropped (the caller's values are bounded: at most 6 items of
-/// `"tenant_route";r=<15 digits>;t=<15 digits>`).
+/// dropped (the caller's values are bounded: at most one item per kind, in
+/// [`LIMIT_FIELD_BYTES`]).
 struct StackBuf<const N: usize> {
     buf: [u8; N],
     len: usize,
@@ -280,11 +298,11 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_rounds_up_and_saturates() {
-        assert_eq!(retry_after_seconds(Duration::from_nanos(1)), 1);
-        assert_eq!(retry_after_seconds(Duration::from_secs(2)), 2);
-        assert_eq!(retry_after_seconds(Duration::new(2, 1)), 3);
-        assert_eq!(retry_after_seconds(Duration::new(u64::MAX, 1)), MAX_INTEGER);
+    fn the_field_names_are_the_engines() {
+        assert_eq!(http::header::RETRY_AFTER.as_str(), http_rules::RETRY_AFTER);
+        assert_eq!(RATELIMIT_POLICY.as_str(), http_rules::RATELIMIT_POLICY);
+        assert_eq!(RATELIMIT.as_str(), http_rules::RATELIMIT);
+        assert_eq!(X_RATELIMIT_RESET.as_str(), "x-ratelimit-reset");
     }
 
     #[test]

@@ -13,13 +13,12 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokengate::owned::OwnedReservation;
 use tokengate::scope::{
-    ApiKeyId, Charge, RouteId, Scope, ScopeDecision, ScopeError, ScopeKind, ScopeVerdict, TenantId,
-    UserId,
+    Charge, PerKind, RouteId, Scope, ScopeDecision, ScopeError, ScopeKind, ScopeVerdict,
 };
 use tokengate::{Clock, QuantaClock, ScopedLimiter};
 use tower_service::Service;
 
-use crate::key::{Head, KeyError};
+use crate::key::{Head, KeyError, set_key_id};
 use crate::layer::{Options, Shared};
 use crate::response::{Fields, Item, MissingKey, PROBLEM_JSON, Refused, retry_after_seconds};
 use crate::route::StatusPredicate;
@@ -151,8 +150,8 @@ where
         };
         let mut request = tokengate::scope::Request::new();
         request.route = route;
-        for kind in [ScopeKind::Tenant, ScopeKind::User, ScopeKind::ApiKey] {
-            let Some(key) = &s.keys[kind as usize] else {
+        for kind in ScopeKind::ALL {
+            let Some(key) = &s.keys[kind] else {
                 continue;
             };
             let id = match key.extract(&head, &s.proxies, &s.hasher) {
@@ -164,11 +163,8 @@ where
                 Ok(None) => return missing(s, kind, KeyError::Absent),
                 Err(e) => return missing(s, kind, e),
             };
-            match kind {
-                ScopeKind::Tenant => request.tenant = Some(TenantId(id)),
-                ScopeKind::User => request.user = Some(UserId(id)),
-                _ => request.api_key = Some(ApiKeyId(id)),
-            }
+            // Keys are only configured for the kinds that take one (checked at build).
+            set_key_id(&mut request, kind, id);
         }
         let limiter = &s.limiter;
         // The small verdict for a request no one reads the scopes of; the whole decision
@@ -246,7 +242,7 @@ fn decide<'a, B: From<Bytes>, C: Clock>(
     mut remote_down: bool,
 ) -> Result<ScopeDecision<'a>, Response<B>> {
     let limiter = &s.limiter;
-    let mut skip = [ScopeKind::Global; 6];
+    let mut skip: PerKind<ScopeKind> = [ScopeKind::Global; ScopeKind::COUNT];
     let mut skipped = 0;
     let mut remote_skipped = false;
     loop {
@@ -354,7 +350,7 @@ fn near_limit<C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) {
     let Some(kind) = v.tightest() else {
         return;
     };
-    if let Some(q) = &s.quotas.by_kind[kind as usize] {
+    if let Some(q) = &s.quotas.by_kind[kind] {
         if v.remaining().saturating_mul(10) < q.quota() {
             s.counts.near_limit(kind);
         }
@@ -472,7 +468,7 @@ fn store_unavailable<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
 fn key_limit<B: From<Bytes>, C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) -> Response<B> {
     let kind = v.refused().unwrap_or(ScopeKind::Global);
     s.counts.key_limit(kind);
-    let secs = s.quotas.by_kind[kind as usize]
+    let secs = s.quotas.by_kind[kind]
         .as_ref()
         .map_or(1, |q| q.window_seconds());
     let body = format!(
@@ -576,7 +572,7 @@ fn refusal<B: From<Bytes>, C: Clock>(
         h.insert(RETRY_AFTER, secs.into());
     }
     if let (Some(q), Some(dec), true) = (
-        &s.quotas.by_kind[kind as usize],
+        &s.quotas.by_kind[kind],
         v.decision(),
         v.tightest() == Some(kind),
     ) {
@@ -616,11 +612,11 @@ fn admitted<C: Clock>(
     options: &Options,
 ) -> After<C> {
     let s = &**shared;
-    let mut items = [FILLER; 6];
+    let mut items: PerKind<Item> = [FILLER; ScopeKind::COUNT];
     let mut n = 0;
     for scope in d.scopes() {
         let kind = scope.kind();
-        let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], d.decision(scope)) else {
+        let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind], d.decision(scope)) else {
             continue;
         };
         if s.admitted_fields {

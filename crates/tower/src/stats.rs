@@ -6,30 +6,30 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
-use tokengate::scope::ScopeKind;
+use tokengate::scope::{PerKind, ScopeKind};
 
 /// A copy of the layer's counts at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EdgeStats {
     /// Refusals in shadow mode (the request was admitted), by the refusing scope kind
-    /// (indexed as [`ScopeKind::ALL`]).
-    pub shadow_rejected: [u64; 6],
+    /// (a [`PerKind`], indexed by [`ScopeKind`]).
+    pub shadow_rejected: PerKind<u64>,
     /// The tokens those shadow refusals asked of the refusing scope, by kind.
-    pub shadow_rejected_tokens: [u64; 6],
+    pub shadow_rejected_tokens: PerKind<u64>,
     /// Admissions that left their tightest scope (the one with the fewest whole tokens
     /// left) with less than a tenth of its quota, by that scope's kind.
-    pub near_limit: [u64; 6],
+    pub near_limit: PerKind<u64>,
     /// Requests answered with the missing-key response, by the kind whose key was
     /// missing.
-    pub missing_key: [u64; 6],
+    pub missing_key: PerKind<u64>,
     /// Requests answered `500` because a [`Key::client_ip`](crate::Key::client_ip) scope
     /// found no peer address in the request (the server does not record it: serve with
     /// `into_make_service_with_connect_info::<SocketAddr>()`), by kind.
-    pub no_peer_address: [u64; 6],
+    pub no_peer_address: PerKind<u64>,
     /// Requests answered `503` because the scope's key map was full of keys that could
     /// not be released ([`Refusal::KeyLimit`](tokengate::scope::Refusal::KeyLimit)), by
     /// kind.
-    pub key_limit: [u64; 6],
+    pub key_limit: PerKind<u64>,
     /// Requests that waited (delay mode) and were then served.
     pub delayed: u64,
     /// Delayed requests dropped before their time (client gone): their tokens were
@@ -46,18 +46,18 @@ pub struct EdgeStats {
 impl EdgeStats {
     /// Shadow refusals by `kind`.
     pub fn shadow_rejected(&self, kind: ScopeKind) -> u64 {
-        self.shadow_rejected[kind as usize]
+        self.shadow_rejected[kind]
     }
 }
 
 #[derive(Default)]
 pub(crate) struct Counts {
-    shadow_rejected: [CachePadded<AtomicU64>; 6],
-    shadow_rejected_tokens: [CachePadded<AtomicU64>; 6],
-    near_limit: [CachePadded<AtomicU64>; 6],
-    missing_key: [CachePadded<AtomicU64>; 6],
-    no_peer_address: [CachePadded<AtomicU64>; 6],
-    key_limit: [CachePadded<AtomicU64>; 6],
+    shadow_rejected: PerKind<CachePadded<AtomicU64>>,
+    shadow_rejected_tokens: PerKind<CachePadded<AtomicU64>>,
+    near_limit: PerKind<CachePadded<AtomicU64>>,
+    missing_key: PerKind<CachePadded<AtomicU64>>,
+    no_peer_address: PerKind<CachePadded<AtomicU64>>,
+    key_limit: PerKind<CachePadded<AtomicU64>>,
     /// Whether the missing peer address was logged (once per layer: the cause is the
     /// server's set-up, the same for every request).
     no_peer_logged: AtomicBool,
@@ -69,26 +69,26 @@ pub(crate) struct Counts {
 
 impl Counts {
     pub(crate) fn shadow_rejected(&self, kind: ScopeKind, cost: u64) {
-        self.shadow_rejected[kind as usize].fetch_add(1, Ordering::Relaxed);
-        self.shadow_rejected_tokens[kind as usize].fetch_add(cost, Ordering::Relaxed);
+        self.shadow_rejected[kind].fetch_add(1, Ordering::Relaxed);
+        self.shadow_rejected_tokens[kind].fetch_add(cost, Ordering::Relaxed);
     }
 
     /// Counts a request without a peer address; true the first time (to be logged).
     pub(crate) fn no_peer_address(&self, kind: ScopeKind) -> bool {
-        self.no_peer_address[kind as usize].fetch_add(1, Ordering::Relaxed);
+        self.no_peer_address[kind].fetch_add(1, Ordering::Relaxed);
         !self.no_peer_logged.swap(true, Ordering::Relaxed)
     }
 
     pub(crate) fn key_limit(&self, kind: ScopeKind) {
-        self.key_limit[kind as usize].fetch_add(1, Ordering::Relaxed);
+        self.key_limit[kind].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn near_limit(&self, kind: ScopeKind) {
-        self.near_limit[kind as usize].fetch_add(1, Ordering::Relaxed);
+        self.near_limit[kind].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn missing_key(&self, kind: ScopeKind) {
-        self.missing_key[kind as usize].fetch_add(1, Ordering::Relaxed);
+        self.missing_key[kind].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn delayed(&self) {
@@ -109,7 +109,7 @@ impl Counts {
 
     pub(crate) fn snapshot(&self) -> EdgeStats {
         let read =
-            |a: &[CachePadded<AtomicU64>; 6]| std::array::from_fn(|i| a[i].load(Ordering::Relaxed));
+            |a: &PerKind<CachePadded<AtomicU64>>| a.each_ref().map(|c| c.load(Ordering::Relaxed));
         EdgeStats {
             shadow_rejected: read(&self.shadow_rejected),
             shadow_rejected_tokens: read(&self.shadow_rejected_tokens),
@@ -145,9 +145,9 @@ impl<C: tokengate::Clock> crate::RateLimitLayer<C> {
         // The layer's counts first: the limiter counts a refusal before the layer does,
         // so its `rejected` then holds every shadow refusal read here.
         let s = self.stats();
-        let served = std::array::from_fn(|i| tokengate::telemetry::metrics::Served {
-            requests: s.shadow_rejected[i],
-            tokens: s.shadow_rejected_tokens[i],
+        let served = ScopeKind::ALL.map(|kind| tokengate::telemetry::metrics::Served {
+            requests: s.shadow_rejected[kind],
+            tokens: s.shadow_rejected_tokens[kind],
         });
         let shared = &self.shared;
         shared.limiter.export_metrics_served(limiter, &served);
@@ -160,14 +160,13 @@ impl<C: tokengate::Clock> crate::RateLimitLayer<C> {
                 ("limiter", limiter.to_owned()),
                 ("scope_kind", kind.name().to_owned()),
             ];
-            let i = kind as usize;
             metrics::counter!("tokengate_shadow_rejected_total", &labels)
-                .absolute(s.shadow_rejected[i]);
-            metrics::counter!("tokengate_near_limit_total", &labels).absolute(s.near_limit[i]);
-            metrics::counter!("tokengate_missing_key_total", &labels).absolute(s.missing_key[i]);
+                .absolute(s.shadow_rejected[kind]);
+            metrics::counter!("tokengate_near_limit_total", &labels).absolute(s.near_limit[kind]);
+            metrics::counter!("tokengate_missing_key_total", &labels).absolute(s.missing_key[kind]);
             metrics::counter!("tokengate_no_peer_address_total", &labels)
-                .absolute(s.no_peer_address[i]);
-            metrics::counter!("tokengate_key_limit_total", &labels).absolute(s.key_limit[i]);
+                .absolute(s.no_peer_address[kind]);
+            metrics::counter!("tokengate_key_limit_total", &labels).absolute(s.key_limit[kind]);
         }
         let labels = [("limiter", limiter.to_owned())];
         metrics::counter!("tokengate_delayed_total", &labels).absolute(s.delayed);

@@ -27,7 +27,7 @@ fn rules(leased: bool) -> RuleSet {
 }
 
 /// Everything a caller can read of a decision, as text.
-fn seen(limiter: &ScopedLimiter<ManualClock>, d: &super::ScopeDecision<'_>) -> String {
+fn seen(limiter: &ScopedLimiter<ManualClock>, d: &crate::scope::ScopeDecision<'_>) -> String {
     let records: Vec<String> = d.records().map(|r| r.to_string()).collect();
     format!(
         "{d:?} scopes={:?} global={:?} cost={:?} charge={:?} records={records:?} \

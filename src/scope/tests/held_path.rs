@@ -1,5 +1,5 @@
 //! The held path (a request whose keyed buckets are all found in reader sections, see
-//! [`held`](super::held)) decides as the locked path does: two limiters built alike, on
+//! [`held`](crate::scope::held)) decides as the locked path does: two limiters built alike, on
 //! clocks moved together, one paid through [`ScopedLimiter::try_acquire`] and the other
 //! always through the locked path, give the same decisions, records, charges, counters
 //! and balances, for requests naming any set of kinds, keys of a tier among them.
@@ -21,7 +21,7 @@ std::thread_local! {
 }
 
 /// Counts a request decided on the held path (this thread's, for the tests below).
-pub(super) fn count_held() {
+pub(in crate::scope) fn count_held() {
     HELD.with(|h| h.set(h.get() + 1));
 }
 
