@@ -62,10 +62,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-use redis::Connection;
 use tokengate::{Inherit, LiveBucket, Policy, QuantaClock};
 
 use crate::config::{ConfigError, PoolConfig};
+use crate::connect::Link;
 use crate::error::{PoolError, Refused};
 use crate::policy::RemotePolicy;
 use crate::pool::Admitted;
@@ -403,8 +403,8 @@ impl RateBucket {
 }
 
 /// Opens the connection as the token-lease pool does, and loads the rate script.
-fn open(config: &PoolConfig, script: &RateScript) -> Result<Connection, PoolError> {
-    let mut con = crate::worker::open(config, &Scripts::new(config.time))?;
+fn open(config: &PoolConfig, script: &RateScript) -> Result<Link, PoolError> {
+    let mut con = crate::connect::open(config, &Scripts::new(config.time))?;
     script
         .load(&mut con)
         .map_err(|e| PoolError::Misconfigured {
@@ -440,7 +440,7 @@ struct Local {
 struct Worker {
     shared: Arc<PoolShared>,
     script: RateScript,
-    con: Option<Connection>,
+    con: Option<Link>,
     buckets: Vec<Local>,
 }
 
