@@ -100,7 +100,11 @@ async fn a_stalled_redis_does_not_stall_other_tasks_on_a_current_thread_runtime(
         tokio::spawn(async move {
             let started = Instant::now();
             let decided = scopes.try_acquire("t", &[(&tenant, "a", 1)]).await;
-            (decided, started.elapsed(), order.fetch_add(1, Ordering::SeqCst))
+            (
+                decided,
+                started.elapsed(),
+                order.fetch_add(1, Ordering::SeqCst),
+            )
         })
     };
     // A ticker: progresses only while the thread is free.
@@ -143,7 +147,10 @@ async fn a_stalled_redis_does_not_stall_other_tasks_on_a_current_thread_runtime(
         matches!(decided, Err(StrictRefused::Unavailable { .. })),
         "{decided:?}"
     );
-    assert_eq!(scopes.last_failure(), Some(CallError::Timeout { after: timeout }));
+    assert_eq!(
+        scopes.last_failure(),
+        Some(CallError::Timeout { after: timeout })
+    );
     // The ticker ran all along the wait (about one tick per ms of it; a blocked thread
     // would leave it where the call started).
     assert!(
@@ -229,7 +236,10 @@ async fn the_async_path_admits_within_b_plus_r_t_after_quiet_and_burst() {
     let config = PoolConfig::new(common::url(), common::namespace("async-bound"));
     let scopes = Arc::new(AsyncRedisScopes::connect(config).await.unwrap());
     let tenant = scopes
-        .scope("tenant", RemotePolicy::new(B, RATE_MILLI as f64 / 1000.0).unwrap())
+        .scope(
+            "tenant",
+            RemotePolicy::new(B, RATE_MILLI as f64 / 1000.0).unwrap(),
+        )
         .unwrap();
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     // Eight tasks: a burst at creation, steady pressure, a quiet spell (a third of the
