@@ -241,8 +241,9 @@ impl Config {
 
 /// What a reload from `running` to `new` changes that a running Redis client cannot take
 /// live: each changed `[redis]` field (the section added or removed counts as a whole),
-/// and each rule whose `remote` flag changed. Empty when the reload may apply: rules'
-/// policies, remote rules' included, change live through the limiter's reconfiguration.
+/// each rule whose `remote` flag changed, and each remote rule whose policies changed (the
+/// store enforces those it was built with). Empty when the reload may apply: local rules'
+/// policies change live through the limiter's reconfiguration.
 pub(crate) fn not_live(running: &Config, new: &Config) -> Vec<String> {
     let mut fields: Vec<String> = match (&running.redis, &new.redis) {
         (Some(a), Some(b)) => a
@@ -254,9 +255,12 @@ pub(crate) fn not_live(running: &Config, new: &Config) -> Vec<String> {
         _ => vec!["[redis]".to_owned()],
     };
     for rule in &new.rules {
-        let was = running.rule(rule.kind).is_some_and(|r| r.remote);
-        if was != rule.remote {
+        let was = running.rule(rule.kind);
+        if was.is_some_and(|r| r.remote) != rule.remote {
             fields.push(format!("rule[{}].remote", rule.name));
+        } else if rule.remote && was.is_some_and(|r| r.policies != rule.policies) {
+            // The remote store enforces the policy it was built with.
+            fields.push(format!("rule[{}].policies", rule.name));
         }
     }
     fields

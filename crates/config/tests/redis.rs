@@ -227,37 +227,42 @@ fn a_reload_changing_the_redis_section_is_refused_and_the_running_one_kept() {
     let base = with_redis("url = \"redis://h:6379/\"\nexchange_timeout = \"50ms\"");
     std::fs::write(&path, &base).unwrap();
     let w = ConfigWatcher::start(&path, WatchOptions::new()).unwrap();
-    // A rule's policy changes live.
-    std::fs::write(&path, base.replace("100/s burst 200", "50/s burst 100")).unwrap();
+    // A local rule's policy changes live.
+    let live = base.replace("1000/s burst 2000", "500/s burst 1000");
+    std::fs::write(&path, &live).unwrap();
     assert_eq!(w.reload_now(), Ok(true));
     assert_eq!(
-        w.current().rule(ScopeKind::Tenant).unwrap().policies[0].capacity(),
-        100
+        w.current().rule(ScopeKind::Global).unwrap().policies[0].capacity(),
+        1000
     );
-    // The timeout and a rule's remote flag do not: refused, nothing changed.
-    let changed = base
-        .replace("100/s burst 200", "50/s burst 100")
-        .replace("50ms", "80ms")
-        .replace("remote = true", "remote = false");
-    std::fs::write(&path, changed).unwrap();
-    let e = w.reload_now().unwrap_err();
-    let fields: Vec<String> = e.problems().iter().map(|p| p.field.clone()).collect();
-    assert_eq!(
-        fields,
-        vec![
-            "redis.exchange_timeout".to_owned(),
-            "rule[per-tenant].remote".to_owned()
-        ]
+    // The timeout and a remote rule's policy do not: refused, nothing changed.
+    let refused = |text: String, want: &[&str]| {
+        std::fs::write(&path, text).unwrap();
+        let e = w.reload_now().unwrap_err();
+        let fields: Vec<&str> = e.problems().iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, want);
+        assert!(
+            e.problems()
+                .iter()
+                .all(|p| matches!(p.kind, ProblemKind::NotLive(_)))
+        );
+        let running = w.current();
+        assert_eq!(
+            running.redis.as_ref().unwrap().exchange_timeout,
+            Some(Duration::from_millis(50))
+        );
+        let tenant = running.rule(ScopeKind::Tenant).unwrap();
+        assert!(tenant.remote);
+        assert_eq!(tenant.policies[0].capacity(), 200);
+    };
+    refused(
+        live.replace("50ms", "80ms")
+            .replace("100/s burst 200", "50/s burst 100"),
+        &["redis.exchange_timeout", "rule[per-tenant].policies"],
     );
-    assert!(
-        e.problems()
-            .iter()
-            .all(|p| matches!(p.kind, ProblemKind::NotLive(_)))
+    // Nor a rule's remote flag.
+    refused(
+        live.replace("remote = true", "remote = false"),
+        &["rule[per-tenant].remote"],
     );
-    let running = w.current();
-    assert_eq!(
-        running.redis.as_ref().unwrap().exchange_timeout,
-        Some(Duration::from_millis(50))
-    );
-    assert!(running.rule(ScopeKind::Tenant).unwrap().remote);
 }

@@ -35,7 +35,7 @@ fn summary(mut ns: Vec<u64>) -> String {
 
 fn policy() -> RemotePolicy {
     // Large enough that every call is a take (the same script work each time).
-    RemotePolicy::new(1_000_000_000, 1_000_000.0).unwrap()
+    RemotePolicy::new(1_000_000, 100_000.0).unwrap()
 }
 
 fn blocking(url: &str, k: usize, calls: usize) -> Vec<u64> {
