@@ -28,6 +28,7 @@ use crate::strict::StrictScope;
 /// println!("{decided:?}");
 /// # Ok(())
 /// # }
+/// # let _ = run();
 /// ```
 #[derive(Debug)]
 pub struct AsyncRedisScopeKinds {

@@ -80,6 +80,7 @@ struct Held {
 /// }
 /// # Ok(())
 /// # }
+/// # let _ = run();
 /// ```
 pub struct AsyncRedisScopes {
     core: StrictCore,

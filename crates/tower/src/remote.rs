@@ -67,6 +67,7 @@ mod on {
     /// # let _ = layer;
     /// # Ok(())
     /// # }
+    /// # let _ = run();
     /// ```
     #[derive(Clone)]
     pub struct RemoteScope {
