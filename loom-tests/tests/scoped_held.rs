@@ -317,3 +317,67 @@ fn held_sections_without_their_fence_are_caught() {
 fn a_held_section_that_skips_the_writing_flag_is_caught() {
     caught_by_each_held_model(&tokengate::mutants::READER_SKIPS_FLAG);
 }
+
+/// Reader: pays user 1 alone twice (capacity 2), asking for the verdict: the one-bucket
+/// held path (`try_acquire_verdict`, no decision built). Writer: a request for user 4,
+/// new, whose insertion grows the user shard's table (every entry moves). Both
+/// admissions and every balance exact.
+fn one_held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
+    || {
+        run(move || {
+            let limiter = Arc::new(
+                RuleSet::new()
+                    .rule(ScopeKind::User, Rule::new(p(2)).max_keys(8).shards(1))
+                    .class(WorkClass::new("one", 1))
+                    .build_with(Forward::new(), BuildHasherDefault::default())
+                    .unwrap(),
+            );
+            let one = limiter.class("one").unwrap();
+            for u in 1..=3 {
+                let d = limiter
+                    .try_acquire(&Request::new().user(UserId(u)), one)
+                    .unwrap();
+                limiter.refund(&d.charge().unwrap());
+            }
+            let reader = {
+                let limiter = limiter.clone();
+                spawn(move || {
+                    let r = Request::new().user(UserId(1));
+                    (0..2)
+                        .map(|_| limiter.try_acquire_verdict(&r, one).unwrap().is_admitted())
+                        .collect::<Vec<bool>>()
+                })
+            };
+            let w = Request::new().user(UserId(4));
+            let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
+            let admitted = reader.join().unwrap();
+            assert_eq!(admitted, [true, true], "a held request's admission lost");
+            assert!(inserted, "the new key's request refused");
+            assert_eq!(limiter.len(ScopeKind::User), 4);
+            for (scope, expected) in [(Scope::User(UserId(1)), 0.0), (Scope::User(UserId(4)), 1.0)]
+            {
+                assert_eq!(
+                    left(&limiter, scope),
+                    expected,
+                    "tokens lost or minted on {scope}"
+                );
+            }
+        })
+    }
+}
+
+const ONE: Model = Model::exhaustive("scoped held: one section (a verdict) vs an insert", 3);
+
+#[test]
+fn a_verdict_of_one_held_bucket_races_an_insert_exactly() {
+    ONE.check(one_held_racing_an_insert());
+}
+
+#[test]
+fn a_writer_that_skips_a_verdicts_section_is_caught() {
+    let message = ONE.expect_violation(
+        &tokengate::mutants::WRITER_SKIPS_READERS,
+        one_held_racing_an_insert(),
+    );
+    assert!(message.contains("Causality violation"), "{message}");
+}

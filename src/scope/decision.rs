@@ -576,6 +576,63 @@ pub struct ScopeVerdict<'a> {
 }
 
 impl<'a> ScopeVerdict<'a> {
+    /// The verdict of a request that paid kind `k`'s bucket alone (its first limit, its
+    /// key in local tier `tier`, no overflow bucket) at `cost`, which decided `d`: an
+    /// admission, or with `retry_after` a rate-limit refusal. The verdict
+    /// [`ScopeDecision::alone`] (or a one-kind [`ScopeDecision::paid_in`]) gives, built
+    /// without the decision.
+    #[inline(always)]
+    pub(crate) fn alone(
+        policies: &'a Policies,
+        k: usize,
+        tier: u8,
+        cost: u64,
+        d: &Decision,
+        retry_after: Option<Duration>,
+    ) -> ScopeVerdict<'a> {
+        let refused = retry_after.map(|_| Refused::RateLimited(ScopeKind::ALL[k], 0));
+        let wait_nanos = retry_after.map_or(0, |r| u64::try_from(r.as_nanos()).unwrap_or(u64::MAX));
+        let Some(kp) = policies.get(k, tier) else {
+            // No policy to read the balance with: no tightest scope (as `verdict`).
+            return ScopeVerdict {
+                refused,
+                wait_nanos,
+                ..ScopeVerdict::nothing(policies)
+            };
+        };
+        let (balance, lead_nanos) = d.parts();
+        ScopeVerdict {
+            refused,
+            tightest: Some(ScopeKind::ALL[k]),
+            tier,
+            overflow: false,
+            // At most 63 fraction bits: fits a byte.
+            frac_bits: kp.policy().layout().frac_bits() as u8,
+            wait_nanos,
+            balance,
+            lead_nanos,
+            cost,
+            policies,
+        }
+    }
+
+    /// The verdict of a request that paid nothing (no scope charged).
+    #[inline]
+    pub(crate) fn nothing(policies: &'a Policies) -> ScopeVerdict<'a> {
+        ScopeVerdict {
+            refused: None,
+            tightest: None,
+            tier: 0,
+            overflow: false,
+            frac_bits: 0,
+            wait_nanos: 0,
+            balance: 0,
+            lead_nanos: 0,
+            cost: 0,
+            policies,
+        }
+    }
+
     /// Whether every scope's cost was taken.
     #[inline]
     pub fn is_admitted(&self) -> bool {
@@ -899,6 +956,74 @@ mod tests {
         assert!(
             admitted > 20 && refused > 20 && key_limits > 5,
             "{admitted} {refused} {key_limits}"
+        );
+    }
+
+    /// `try_acquire_verdict` answers what `try_acquire(..).verdict()` answers, on its
+    /// own paths too (the global scope alone, one keyed scope alone, held or new, a
+    /// full map), over admissions and refusals: two limiters built alike on one clock,
+    /// given the same requests, one asked for decisions, the other for verdicts.
+    #[test]
+    fn a_verdict_asked_for_is_the_decisions_verdict() {
+        use crate::scope::{Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
+        use crate::{ManualClock, Policy};
+        let clock = ManualClock::new();
+        let sets: [fn() -> RuleSet; 4] = [
+            || RuleSet::new().rule(ScopeKind::Global, Rule::new(Policy::new(7, 2.0).unwrap())),
+            || {
+                RuleSet::new().rule(
+                    ScopeKind::User,
+                    Rule::new(Policy::new(5, 0.2).unwrap())
+                        .max_keys(3)
+                        .shards(1),
+                )
+            },
+            || {
+                RuleSet::new()
+                    .rule(ScopeKind::Global, Rule::new(Policy::new(30, 3.0).unwrap()))
+                    .rule(ScopeKind::Tenant, Rule::new(Policy::new(6, 1.0).unwrap()))
+            },
+            || {
+                RuleSet::new()
+                    .rule(ScopeKind::Tenant, Rule::new(Policy::new(6, 1.0).unwrap()))
+                    .rule(
+                        ScopeKind::User,
+                        Rule::new(Policy::new(4, 0.5).unwrap())
+                            .max_keys(2)
+                            .shards(1),
+                    )
+            },
+        ];
+        for (n, set) in sets.iter().enumerate() {
+            let build = || {
+                set()
+                    .class(WorkClass::new("one", 1))
+                    .class(WorkClass::new("two", 2))
+                    .build_with_clock(clock.clone())
+                    .unwrap()
+            };
+            let (decided, verdicts) = (build(), build());
+            let (mut admitted, mut refused) = (0, 0);
+            for i in 0u64..400 {
+                let request = Request::new().tenant(TenantId(i % 3)).user(UserId(i % 4));
+                let name = if i % 5 == 0 { "two" } else { "one" };
+                let d = decided.try_acquire(&request, decided.class(name).unwrap());
+                let v = verdicts.try_acquire_verdict(&request, verdicts.class(name).unwrap());
+                let (d, v) = (d.unwrap().verdict(), v.unwrap());
+                assert_eq!(v, d, "rule set {n}, request {i}");
+                if v.is_admitted() {
+                    admitted += 1;
+                } else {
+                    refused += 1;
+                }
+                clock.advance(std::time::Duration::from_millis((i * 7919) % 700));
+            }
+            assert!(admitted > 20 && refused > 20, "{n}: {admitted} {refused}");
+        }
+        let one_held = crate::scope::held::ONE_HELD.with(std::cell::Cell::get);
+        assert!(
+            one_held > 100,
+            "the one-bucket held path took {one_held} requests"
         );
     }
 

@@ -42,7 +42,7 @@ use super::inline::Inline;
 use super::kind::{PerKind, ScopeKind};
 use super::maps::KEYED_KINDS;
 use super::rules::{ClassId, Request};
-use super::{Payer, ScopeDecision, ScopeError, ScopedLimiter};
+use super::{Payer, ScopeDecision, ScopeError, ScopeVerdict, ScopedLimiter};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::hint::cold_path;
@@ -274,6 +274,73 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // the loop (the sections held every one); `out` holds the admission.
     }
 
+    /// [`pay_held`](Self::pay_held) for a request whose one keyed kind (`paid` has one)
+    /// is all it pays (no global scope charged), answered as its [`ScopeVerdict`]: the
+    /// bucket, held in a reader section, is taken from at once (one bucket is
+    /// all-or-nothing by itself: no read-only first pass, no plan, nothing to give
+    /// back), and the verdict made from its own decision, with no [`ScopeDecision`]
+    /// built. The same take, counts and wait as `pay_held` for a set of one; every
+    /// case it sends to the locked path (a new key, a writer on the shard, several
+    /// limits, a pass due, a switch) goes there here too, nothing taken.
+    #[inline(never)]
+    pub(super) fn pay_one_held<'s>(
+        &'s self,
+        g: &'s Generation,
+        costs: &'s PerKind<u64>,
+        request: &Request,
+        class: ClassId,
+        paid: KindSet,
+    ) -> Result<ScopeVerdict<'s>, ScopeError> {
+        let sections = Sections::<KEYED_KINDS>::new();
+        let mut held = HeldKinds {
+            list: Inline::new(),
+        };
+        let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
+        if !all_held || !ptr::eq(self.generation(), g) {
+            cold_path();
+            drop(sections);
+            return self.pay_scopes(request, class).map(|d| d.verdict());
+        }
+        let now = self.now_on(g);
+        let [e] = held.list.as_slice() else {
+            cold_path();
+            drop(sections);
+            return self.pay_scopes(request, class).map(|d| d.verdict());
+        };
+        // A map's pass locks every shard: it runs on the locked path.
+        if e.passes.is_due(now) {
+            cold_path();
+            drop(sections);
+            return self.pay_scopes(request, class).map(|d| d.verdict());
+        }
+        let (k, cost) = (e.kind.index(), e.cost(costs));
+        #[cfg(test)]
+        ONE_HELD.with(|c| c.set(c.get() + 1));
+        match e.handle.take_at(cost, now) {
+            Ok(d) if d.is_admitted() => {
+                e.handle.counters.record(true, cost, request.attempt);
+                Ok(ScopeVerdict::alone(&g.policies, k, e.tier, cost, &d, None))
+            }
+            Ok(d) => {
+                let wait = e.handle.wait_at(cost, now);
+                e.handle.counters.record(false, cost, request.attempt);
+                Ok(ScopeVerdict::alone(
+                    &g.policies,
+                    k,
+                    e.tier,
+                    cost,
+                    &d,
+                    Some(wait),
+                ))
+            }
+            Err(_) => {
+                cold_path();
+                drop(sections);
+                self.pay_scopes(request, class).map(|d| d.verdict())
+            }
+        }
+    }
+
     /// The refusal of the held bucket `keyed[i]` (the global scope's for `None`), which
     /// decided `d` at `now`, with the time until every bucket the request pays holds its
     /// cost, counted.
@@ -325,6 +392,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         super::held_path::count_held();
         Ok(decision)
     }
+}
+
+#[cfg(test)]
+std::thread_local! {
+    /// Requests this thread's limiters took on [`ScopedLimiter::pay_one_held`]'s own path.
+    pub(super) static ONE_HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// What a held request's decision is made of, besides its buckets' decisions.

@@ -630,9 +630,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         let now = self.now_on(g);
                         // A sealed global word took nothing: the request starts again
                         // on `pay_scopes`' loop.
-                        return self.decide_global(g, costs, costs, request, now, || {
-                            self.pay_scopes(request, class)
-                        });
+                        return self.decide_global(
+                            g,
+                            costs,
+                            request,
+                            now,
+                            |d| global_decision(request, costs, &g.policies, d),
+                            || self.pay_scopes(request, class),
+                        );
                     }
                     // Keys already in their maps, held in reader sections.
                     return self.pay_held(g, costs, request, class, paid);
@@ -651,16 +656,52 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// # Errors
     ///
     /// As [`try_acquire`](ScopedLimiter::try_acquire).
+    ///
+    /// A request that pays one bucket (the global scope alone, or one keyed scope and
+    /// no global one, its key already in its map) is answered without building the
+    /// decision: the verdict is made from that bucket's own decision where it was taken.
     #[inline]
     pub fn try_acquire_verdict(
         &self,
         request: &Request,
         class: ClassId,
     ) -> Result<ScopeVerdict<'_>, ScopeError> {
-        match self.try_acquire(request, class) {
-            Ok(d) => Ok(d.verdict()),
-            Err(e) => Err(e),
+        // The paths of `try_acquire`, the verdict made where the decision would be.
+        if class.limiter == self.id && self.remote.is_none() {
+            let g = self.generation();
+            if let Some(work) = g.classes.get(class.index as usize) {
+                let costs = work.costs();
+                if g.global_single {
+                    let paid = self.maps.paid_in(request, work.charged());
+                    if paid == 0 {
+                        let now = self.now_on(g);
+                        let k = ScopeKind::Global.index();
+                        return self.decide_global(
+                            g,
+                            costs,
+                            request,
+                            now,
+                            |d| match d {
+                                None => ScopeVerdict::nothing(&g.policies),
+                                Some((d, wait)) => {
+                                    ScopeVerdict::alone(&g.policies, k, 0, costs[k], d, wait)
+                                }
+                            },
+                            || self.pay_scopes(request, class).map(|d| d.verdict()),
+                        );
+                    }
+                    let global_pays =
+                        self.global.is_some() && costs[ScopeKind::Global.index()] != 0;
+                    if paid.is_power_of_two() && !global_pays {
+                        return self.pay_one_held(g, costs, request, class, paid);
+                    }
+                    return self
+                        .pay_held(g, costs, request, class, paid)
+                        .map(|d| d.verdict());
+                }
+            }
         }
+        self.pay_scopes(request, class).map(|d| d.verdict())
     }
 
     /// [`pay`](ScopedLimiter::pay) of every scope, out of line: the path of a request
@@ -711,7 +752,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             let now = self.now_on(g);
             let decision =
                 if !alone_tried && g.global_single && !self.maps.pays_keyed(request, costs) {
-                    self.decide_global(g, class_costs, costs, request, now, || Err(RETRY))
+                    self.decide_global(
+                        g,
+                        costs,
+                        request,
+                        now,
+                        |d| global_decision(request, class_costs, &g.policies, d),
+                        || Err(RETRY),
+                    )
                 } else {
                     // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
                     self.maps.with_slots(
@@ -780,18 +828,23 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// 208-byte decision once, in its own caller's place, and the global bucket is
     /// taken from by its kind (the payer's `match` behind a call passes the payer
     /// through memory).
+    ///
+    /// The outcome is given as `out` makes it (a [`ScopeDecision`], or a
+    /// [`ScopeVerdict`] for [`try_acquire_verdict`](ScopedLimiter::try_acquire_verdict)):
+    /// `out(None)` when the global scope charges nothing, else `out(Some((decision,
+    /// retry_after)))`, `retry_after` present for a refusal.
     #[inline(always)]
-    fn decide_global<'s>(
+    fn decide_global<'s, R>(
         &'s self,
         g: &'s Generation,
-        class_costs: &'s PerKind<u64>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
-        on_sealed: impl FnOnce() -> Result<ScopeDecision<'s>, ScopeError>,
-    ) -> Result<ScopeDecision<'s>, ScopeError> {
+        out: impl FnOnce(Option<(&Decision, Option<Duration>)>) -> R,
+        on_sealed: impl FnOnce() -> Result<R, ScopeError>,
+    ) -> Result<R, ScopeError> {
         let Some(payer) = self.global_payer(g, costs) else {
-            return Ok(ScopeDecision::new(request, class_costs, &g.policies));
+            return Ok(out(None));
         };
         let k = ScopeKind::Global.index();
         let cost = costs[k];
@@ -803,26 +856,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         match taken {
             Ok(d) if d.is_admitted() => {
                 payer.counters().record(true, cost, request.attempt);
-                Ok(ScopeDecision::alone(
-                    request,
-                    class_costs,
-                    &g.policies,
-                    k,
-                    &d,
-                    None,
-                ))
+                Ok(out(Some((&d, None))))
             }
             Ok(d) => {
                 payer.counters().record(false, cost, request.attempt);
                 let retry_after = sealed::Sealed::wait_at(&payer, cost, now);
-                Ok(ScopeDecision::alone(
-                    request,
-                    class_costs,
-                    &g.policies,
-                    k,
-                    &d,
-                    Some(retry_after),
-                ))
+                Ok(out(Some((&d, Some(retry_after)))))
             }
             Err(error) if is_sealed(&error) => on_sealed(),
             Err(error) => Err(ScopeError::Acquire {
@@ -1230,5 +1269,28 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             },
             _ => self.read_keyed(|m, g| m.stored_word(g, scope), scope.kind())?,
         }
+    }
+}
+
+/// The decision of a request that paid the global scope alone (`Some`: its bucket's
+/// decision, and the wait of a refusal) or nothing (`None`), as
+/// [`decide_global`](ScopedLimiter::decide_global) reports it.
+#[inline(always)]
+fn global_decision<'s>(
+    request: &Request,
+    costs: &'s PerKind<u64>,
+    policies: &'s Policies,
+    d: Option<(&Decision, Option<Duration>)>,
+) -> ScopeDecision<'s> {
+    match d {
+        None => ScopeDecision::new(request, costs, policies),
+        Some((d, retry_after)) => ScopeDecision::alone(
+            request,
+            costs,
+            policies,
+            ScopeKind::Global.index(),
+            d,
+            retry_after,
+        ),
     }
 }

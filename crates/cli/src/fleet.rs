@@ -1,12 +1,15 @@
-//! `tokengate fleet`: K instance processes share one budget on Redis; prints each
-//! instance's admissions and the total against the bound, and can kill one instance
-//! mid-run.
+//! `tokengate fleet`: K instance processes share one budget on Redis, by token leases or
+//! rate leases; prints each instance's admissions and the total against the bound, and
+//! can kill one instance mid-run. `--compare-chart` instead sweeps K and the offered rate
+//! for rate leases, token leases and a per-request Lua bucket (`compare`).
+
+mod compare;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tokengate_redis::{FailMode, Mode, PoolConfig, RedisPool, RemotePolicy};
+use tokengate_redis::{FailMode, Mode, PoolConfig, RateConfig, RatePool, RedisPool, RemotePolicy};
 
 use crate::Out;
 
@@ -73,9 +76,39 @@ pub struct Args {
     #[arg(long, value_name = "SVG")]
     sweep_chart: Option<std::path::PathBuf>,
 
+    /// Token leases (batches of tokens from Redis) or rate leases (each instance holds a
+    /// share of (B, r) with an expiry, refreshed every ttl/4, decided locally).
+    #[arg(long, value_enum, default_value_t = LeaseMode::Token)]
+    lease_mode: LeaseMode,
+
+    /// Instead of one run: rate leases, token leases and a per-request Lua bucket side by
+    /// side, K instances (threads, each with its own pool) for each K of --sweep-k and
+    /// each offered rate of --sweep-offer (equal demand), then skewed and shifting demand
+    /// at the largest offer; each run --seconds long after 1 s of warm-up. Prints the
+    /// table and writes an SVG chart at this path of round trips per instance per second
+    /// and efficiency against the offered rate.
+    #[arg(long, value_name = "SVG")]
+    compare_chart: Option<std::path::PathBuf>,
+
+    /// The instance counts of --compare-chart (1 to 64 each).
+    #[arg(long, value_delimiter = ',', default_value = "8,32,64")]
+    sweep_k: Vec<u64>,
+
+    /// The offered request rates of --compare-chart, in multiples of r (above 0, at most
+    /// 1000).
+    #[arg(long, value_delimiter = ',', default_value = "1.5,4,16")]
+    sweep_offer: Vec<f64>,
+
     /// Internal: run as one instance (started by the fleet).
     #[arg(long, hide = true)]
     instance: Option<String>,
+}
+
+/// How instances share the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LeaseMode {
+    Token,
+    Rate,
 }
 
 /// The pool's mode.
@@ -96,6 +129,9 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     if let Some(ns) = &args.instance {
         return instance(&args, ns, policy);
     }
+    if let Some(path) = args.compare_chart.clone() {
+        return compare_sweep(&args, &path, out);
+    }
     let Some(path) = args.sweep_chart.clone() else {
         return once(&args, args.lease, mode, out).map(drop);
     };
@@ -113,6 +149,54 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
         ))?;
     }
     let svg = draw(&args, &points)?;
+    file.write_all(svg.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    out.print(&format!("chart: {}\n", path.display()))
+}
+
+/// `--compare-chart`: the sweep of `compare`, its table and its chart.
+fn compare_sweep(
+    args: &Args,
+    path: &std::path::Path,
+    out: &mut Out<impl Write>,
+) -> Result<(), String> {
+    if let Some(k) = args.sweep_k.iter().find(|k| !(1..=64).contains(*k)) {
+        return Err(format!("--sweep-k must list counts of 1 to 64, got {k}"));
+    }
+    if let Some(o) = args
+        .sweep_offer
+        .iter()
+        .find(|o| !(o.is_finite() && **o > 0.0 && **o <= 1000.0))
+    {
+        return Err(format!(
+            "--sweep-offer must list multiples of r above 0 and at most 1000, got {o}"
+        ));
+    }
+    if !(args.refill.is_finite() && args.refill >= 1.0 && args.refill.fract() == 0.0) {
+        return Err(format!(
+            "--compare-chart needs a whole refill rate of at least 1/s, got {}",
+            args.refill
+        ));
+    }
+    let mut file = crate::open_output(path)?;
+    let ks: Vec<usize> = args.sweep_k.iter().map(|&k| k as usize).collect();
+    let rows = compare::sweep(
+        &args.redis,
+        &ks,
+        &args.sweep_offer,
+        args.capacity,
+        args.refill as u64,
+        Duration::from_millis(args.ttl_ms),
+        args.seconds as f64,
+        out,
+    )?;
+    let svg = compare::draw(
+        &rows,
+        &format!(
+            "B = {}, r = {}/s, lease ttl {} ms: rate leases (blue), token leases (red), per-request Lua (grey); thicker = larger K",
+            args.capacity, args.refill, args.ttl_ms
+        ),
+    )?;
     file.write_all(svg.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     out.print(&format!("chart: {}\n", path.display()))
@@ -139,8 +223,8 @@ fn once(args: &Args, lease: u64, mode: Mode, out: &mut Out<impl Write>) -> Resul
             .map_err(|e| e.to_string())?,
     );
     out.print(&format!(
-        "fleet: K = {} instances x {} threads, B = {}, r = {}/s, L = {}, d = {}, ttl = {} ms, {:?} mode, {} s, each offering {}x its share\n",
-        args.instances, args.threads, args.capacity, args.refill, lease, args.depth, args.ttl_ms, args.mode, args.seconds, args.offer
+        "fleet: K = {} instances x {} threads, B = {}, r = {}/s, {:?} leases, L = {}, d = {}, ttl = {} ms, {:?} mode, {} s, each offering {}x its share\n",
+        args.instances, args.threads, args.capacity, args.refill, args.lease_mode, lease, args.depth, args.ttl_ms, args.mode, args.seconds, args.offer
     ))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut children: Vec<Child> = (0..args.instances)
@@ -178,6 +262,13 @@ fn once(args: &Args, lease: u64, mode: Mode, out: &mut Out<impl Write>) -> Resul
                         "exact"
                     } else {
                         "loose"
+                    },
+                ])
+                .args([
+                    "--lease-mode",
+                    match args.lease_mode {
+                        LeaseMode::Token => "token",
+                        LeaseMode::Rate => "rate",
                     },
                 ])
                 .stdout(Stdio::piped())
@@ -261,15 +352,40 @@ fn once(args: &Args, lease: u64, mode: Mode, out: &mut Out<impl Write>) -> Resul
 /// One instance: drives the shared bucket from its threads at `offer` times its share,
 /// printing "admitted round-trips" every 100 ms.
 fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
-    let pool = RedisPool::connect(
-        PoolConfig::new(args.redis.clone(), ns)
-            .max_lease(args.lease)
-            .lease_depth(args.depth)
-            .lease_ttl(Duration::from_millis(args.ttl_ms))
-            .fail_mode(FailMode::FailClosed),
-    )
-    .map_err(|e| e.to_string())?;
+    let config = PoolConfig::new(args.redis.clone(), ns)
+        .max_lease(args.lease)
+        .lease_depth(args.depth)
+        .lease_ttl(Duration::from_millis(args.ttl_ms))
+        .fail_mode(FailMode::FailClosed);
+    if args.lease_mode == LeaseMode::Rate {
+        let pool = RatePool::connect(RateConfig::new(config)).map_err(|e| e.to_string())?;
+        let bucket = pool.bucket("global", policy).map_err(|e| e.to_string())?;
+        return drive(
+            args,
+            || bucket.try_acquire(1).is_ok(),
+            || pool.round_trips(),
+            || bucket.stats().burst,
+        );
+    }
+    let pool = RedisPool::connect(config).map_err(|e| e.to_string())?;
     let bucket = pool.bucket("global", policy).map_err(|e| e.to_string())?;
+    drive(
+        args,
+        || bucket.try_acquire(1).is_ok(),
+        || pool.round_trips(),
+        || bucket.leased_tokens(),
+    )
+}
+
+/// Drives `decide` from the instance's threads at `offer` times its share, printing
+/// "admitted round-trips held" every 100 ms (`held`: the tokens of its leases, or its
+/// burst share under rate leases).
+fn drive(
+    args: &Args,
+    decide: impl Fn() -> bool + Sync,
+    round_trips: impl Fn() -> u64,
+    held: impl Fn() -> u64,
+) -> Result<(), String> {
     let per_thread =
         (args.offer * args.refill / args.instances as f64 / args.threads as f64).max(0.001);
     let gap = Duration::from_secs_f64(1.0 / per_thread);
@@ -280,7 +396,7 @@ fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
             s.spawn(|| {
                 let mut next = Instant::now();
                 while next < end {
-                    if bucket.try_acquire(1).is_ok() {
+                    if decide() {
                         admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     next += gap;
@@ -295,8 +411,8 @@ fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
                 stdout,
                 "{} {} {}",
                 admitted.load(std::sync::atomic::Ordering::Relaxed),
-                pool.round_trips(),
-                bucket.leased_tokens()
+                round_trips(),
+                held()
             );
         }
     });
@@ -304,8 +420,8 @@ fn instance(args: &Args, ns: &str, policy: RemotePolicy) -> Result<(), String> {
         std::io::stdout(),
         "{} {} {}",
         admitted.load(std::sync::atomic::Ordering::Relaxed),
-        pool.round_trips(),
-        bucket.leased_tokens()
+        round_trips(),
+        held()
     );
     Ok(())
 }

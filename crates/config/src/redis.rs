@@ -13,8 +13,8 @@
 //! lease_ttl = "2s"
 //! fail_mode = "local"                       # or "fail_open", "fail_closed"
 //! instances = 4
-//! # cluster_nodes = ["redis://a:7000/", "redis://b:7000/"]
-//! # sentinel_master = "mymaster"; sentinels = ["redis://s1:26379/"]
+//! # cluster_nodes = ["rediss://a:7000/", "rediss://b:7000/"] # a Redis Cluster, or
+//! # sentinel_master = "mymaster"; sentinels = ["redis://s1:26379/"] # a Sentinel group
 //!
 //! [[rule]]
 //! name = "per-tenant"
@@ -53,12 +53,16 @@ pub enum Topology {
     /// One primary at `url`.
     #[default]
     Standalone,
-    /// A Redis Cluster, discovered from these seed nodes (`url` is one of them).
+    /// A Redis Cluster, discovered from these seed nodes and `url`'s node, all of
+    /// `url`'s scheme (`rediss://` for TLS), database 0: the client's
+    /// `redis+cluster://` URL ([`RedisSection::client_url`]).
     Cluster {
         /// Seed node URLs.
         nodes: Vec<String>,
     },
-    /// A primary found through Sentinel.
+    /// The primary the Sentinels (`redis://`: spoken to without TLS or `AUTH`) name
+    /// `master`, reached with `url`'s scheme, credentials and database: the client's
+    /// `redis+sentinel://` URL ([`RedisSection::client_url`]).
     Sentinel {
         /// The master's name in Sentinel.
         master: String,
@@ -100,8 +104,6 @@ pub struct RedisSection {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisConfigError {
-    /// The section asks for a topology this build's client does not connect to.
-    Unsupported(&'static str),
     /// No `[redis]` section, or no remote rule.
     NotConfigured(&'static str),
     /// The client refused the settings or could not connect (typed, within the
@@ -112,7 +114,6 @@ pub enum RedisConfigError {
 impl fmt::Display for RedisConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Unsupported(what) => write!(f, "{what} not supported by this build"),
             Self::NotConfigured(what) => f.write_str(what),
             Self::Pool(e) => write!(f, "{e}"),
         }
@@ -129,18 +130,47 @@ impl std::error::Error for RedisConfigError {
 }
 
 impl RedisSection {
-    /// The client settings: every field mapped to [`PoolConfig`], the password and CA
-    /// named by where they are read from.
+    /// The URL the client connects to, in the form that names the topology: `url` for
+    /// one primary; `redis+cluster://a:7000,b:7000/` (`rediss+cluster://` when `url` is
+    /// `rediss://`) with `url`'s node first, then the cluster nodes not already named;
+    /// `redis+sentinel://s1:26379,s2:26379/master/db` (`rediss+sentinel://`), `db` being
+    /// `url`'s database. Never holds a password (the section refuses one in a URL).
+    pub fn client_url(&self) -> String {
+        let (scheme, node, db) = parts(&self.url);
+        match &self.topology {
+            Topology::Standalone => self.url.clone(),
+            Topology::Cluster { nodes } => {
+                let mut seeds = vec![node];
+                for n in nodes {
+                    let (_, n, _) = parts(n);
+                    if !seeds.contains(&n) {
+                        seeds.push(n);
+                    }
+                }
+                format!("{scheme}+cluster://{}/", seeds.join(","))
+            }
+            Topology::Sentinel { master, sentinels } => {
+                let hosts: Vec<&str> = sentinels.iter().map(|u| parts(u).1).collect();
+                let db = if db.is_empty() { "0" } else { db };
+                format!("{scheme}+sentinel://{}/{master}/{db}", hosts.join(","))
+            }
+        }
+    }
+
+    /// The client settings: every field mapped to [`PoolConfig`] (the URL as
+    /// [`client_url`](Self::client_url) gives it), the password and CA named by where
+    /// they are read from. Every topology maps: the blocking clients
+    /// ([`RedisScopes`], [`RedisPool`](tokengate_redis::RedisPool)) connect to each; the
+    /// async one ([`AsyncRedisScopes`](tokengate_redis::AsyncRedisScopes), feature
+    /// `tokio`) refuses a cluster or Sentinel URL at connect
+    /// ([`PoolError::AsyncTopology`]).
     ///
     /// # Errors
     ///
-    /// [`RedisConfigError::Unsupported`] for a cluster or Sentinel section ("cluster/
-    /// sentinel not supported by this build": the client connects to one primary).
+    /// None today: the section was validated when the file was read. The `Result`
+    /// keeps room for settings a build cannot map.
     pub fn pool_config(&self) -> Result<PoolConfig, RedisConfigError> {
-        if self.topology != Topology::Standalone {
-            return Err(RedisConfigError::Unsupported("cluster/sentinel"));
-        }
-        let mut c = PoolConfig::new(self.url.clone(), self.namespace.clone());
+        let mut c = PoolConfig::new(self.client_url(), self.namespace.clone());
         if let Some(ca) = &self.tls_ca_file {
             c = c.tls_root_ca_file(ca);
         }
@@ -413,11 +443,75 @@ pub(crate) fn section(raw: &crate::raw::RawRedis, found: &mut Vec<Found>) -> Opt
                 None
             }
         });
+    let (scheme, _, db) = parts(&url);
+    let listed = raw.cluster_nodes.iter().chain(&raw.sentinels);
+    let with_query =
+        std::iter::once(("url".to_owned(), &url, raw.url.span())).chain(listed.flat_map(|l| {
+            l.get_ref()
+                .iter()
+                .enumerate()
+                .map(move |(i, n)| (format!("[{i}]"), n, l.span()))
+        }));
+    if raw.cluster_nodes.is_some() || raw.sentinels.is_some() {
+        for (field, u, span) in with_query {
+            if u.contains(['?', '#']) {
+                let field = if field == "url" {
+                    field
+                } else if raw.cluster_nodes.is_some() {
+                    format!("cluster_nodes{field}")
+                } else {
+                    format!("sentinels{field}")
+                };
+                bad(
+                    span,
+                    &field,
+                    range(
+                        "query parameters".to_owned(),
+                        "a URL without '?' or '#' with cluster or Sentinel fields",
+                    ),
+                );
+            }
+        }
+    }
     let topology = match (&raw.cluster_nodes, &raw.sentinel_master, &raw.sentinels) {
         (None, None, None) => Some(Topology::Standalone),
         (Some(nodes), None, None) => {
+            if !matches!(db, "" | "0") {
+                bad(
+                    raw.url.span(),
+                    "url",
+                    range(format!("database {db}"), "database 0 with cluster_nodes"),
+                );
+            }
             for (i, n) in nodes.get_ref().iter().enumerate() {
-                url_problems(n, nodes.span(), &format!("cluster_nodes[{i}]"), &mut bad);
+                let field = format!("cluster_nodes[{i}]");
+                if url_problems(n, nodes.span(), &field, &mut bad) {
+                    let (s, _, d) = parts(n);
+                    if s != scheme {
+                        bad(
+                            nodes.span(),
+                            &field,
+                            range(format!("{s}://"), &format!("{scheme}://, as the url")),
+                        );
+                    }
+                    if !matches!(d, "" | "0") {
+                        bad(
+                            nodes.span(),
+                            &field,
+                            range(format!("database {d}"), "database 0: a cluster has one"),
+                        );
+                    }
+                }
+            }
+            if nodes.get_ref().len() > MAX_NODES {
+                bad(
+                    nodes.span(),
+                    "cluster_nodes",
+                    range(
+                        format!("{} nodes", nodes.get_ref().len()),
+                        &format!("at most {MAX_NODES}"),
+                    ),
+                );
             }
             if nodes.get_ref().is_empty() {
                 bad(
@@ -431,8 +525,50 @@ pub(crate) fn section(raw: &crate::raw::RawRedis, found: &mut Vec<Found>) -> Opt
             })
         }
         (None, Some(master), Some(sentinels)) => {
+            if db.parse::<u16>().is_err() && !db.is_empty() {
+                bad(
+                    raw.url.span(),
+                    "url",
+                    range(format!("database {db:?}"), "a database number"),
+                );
+            }
             for (i, n) in sentinels.get_ref().iter().enumerate() {
-                url_problems(n, sentinels.span(), &format!("sentinels[{i}]"), &mut bad);
+                let field = format!("sentinels[{i}]");
+                if url_problems(n, sentinels.span(), &field, &mut bad) {
+                    let (s, _, d) = parts(n);
+                    if s != "redis" || !d.is_empty() {
+                        bad(
+                            sentinels.span(),
+                            &field,
+                            range(
+                                n.clone(),
+                                "redis://host:port/ (Sentinels are spoken to without TLS)",
+                            ),
+                        );
+                    }
+                }
+            }
+            if sentinels.get_ref().len() > MAX_NODES {
+                bad(
+                    sentinels.span(),
+                    "sentinels",
+                    range(
+                        format!("{} Sentinels", sentinels.get_ref().len()),
+                        &format!("at most {MAX_NODES}"),
+                    ),
+                );
+            }
+            if master.get_ref().contains(|c: char| {
+                matches!(c, '/' | ',' | '@' | '?' | '#' | '%') || c.is_whitespace()
+            }) {
+                bad(
+                    master.span(),
+                    "sentinel_master",
+                    range(
+                        format!("{:?}", master.get_ref()),
+                        "a name without '/', ',', '@', '?', '#', '%' or spaces",
+                    ),
+                );
             }
             if sentinels.get_ref().is_empty() {
                 bad(
@@ -499,14 +635,27 @@ pub(crate) fn section(raw: &crate::raw::RawRedis, found: &mut Vec<Found>) -> Opt
     })
 }
 
+/// The most nodes (or Sentinels) the client's URL may list.
+const MAX_NODES: usize = 63;
+
+/// A `redis://` or `rediss://` URL's scheme, node (`host:port`, without an empty `@`)
+/// and database path (`""` when none); for a URL [`url_problems`] passed.
+fn parts(url: &str) -> (&str, &str, &str) {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let node = authority.rsplit_once('@').map_or(authority, |(_, n)| n);
+    (scheme, node, path.trim_end_matches('/'))
+}
+
 /// A URL's problems: not `redis://` or `rediss://`, or holding a password (refused, and
-/// never echoed: the problem names the field only).
+/// never echoed: the problem names the field only). True when it has none.
 fn url_problems(
     url: &str,
     span: Range<usize>,
     field: &str,
     bad: &mut impl FnMut(Range<usize>, &str, ProblemKind),
-) {
+) -> bool {
     let Some(rest) = url
         .strip_prefix("redis://")
         .or_else(|| url.strip_prefix("rediss://"))
@@ -520,22 +669,31 @@ fn url_problems(
                 expected: "redis://host:port/db or rediss://host:port/db".to_owned(),
             },
         );
-        return;
+        return false;
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let mut ok = true;
     if let Some((user, _)) = authority.rsplit_once('@') {
         if !user.is_empty() {
             bad(span.clone(), field, ProblemKind::InlineSecret);
+            ok = false;
         }
     }
-    if authority.is_empty() {
+    if authority.is_empty() || authority.contains(',') {
+        let value = if authority.is_empty() {
+            "no host".to_owned()
+        } else {
+            "a list of hosts".to_owned()
+        };
         bad(
             span,
             field,
             ProblemKind::OutOfRange {
-                value: "no host".to_owned(),
+                value,
                 expected: "redis://host:port/db".to_owned(),
             },
         );
+        ok = false;
     }
+    ok
 }

@@ -173,37 +173,115 @@ fn remote_rules_need_a_section_and_a_keyed_kind() {
 }
 
 #[test]
-fn cluster_and_sentinel_sections_parse_but_this_build_does_not_connect_to_them() {
+fn cluster_and_sentinel_sections_map_to_the_clients_url_forms() {
     let config = Config::from_toml(&with_redis(
-        "url = \"redis://a:7000/\"\ncluster_nodes = [\"redis://a:7000/\", \"redis://b:7000/\"]",
+        "url = \"rediss://a:7000/\"\ncluster_nodes = [\"rediss://b:7000/\", \"rediss://a:7000\", \"rediss://c:7001/0\"]\nusername = \"tg\"",
     ))
     .unwrap();
     let redis = config.redis.as_ref().unwrap();
-    assert!(matches!(&redis.topology, Topology::Cluster { nodes } if nodes.len() == 2));
-    let e = redis.pool_config().unwrap_err();
-    assert!(matches!(e, RedisConfigError::Unsupported(_)));
-    assert_eq!(
-        e.to_string(),
-        "cluster/sentinel not supported by this build"
+    assert!(matches!(&redis.topology, Topology::Cluster { nodes } if nodes.len() == 3));
+    // `url`'s node first, each node once, TLS from the scheme.
+    assert_eq!(redis.client_url(), "rediss+cluster://a:7000,b:7000,c:7001/");
+    let shown = format!("{:?}", redis.pool_config().unwrap());
+    assert!(
+        shown.contains("rediss+cluster://a:7000,b:7000,c:7001/"),
+        "{shown}"
     );
+
     let config = Config::from_toml(&with_redis(
-        "url = \"redis://a/\"\nsentinel_master = \"m\"\nsentinels = [\"redis://s:26379/\"]",
+        "url = \"redis://ignored:6379/3\"\nsentinel_master = \"mymaster\"\nsentinels = [\"redis://s1:26379/\", \"redis://s2\"]",
     ))
     .unwrap();
-    assert!(matches!(
-        config.redis.as_ref().unwrap().topology,
-        Topology::Sentinel { .. }
+    let redis = config.redis.as_ref().unwrap();
+    assert!(matches!(&redis.topology, Topology::Sentinel { master, .. } if master == "mymaster"));
+    assert_eq!(
+        redis.client_url(),
+        "redis+sentinel://s1:26379,s2/mymaster/3"
+    );
+    let standalone = Config::from_toml(&with_redis("url = \"redis://h:6379/2\"")).unwrap();
+    assert_eq!(
+        standalone.redis.as_ref().unwrap().client_url(),
+        "redis://h:6379/2"
+    );
+}
+
+/// A port nothing listens on (bound, then released).
+fn dead_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_sentinel_section_reaches_the_sentinel_discovery() {
+    let port = dead_port();
+    let config = Config::from_toml(&with_redis(&format!(
+        "url = \"redis://unused/\"\nsentinel_master = \"mymaster\"\nsentinels = [\"redis://127.0.0.1:{port}/\"]\nconnect_timeout = \"200ms\"\nexchange_timeout = \"200ms\""
+    )))
+    .unwrap();
+    let e = config.remote_store().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            RedisConfigError::Pool(tokengate_redis::PoolError::Sentinel { master, .. })
+                if master == "mymaster"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_cluster_section_reaches_the_cluster_client() {
+    let port = dead_port();
+    let config = Config::from_toml(&with_redis(&format!(
+        "url = \"redis://127.0.0.1:{port}/\"\ncluster_nodes = [\"redis://127.0.0.1:{port}/\"]\nconnect_timeout = \"200ms\"\nexchange_timeout = \"200ms\""
+    )))
+    .unwrap();
+    let e = config.remote_store().unwrap_err();
+    // The cluster URL parsed (no `Url` error) and its seed was tried.
+    assert!(
+        matches!(
+            &e,
+            RedisConfigError::Pool(tokengate_redis::PoolError::Unreachable { url, .. })
+                if url.starts_with("redis+cluster://")
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn cluster_and_sentinel_fields_the_client_cannot_use_are_typed_problems() {
+    let found = problems(&with_redis(
+        "url = \"redis://a:7000/1\"\ncluster_nodes = [\"rediss://b:7000/\", \"redis://c:7000/2\", \"redis://d:7000/?x=1\"]",
     ));
+    let fields: Vec<&str> = found.iter().map(|(f, _)| f.as_str()).collect();
+    for field in [
+        "redis.url",
+        "redis.cluster_nodes[0]",
+        "redis.cluster_nodes[1]",
+        "redis.cluster_nodes[2]",
+    ] {
+        assert!(fields.contains(&field), "{field} not reported: {found:?}");
+    }
+    let found = problems(&with_redis(
+        "url = \"redis://a/x\"\nsentinel_master = \"my/master\"\nsentinels = [\"rediss://s1:26379/\", \"redis://s2:26379/0\"]",
+    ));
+    let fields: Vec<&str> = found.iter().map(|(f, _)| f.as_str()).collect();
+    for field in [
+        "redis.url",
+        "redis.sentinel_master",
+        "redis.sentinels[0]",
+        "redis.sentinels[1]",
+    ] {
+        assert!(fields.contains(&field), "{field} not reported: {found:?}");
+    }
 }
 
 #[test]
 fn an_unreachable_redis_is_a_typed_error_within_the_timeouts() {
-    // A port nothing listens on (bound, then released).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = dead_port();
     let config = Config::from_toml(&with_redis(&format!(
         "url = \"redis://127.0.0.1:{port}/\"\nconnect_timeout = \"200ms\"\nexchange_timeout = \"200ms\""
     )))

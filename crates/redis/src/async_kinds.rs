@@ -12,7 +12,8 @@ use crate::scoped::{Kinds, borrowed, remote_answer};
 use crate::strict::StrictScope;
 
 /// The async form of [`RedisScopeKinds`](crate::RedisScopeKinds): the same kinds, keys
-/// (`tg:{namespace:tag}:s:kind:scope`), hash tag and refusal mapping, so blocking and
+/// (`tg:{namespace:tag}:s:kind:scope`), hash tags (the tenant a call names, else the fixed
+/// tag) and refusal mapping, so blocking and
 /// async instances of one fleet share every bucket. A [`ScopedLimiter`](tokengate::ScopedLimiter)
 /// calls its remote store synchronously; an async service awaits
 /// [`take`](AsyncRedisScopeKinds::take) itself, after the local scopes admitted (giving
@@ -37,12 +38,31 @@ pub struct AsyncRedisScopeKinds {
 }
 
 impl AsyncRedisScopeKinds {
-    /// No kinds yet, on `scopes`, with the hash tag `scopes`.
+    /// No kinds yet, on `scopes`, partitioned by tenant, with the fixed hash tag `scopes`
+    /// for requests that name no tenant.
     pub fn new(scopes: AsyncRedisScopes) -> Self {
         Self {
             scopes,
             kinds: Kinds::default(),
         }
+    }
+
+    /// As [`RedisScopeKinds::unpartitioned`](crate::RedisScopeKinds::unpartitioned):
+    /// every call under the fixed tag.
+    #[must_use]
+    pub fn unpartitioned(mut self) -> Self {
+        self.kinds.unpartition();
+        self
+    }
+
+    /// The Redis key of `scope`'s bucket in a request naming `request`, if its kind is
+    /// kept here (as [`RedisScopeKinds::key_in`](crate::RedisScopeKinds::key_in)).
+    pub fn key_in(&self, request: &[Scope], scope: &Scope) -> Option<String> {
+        let strict = self.strict_scope(scope.kind())?;
+        Some(
+            self.scopes
+                .key(&self.kinds.tag_of(request), strict, &scope.to_string()),
+        )
     }
 
     /// As [`RedisScopeKinds::kind`](crate::RedisScopeKinds::kind).
@@ -90,10 +110,8 @@ impl AsyncRedisScopeKinds {
             return Ok(());
         }
         let owned = self.kinds.strict_items(items)?;
-        let decided = self
-            .scopes
-            .try_acquire(&self.kinds.tag, &borrowed(&owned))
-            .await;
+        let tag = self.kinds.tag_of_items(items);
+        let decided = self.scopes.try_acquire(&tag, &borrowed(&owned)).await;
         remote_answer(decided, items)
     }
 
@@ -101,8 +119,7 @@ impl AsyncRedisScopeKinds {
     /// effort, as [`RedisScopes::give_back`](crate::RedisScopes::give_back)).
     pub async fn give_back(&self, items: &[(Scope, u64)]) {
         let owned = self.kinds.kept_items(items);
-        self.scopes
-            .give_back(&self.kinds.tag, &borrowed(&owned))
-            .await;
+        let tag = self.kinds.tag_of_items(items);
+        self.scopes.give_back(&tag, &borrowed(&owned)).await;
     }
 }

@@ -13,12 +13,12 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 
 use crate::config::PoolConfig;
+use crate::connect;
 use crate::error::PoolError;
 use crate::policy::RemotePolicy;
 use crate::script::{Reply, Take, bad_reply, is_noscript, parse_take};
 use crate::strict::{InvalidRequest, StrictAdmitted, StrictRefused, StrictScope};
 use crate::strict_core::{StrictCore, now_us};
-use crate::worker;
 
 /// Why a call to Redis failed (the decision then followed the fail mode); the latest is
 /// kept by [`AsyncRedisScopes::last_failure`].
@@ -108,7 +108,7 @@ impl AsyncRedisScopes {
     /// within the connect and exchange timeouts.
     pub async fn connect(config: PoolConfig) -> Result<Self, PoolError> {
         let core = StrictCore::new(config, "strict_async")?;
-        let con = worker::open_async(&core.config, &core.scripts).await?;
+        let con = connect::open_async(&core.config, &core.scripts).await?;
         let scopes = Self {
             core,
             held: Mutex::new(Held {
@@ -246,6 +246,15 @@ impl AsyncRedisScopes {
         let cmd = self.core.take_cmd(tag, items, now_us);
         let raw: Vec<i64> = self.query(&mut con, generation, &cmd).await?;
         let taken = parse_take(&raw, items.len()).map_err(|e| CallError::Redis(e.to_string()))?;
+        // With `WAIT`, a take counts only once the replicas hold it (on the connection
+        // that wrote it: the multiplexed one, a single node).
+        if let Some(wait) = self.core.wait_after(tag, items, &taken) {
+            let acked = self.ask::<u64>(&mut con, generation, &wait.cmd()).await?;
+            wait.acknowledged(acked).map_err(|e| {
+                self.drop_connection(generation);
+                CallError::Redis(e.to_string())
+            })?;
+        }
         if !self.beat_if_due(&mut con, now_us).await {
             self.drop_connection(generation);
         }
@@ -260,9 +269,19 @@ impl AsyncRedisScopes {
         generation: u64,
         cmd: &redis::Cmd,
     ) -> Result<Vec<i64>, CallError> {
+        self.ask(con, generation, cmd).await
+    }
+
+    /// [`query`](Self::query) for any reply type.
+    async fn ask<T: redis::FromRedisValue>(
+        &self,
+        con: &mut MultiplexedConnection,
+        generation: u64,
+        cmd: &redis::Cmd,
+    ) -> Result<T, CallError> {
         let timeout = self.core.config.exchange_timeout;
         let call = async {
-            match cmd.query_async::<Vec<i64>>(con).await {
+            match cmd.query_async::<T>(con).await {
                 Err(e) if is_noscript(&e) => {
                     self.core.scripts.load_async(con).await?;
                     cmd.query_async(con).await
@@ -300,7 +319,7 @@ impl AsyncRedisScopes {
         }
         let config = &self.core.config;
         let bound = config.connect_timeout + config.exchange_timeout;
-        let con = match tokio::time::timeout(bound, worker::open_async(config, &self.core.scripts))
+        let con = match tokio::time::timeout(bound, connect::open_async(config, &self.core.scripts))
             .await
         {
             Ok(Ok(con)) => con,

@@ -61,10 +61,18 @@ pub struct PoolConfig {
     pub(crate) username: Option<String>,
     pub(crate) password: Option<Secret>,
     pub(crate) root_ca: Option<RootCa>,
+    /// `WAIT replicas timeout` after each round that asks for grants.
+    pub(crate) wait: Option<(u64, Duration)>,
 }
 
 impl PoolConfig {
-    /// Settings for the Redis at `url` (`redis://host:port/db`), keys under `namespace`.
+    /// Settings for the Redis at `url`, keys under `namespace`. The URL picks the kind:
+    /// `redis://host:port/db` (`rediss://` over TLS) one primary;
+    /// `redis+cluster://host:port,host:port` (`rediss+cluster://`) a Redis Cluster through
+    /// its seed nodes; `redis+sentinel://host:port,host:port/name[/db]`
+    /// (`rediss+sentinel://`) the primary the Sentinels name `name`. User information
+    /// (`user:password@`) applies to the data nodes. A malformed cluster or Sentinel URL is
+    /// [`PoolError::Url`](crate::PoolError::Url) at connect.
     /// Defaults: lease time-to-live 2 s, grace 100 ms, leases of up to 100 tokens, at
     /// most 32 of them held per bucket,
     /// exchange timeout 50 ms, connect timeout 200 ms, [`FailMode::Local`] with a fleet
@@ -88,7 +96,38 @@ impl PoolConfig {
             username: None,
             password: None,
             root_ca: None,
+            wait: None,
         }
+    }
+
+    /// Waits for `replicas` replicas to acknowledge each round that asks for grants
+    /// (`WAIT replicas timeout` on the connection that wrote them: on a cluster, the
+    /// primary of each slot written), and installs the round's grants only when they did;
+    /// otherwise they are settled unspent and the round counts as failed (the breaker and
+    /// the fail mode follow). A strict call ([`RedisScopes`](crate::RedisScopes)) is
+    /// admitted only once its take is acknowledged, and fails like an unreachable Redis
+    /// otherwise. A failover to a replica that acknowledged then loses no grant or take
+    /// that was spent: the fleet's bound stays `B + r*T` across it (README "Failover and
+    /// its bound"). Costs one more round trip per grant round, plus the replication
+    /// delay. `timeout` must be below the exchange timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokengate_redis::PoolConfig;
+    /// let config = PoolConfig::new("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "api")
+    ///     .wait_for_replicas(1, Duration::from_millis(20));
+    /// assert_eq!(config.replicas_waited_for(), Some(1));
+    /// ```
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: u64, timeout: Duration) -> Self {
+        self.wait = Some((replicas, timeout));
+        self
+    }
+
+    /// The replicas each grant round waits for, if any
+    /// ([`wait_for_replicas`](Self::wait_for_replicas)).
+    pub fn replicas_waited_for(&self) -> Option<u64> {
+        self.wait.map(|(n, _)| n)
     }
 
     /// The ACL user to authenticate as (`AUTH user password`), in place of the URL's.
@@ -314,6 +353,18 @@ impl PoolConfig {
                 "1 ..= 1,000,000",
             ));
         }
+        if let Some((replicas, timeout)) = self.wait {
+            if replicas == 0 || replicas > 16 {
+                return Err(ConfigError::new("wait_replicas", replicas, "1 ..= 16"));
+            }
+            if timeout.is_zero() || timeout >= self.exchange_timeout {
+                return Err(ConfigError::new(
+                    "wait_timeout",
+                    ms(timeout),
+                    "1 ms ..= below the exchange timeout",
+                ));
+            }
+        }
         if self.namespace.is_empty() || self.namespace.contains(['{', '}']) {
             return Err(ConfigError::new(
                 "namespace",
@@ -428,7 +479,7 @@ impl fmt::Debug for RootCa {
 /// A Redis URL whose password never leaves it: `Debug` and [`RedisUrl::redacted`] show
 /// `***` in its place (errors and logs use those).
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct RedisUrl(String);
+pub(crate) struct RedisUrl(pub(crate) String);
 
 impl RedisUrl {
     /// The URL as given, for the client only.

@@ -32,11 +32,28 @@ pub enum PoolError {
         /// The client's message.
         detail: String,
     },
-    /// The server runs in cluster mode: the pool talks to one primary (see the README's
-    /// Redis Cluster section).
+    /// The server runs in cluster mode and the URL names one node: a cluster is reached
+    /// with `redis+cluster://host:port[,host:port...]` (README "Cluster").
     Cluster {
         /// The URL given, its password shown as `***`.
         url: String,
+    },
+    /// The async client ([`AsyncRedisScopes`](crate::AsyncRedisScopes)) was given a
+    /// cluster or Sentinel URL: it speaks to one node (`redis://`, `rediss://`) only; the
+    /// blocking clients take every URL form.
+    AsyncTopology {
+        /// The URL given, its password shown as `***`.
+        url: String,
+        /// The kind the URL names (`cluster` or `sentinel`).
+        kind: &'static str,
+    },
+    /// No Sentinel named a primary for `master` that says it is one: none answered
+    /// within the timeouts, none knows the name, or the address named is a replica.
+    Sentinel {
+        /// The primary's name.
+        master: String,
+        /// What each Sentinel answered (addresses only, never a password).
+        detail: String,
     },
     /// The password could not be read from where the settings say (an environment
     /// variable unset, a file missing or empty). The value is never shown.
@@ -92,8 +109,16 @@ impl fmt::Display for PoolError {
             }
             Self::Cluster { url } => write!(
                 f,
-                "Redis at {url} runs in cluster mode; the pool needs a standalone primary"
+                "Redis at {url} runs in cluster mode; name its nodes with redis+cluster://"
             ),
+            Self::AsyncTopology { url, kind } => write!(
+                f,
+                "Redis URL {url:?} names a {kind}; the async client takes one node \
+                 (redis:// or rediss://), the blocking clients take a {kind}"
+            ),
+            Self::Sentinel { master, detail } => {
+                write!(f, "no Sentinel named a primary for {master:?}: {detail}")
+            }
             Self::Credentials { source, detail } => {
                 write!(f, "cannot read the Redis password from {source}: {detail}")
             }

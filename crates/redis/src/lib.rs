@@ -17,11 +17,13 @@ mod async_scopes;
 mod breaker;
 mod compose;
 mod config;
+mod connect;
 mod error;
 mod lease_pool;
 pub mod model;
 mod policy;
 mod pool;
+pub mod rate;
 mod reservoir;
 mod scoped;
 pub mod script;
@@ -48,6 +50,7 @@ pub use policy::{
     LUA_EXACT_LIMIT, MIN_RATE, Mode, PolicyError, RemotePolicy, Start, UNITS_PER_TOKEN,
 };
 pub use pool::{Admitted, BucketStats, RedisPool, RemoteBucket};
+pub use rate::{RateBucket, RateConfig, RatePool, RateStats};
 pub use reservoir::MAX_LEASE_TOKENS;
 pub use scoped::RedisScopeKinds;
 pub use strict::{

@@ -8,11 +8,12 @@ use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use crate::config::{FailMode, PoolConfig};
+use crate::connect;
 use crate::error::{PoolError, Refused};
 use crate::policy::RemotePolicy;
 use crate::reservoir::{MAX_LEASE_TOKENS, Reservoir, Spend, TIME_SHIFT};
 use crate::script::{BucketKeys, Scripts};
-use crate::worker::{self, Worker};
+use crate::worker::Worker;
 
 pub(crate) const HEALTHY: u8 = 0;
 pub(crate) const UNAVAILABLE: u8 = 1;
@@ -140,7 +141,7 @@ impl RedisPool {
     pub fn connect(config: PoolConfig) -> Result<Self, PoolError> {
         config.validate()?;
         let scripts = Scripts::new(config.time);
-        let con = worker::open(&config, &scripts)?;
+        let con = connect::open(&config, &scripts)?;
         let clock = quanta::Clock::new();
         let start = clock.now();
         let shared = Arc::new(PoolShared {
@@ -223,6 +224,13 @@ impl RedisPool {
     /// Exchanges (script calls) so far.
     pub fn exchanges(&self) -> u64 {
         self.shared.exchanges.load(Ordering::Relaxed)
+    }
+
+    /// Rounds that failed so far (connection lost, a timeout, or, with
+    /// [`wait_for_replicas`](PoolConfig::wait_for_replicas), too few replicas
+    /// acknowledging).
+    pub fn failed_rounds(&self) -> u64 {
+        self.shared.failed_rounds.load(Ordering::Relaxed)
     }
 
     /// Whether the breaker is open (Redis unreachable).

@@ -5,15 +5,15 @@
 
 use std::time::Duration;
 
-use tokengate::scope::{RemoteRefusal, RemoteScopes, Scope, ScopeKind};
+use tokengate::scope::{RemoteRefusal, RemoteScopes, Scope, ScopeKind, TenantId};
 
 use crate::error::PoolError;
 use crate::policy::RemotePolicy;
 use crate::strict::{InvalidRequest, RedisScopes, StrictAdmitted, StrictRefused, StrictScope};
 use crate::strict_core::StrictCore;
 
-/// The hash tag of every call unless [`with_tag`](RedisScopeKinds::with_tag) says
-/// otherwise.
+/// The hash tag of a call that names no tenant, unless
+/// [`with_tag`](RedisScopeKinds::with_tag) says otherwise.
 const DEFAULT_TAG: &str = "scopes";
 
 /// A [`RedisScopes`] as the [`RemoteScopes`] of a scoped limiter: each remote
@@ -21,10 +21,17 @@ const DEFAULT_TAG: &str = "scopes";
 /// of its scopes a key of it named as the scope prints (`tenant:42`); a request's remote
 /// scopes are taken in one strict script call, all or none.
 ///
-/// Every call uses one hash tag ([`with_tag`](RedisScopeKinds::with_tag)): a scope's key
-/// must not depend on the request that names it (a user seen with two tenants is one
-/// budget), and one call's keys must share a slot. All the kinds' keys thus live in one
-/// Redis Cluster slot; the crate assumes one primary anyway (see the README).
+/// One call's keys share one hash tag, so Redis Cluster keeps them in one slot and the
+/// all-or-nothing script never answers `CROSSSLOT`. The tag is the request's partition:
+/// its tenant (`tenant:42`, from a [`Scope::Tenant`] or [`Scope::TenantRoute`] among its
+/// remote scopes: keep the tenant kind remote to partition),
+/// so different tenants land in different slots and a cluster spreads them over its
+/// primaries; a request that names no tenant uses the fixed tag
+/// ([`with_tag`](RedisScopeKinds::with_tag), `scopes` by default). The scopes a request
+/// names beside its tenant (a user, an API key, a route) are therefore budgets *within*
+/// that tenant: a user seen with two tenants has one budget in each. Where that is not
+/// wanted (users shared across tenants), [`unpartitioned`](RedisScopeKinds::unpartitioned)
+/// puts every key under the fixed tag, in one slot.
 ///
 /// Refusals map as follows: [`StrictRefused::Rejected`] names its scope;
 /// [`StrictRefused::Unavailable`] (Redis unreachable under
@@ -56,12 +63,14 @@ pub struct RedisScopeKinds {
     kinds: Kinds,
 }
 
-/// The kinds kept in Redis and the hash tag of every call: shared by [`RedisScopeKinds`]
-/// and [`AsyncRedisScopeKinds`](crate::AsyncRedisScopeKinds).
+/// The kinds kept in Redis and the hash tag of each call (its tenant, or the fixed tag):
+/// shared by [`RedisScopeKinds`] and [`AsyncRedisScopeKinds`](crate::AsyncRedisScopeKinds).
 #[derive(Debug)]
 pub(crate) struct Kinds {
     kinds: Vec<(ScopeKind, StrictScope)>,
-    pub(crate) tag: String,
+    /// The tag of a call that names no tenant (of every call when not `by_tenant`).
+    tag: String,
+    by_tenant: bool,
 }
 
 impl Default for Kinds {
@@ -69,6 +78,7 @@ impl Default for Kinds {
         Self {
             kinds: Vec::new(),
             tag: DEFAULT_TAG.to_owned(),
+            by_tenant: true,
         }
     }
 }
@@ -87,7 +97,34 @@ impl Kinds {
         Ok(())
     }
 
-    /// Sets every call's hash tag.
+    /// Every call under the fixed tag, whatever tenant it names.
+    pub(crate) fn unpartition(&mut self) {
+        self.by_tenant = false;
+    }
+
+    /// The hash tag of a call naming `scopes`: `tenant:<id>` of the first tenant named,
+    /// else the fixed tag.
+    pub(crate) fn tag_of<'a>(&self, scopes: impl IntoIterator<Item = &'a Scope>) -> String {
+        let tenant = |s: &Scope| match *s {
+            Scope::Tenant(t) | Scope::TenantRoute(t, _) => Some(t),
+            _ => None,
+        };
+        match scopes
+            .into_iter()
+            .find_map(tenant)
+            .filter(|_| self.by_tenant)
+        {
+            Some(TenantId(t)) => format!("tenant:{t}"),
+            None => self.tag.clone(),
+        }
+    }
+
+    /// The hash tag of a call taking `items`.
+    pub(crate) fn tag_of_items(&self, items: &[(Scope, u64)]) -> String {
+        self.tag_of(items.iter().map(|(s, _)| s))
+    }
+
+    /// Sets the fixed hash tag.
     pub(crate) fn set_tag(&mut self, tag: &str) -> Result<(), PoolError> {
         if tag.is_empty() || tag.contains(['{', '}']) {
             return Err(PoolError::Scope(
@@ -160,12 +197,21 @@ pub(crate) fn remote_answer(
 }
 
 impl RedisScopeKinds {
-    /// No kinds yet, on `scopes`, with the hash tag `scopes`.
+    /// No kinds yet, on `scopes`, partitioned by tenant, with the fixed hash tag `scopes`
+    /// for requests that name no tenant.
     pub fn new(scopes: RedisScopes) -> Self {
         Self {
             scopes,
             kinds: Kinds::default(),
         }
+    }
+
+    /// Every call under the fixed tag, whatever tenant it names: one budget per scope
+    /// across tenants, all in one cluster slot.
+    #[must_use]
+    pub fn unpartitioned(mut self) -> Self {
+        self.kinds.unpartition();
+        self
     }
 
     /// Keeps the scopes of `kind` in Redis, each key under `policy` (replacing an earlier
@@ -180,7 +226,8 @@ impl RedisScopeKinds {
         Ok(self)
     }
 
-    /// Uses `tag` as every call's hash tag (`tg:{namespace:tag}:s:...`).
+    /// Uses `tag` as the hash tag (`tg:{namespace:tag}:s:...`) of every call that names no
+    /// tenant (of every call, when [`unpartitioned`](Self::unpartitioned)).
     ///
     /// # Errors
     ///
@@ -200,10 +247,20 @@ impl RedisScopeKinds {
         self.kinds.strict_scope(kind)
     }
 
-    /// The Redis key of `scope`'s bucket, if its kind is kept here.
+    /// The Redis key of `scope`'s bucket in a request naming it alone, if its kind is
+    /// kept here ([`key_in`](Self::key_in) for a request naming more).
     pub fn key(&self, scope: &Scope) -> Option<String> {
+        self.key_in(std::slice::from_ref(scope), scope)
+    }
+
+    /// The Redis key of `scope`'s bucket in a request naming `request` (its partition is
+    /// the tenant `request` names), if its kind is kept here.
+    pub fn key_in(&self, request: &[Scope], scope: &Scope) -> Option<String> {
         let strict = self.strict_scope(scope.kind())?;
-        Some(self.scopes.key(&self.kinds.tag, strict, &scope.to_string()))
+        Some(
+            self.scopes
+                .key(&self.kinds.tag_of(request), strict, &scope.to_string()),
+        )
     }
 }
 
@@ -221,12 +278,15 @@ impl RemoteScopes for RedisScopeKinds {
             return Ok(());
         }
         let owned = self.kinds.strict_items(items)?;
-        let decided = self.scopes.try_acquire(&self.kinds.tag, &borrowed(&owned));
+        let tag = self.kinds.tag_of_items(items);
+        let decided = self.scopes.try_acquire(&tag, &borrowed(&owned));
         remote_answer(decided, items)
     }
 
     fn give_back(&self, items: &[(Scope, u64)]) {
+        // Scopes of kinds not kept here were never taken.
         let owned = self.kinds.kept_items(items);
-        self.scopes.give_back(&self.kinds.tag, &borrowed(&owned));
+        let tag = self.kinds.tag_of_items(items);
+        self.scopes.give_back(&tag, &borrowed(&owned));
     }
 }

@@ -16,17 +16,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use redis::Connection;
 use tokengate::KeyedLimiter;
 
 #[allow(unused_imports)] // named by the docs
 use crate::config::FailMode;
 use crate::config::PoolConfig;
+use crate::connect::{self, Link};
 use crate::error::PoolError;
 use crate::policy::RemotePolicy;
 use crate::script::{Reply, bad_reply, is_noscript, parse_take};
 use crate::strict_core::{StrictCore, now_us};
-use crate::worker;
 
 /// The most scopes one call decides.
 pub const MAX_STRICT_SCOPES: usize = 16;
@@ -238,7 +237,7 @@ impl std::error::Error for StrictRefused {}
 /// ```
 pub struct RedisScopes {
     core: StrictCore,
-    connections: Vec<Mutex<Option<Connection>>>,
+    connections: Vec<Mutex<Option<Link>>>,
     next: AtomicUsize,
 }
 
@@ -260,7 +259,7 @@ impl RedisScopes {
     /// the connect and exchange timeouts, never a panic or a hang.
     pub fn connect(config: PoolConfig) -> Result<Self, PoolError> {
         let core = StrictCore::new(config, "strict")?;
-        let first = worker::open(&core.config, &core.scripts)?;
+        let first = connect::open(&core.config, &core.scripts)?;
         let mut connections: Vec<_> = (0..CONNECTIONS).map(|_| Mutex::new(None)).collect();
         connections[0] = Mutex::new(Some(first));
         let scopes = Self {
@@ -342,7 +341,13 @@ impl RedisScopes {
                 }
                 r => r?,
             };
-            parse_take(&raw, items.len())
+            let taken = parse_take(&raw, items.len())?;
+            // With `WAIT`, a take counts only once the replicas hold it.
+            if let Some(wait) = self.core.wait_after(tag, items, &taken) {
+                let acked = con.wait(&[wait.key.as_str()], wait.replicas, wait.timeout)?;
+                wait.acknowledged(acked)?;
+            }
+            Ok(taken)
         });
         self.core.finish(claim, started, taken, items)
     }
@@ -403,7 +408,7 @@ impl RedisScopes {
     /// `f` or the beat failed.
     fn on_connection<R>(
         &self,
-        f: impl FnOnce(&mut Connection, u64) -> redis::RedisResult<R>,
+        f: impl FnOnce(&mut Link, u64) -> redis::RedisResult<R>,
     ) -> redis::RedisResult<R> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         let mut slot = self.connections[i]
@@ -411,7 +416,7 @@ impl RedisScopes {
             .unwrap_or_else(PoisonError::into_inner);
         let mut con = match slot.take() {
             Some(con) => con,
-            None => worker::open(&self.core.config, &self.core.scripts).map_err(|e| {
+            None => connect::open(&self.core.config, &self.core.scripts).map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "connect failed", e.to_string()))
             })?,
         };
@@ -426,7 +431,7 @@ impl RedisScopes {
     /// Sends the fleet heartbeat on `con` when it is due (one caller at a time) and keeps
     /// the count Redis replies. False when the beat failed: the connection is dropped and
     /// the next take beats again.
-    fn beat_if_due(&self, con: &mut Connection, now_us: u64) -> bool {
+    fn beat_if_due(&self, con: &mut Link, now_us: u64) -> bool {
         let Some(cmd) = self.core.beat_cmd(now_us) else {
             return true;
         };

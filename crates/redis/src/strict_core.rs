@@ -24,6 +24,33 @@ use crate::worker;
 /// One strict call's items: (scope, key, cost).
 pub(crate) type Items<'a> = [(&'a StrictScope, &'a str, u64)];
 
+/// The `WAIT` after a take ([`StrictCore::wait_after`]).
+pub(crate) struct Wait {
+    /// The key whose primary is asked (a cluster routes `WAIT` by it).
+    pub(crate) key: String,
+    pub(crate) replicas: u64,
+    pub(crate) timeout: Duration,
+}
+
+impl Wait {
+    /// `WAIT replicas timeout`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn cmd(&self) -> redis::Cmd {
+        crate::connect::wait_cmd(self.replicas, self.timeout)
+    }
+
+    /// `Ok` when `acked` replicas are enough; otherwise the error that fails the call.
+    pub(crate) fn acknowledged(&self, acked: u64) -> redis::RedisResult<()> {
+        if acked < self.replicas {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "too few replicas acknowledged the take",
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The state a strict client keeps besides its connections.
 pub(crate) struct StrictCore {
     pub(crate) config: PoolConfig,
@@ -152,6 +179,23 @@ impl StrictCore {
         self.scripts.take_cmd(&args, keep_ms, now_us)
     }
 
+    /// With [`wait_for_replicas`](PoolConfig::wait_for_replicas), the `WAIT` a take that
+    /// was taken must pass before it counts: otherwise the call fails (and the fail mode
+    /// decides), whatever the take wrote. `None` without it, or when nothing was taken.
+    pub(crate) fn wait_after(&self, tag: &str, items: &Items<'_>, taken: &Take) -> Option<Wait> {
+        let (replicas, timeout) = self.config.wait?;
+        let Take::Taken(_) = taken else {
+            return None;
+        };
+        let (scope, key, _) = items.first()?;
+        Some(Wait {
+            // The state key of the first item: every key of a call shares its slot.
+            key: self.key(tag, scope, key),
+            replicas,
+            timeout,
+        })
+    }
+
     /// The give-back's commands, one exchange per item crediting its cost.
     pub(crate) fn give_back_cmds(
         &self,
@@ -199,7 +243,9 @@ impl StrictCore {
     ) -> Result<StrictAdmitted, StrictRefused> {
         let decided = match taken {
             Ok(take) => {
-                self.metrics.round_trips(1);
+                // The take, and `WAIT`'s after it.
+                self.metrics
+                    .round_trips(1 + u64::from(self.config.wait.is_some()));
                 self.metrics
                     .latency_ns(self.now_ns().saturating_sub(started));
                 self.success();

@@ -5,248 +5,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redis::{Connection, IntoConnectionInfo, RedisResult, Value};
+use redis::{Cmd, RedisResult, Value};
 
 use crate::breaker::Breaker;
-use crate::config::{FailMode, PoolConfig};
-use crate::error::PoolError;
+use crate::config::FailMode;
+use crate::connect::{self, Link};
 use crate::policy::UNITS_PER_TOKEN;
 use crate::pool::{BucketShared, HEALTHY, PoolShared, UNAVAILABLE};
 use crate::reservoir::{TIME_SHIFT, tokens};
 use crate::script::{Exchange, Outcome, Reply, Scripts, Target, bad_reply};
 use crate::series::Metrics;
 use crate::sizing::{self, Inputs};
-
-/// Opens a connection with the configured timeouts, credentials and CA, and loads the
-/// scripts.
-pub(crate) fn open(config: &PoolConfig, scripts: &Scripts) -> Result<Connection, PoolError> {
-    let (client, url) = prepare(config)?;
-    let failed = |e: redis::RedisError, timeout| classify(&url, e, timeout);
-    let mut con = client
-        .get_connection_with_timeout(config.connect_timeout)
-        .map_err(|e| failed(e, config.connect_timeout))?;
-    con.set_read_timeout(Some(config.exchange_timeout))
-        .and_then(|()| con.set_write_timeout(Some(config.exchange_timeout)))
-        .map_err(|e| failed(e, config.exchange_timeout))?;
-    // Over TLS without `AUTH`, this is the handshake.
-    not_cluster(
-        redis::cmd("INFO").arg("cluster").query::<String>(&mut con),
-        &url,
-        config.exchange_timeout,
-    )?;
-    scripts
-        .load(&mut con)
-        .map_err(|e| failed(e, config.exchange_timeout))?;
-    Ok(con)
-}
-
-/// [`open`] for async callers: a multiplexed connection on the tokio runtime, the same
-/// client, checks and scripts, each step bounded by the same timeouts.
-#[cfg(feature = "tokio")]
-pub(crate) async fn open_async(
-    config: &PoolConfig,
-    scripts: &Scripts,
-) -> Result<redis::aio::MultiplexedConnection, PoolError> {
-    let (client, url) = prepare(config)?;
-    let failed = |e: redis::RedisError, timeout| classify(&url, e, timeout);
-    let settings = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(Some(config.exchange_timeout));
-    let mut con = client
-        .get_multiplexed_async_connection_with_config(&settings)
-        .await
-        .map_err(|e| failed(e, config.connect_timeout))?;
-    not_cluster(
-        redis::cmd("INFO")
-            .arg("cluster")
-            .query_async::<String>(&mut con)
-            .await,
-        &url,
-        config.exchange_timeout,
-    )?;
-    scripts
-        .load_async(&mut con)
-        .await
-        .map_err(|e| failed(e, config.exchange_timeout))?;
-    Ok(con)
-}
-
-/// The client of `config` (credentials read now, TLS roots), and the URL as errors show
-/// it.
-fn prepare(config: &PoolConfig) -> Result<(redis::Client, String), PoolError> {
-    let url = config.url.redacted();
-    let bad_url = |e: redis::RedisError| PoolError::Url {
-        url: url.clone(),
-        detail: e.to_string(),
-    };
-    // No `CLIENT SETINFO` after connecting: a listener that never answers then costs one
-    // exchange timeout (the script load), not the connect timeout once per setup reply.
-    let info = config
-        .url
-        .as_str()
-        .into_connection_info()
-        .map_err(bad_url)?;
-    let mut settings = info.redis_settings().clone().set_skip_set_lib_name();
-    if let Some(user) = &config.username {
-        settings = settings.set_username(user);
-    }
-    if let Some(secret) = &config.password {
-        let password = secret.read().map_err(|detail| PoolError::Credentials {
-            source: secret.source(),
-            detail,
-        })?;
-        settings = settings.set_password(password);
-    }
-    let client = client(config, info.set_redis_settings(settings), &url)?;
-    Ok((client, url))
-}
-
-/// A cluster-mode server would answer MOVED for keys of other nodes and the breaker
-/// would never close: refused at start. (A server without INFO, or a user not allowed
-/// it, is taken as not one.)
-fn not_cluster(
-    info: redis::RedisResult<String>,
-    url: &str,
-    timeout: Duration,
-) -> Result<(), PoolError> {
-    match info {
-        Ok(info) if info.lines().any(|l| l.trim() == "cluster_enabled:1") => {
-            Err(PoolError::Cluster {
-                url: url.to_owned(),
-            })
-        }
-        Err(e) => match classify(url, e, timeout) {
-            PoolError::Misconfigured { .. } => Ok(()),
-            e => Err(e),
-        },
-        Ok(_) => Ok(()),
-    }
-}
-
-/// The client for `info`: over TLS trusting the configured CA when one is given.
-#[cfg(feature = "tls")]
-fn client(
-    config: &PoolConfig,
-    info: redis::ConnectionInfo,
-    url: &str,
-) -> Result<redis::Client, PoolError> {
-    let Some(ca) = &config.root_ca else {
-        return redis::Client::open(info).map_err(|e| PoolError::Url {
-            url: url.to_owned(),
-            detail: e.to_string(),
-        });
-    };
-    let tls = |detail: String| PoolError::Tls {
-        url: url.to_owned(),
-        detail,
-    };
-    if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-        return Err(PoolError::Url {
-            url: url.to_owned(),
-            detail: "a TLS root CA is set: the URL must be rediss://".to_owned(),
-        });
-    }
-    let pem = ca.pem().map_err(tls)?;
-    let certificates = redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(pem),
-    };
-    redis::Client::build_with_tls(info, certificates).map_err(|e| tls(e.to_string()))
-}
-
-/// The client for `info` (no TLS support built: a `rediss://` URL failed to parse, and a
-/// CA is refused rather than ignored).
-#[cfg(not(feature = "tls"))]
-fn client(
-    config: &PoolConfig,
-    info: redis::ConnectionInfo,
-    url: &str,
-) -> Result<redis::Client, PoolError> {
-    if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-        return Err(PoolError::Url {
-            url: url.to_owned(),
-            detail: "rediss:// needs the crate's tls feature".to_owned(),
-        });
-    }
-    if config.root_ca.is_some() {
-        return Err(PoolError::Tls {
-            url: url.to_owned(),
-            detail: "a TLS root CA is set but the crate is built without the tls feature"
-                .to_owned(),
-        });
-    }
-    redis::Client::open(info).map_err(|e| PoolError::Url {
-        url: url.to_owned(),
-        detail: e.to_string(),
-    })
-}
-
-/// Whether `e` lost the connection (refused, reset, timed out) rather than being refused
-/// by the server.
-fn lost(e: &redis::RedisError) -> bool {
-    e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
-}
-
-/// The typed error of a failed connection setup: TLS, credentials, unreachable (within
-/// `timeout`), or a refused setup.
-fn classify(url: &str, e: redis::RedisError, timeout: Duration) -> PoolError {
-    let url = url.to_owned();
-    if let Some(detail) = tls_failure(&e) {
-        return PoolError::Tls { url, detail };
-    }
-    if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"))
-    {
-        return PoolError::Auth {
-            url,
-            detail: e.to_string(),
-        };
-    }
-    if lost(&e) {
-        PoolError::Unreachable {
-            url,
-            timeout,
-            detail: e.to_string(),
-        }
-    } else {
-        PoolError::Misconfigured {
-            url,
-            detail: e.to_string(),
-        }
-    }
-}
-
-/// The TLS library's message when `e` is a failed handshake: a [`rustls::Error`] in the
-/// I/O error redis-rs keeps (behind an `Arc`, its error's source).
-#[cfg(feature = "tls")]
-fn tls_failure(e: &redis::RedisError) -> Option<String> {
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-    let rustls_in = |io: &std::io::Error| {
-        io.get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            .map(ToString::to_string)
-    };
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(t) = s.downcast_ref::<rustls::Error>() {
-            return Some(t.to_string());
-        }
-        let io = s.downcast_ref::<std::io::Error>().or_else(|| {
-            s.downcast_ref::<Shared>()
-                .and_then(|shared| shared.downcast_ref::<std::io::Error>())
-        });
-        if let Some(found) = io.and_then(rustls_in) {
-            return Some(found);
-        }
-        source = s.source();
-    }
-    None
-}
-
-#[cfg(not(feature = "tls"))]
-fn tls_failure(_: &redis::RedisError) -> Option<String> {
-    None
-}
 
 /// A fleet member's id in the heartbeat's set (process id and start time, hex), and the
 /// start time (ns since the epoch) it was made from, a seed for the caller's jitter.
@@ -414,7 +183,7 @@ struct Planned {
 pub(crate) struct Worker {
     pool: Arc<PoolShared>,
     scripts: Scripts,
-    con: Option<Connection>,
+    con: Option<Link>,
     buckets: Vec<Tracked>,
     breaker: Breaker,
     instance: String,
@@ -442,7 +211,7 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    pub(crate) fn new(pool: Arc<PoolShared>, scripts: Scripts, con: Connection) -> Self {
+    pub(crate) fn new(pool: Arc<PoolShared>, scripts: Scripts, con: Link) -> Self {
         let (instance, nanos) = instance_id();
         let breaker = Breaker::new(
             pool.config.probe_min,
@@ -680,7 +449,16 @@ impl Worker {
             result = self.send(&plans);
         }
         match result {
-            Ok(replies) => {
+            Ok((replies, Some(false))) => {
+                // The replicas did not acknowledge the round in time: its grants are
+                // settled unspent, its other effects stand (a lost settlement or credit
+                // only makes the fleet admit less), and it counts as a failed round.
+                for (plan, reply) in plans.iter().zip(replies) {
+                    self.apply(plan, reply, now, Some(false));
+                }
+                self.failed();
+            }
+            Ok((replies, confirmed)) => {
                 let received = self.pool.now_ns();
                 self.metrics.latency_ns(received.saturating_sub(started));
                 let took = received.saturating_sub(now);
@@ -698,25 +476,30 @@ impl Worker {
                 }
                 self.watch_redis_clock(self.pool.now_ns());
                 for (plan, reply) in plans.iter().zip(replies) {
-                    self.apply(plan, reply, now);
+                    self.apply(plan, reply, now, confirmed);
                 }
             }
             Err(_) => {
                 self.con = None;
-                self.pool.failed_rounds.fetch_add(1, Ordering::Relaxed);
-                self.metrics.failed_round();
                 self.keep_for_next_round(&plans, true);
-                let now = self.pool.now_ns();
-                if self.breaker.failure(now) {
-                    self.pool
-                        .probe_at_ns
-                        .store(self.breaker.probe_at().unwrap_or(now), Ordering::Relaxed);
-                    if self.pool.health.swap(UNAVAILABLE, Ordering::Relaxed) == HEALTHY {
-                        self.metrics.breaker(true);
-                        if self.pool.config.fail_mode == FailMode::Local {
-                            self.start_local_buckets();
-                        }
-                    }
+                self.failed();
+            }
+        }
+    }
+
+    /// Counts a failed round: the breaker opens after enough of them.
+    fn failed(&mut self) {
+        self.pool.failed_rounds.fetch_add(1, Ordering::Relaxed);
+        self.metrics.failed_round();
+        let now = self.pool.now_ns();
+        if self.breaker.failure(now) {
+            self.pool
+                .probe_at_ns
+                .store(self.breaker.probe_at().unwrap_or(now), Ordering::Relaxed);
+            if self.pool.health.swap(UNAVAILABLE, Ordering::Relaxed) == HEALTHY {
+                self.metrics.breaker(true);
+                if self.pool.config.fail_mode == FailMode::Local {
+                    self.start_local_buckets();
                 }
             }
         }
@@ -822,19 +605,42 @@ impl Worker {
     /// One pipeline: every planned exchange, then the fleet heartbeat (alone when the
     /// pool is idle). Items answered
     /// `NOSCRIPT` did not run: the script is loaded and they are sent again.
-    fn send(&mut self, plans: &[Planned]) -> RedisResult<Vec<Reply>> {
+    ///
+    /// With [`PoolConfig::wait_for_replicas`](crate::PoolConfig::wait_for_replicas), a
+    /// round that asked for grants then sends `WAIT` on the same connection (on a cluster,
+    /// to the primary of each slot it asked in); the second value says whether enough
+    /// replicas acknowledged (`None` without it).
+    fn send(&mut self, plans: &[Planned]) -> RedisResult<(Vec<Reply>, Option<bool>)> {
         let mut con = match self.con.take() {
             Some(con) => con,
-            None => open(&self.pool.config, &self.scripts).map_err(|e| {
+            None => connect::open(&self.pool.config, &self.scripts).map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "reconnect failed", e.to_string()))
             })?,
         };
         let replies = self.send_on(&mut con, plans)?;
+        let confirmed = match self.pool.config.wait {
+            Some((replicas, timeout)) => {
+                let keys: Vec<&str> = plans
+                    .iter()
+                    .filter(|p| p.exchange.request_id.is_some())
+                    .map(|p| self.buckets[p.index].shared.keys.state.as_str())
+                    .collect();
+                if keys.is_empty() {
+                    Some(true)
+                } else {
+                    let acked = con.wait(&keys, replicas, timeout)?;
+                    self.pool.round_trips.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.round_trips(1);
+                    Some(acked >= replicas)
+                }
+            }
+            None => None,
+        };
         self.con = Some(con);
-        Ok(replies)
+        Ok((replies, confirmed))
     }
 
-    fn send_on(&mut self, con: &mut Connection, plans: &[Planned]) -> RedisResult<Vec<Reply>> {
+    fn send_on(&mut self, con: &mut Link, plans: &[Planned]) -> RedisResult<Vec<Reply>> {
         let pool = self.pool.clone();
         let config = &pool.config;
         let lease_us = (config.lease_ttl + config.grace).as_micros() as u64;
@@ -862,22 +668,27 @@ impl Worker {
             })
             .collect();
         let sha = self.scripts.exchange_sha().to_owned();
-        let mut pipe = redis::pipe();
+        let mut cmds: Vec<Cmd> = Vec::with_capacity(argv.len() + 1);
         let mut dels = 0;
         for p in plans.iter().filter(|p| p.reset) {
             let k = &self.buckets[p.index].shared.keys;
-            pipe.cmd("DEL").arg(&k.all()[..]);
+            let mut del = redis::cmd("DEL");
+            del.arg(&k.all()[..]);
+            cmds.push(del);
             dels += 1;
         }
         for a in &argv {
-            pipe.cmd("EVALSHA").arg(&sha).arg(a);
+            let mut ev = redis::cmd("EVALSHA");
+            ev.arg(&sha).arg(a);
+            cmds.push(ev);
         }
-        pipe.cmd("EVALSHA")
-            .arg(self.scripts.heartbeat_sha())
-            .arg(&heartbeat);
-        let raw: Vec<RedisResult<Value>> = pipe.ignore_errors().query(con)?;
-        pool.round_trips.fetch_add(1, Ordering::Relaxed);
-        self.metrics.round_trips(1);
+        let mut beat = redis::cmd("EVALSHA");
+        beat.arg(self.scripts.heartbeat_sha()).arg(&heartbeat);
+        cmds.push(beat);
+        let mut resent = 0;
+        let raw = con.round(&cmds, &self.scripts, &mut resent)?;
+        pool.round_trips.fetch_add(1 + resent, Ordering::Relaxed);
+        self.metrics.round_trips(1 + resent);
         let mut replies = Vec::with_capacity(plans.len());
         let mut missing = Vec::new();
         let raw = &raw[dels.min(raw.len())..];
@@ -935,7 +746,12 @@ impl Worker {
         Ok(replies)
     }
 
-    fn apply(&mut self, plan: &Planned, reply: Reply, sent_ns: u64) {
+    /// Applies one exchange's reply. With `WAIT` (`confirmed` is `Some`), grants the
+    /// replicas did not acknowledge are not installed, nor are replayed ones (a replay
+    /// writes nothing, so a `WAIT` on a new connection would not cover the first grant):
+    /// they are settled unspent with the next exchange, so a failover that loses them
+    /// loses nothing this instance spent.
+    fn apply(&mut self, plan: &Planned, reply: Reply, sent_ns: u64, confirmed: Option<bool>) {
         let ttl = self.ttl_ns();
         let grace_ns = self.pool.config.grace.as_nanos() as u64;
         let t = &mut self.buckets[plan.index];
@@ -998,11 +814,15 @@ impl Worker {
             .zip(first)
             .chain(ex.more.iter().zip(reply.more.iter().copied()));
         let replayed = matches!(reply.outcome, Outcome::Replayed { .. });
+        let confirmed = confirmed.is_none_or(|c| c && !replayed);
         for (id, (g, reclaim_at_us)) in granted {
             if g > 0 {
                 self.metrics.grant(g, replayed);
             }
-            if g > 0 && Self::install(t, id.clone(), g, expiry_of(reclaim_at_us), sent_ns) {
+            if g > 0 && !confirmed {
+                t.pending.push((id.clone(), g));
+                t.pending_since_ns.get_or_insert(sent_ns);
+            } else if g > 0 && Self::install(t, id.clone(), g, expiry_of(reclaim_at_us), sent_ns) {
                 b.stats.grants.fetch_add(1, Ordering::Relaxed);
                 b.stats.granted_tokens.fetch_add(g, Ordering::Relaxed);
                 b.rejected_until_ns.store(0, Ordering::Relaxed);

@@ -354,3 +354,110 @@ async fn async_scope_kinds_map_refusals_like_the_blocking_store() {
     store.give_back(&[(t, 1)]).await;
     assert_eq!(store.take(&[(t, 1)]).await, Ok(()));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn cluster_and_sentinel_urls_are_refused_by_the_async_client_at_construction() {
+    use tokengate_redis::PoolError;
+    for (url, want) in [
+        ("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "cluster"),
+        ("rediss+cluster://127.0.0.1:7000", "cluster"),
+        ("redis+sentinel://127.0.0.1:26379/mymaster", "sentinel"),
+    ] {
+        let e = AsyncRedisScopes::connect(PoolConfig::new(url, "x"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, PoolError::AsyncTopology { kind, .. } if *kind == want),
+            "{url}: {e}"
+        );
+        assert!(e.to_string().contains(want), "{e}");
+    }
+    // A malformed one is the URL's error, as for the blocking clients.
+    let e = AsyncRedisScopes::connect(PoolConfig::new("redis+sentinel://h:1/", "x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, PoolError::Url { .. }), "{e}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn with_wait_for_replicas_an_async_take_counts_only_once_a_replica_holds_it() {
+    let primary = common::Server::start();
+    let config = || {
+        PoolConfig::new(primary.url(), common::namespace("async-wait"))
+            .fail_mode(FailMode::FailClosed)
+            .exchange_timeout(Duration::from_millis(500))
+            .wait_for_replicas(1, Duration::from_millis(20))
+    };
+    let scopes = AsyncRedisScopes::connect(config()).await.unwrap();
+    let s = scopes.scope("tenant", still(100)).unwrap();
+    // No replica: the take is not acknowledged, the call fails and the fail mode refuses.
+    assert!(matches!(
+        scopes.try_acquire("t", &[(&s, "acme", 1)]).await,
+        Err(StrictRefused::Unavailable { .. })
+    ));
+    assert!(matches!(scopes.last_failure(), Some(CallError::Redis(_))));
+    // A replica attached: the same take is admitted once it acknowledges.
+    let port = primary.port().to_string();
+    let _replica = common::Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let fresh = AsyncRedisScopes::connect(config()).await.unwrap();
+    let s = fresh.scope("tenant", still(100)).unwrap();
+    let started = Instant::now();
+    loop {
+        match fresh.try_acquire("t", &[(&s, "acme", 1)]).await {
+            Ok(StrictAdmitted::Taken) => break,
+            other => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "never acknowledged: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn async_scope_kinds_tag_each_call_with_its_tenant_like_the_blocking_store() {
+    use tokengate::scope::{Scope, ScopeKind, TenantId, UserId};
+    let ns = common::namespace("async-tenant-tag");
+    let connect = || async {
+        AsyncRedisScopes::connect(PoolConfig::new(common::url(), &ns))
+            .await
+            .unwrap()
+    };
+    let blocking = tokengate_redis::RedisScopeKinds::new(
+        RedisScopes::connect(PoolConfig::new(common::url(), &ns)).unwrap(),
+    )
+    .kind(ScopeKind::User, still(1))
+    .unwrap();
+    let store = AsyncRedisScopeKinds::new(connect().await)
+        .kind(ScopeKind::User, still(1))
+        .unwrap()
+        .kind(ScopeKind::Tenant, still(10))
+        .unwrap();
+    let (t1, t2, u) = (
+        Scope::Tenant(TenantId(1)),
+        Scope::Tenant(TenantId(2)),
+        Scope::User(UserId(9)),
+    );
+    let key = store.key_in(&[t1, u], &u).unwrap();
+    assert!(key.contains("{") && key.contains(":tenant:1}"), "{key}");
+    // The same key as the blocking store's for the same request.
+    assert_eq!(blocking.key_in(&[t1, u], &u), Some(key));
+    // A user is a budget within each tenant: one token in tenant 1 and one in tenant 2.
+    assert_eq!(store.take(&[(t1, 1), (u, 1)]).await, Ok(()));
+    assert_eq!(store.take(&[(t2, 1), (u, 1)]).await, Ok(()));
+    assert!(store.take(&[(t1, 1), (u, 1)]).await.is_err());
+    // Unpartitioned: one budget across tenants, under the fixed tag.
+    let flat = AsyncRedisScopeKinds::new(connect().await)
+        .with_tag("flat")
+        .unwrap()
+        .unpartitioned()
+        .kind(ScopeKind::User, still(1))
+        .unwrap()
+        .kind(ScopeKind::Tenant, still(10))
+        .unwrap();
+    assert!(flat.key_in(&[t1, u], &u).unwrap().contains(":flat}"));
+    assert_eq!(flat.take(&[(t1, 1), (u, 1)]).await, Ok(()));
+    assert!(flat.take(&[(t2, 1), (u, 1)]).await.is_err());
+}

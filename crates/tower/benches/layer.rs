@@ -6,16 +6,30 @@
 //!
 //! - `bare`: the handler alone (the request is built, with its peer address, in every
 //!   case): subtract it to get a layer's own cost.
-//! - `global` / `per_ip` (one client address): admitting everything. tokengate with the
-//!   admitted fields off (`quiet`, as tower_governor writes none) and on (`fields`).
+//! - `global`, `per_ip` (one client address; the client-address scope alone, as
+//!   `RateLimitLayer::per_ip` builds it and as tower_governor's `PeerIpKeyExtractor`
+//!   limits), `global_ip` (a global scope and a per-address one, both paid): admitting
+//!   everything. tokengate with the admitted fields off (`quiet`, as tower_governor
+//!   writes none) and on (`fields`).
 //! - `refuse_global` / `refuse_per_ip`: refusing everything after the first request.
+//! - `engine_scoped_2` (the verdict the layer takes), `engine_scoped_2_decision` (the
+//!   whole decision) and `engine_acquire_all_2`: a global + tenant scoped request, no
+//!   layer, beside `acquire_all` over two bare buckets (the engine's `scoped` group's
+//!   pair, here so that one run gives every ratio of the HTTP goals).
 //!
 //! ```text
 //! cargo bench -p tokengate-tower --bench layer
 //! cargo bench -p tokengate-tower --bench layer -- '1_thread'   # one thread only
 //! # instructions per call, whatever the machine's load (n calls minus 0 calls, over n):
 //! LAYER_CALLS=tokengate_per_ip_quiet:20000 valgrind --tool=callgrind target/release/deps/layer-*
+//! # every case that way, then the goals' ratios (and criterion's, from its last run):
+//! crates/tower/benches/ratios.sh
 //! ```
+//!
+//! The goals' ratios (`ratios.sh` prints them): (a) the layer's own cost per admitted
+//! request (the case minus `bare`) over tower_governor's, global and per IP, at most
+//! 1.0; (b) tower_governor's refusal over tokengate's (whole calls), at least 10;
+//! (c) `engine_scoped_2` over `engine_acquire_all_2`, at most 1.25.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -30,8 +44,8 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::{Criterion, criterion_group};
 use http::{Request, Response};
-use tokengate::scope::{Rule, RuleSet, ScopeKind, WorkClass};
-use tokengate::{Policy, ScopedLimiter};
+use tokengate::scope::{Request as ScopedRequest, Rule, RuleSet, ScopeKind, TenantId, WorkClass};
+use tokengate::{Bucket, Policy, ScopedLimiter, acquire_all};
 use tokengate_tower::{Key, RateLimitLayer};
 use tower::{Layer, Service};
 use tower_governor::GovernorLayer;
@@ -73,9 +87,21 @@ where
     }
 }
 
-fn tokengate(per_ip: bool, capacity: u64, rate: f64, fields: bool) -> RateLimitLayer {
+/// Which scopes a tokengate layer of the benchmark pays.
+#[derive(Clone, Copy)]
+enum Scopes {
+    Global,
+    PerIp,
+    GlobalAndIp,
+}
+
+fn tokengate(scopes: Scopes, capacity: u64, rate: f64, fields: bool) -> RateLimitLayer {
     let policy = Policy::new(capacity, rate).expect("a valid policy");
-    let mut rules = RuleSet::new().rule(ScopeKind::Global, Rule::new(policy));
+    let mut rules = RuleSet::new();
+    if matches!(scopes, Scopes::Global | Scopes::GlobalAndIp) {
+        rules = rules.rule(ScopeKind::Global, Rule::new(policy));
+    }
+    let per_ip = matches!(scopes, Scopes::PerIp | Scopes::GlobalAndIp);
     if per_ip {
         rules = rules.rule(ScopeKind::User, Rule::new(policy));
     }
@@ -89,48 +115,101 @@ fn tokengate(per_ip: bool, capacity: u64, rate: f64, fields: bool) -> RateLimitL
         .default_class("hello")
         .admitted_headers(fields);
     if per_ip {
-        b = b.key(ScopeKind::User, Key::client_ip());
+        b = b.key(ScopeKind::User, Key::client_ip().ipv6_prefix(64));
     }
     b.build().expect("a valid layer")
 }
 
-/// Runs `svc`'s clones on `threads` threads, `iters` calls each: the wall time, so that
-/// the figure is the time per call per thread.
-fn run<S>(svc: &S, threads: usize, iters: u64, peer: SocketAddr) -> Duration
-where
-    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send,
-    S::Error: std::fmt::Debug,
-{
-    if threads == 1 {
-        let mut s = svc.clone();
-        let start = Instant::now();
-        for _ in 0..iters {
-            black_box(call(&mut s, peer));
-        }
-        return start.elapsed();
-    }
-    let barrier = Barrier::new(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let mut s = svc.clone();
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    barrier.wait();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        black_box(call(&mut s, peer));
-                    }
-                    start.elapsed()
-                })
+/// Runs `$body` (with `$state`, made per thread by `$make`) `$iters` times on each of
+/// `$threads` threads (the calling thread alone for one): the wall time, so that the
+/// figure is the time per call per thread.
+macro_rules! timed {
+    ($threads:expr, $iters:expr, $make:expr, |$state:ident| $body:expr) => {{
+        let (threads, iters): (usize, u64) = ($threads, $iters);
+        if threads == 1 {
+            #[allow(unused_mut)]
+            let mut $state = $make;
+            let start = Instant::now();
+            for _ in 0..iters {
+                let _ = black_box($body);
+            }
+            start.elapsed()
+        } else {
+            let barrier = Barrier::new(threads);
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|_| {
+                        #[allow(unused_mut)]
+                        let mut $state = $make;
+                        let barrier = &barrier;
+                        scope.spawn(move || {
+                            barrier.wait();
+                            let start = Instant::now();
+                            for _ in 0..iters {
+                                let _ = black_box($body);
+                            }
+                            start.elapsed()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap())
+                    .max()
+                    .unwrap()
             })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .max()
-            .unwrap()
-    })
+        }
+    }};
+}
+
+/// The engine's pair: a global + tenant limiter, its class and request (the tenant's key
+/// in its map), and two bare buckets; every policy admitting everything.
+fn engine() -> (
+    ScopedLimiter,
+    tokengate::scope::ClassId,
+    ScopedRequest,
+    [Bucket; 2],
+) {
+    let policy = Policy::new(1_000_000, 1_000_000_000.0).expect("a valid policy");
+    let limiter = RuleSet::new()
+        .rule(ScopeKind::Global, Rule::new(policy))
+        .rule(ScopeKind::Tenant, Rule::new(policy))
+        .class(WorkClass::new("one", 1))
+        .build()
+        .expect("valid rules");
+    let one = limiter.class("one").expect("the class");
+    let request = ScopedRequest::new().tenant(TenantId(1));
+    assert!(
+        limiter
+            .try_acquire(&request, one)
+            .expect("decided")
+            .is_admitted()
+    );
+    (
+        limiter,
+        one,
+        request,
+        [Bucket::new(policy), Bucket::new(policy)],
+    )
+}
+
+/// Every engine case: `$each!(name, |state| one call)`.
+macro_rules! engine_cases {
+    ($each:ident, $e:expr) => {{
+        let (limiter, one, request, [g, t]) = $e;
+        let (limiter, request, g, t) = (&limiter, &request, &g, &t);
+        $each!("engine_scoped_2", |_s| limiter
+            .try_acquire_verdict(black_box(&request), one)
+            .map(|v| v.is_admitted()));
+        $each!("engine_scoped_2_decision", |_s| limiter
+            .try_acquire(black_box(&request), one)
+            .map(|d| d.is_admitted()));
+        $each!("engine_acquire_all_2", |_s| acquire_all(black_box(&[
+            (g, 1),
+            (t, 1)
+        ]))
+        .map(|d| d.is_admitted()));
+    }};
 }
 
 /// Every case: its name and its service, handed to `$each!(name, service)`.
@@ -166,30 +245,38 @@ macro_rules! cases {
         $each!("bare", handler());
         $each!(
             "tokengate_global_quiet",
-            tokengate(false, admit.0, admit.1, false).layer(handler())
+            tokengate(Scopes::Global, admit.0, admit.1, false).layer(handler())
         );
         $each!(
             "tokengate_global_fields",
-            tokengate(false, admit.0, admit.1, true).layer(handler())
+            tokengate(Scopes::Global, admit.0, admit.1, true).layer(handler())
         );
         $each!("governor_global", gov_global(true).layer(handler()));
         $each!(
             "tokengate_per_ip_quiet",
-            tokengate(true, admit.0, admit.1, false).layer(handler())
+            tokengate(Scopes::PerIp, admit.0, admit.1, false).layer(handler())
         );
         $each!(
             "tokengate_per_ip_fields",
-            tokengate(true, admit.0, admit.1, true).layer(handler())
+            tokengate(Scopes::PerIp, admit.0, admit.1, true).layer(handler())
+        );
+        $each!(
+            "tokengate_global_ip_quiet",
+            tokengate(Scopes::GlobalAndIp, admit.0, admit.1, false).layer(handler())
+        );
+        $each!(
+            "tokengate_global_ip_fields",
+            tokengate(Scopes::GlobalAndIp, admit.0, admit.1, true).layer(handler())
         );
         $each!("governor_per_ip", gov_ip(true).layer(handler()));
         $each!(
             "tokengate_refuse_global",
-            tokengate(false, refuse.0, refuse.1, true).layer(handler())
+            tokengate(Scopes::Global, refuse.0, refuse.1, true).layer(handler())
         );
         $each!("governor_refuse_global", gov_global(false).layer(handler()));
         $each!(
             "tokengate_refuse_per_ip",
-            tokengate(true, refuse.0, refuse.1, true).layer(handler())
+            tokengate(Scopes::PerIp, refuse.0, refuse.1, true).layer(handler())
         );
         $each!("governor_refuse_per_ip", gov_ip(false).layer(handler()));
     }};
@@ -200,8 +287,9 @@ const PEER: &str = "192.0.2.7:40000";
 fn layer(c: &mut Criterion) {
     let peer: SocketAddr = PEER.parse().unwrap();
     for threads in [1, 2] {
-        let mut g = c.benchmark_group(format!("layer_{threads}_thread"));
-        g.warm_up_time(Duration::from_millis(300))
+        let mut group = c.benchmark_group(format!("layer_{threads}_thread"));
+        group
+            .warm_up_time(Duration::from_millis(300))
             .measurement_time(Duration::from_millis(1200))
             .sample_size(20);
         macro_rules! case {
@@ -209,13 +297,23 @@ fn layer(c: &mut Criterion) {
                 let svc = $svc;
                 // The first call pays the new key (and leaves a refusing bucket empty).
                 black_box(call(&mut svc.clone(), peer));
-                g.bench_function($name, |b| {
-                    b.iter_custom(|iters| run(&svc, threads, iters, peer))
+                group.bench_function($name, |b| {
+                    b.iter_custom(|iters| {
+                        timed!(threads, iters, svc.clone(), |s| call(&mut s, peer))
+                    })
                 });
             }};
         }
         cases!(case);
-        g.finish();
+        macro_rules! engine_case {
+            ($name:expr, |$s:ident| $body:expr) => {{
+                group.bench_function($name, |b| {
+                    b.iter_custom(|iters| timed!(threads, iters, (), |$s| $body))
+                });
+            }};
+        }
+        engine_cases!(engine_case, engine());
+        group.finish();
     }
 }
 
@@ -240,6 +338,19 @@ fn count(spec: &str) {
         }};
     }
     cases!(one);
+    macro_rules! engine_one {
+        ($name:expr, |$s:ident| $body:expr) => {{
+            if $name == name {
+                found = true;
+                let $s = ();
+                let _ = black_box($body);
+                for _ in 0..n {
+                    let _ = black_box($body);
+                }
+            }
+        }};
+    }
+    engine_cases!(engine_one, engine());
     assert!(found, "no case {name}");
 }
 

@@ -149,14 +149,20 @@ pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// `ip` with all but the first `prefix` bits cleared (`prefix` at most the family's
-/// width, as the [`Key`](crate::Key) builders keep it).
-pub(crate) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
-    let width = match ip {
-        IpAddr::V4(_) => 32,
-        IpAddr::V6(_) => 128,
-    };
-    ipnet::IpNet::new(ip, prefix.min(width)).map_or(ip, |n| n.network())
+/// `ip` with all but its first `v4` (IPv4) or `v6` (IPv6) bits cleared (a prefix
+/// beyond the family's width keeps every bit): shifts on the address's integer.
+#[inline]
+pub(crate) fn mask(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) => {
+            let keep = u32::MAX.checked_shl(32u32.saturating_sub(u32::from(v4)));
+            IpAddr::V4((a.to_bits() & keep.unwrap_or(0)).into())
+        }
+        IpAddr::V6(a) => {
+            let keep = u128::MAX.checked_shl(128u32.saturating_sub(u32::from(v6)));
+            IpAddr::V6((a.to_bits() & keep.unwrap_or(0)).into())
+        }
+    }
 }
 
 /// Which forwarding field a trusted proxy's client is read from.
@@ -189,8 +195,9 @@ pub(crate) struct Proxies {
 }
 
 impl Proxies {
+    #[inline]
     fn trusts(&self, ip: IpAddr) -> bool {
-        self.nets.iter().any(|n| n.contains(ip))
+        !self.nets.is_empty() && self.nets.iter().any(|n| n.contains(ip))
     }
 }
 
@@ -537,9 +544,28 @@ mod tests {
 
     #[test]
     fn prefixes_mask_the_host_bits() {
-        assert_eq!(mask(ip("2001:db8:1:2:aaaa::1"), 64), ip("2001:db8:1:2::"));
-        assert_eq!(mask(ip("192.168.7.9"), 24), ip("192.168.7.0"));
-        assert_eq!(mask(ip("192.168.7.9"), 0), ip("0.0.0.0"));
+        assert_eq!(
+            mask(ip("2001:db8:1:2:aaaa::1"), 32, 64),
+            ip("2001:db8:1:2::")
+        );
+        assert_eq!(mask(ip("192.168.7.9"), 24, 128), ip("192.168.7.0"));
+        assert_eq!(mask(ip("192.168.7.9"), 0, 128), ip("0.0.0.0"));
+        assert_eq!(mask(ip("192.168.7.9"), 32, 0), ip("192.168.7.9"));
+        assert_eq!(mask(ip("192.168.7.9"), 40, 0), ip("192.168.7.9"));
+        assert_eq!(mask(ip("2001:db8::1"), 32, 0), ip("::"));
+        assert_eq!(mask(ip("2001:db8::1"), 0, 128), ip("2001:db8::1"));
+        assert_eq!(mask(ip("2001:db8::1"), 0, 200), ip("2001:db8::1"));
+        // The same networks as the ipnet crate's, for every prefix length.
+        for p in 0..=32 {
+            let a = ip("203.0.113.255");
+            let n = ipnet::IpNet::new(a, p).unwrap().network();
+            assert_eq!(mask(a, p, 128), n, "/{p}");
+        }
+        for p in 0..=128 {
+            let a = ip("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff");
+            let n = ipnet::IpNet::new(a, p).unwrap().network();
+            assert_eq!(mask(a, 32, p), n, "/{p}");
+        }
         assert_eq!(canonical(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
     }
 }

@@ -106,6 +106,9 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) store_down_admits: bool,
     /// The fleet-wide scope awaited after the local ones admit (feature `redis`).
     pub(crate) remote: Option<RemoteScope>,
+    /// Whether one scope kind alone has a quota (a rule): a request then pays at most
+    /// one scope, and its admitted fields are its verdict's.
+    pub(crate) one_quota: bool,
 }
 
 /// A route's resolved options.
@@ -618,6 +621,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                     Some(Quota::new(kind.name(), p).map_err(|e| LayerError::Quota(kind, e))?);
             }
         }
+        let one_quota = by_kind.iter().filter(|q| q.is_some()).count() == 1;
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
@@ -639,6 +643,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 counts: Counts::default(),
                 store_down_admits: self.store_down_admits,
                 remote: self.remote,
+                one_quota,
             }),
         })
     }

@@ -183,10 +183,11 @@ where
         }
         let limiter = &s.limiter;
         // The small verdict for a request no one reads the scopes of; the whole decision
-        // for a shadowed kind (decided again without it), the admitted fields of every
-        // scope, a refund (its charge), or the decision records.
+        // for a shadowed kind (decided again without it), the admitted fields of several
+        // scopes (one scope's are the verdict's), a refund (its charge), or the decision
+        // records.
         let full = !s.shadow_kinds.is_empty()
-            || s.admitted_fields
+            || (s.admitted_fields && !s.one_quota)
             || options.refund.is_some()
             || s.remote.is_some()
             || tracing_on();
@@ -331,6 +332,8 @@ where
             Some(d) if s.admitted_fields || options.refund.is_some() => {
                 Some(Box::new(admitted(shared, d, options)))
             }
+            // One scope kind has a quota: its fields are the tightest scope's.
+            None if s.admitted_fields => admitted_alone(s, v).map(Box::new),
             _ => None,
         };
         if let Some(planned) = s
@@ -609,6 +612,21 @@ const FILLER: Item = Item {
     remaining: 0,
     reset: 0,
 };
+
+/// The fields of an admission decided on a limiter with one scope kind that has a
+/// quota (so that the scopes paid are at most one, the verdict's tightest): `None` when
+/// it paid none.
+fn admitted_alone<C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) -> Option<After<C>> {
+    let kind = v.tightest()?;
+    let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], v.decision()) else {
+        return None;
+    };
+    let item = Item::new(kind, q, &dec, None);
+    Some(After {
+        fields: Fields::new(&s.quotas, &[item], s.ietf, s.legacy),
+        refund: None,
+    })
+}
 
 /// The fields (every scope's) and refund of an admission.
 fn admitted<C: Clock>(

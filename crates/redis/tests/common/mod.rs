@@ -1,7 +1,9 @@
 //! Helpers shared by the tests against a real Redis.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod cluster;
 pub mod ideal;
+pub mod spawn;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,6 +114,8 @@ redis`) or set TOKENGATE_REDIS_URL";
 pub struct Server {
     port: u16,
     child: Option<std::process::Child>,
+    /// Arguments before `--port` (a configuration file).
+    leading: Vec<String>,
     extra: Vec<String>,
 }
 
@@ -127,13 +131,30 @@ impl Server {
             .local_addr()
             .unwrap()
             .port();
+        Self::start_on(port, extra.iter().map(|a| (*a).to_owned()).collect())
+    }
+
+    /// A private server on `port` started with `extra` arguments too.
+    pub fn start_on(port: u16, extra: Vec<String>) -> Self {
+        Self::start_conf(port, Vec::new(), extra)
+    }
+
+    /// A private server on `port` started as `redis-server <leading> --port <port> ...
+    /// <extra>` (a configuration file first, as `--sentinel` needs).
+    pub fn start_conf(port: u16, leading: Vec<String>, extra: Vec<String>) -> Self {
         let mut s = Self {
             port,
             child: None,
-            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+            leading,
+            extra,
         };
         s.ensure_running();
         s
+    }
+
+    /// Whether it runs (started and not stopped).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     pub fn url(&self) -> String {
@@ -164,6 +185,9 @@ impl Server {
                 "-c",
                 "redis-server \"$@\" & pid=$!; read -r _; kill -9 $pid; wait $pid 2>/dev/null",
                 "sh",
+            ])
+            .args(&self.leading)
+            .args([
                 "--port",
                 &self.port.to_string(),
                 "--bind",

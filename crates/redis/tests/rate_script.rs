@@ -1,0 +1,356 @@
+//! The rate-lease script on a real Redis, on exact time (the test clock prologue): random
+//! schedules of refreshes, lost and delayed replies and clock steps, each checked against
+//! the cap by a model of the clients (what each may spend at every instant: the last
+//! share it received, until `ttl` after it sent that request); and the fair division, the
+//! minimum share, acknowledgement and learning after a loss.
+
+mod common;
+
+use tokengate_redis::RemotePolicy;
+use tokengate_redis::Start;
+use tokengate_redis::rate::script::{RateAsk, RateKeys, RateReply, RateScript, RateTarget};
+use tokengate_redis::script::TimeSource;
+
+const B: u64 = 200;
+const R_MILLI: u64 = 100_000;
+const TTL_US: u64 = 400_000;
+const GRACE_US: u64 = 50_000;
+
+struct Fleet {
+    con: redis::Connection,
+    script: RateScript,
+    keys: RateKeys,
+    policy: RemotePolicy,
+    min_milli: u64,
+}
+
+impl Fleet {
+    fn new(test: &str, start: Start) -> Self {
+        let mut con = common::connect();
+        let script = RateScript::new(TimeSource::Argument);
+        script.load(&mut con).unwrap();
+        Self {
+            con,
+            script,
+            keys: RateKeys::new(&common::namespace(test), "global").unwrap(),
+            policy: RemotePolicy::new(B, R_MILLI as f64 / 1000.0)
+                .unwrap()
+                .with_start(start),
+            min_milli: R_MILLI / 64,
+        }
+    }
+
+    fn ask(&mut self, ask: &RateAsk, now_us: u64) -> RateReply {
+        let target = RateTarget {
+            keys: &self.keys,
+            policy: &self.policy,
+            lease_us: TTL_US + GRACE_US,
+            min_share_milli: self.min_milli,
+            keep_ms: 1000,
+        };
+        self.script
+            .refresh(&mut self.con, &target, ask, now_us)
+            .unwrap()
+    }
+
+    fn delete(&mut self) {
+        let _: () = redis::cmd("DEL")
+            .arg(&self.keys.state)
+            .arg(&self.keys.instances)
+            .query(&mut self.con)
+            .unwrap();
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
+
+/// A client as the library runs one: it spends the last share it received until `ttl`
+/// after it sent that request, and reports it while it may.
+#[derive(Clone, Default)]
+struct Client {
+    id: String,
+    seq: u64,
+    /// (seq, rate, burst, local end µs)
+    has: Option<(u64, u64, u64, u64)>,
+    /// A reply on its way: (reply, sent at).
+    pending: Option<(RateReply, u64, u64)>,
+}
+
+impl Client {
+    fn spending(&self, now: u64) -> Option<(u64, u64, u64, u64)> {
+        self.has.filter(|h| h.3 > now)
+    }
+
+    fn ask(&mut self, want: u64, now: u64) -> RateAsk {
+        self.seq += 1;
+        RateAsk {
+            instance: self.id.clone(),
+            seq: self.seq,
+            has: self.spending(now).map(|(s, r, b, _)| (s, r, b)),
+            want_milli: want,
+            leave: false,
+        }
+    }
+
+    fn deliver(&mut self) {
+        if let Some((reply, seq, sent)) = self.pending.take() {
+            if reply.granted {
+                self.has = (reply.rate_milli > 0).then_some((
+                    seq,
+                    reply.rate_milli,
+                    reply.burst,
+                    sent + TTL_US,
+                ));
+            }
+        }
+    }
+}
+
+/// xorshift64*: a fixed, seeded schedule.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The sum of what every client may spend at `now`, against `(r, B)`.
+fn check_cap(clients: &[Client], now: u64, step: usize, seed: u64) {
+    let (mut r, mut b) = (0, 0);
+    for c in clients {
+        if let Some((_, cr, cb, _)) = c.spending(now) {
+            r += cr;
+            b += cb;
+        }
+    }
+    assert!(
+        r <= R_MILLI && b <= B,
+        "seed {seed}, step {step}: the clients may spend {r} milli-tokens/s and {b} tokens of burst, above r = {R_MILLI} and B = {B}"
+    );
+}
+
+/// Random refreshes (demands from nothing to everything), replies delivered late or lost,
+/// time advancing by up to a lease lifetime: the shares any client may spend never sum
+/// above `(r, B)`.
+#[test]
+fn shares_any_client_may_spend_never_exceed_the_cap() {
+    for seed in 1..=6u64 {
+        let mut f = Fleet::new("rate-cap", Start::Full);
+        let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
+        let k = 2 + (seed as usize % 5);
+        let mut clients: Vec<Client> = (0..k)
+            .map(|i| Client {
+                id: format!("c{i}"),
+                ..Client::default()
+            })
+            .collect();
+        let mut now = 1_000_000_000u64;
+        let mut granted = 0u64;
+        for step in 0..1500 {
+            let i = rng.below(k as u64) as usize;
+            match rng.below(10) {
+                0..=4 => {
+                    // A refresh; its reply arrives later (or is lost).
+                    if clients[i].pending.is_none() {
+                        // Now and then the client first shrinks its share locally (its
+                        // demand fell) and reports the smaller one.
+                        if rng.below(3) == 0 {
+                            if let Some(h) = clients[i].has.as_mut() {
+                                h.1 /= 2;
+                                h.2 /= 2;
+                            }
+                        }
+                        let want = match rng.below(4) {
+                            0 => 0,
+                            1 => R_MILLI,
+                            _ => rng.below(R_MILLI),
+                        };
+                        let ask = clients[i].ask(want, now);
+                        let reply = f.ask(&ask, now);
+                        granted += reply.rate_milli;
+                        clients[i].pending = Some((reply, ask.seq, now));
+                    }
+                }
+                5..=7 => clients[i].deliver(),
+                8 => clients[i].pending = None,
+                _ => now += rng.below(TTL_US / 2),
+            }
+            check_cap(&clients, now, step, seed);
+        }
+        assert!(granted > 0, "seed {seed}: nothing was ever granted");
+    }
+}
+
+/// Four instances wanting everything get equal shares, less one minimum share kept free,
+/// once their first grants are acknowledged; a fifth gets a share at once.
+#[test]
+fn equal_demands_get_equal_shares_and_a_newcomer_starts_at_once() {
+    let mut f = Fleet::new("rate-fair", Start::Full);
+    let mut clients: Vec<Client> = (0..4)
+        .map(|i| Client {
+            id: format!("c{i}"),
+            ..Client::default()
+        })
+        .collect();
+    let mut now = 1_000_000_000u64;
+    for _ in 0..4 {
+        for c in &mut clients {
+            let ask = c.ask(R_MILLI, now);
+            let reply = f.ask(&ask, now);
+            c.pending = Some((reply, ask.seq, now));
+            c.deliver();
+        }
+        now += 10_000;
+    }
+    let fair = (R_MILLI - f.min_milli) / 4;
+    for c in &clients {
+        let (_, r, b, _) = c.has.unwrap();
+        assert_eq!(r, fair, "rate share");
+        assert_eq!(b, B * fair / R_MILLI, "burst share");
+    }
+    let mut newcomer = Client {
+        id: "new".into(),
+        ..Client::default()
+    };
+    let ask = newcomer.ask(R_MILLI, now);
+    let reply = f.ask(&ask, now);
+    assert!(
+        reply.rate_milli >= f.min_milli && reply.burst >= 1,
+        "{reply:?}"
+    );
+    assert!(!reply.continuous, "a newcomer's bucket starts empty");
+}
+
+/// A share taken from an instance goes to another only once that instance acknowledged
+/// its smaller share or its grant expired: never while it may still spend it.
+#[test]
+fn a_shrunk_share_moves_only_after_acknowledgement_or_expiry() {
+    let mut f = Fleet::new("rate-ack", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let mut b = Client {
+        id: "b".into(),
+        ..Client::default()
+    };
+    let mut now = 1_000_000_000u64;
+    // a alone wants everything: it gets all but the reserve.
+    for _ in 0..2 {
+        let ask = a.ask(R_MILLI, now);
+        let reply = f.ask(&ask, now);
+        a.pending = Some((reply, ask.seq, now));
+        a.deliver();
+        now += 1000;
+    }
+    let big = a.has.unwrap().1;
+    assert_eq!(big, R_MILLI - f.min_milli);
+    // b arrives wanting everything: only the reserve is free.
+    let ask = b.ask(R_MILLI, now);
+    let first = f.ask(&ask, now);
+    assert_eq!(first.rate_milli, f.min_milli);
+    // a refreshes: its target halves, but a may spend the big share until it hears.
+    let ask = a.ask(R_MILLI, now);
+    let shrink = f.ask(&ask, now);
+    assert!(shrink.rate_milli < big);
+    a.pending = Some((shrink, ask.seq, now));
+    b.pending = Some((first, b.seq, now));
+    b.deliver();
+    let ask = b.ask(R_MILLI, now + 1000);
+    let before_ack = f.ask(&ask, now + 1000);
+    assert_eq!(
+        before_ack.rate_milli, f.min_milli,
+        "a's share moved before a acknowledged it"
+    );
+    b.pending = Some((before_ack, ask.seq, now + 1000));
+    b.deliver();
+    // a hears and acknowledges: the difference is free at once.
+    a.deliver();
+    let ask = a.ask(R_MILLI, now + 2000);
+    let _ = f.ask(&ask, now + 2000);
+    let ask = b.ask(R_MILLI, now + 3000);
+    let after_ack = f.ask(&ask, now + 3000);
+    assert!(
+        after_ack.rate_milli > before_ack.rate_milli,
+        "{after_ack:?}"
+    );
+    // Had a never heard, its big share would move only after its expiry.
+    let mut f2 = Fleet::new("rate-expiry", Start::Full);
+    let mut a2 = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let mut b2 = Client {
+        id: "b".into(),
+        ..Client::default()
+    };
+    let t0 = 1_000_000_000u64;
+    let ask = a2.ask(R_MILLI, t0);
+    let g = f2.ask(&ask, t0);
+    a2.pending = Some((g, ask.seq, t0));
+    a2.deliver();
+    let ask = a2.ask(0, t0 + 1000); // a2 goes idle; the reply is lost
+    let _ = f2.ask(&ask, t0 + 1000);
+    let ask = b2.ask(R_MILLI, t0 + 2000);
+    assert_eq!(f2.ask(&ask, t0 + 2000).rate_milli, f2.min_milli);
+    let late = t0 + 1000 + TTL_US + GRACE_US; // a2's grants expired
+    let ask = b2.ask(R_MILLI, late);
+    let reply = f2.ask(&ask, late);
+    assert_eq!(reply.rate_milli, R_MILLI - f2.min_milli, "{reply:?}");
+}
+
+/// A stale or repeated sequence number writes nothing.
+#[test]
+fn a_stale_request_changes_nothing() {
+    let mut f = Fleet::new("rate-stale", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let now = 1_000_000_000u64;
+    let ask = a.ask(R_MILLI, now);
+    assert!(f.ask(&ask, now).granted);
+    let again = f.ask(&ask, now + 10);
+    assert!(!again.granted && again.rate_milli == 0, "{again:?}");
+}
+
+/// After the state is lost, a policy starting empty learns for one lease lifetime: an
+/// instance reporting a share keeps at most it, a newcomer gets nothing; afterwards
+/// shares are divided again.
+#[test]
+fn after_a_loss_nobody_gets_more_than_it_spends_for_one_lifetime() {
+    let mut f = Fleet::new("rate-learn", Start::Empty);
+    let now = 1_000_000_000u64;
+    f.delete();
+    let a = RateAsk {
+        instance: "a".into(),
+        seq: 7,
+        has: Some((6, 30_000, 60)),
+        want_milli: R_MILLI,
+        leave: false,
+    };
+    let reply = f.ask(&a, now);
+    assert!(reply.rate_milli <= 30_000 && reply.burst <= 60, "{reply:?}");
+    assert!(reply.continuous);
+    let newcomer = RateAsk {
+        instance: "n".into(),
+        seq: 1,
+        has: None,
+        want_milli: R_MILLI,
+        leave: false,
+    };
+    assert_eq!(f.ask(&newcomer, now + 1000).rate_milli, 0);
+    let later = RateAsk { seq: 2, ..newcomer };
+    let after = f.ask(&later, now + TTL_US + GRACE_US + 1);
+    assert!(after.rate_milli > 0, "{after:?}");
+}
