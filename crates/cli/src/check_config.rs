@@ -22,6 +22,10 @@ pub(crate) struct Args {
     /// Fail (non-zero exit) on warnings too, not only on errors.
     #[arg(long)]
     deny_warnings: bool,
+    /// Do not connect to the `[redis]` section's server (checked by default, within its
+    /// connect and exchange timeouts).
+    #[arg(long)]
+    offline: bool,
 }
 
 /// Runs the check: the report on standard output; an invalid file is an error listing
@@ -30,7 +34,28 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
     let config = Config::from_file(&args.file).map_err(|e| e.to_string())?;
     let (text, warnings) = report(&config, &args.file.display().to_string());
     out.print(&text)?;
-    let refused = unenforceable(&config);
+    let store = match &config.redis {
+        Some(_) if args.offline => None,
+        Some(section) => {
+            let store = config.remote_store().map_err(|e| {
+                format!(
+                    "{}: [redis] at {}: {e}",
+                    args.file.display(),
+                    shown_url(&section.url)
+                )
+            })?;
+            out.print(&format!(
+                "redis: {} answered (namespace {:?}, {} remote rule{})\n",
+                shown_url(&section.url),
+                section.namespace,
+                config.remote_kinds().len(),
+                plural(config.remote_kinds().len())
+            ))?;
+            Some(store)
+        }
+        None => None,
+    };
+    let refused = unenforceable(&config, store);
     if !refused.is_empty() {
         return Err(format!(
             "{}: {} problem{}: the engine cannot build this rule set, nothing applied\n  {}",
@@ -52,14 +77,37 @@ pub(crate) fn run(args: Args, out: &mut Out) -> Result<(), String> {
 /// Why the engine cannot build this configuration's rule set, one line per part; empty
 /// when it builds. A file that validates but cannot be enforced is refused, as a running
 /// service would refuse it.
-pub(crate) fn unenforceable(config: &Config) -> Vec<String> {
-    match config.rule_set() {
-        Err(unsupported) => unsupported.parts,
-        Ok(set) => match set.build_with_clock(ManualClock::new()) {
-            Ok(_) => Vec::new(),
-            Err(e) => vec![e.to_string()],
-        },
+///
+/// Remote rules are built with `store`, the `[redis]` section's store once it answered;
+/// without one (`--offline`) they are checked as local rules.
+pub(crate) fn unenforceable(
+    config: &Config,
+    store: Option<std::sync::Arc<tokengate_redis::RedisScopeKinds>>,
+) -> Vec<String> {
+    let mut local = config.clone();
+    if store.is_none() {
+        for r in &mut local.rules {
+            r.remote = false;
+        }
     }
+    match local.rule_set() {
+        Err(unsupported) => unsupported.parts,
+        Ok(set) => {
+            let set = match store {
+                Some(store) => set.remote_scopes(store),
+                None => set,
+            };
+            match set.build_with_clock(ManualClock::new()) {
+                Ok(_) => Vec::new(),
+                Err(e) => vec![e.to_string()],
+            }
+        }
+    }
+}
+
+/// The URL as printed: a valid section holds no password, and none is ever printed.
+fn shown_url(url: &str) -> &str {
+    url
 }
 
 fn plural(n: usize) -> &'static str {

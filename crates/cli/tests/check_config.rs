@@ -211,3 +211,56 @@ fn each_kind_of_invalid_file_is_refused_with_its_place() {
         "{stderr}"
     );
 }
+
+/// A file with a `[redis]` section at `url` and a remote tenant rule.
+fn with_redis(url: &str) -> String {
+    format!(
+        "[redis]\nurl = \"{url}\"\nnamespace = \"t-check-config\"\nconnect_timeout = \"300ms\"\n\
+         exchange_timeout = \"300ms\"\n\n{}remote = true\n",
+        TENANT
+    )
+}
+
+#[test]
+fn a_redis_section_is_checked_against_its_server() {
+    let url = std::env::var("TOKENGATE_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let (out, stdout, stderr) = check(&file("redis.toml", &with_redis(&url)), &[]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("answered (namespace \"t-check-config\", 1 remote rule)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn an_unreachable_redis_is_a_clear_error_within_its_timeouts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = file(
+        "redis-down.toml",
+        &with_redis(&format!("redis://127.0.0.1:{port}/")),
+    );
+    let (out, _, stderr) = check(&path, &[]);
+    assert!(!out.status.success());
+    assert!(stderr.contains("[redis] at redis://127.0.0.1:"), "{stderr}");
+    assert!(stderr.contains("did not answer within 300ms"), "{stderr}");
+    // Offline: the section is validated, not connected to.
+    let (out, _, stderr) = check(&path, &["--offline"]);
+    assert!(out.status.success(), "{stderr}");
+}
+
+#[test]
+fn a_secret_in_the_redis_section_is_refused_without_being_printed() {
+    let text = with_redis("redis://u:hunter2@127.0.0.1:6379/");
+    let (out, stdout, stderr) = check(&file("redis-secret.toml", &text), &[]);
+    assert!(!out.status.success());
+    assert!(stderr.contains("redis.url"), "{stderr}");
+    assert!(
+        !stderr.contains("hunter2") && !stdout.contains("hunter2"),
+        "{stderr}"
+    );
+}

@@ -161,6 +161,9 @@ impl Config {
             if let Some(lease) = r.lease {
                 rule = rule.leased(lease.to_lease_config());
             }
+            if r.remote {
+                rule = rule.remote();
+            }
             set = set.rule(r.kind, rule);
         }
         for class in &self.classes {

@@ -155,6 +155,18 @@ pub enum ProblemKind {
     NoRules,
     /// The engine refused the rules built from the file.
     Engine(String),
+    /// A secret written in the file (`[redis] password`, or a password in a URL): read
+    /// it from `password_env` or `password_file`. The value is never shown.
+    InlineSecret,
+    /// `remote = true` on a rule without a `[redis]` section.
+    RemoteWithoutRedis,
+    /// `remote = true` on the global rule, which stays local (lease it instead).
+    RemoteGlobal,
+    /// `remote = true` on a kind with overridden keys (their tiers are local).
+    RemoteOverride(ScopeKind),
+    /// A reload changes what a running Redis client was built from: refused, the running
+    /// configuration kept; restart to apply it.
+    NotLive(String),
 }
 
 impl fmt::Display for ProblemKind {
@@ -163,6 +175,25 @@ impl fmt::Display for ProblemKind {
             ProblemKind::Syntax(m) | ProblemKind::Policy(m) | ProblemKind::Engine(m) => {
                 f.write_str(m)
             }
+            ProblemKind::InlineSecret => f.write_str(
+                "a secret written in the file is refused: give the password through \
+                 password_env or password_file (and the user through username)",
+            ),
+            ProblemKind::RemoteWithoutRedis => {
+                f.write_str("a remote rule needs a [redis] section: where the fleet's budget lives")
+            }
+            ProblemKind::RemoteGlobal => {
+                f.write_str("the global rule stays local: lease it instead of making it remote")
+            }
+            ProblemKind::RemoteOverride(k) => write!(
+                f,
+                "{k} has overridden keys: its tiers are local, so the kind cannot be remote"
+            ),
+            ProblemKind::NotLive(field) => write!(
+                f,
+                "{field} changed: a running Redis client cannot take it live; the running \
+                 configuration stays (restart to apply it)"
+            ),
             ProblemKind::NoRules => {
                 f.write_str("no [[rule]]: a configuration must limit at least one scope kind")
             }

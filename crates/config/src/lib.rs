@@ -72,6 +72,7 @@ mod build;
 mod error;
 mod model;
 mod raw;
+mod redis;
 mod reload;
 mod validate;
 
@@ -86,4 +87,5 @@ pub use model::{
     COUNTER_BYTES, Config, Inheritance, LeaseSettings, MAX_OVERRIDES, MemoryBound, RuleConfig,
     Tier, WORD_BYTES,
 };
+pub use redis::{PasswordSource, RedisConfigError, RedisSection, Topology};
 pub use reload::{ConfigWatcher, ReloadEvent, WatchError, WatchOptions};

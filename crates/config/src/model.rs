@@ -96,6 +96,9 @@ pub struct RuleConfig {
     pub normal_rate: Option<f64>,
     /// Tokens a downstream queue absorbs as a burst, if the file gives it.
     pub downstream_queue: Option<u64>,
+    /// `remote = true`: enforced through the fleet's budget in Redis (the `[redis]`
+    /// section), after the local scopes ([`Config::remote_store`]).
+    pub remote: bool,
 }
 
 /// Bytes of a keyed map entry besides its key: the bare bucket word.
@@ -194,6 +197,8 @@ pub struct Config {
     pub overrides: BTreeMap<Scope, String>,
     /// The default inheritance strategy on reload (`[reload] inheritance`).
     pub inheritance: Inheritance,
+    /// The `[redis]` section, if the file has one.
+    pub redis: Option<crate::redis::RedisSection>,
 }
 
 impl Config {

@@ -21,6 +21,8 @@ pub(crate) struct RawFile {
     pub(crate) overrides: Vec<Spanned<RawOverride>>,
     #[serde(default)]
     pub(crate) reload: Option<RawReload>,
+    #[serde(default)]
+    pub(crate) redis: Option<Spanned<RawRedis>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -41,6 +43,7 @@ pub(crate) struct RawRule {
     pub(crate) inheritance: Option<Inheritance>,
     pub(crate) normal_rate: Option<Spanned<f64>>,
     pub(crate) downstream_queue: Option<Spanned<i64>>,
+    pub(crate) remote: Option<Spanned<bool>>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize)]
@@ -84,4 +87,25 @@ pub(crate) struct RawOverride {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawReload {
     pub(crate) inheritance: Option<Inheritance>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedis {
+    pub(crate) url: Spanned<String>,
+    pub(crate) namespace: Option<Spanned<String>>,
+    pub(crate) tls_ca_file: Option<Spanned<String>>,
+    pub(crate) username: Option<Spanned<String>>,
+    /// Refused: a secret written in the file. Any value; never read or shown.
+    pub(crate) password: Option<Spanned<Value>>,
+    pub(crate) password_env: Option<Spanned<String>>,
+    pub(crate) password_file: Option<Spanned<String>>,
+    pub(crate) exchange_timeout: Option<Spanned<String>>,
+    pub(crate) connect_timeout: Option<Spanned<String>>,
+    pub(crate) lease_ttl: Option<Spanned<String>>,
+    pub(crate) fail_mode: Option<Spanned<String>>,
+    pub(crate) instances: Option<Spanned<i64>>,
+    pub(crate) cluster_nodes: Option<Spanned<Vec<String>>>,
+    pub(crate) sentinel_master: Option<Spanned<String>>,
+    pub(crate) sentinels: Option<Spanned<Vec<String>>>,
 }

@@ -161,6 +161,20 @@ impl Reloader {
                 // Every running limiter must take the file in place, or none is changed
                 // and the file is refused.
                 Some((_, config)) => {
+                    let frozen = crate::redis::not_live(&self.current.load(), config);
+                    if !frozen.is_empty() {
+                        return Err(ConfigError::Invalid {
+                            file: self.path.clone(),
+                            problems: frozen
+                                .into_iter()
+                                .map(|field| Problem {
+                                    location: None,
+                                    field: field.clone(),
+                                    kind: ProblemKind::NotLive(field),
+                                })
+                                .collect(),
+                        });
+                    }
                     match inner.appliers.iter().find_map(|a| a.check(config).err()) {
                         None => Ok(new),
                         Some(why) => Err(ConfigError::Invalid {

@@ -114,7 +114,7 @@ impl Config {
 }
 
 /// The fields of each part of the file, as `raw` declares them.
-const FILE_FIELDS: &[&str] = &["rule", "class", "tier", "override", "reload"];
+const FILE_FIELDS: &[&str] = &["rule", "class", "tier", "override", "reload", "redis"];
 const RULE_FIELDS: &[&str] = &[
     "name",
     "scope",
@@ -129,6 +129,7 @@ const RULE_FIELDS: &[&str] = &[
     "inheritance",
     "normal_rate",
     "downstream_queue",
+    "remote",
 ];
 const LEASE_FIELDS: &[&str] = &["slots", "max_lease"];
 const CLASS_FIELDS: &[&str] = &["name", "cost", "costs"];
@@ -167,6 +168,7 @@ fn unknown_fields(text: &str, table: &mut DeTable<'_>, known: &[&str], found: &m
             (FILE_FIELDS, "class") => CLASS_FIELDS,
             (FILE_FIELDS, "override") => OVERRIDE_FIELDS,
             (FILE_FIELDS, "reload") => RELOAD_FIELDS,
+            (FILE_FIELDS, "redis") => crate::redis::REDIS_FIELDS,
             (FILE_FIELDS, "tier") => {
                 // A table of named tiers.
                 if let DeValue::Table(tiers) = value.get_mut() {
@@ -344,17 +346,62 @@ impl Checker<'_> {
         let tiers = self.tiers(raw);
         let overrides = self.overrides(raw, &rules, &tiers);
         self.costs(raw, &rules, &classes, &tiers, &overrides);
+        let redis = self.redis(raw, &rules, &overrides);
         Config {
             rules,
             classes,
             tiers,
             overrides,
+            redis,
             inheritance: raw
                 .reload
                 .as_ref()
                 .and_then(|r| r.inheritance)
                 .unwrap_or_default(),
         }
+    }
+
+    /// The `[redis]` section, and the remote rules' needs: a section, a keyed kind, no
+    /// overridden keys.
+    fn redis(
+        &mut self,
+        raw: &RawFile,
+        rules: &[RuleConfig],
+        overrides: &BTreeMap<Scope, String>,
+    ) -> Option<crate::redis::RedisSection> {
+        let mut found = Vec::new();
+        let section = raw
+            .redis
+            .as_ref()
+            .and_then(|r| crate::redis::section(r.get_ref(), &mut found));
+        for (span, field, kind) in found {
+            self.report(&span, &field, kind);
+        }
+        for (i, spanned) in raw.rule.iter().enumerate() {
+            let r = spanned.get_ref();
+            let Some(remote) = r.remote.as_ref().filter(|v| *v.get_ref()) else {
+                continue;
+            };
+            let field = format!("rule[{}].remote", r.name.get_ref());
+            let Some(rule) = rules.iter().find(|c| c.name == *r.name.get_ref()) else {
+                continue;
+            };
+            if raw.redis.is_none() {
+                self.report(&remote.span(), &field, ProblemKind::RemoteWithoutRedis);
+            }
+            if rule.kind == ScopeKind::Global {
+                self.report(&remote.span(), &field, ProblemKind::RemoteGlobal);
+            }
+            if overrides.keys().any(|s| s.kind() == rule.kind) {
+                self.report(
+                    &remote.span(),
+                    &field,
+                    ProblemKind::RemoteOverride(rule.kind),
+                );
+            }
+            let _ = i;
+        }
+        section
     }
 
     fn rules(&mut self, raw: &RawFile) -> Vec<RuleConfig> {
@@ -440,6 +487,7 @@ impl Checker<'_> {
                     inheritance: r.inheritance.unwrap_or(default_inheritance),
                     normal_rate,
                     downstream_queue,
+                    remote: r.remote.as_ref().is_some_and(|v| *v.get_ref()),
                 });
             }
         }

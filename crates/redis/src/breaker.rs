@@ -19,6 +19,8 @@ pub(crate) struct Breaker {
     probe_at: Option<u64>,
     /// Successful rounds since the last failure while it closes (`None`: not closing).
     closing: Option<u32>,
+    /// A probe is in flight (claimed by [`Breaker::claim`], not yet released).
+    probing: bool,
     min: Duration,
     max: Duration,
     rng: u64,
@@ -31,6 +33,7 @@ impl Breaker {
             open_rounds: 0,
             probe_at: None,
             closing: None,
+            probing: false,
             min,
             max: max.max(min),
             rng: seed | 1,
@@ -40,6 +43,26 @@ impl Breaker {
     /// Whether a round may run at `now_ns`: closed, or open with its probe due.
     pub(crate) fn may_try(&self, now_ns: u64) -> bool {
         self.probe_at.is_none_or(|at| now_ns >= at)
+    }
+
+    /// The right of a caller among many to send a round at `now_ns`: `Some(false)` while
+    /// closed (or closing), `Some(true)` for the one caller that takes the probe once it
+    /// is due, `None` while open for everyone else, until the probe's holder
+    /// [releases](Breaker::release_probe) it after recording its round.
+    pub(crate) fn claim(&mut self, now_ns: u64) -> Option<bool> {
+        match self.probe_at {
+            None => Some(false),
+            Some(at) if now_ns >= at && !self.probing => {
+                self.probing = true;
+                Some(true)
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Ends the probe claimed by [`Breaker::claim`] (recorded or abandoned).
+    pub(crate) fn release_probe(&mut self) {
+        self.probing = false;
     }
 
     /// Whether the breaker is open (or closing: not yet closed).
@@ -127,6 +150,30 @@ mod tests {
         assert!(!b.is_open());
         assert!(b.may_try(0));
         assert!(b.success());
+    }
+
+    #[test]
+    fn one_probe_is_claimed_at_a_time() {
+        let mut b = Breaker::new(Duration::from_millis(100), Duration::from_secs(5), 7);
+        assert_eq!(b.claim(0), Some(false));
+        for _ in 0..FAILURES_TO_OPEN {
+            b.failure(0);
+        }
+        let at = b.probe_at().unwrap();
+        assert_eq!(b.claim(at - 1), None);
+        assert_eq!(b.claim(at), Some(true));
+        assert_eq!(b.claim(at), None, "a second probe while the first is out");
+        // The probe fails: open again, later; released, the next is claimed when due.
+        b.failure(at);
+        b.release_probe();
+        let next = b.probe_at().unwrap();
+        assert_eq!(b.claim(next - 1), None);
+        assert_eq!(b.claim(next), Some(true));
+        // It succeeds: closing, everyone may call.
+        b.success();
+        b.release_probe();
+        assert_eq!(b.claim(next), Some(false));
+        assert_eq!(b.claim(next), Some(false));
     }
 
     #[test]

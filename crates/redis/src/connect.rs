@@ -281,8 +281,7 @@ impl Link {
         if keys.is_empty() {
             return Ok(replicas);
         }
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(timeout.as_millis() as u64);
+        let cmd = wait_cmd(replicas, timeout);
         match self {
             Self::Node(c) => cmd.query(c),
             Self::Cluster(c) => {
@@ -305,6 +304,14 @@ impl Link {
             }
         }
     }
+}
+
+/// `WAIT replicas timeout`: the replicas that acknowledged every write made so far on the
+/// connection it is sent on.
+pub(crate) fn wait_cmd(replicas: u64, timeout: Duration) -> Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas).arg(timeout.as_millis() as u64);
+    cmd
 }
 
 /// Opens the connection the configuration names, with its timeouts, credentials and CA,
@@ -470,6 +477,75 @@ fn open_node(
     target: &RedisUrl,
     scripts: &Scripts,
 ) -> Result<Connection, PoolError> {
+    let (client, url) = node_client(config, target)?;
+    let failed = |e: redis::RedisError, timeout| classify(&url, e, timeout);
+    let mut con = client
+        .get_connection_with_timeout(config.connect_timeout)
+        .map_err(|e| failed(e, config.connect_timeout))?;
+    con.set_read_timeout(Some(config.exchange_timeout))
+        .and_then(|()| con.set_write_timeout(Some(config.exchange_timeout)))
+        .map_err(|e| failed(e, config.exchange_timeout))?;
+    // Over TLS without `AUTH`, this is the handshake.
+    not_cluster(
+        redis::cmd("INFO").arg("cluster").query::<String>(&mut con),
+        &url,
+        config.exchange_timeout,
+    )?;
+    scripts
+        .load(&mut con)
+        .map_err(|e| failed(e, config.exchange_timeout))?;
+    Ok(con)
+}
+
+/// [`open`] for async callers: a multiplexed connection on the tokio runtime to the node
+/// the URL names, with the same client setup, checks and scripts as [`open_node`], each
+/// step bounded by the same timeouts. A cluster or Sentinel URL is refused
+/// ([`PoolError::AsyncTopology`]): the async client speaks to one node.
+#[cfg(feature = "tokio")]
+pub(crate) async fn open_async(
+    config: &PoolConfig,
+    scripts: &Scripts,
+) -> Result<redis::aio::MultiplexedConnection, PoolError> {
+    let url = config.url.redacted();
+    let kind = match Topology::of(&config.url) {
+        Ok(Topology::Node) => None,
+        Ok(Topology::Cluster { .. }) => Some("cluster"),
+        Ok(Topology::Sentinel { .. }) => Some("sentinel"),
+        Err(detail) => return Err(PoolError::Url { url, detail }),
+    };
+    if let Some(kind) = kind {
+        return Err(PoolError::AsyncTopology { url, kind });
+    }
+    let (client, url) = node_client(config, &config.url)?;
+    let failed = |e: redis::RedisError, timeout| classify(&url, e, timeout);
+    let settings = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.exchange_timeout));
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&settings)
+        .await
+        .map_err(|e| failed(e, config.connect_timeout))?;
+    not_cluster(
+        redis::cmd("INFO")
+            .arg("cluster")
+            .query_async::<String>(&mut con)
+            .await,
+        &url,
+        config.exchange_timeout,
+    )?;
+    scripts
+        .load_async(&mut con)
+        .await
+        .map_err(|e| failed(e, config.exchange_timeout))?;
+    Ok(con)
+}
+
+/// The client of the node at `target` (credentials read now, TLS roots), and the URL as
+/// errors show it.
+fn node_client(
+    config: &PoolConfig,
+    target: &RedisUrl,
+) -> Result<(redis::Client, String), PoolError> {
     let url = target.redacted();
     let bad_url = |e: redis::RedisError| PoolError::Url {
         url: url.clone(),
@@ -490,30 +566,29 @@ fn open_node(
         settings = settings.set_password(password);
     }
     let client = client(config, info.set_redis_settings(settings), &url)?;
-    let failed = |e: redis::RedisError, timeout| classify(&url, e, timeout);
-    let mut con = client
-        .get_connection_with_timeout(config.connect_timeout)
-        .map_err(|e| failed(e, config.connect_timeout))?;
-    con.set_read_timeout(Some(config.exchange_timeout))
-        .and_then(|()| con.set_write_timeout(Some(config.exchange_timeout)))
-        .map_err(|e| failed(e, config.exchange_timeout))?;
-    // A cluster-mode server would answer MOVED for keys of other nodes and the breaker
-    // would never close: refused at start. (A server without INFO, or a user not allowed
-    // it, is taken as not one.) Over TLS without `AUTH`, this is the handshake.
-    match redis::cmd("INFO").arg("cluster").query::<String>(&mut con) {
+    Ok((client, url))
+}
+
+/// A cluster-mode server would answer MOVED for keys of other nodes and the breaker
+/// would never close: refused at start. (A server without INFO, or a user not allowed
+/// it, is taken as not one.) `info` is the node's `INFO cluster`.
+fn not_cluster(
+    info: redis::RedisResult<String>,
+    url: &str,
+    timeout: Duration,
+) -> Result<(), PoolError> {
+    match info {
         Ok(info) if info.lines().any(|l| l.trim() == "cluster_enabled:1") => {
-            return Err(PoolError::Cluster { url });
+            Err(PoolError::Cluster {
+                url: url.to_owned(),
+            })
         }
-        Err(e) => match failed(e, config.exchange_timeout) {
-            PoolError::Misconfigured { .. } => {}
-            e => return Err(e),
+        Err(e) => match classify(url, e, timeout) {
+            PoolError::Misconfigured { .. } => Ok(()),
+            e => Err(e),
         },
-        Ok(_) => {}
+        Ok(_) => Ok(()),
     }
-    scripts
-        .load(&mut con)
-        .map_err(|e| failed(e, config.exchange_timeout))?;
-    Ok(con)
 }
 
 /// The client for `info`: over TLS trusting the configured CA when one is given.
@@ -555,6 +630,12 @@ fn client(
     info: redis::ConnectionInfo,
     url: &str,
 ) -> Result<redis::Client, PoolError> {
+    if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        return Err(PoolError::Url {
+            url: url.to_owned(),
+            detail: "rediss:// needs the crate's tls feature".to_owned(),
+        });
+    }
     if config.root_ca.is_some() {
         return Err(PoolError::Tls {
             url: url.to_owned(),

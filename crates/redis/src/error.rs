@@ -38,6 +38,15 @@ pub enum PoolError {
         /// The URL given, its password shown as `***`.
         url: String,
     },
+    /// The async client ([`AsyncRedisScopes`](crate::AsyncRedisScopes)) was given a
+    /// cluster or Sentinel URL: it speaks to one node (`redis://`, `rediss://`) only; the
+    /// blocking clients take every URL form.
+    AsyncTopology {
+        /// The URL given, its password shown as `***`.
+        url: String,
+        /// The kind the URL names (`cluster` or `sentinel`).
+        kind: &'static str,
+    },
     /// No Sentinel named a primary for `master` that says it is one: none answered
     /// within the timeouts, none knows the name, or the address named is a replica.
     Sentinel {
@@ -101,6 +110,11 @@ impl fmt::Display for PoolError {
             Self::Cluster { url } => write!(
                 f,
                 "Redis at {url} runs in cluster mode; name its nodes with redis+cluster://"
+            ),
+            Self::AsyncTopology { url, kind } => write!(
+                f,
+                "Redis URL {url:?} names a {kind}; the async client takes one node \
+                 (redis:// or rediss://), the blocking clients take a {kind}"
             ),
             Self::Sentinel { master, detail } => {
                 write!(f, "no Sentinel named a primary for {master:?}: {detail}")

@@ -10,6 +10,10 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(feature = "tokio")]
+mod async_kinds;
+#[cfg(feature = "tokio")]
+mod async_scopes;
 mod breaker;
 mod compose;
 mod config;
@@ -26,6 +30,7 @@ pub mod script;
 pub mod series;
 mod sizing;
 mod strict;
+mod strict_core;
 mod worker;
 
 /// The README's example, compiled as a doc test.
@@ -33,6 +38,10 @@ mod worker;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+#[cfg(feature = "tokio")]
+pub use async_kinds::AsyncRedisScopeKinds;
+#[cfg(feature = "tokio")]
+pub use async_scopes::{AsyncRedisScopes, CallError};
 pub use compose::{ComposedRefused, GlobalScope, GlobalThenScopes};
 pub use config::{ConfigError, FailMode, PoolConfig};
 pub use error::{PoolError, Refused};

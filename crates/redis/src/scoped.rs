@@ -9,7 +9,8 @@ use tokengate::scope::{RemoteRefusal, RemoteScopes, Scope, ScopeKind, TenantId};
 
 use crate::error::PoolError;
 use crate::policy::RemotePolicy;
-use crate::strict::{InvalidRequest, RedisScopes, StrictRefused, StrictScope};
+use crate::strict::{InvalidRequest, RedisScopes, StrictAdmitted, StrictRefused, StrictScope};
+use crate::strict_core::StrictCore;
 
 /// The hash tag of a call that names no tenant, unless
 /// [`with_tag`](RedisScopeKinds::with_tag) says otherwise.
@@ -59,34 +60,51 @@ const DEFAULT_TAG: &str = "scopes";
 #[derive(Debug)]
 pub struct RedisScopeKinds {
     scopes: RedisScopes,
+    kinds: Kinds,
+}
+
+/// The kinds kept in Redis and the hash tag of each call (its tenant, or the fixed tag):
+/// shared by [`RedisScopeKinds`] and [`AsyncRedisScopeKinds`](crate::AsyncRedisScopeKinds).
+#[derive(Debug)]
+pub(crate) struct Kinds {
     kinds: Vec<(ScopeKind, StrictScope)>,
+    /// The tag of a call that names no tenant (of every call when not `by_tenant`).
     tag: String,
     by_tenant: bool,
 }
 
-impl RedisScopeKinds {
-    /// No kinds yet, on `scopes`, partitioned by tenant, with the fixed hash tag `scopes`
-    /// for requests that name no tenant.
-    pub fn new(scopes: RedisScopes) -> Self {
+impl Default for Kinds {
+    fn default() -> Self {
         Self {
-            scopes,
             kinds: Vec::new(),
             tag: DEFAULT_TAG.to_owned(),
             by_tenant: true,
         }
     }
+}
 
-    /// Every call under the fixed tag, whatever tenant it names: one budget per scope
-    /// across tenants, all in one cluster slot.
-    #[must_use]
-    pub fn unpartitioned(mut self) -> Self {
+impl Kinds {
+    /// Keeps `kind` in Redis as `scope` (replacing an earlier one).
+    pub(crate) fn keep(&mut self, kind: ScopeKind, policy: RemotePolicy) -> Result<(), PoolError> {
+        if kind == ScopeKind::Global {
+            return Err(PoolError::Scope(
+                "the global scope stays local: only keyed kinds are kept in Redis".to_owned(),
+            ));
+        }
+        let scope = StrictCore::scope(kind.name(), policy)?;
+        self.kinds.retain(|(k, _)| *k != kind);
+        self.kinds.push((kind, scope));
+        Ok(())
+    }
+
+    /// Every call under the fixed tag, whatever tenant it names.
+    pub(crate) fn unpartition(&mut self) {
         self.by_tenant = false;
-        self
     }
 
     /// The hash tag of a call naming `scopes`: `tenant:<id>` of the first tenant named,
     /// else the fixed tag.
-    fn tag_of<'a>(&'a self, scopes: impl IntoIterator<Item = &'a Scope>) -> String {
+    pub(crate) fn tag_of<'a>(&self, scopes: impl IntoIterator<Item = &'a Scope>) -> String {
         let tenant = |s: &Scope| match *s {
             Scope::Tenant(t) | Scope::TenantRoute(t, _) => Some(t),
             _ => None,
@@ -101,6 +119,101 @@ impl RedisScopeKinds {
         }
     }
 
+    /// The hash tag of a call taking `items`.
+    pub(crate) fn tag_of_items(&self, items: &[(Scope, u64)]) -> String {
+        self.tag_of(items.iter().map(|(s, _)| s))
+    }
+
+    /// Sets the fixed hash tag.
+    pub(crate) fn set_tag(&mut self, tag: &str) -> Result<(), PoolError> {
+        if tag.is_empty() || tag.contains(['{', '}']) {
+            return Err(PoolError::Scope(
+                InvalidRequest::Tag(tag.to_owned()).to_string(),
+            ));
+        }
+        self.tag = tag.to_owned();
+        Ok(())
+    }
+
+    /// The strict scope keeping `kind`, if it is kept here.
+    pub(crate) fn strict_scope(&self, kind: ScopeKind) -> Option<&StrictScope> {
+        self.kinds.iter().find(|(k, _)| *k == kind).map(|(_, s)| s)
+    }
+
+    /// `items` as strict items (their keys are the scopes as they print), or the refusal
+    /// of the first scope whose kind is not kept here.
+    pub(crate) fn strict_items(
+        &self,
+        items: &[(Scope, u64)],
+    ) -> Result<Vec<(&StrictScope, String, u64)>, RemoteRefusal> {
+        items
+            .iter()
+            .map(|(scope, cost)| match self.strict_scope(scope.kind()) {
+                Some(strict) => Ok((strict, scope.to_string(), *cost)),
+                None => Err(never(*scope)),
+            })
+            .collect()
+    }
+
+    /// The items of kinds kept here (a give-back skips the others: never taken).
+    pub(crate) fn kept_items(&self, items: &[(Scope, u64)]) -> Vec<(&StrictScope, String, u64)> {
+        items
+            .iter()
+            .filter_map(|(scope, cost)| {
+                Some((self.strict_scope(scope.kind())?, scope.to_string(), *cost))
+            })
+            .collect()
+    }
+}
+
+/// Borrowed strict items.
+pub(crate) fn borrowed<'a>(
+    owned: &'a [(&'a StrictScope, String, u64)],
+) -> Vec<(&'a StrictScope, &'a str, u64)> {
+    owned.iter().map(|(s, k, c)| (*s, k.as_str(), *c)).collect()
+}
+
+/// A strict decision as the answer of [`RemoteScopes::take`] for `items` (not empty).
+pub(crate) fn remote_answer(
+    decided: Result<StrictAdmitted, StrictRefused>,
+    items: &[(Scope, u64)],
+) -> Result<(), RemoteRefusal> {
+    let first = items.first().map_or(Scope::Global, |&(s, _)| s);
+    let scope_at = |index: usize| items.get(index).map_or(first, |&(s, _)| s);
+    match decided {
+        Ok(_) => Ok(()),
+        Err(StrictRefused::Rejected { index, retry_after }) => Err(RemoteRefusal::Refused {
+            scope: scope_at(index),
+            retry_after,
+        }),
+        Err(StrictRefused::Unavailable { retry_after }) => {
+            Err(RemoteRefusal::Unavailable { retry_after })
+        }
+        Err(StrictRefused::Invalid(
+            InvalidRequest::Key { index } | InvalidRequest::Cost { index, .. },
+        )) => Err(never(scope_at(index))),
+        Err(StrictRefused::Invalid(_)) => Err(never(first)),
+    }
+}
+
+impl RedisScopeKinds {
+    /// No kinds yet, on `scopes`, partitioned by tenant, with the fixed hash tag `scopes`
+    /// for requests that name no tenant.
+    pub fn new(scopes: RedisScopes) -> Self {
+        Self {
+            scopes,
+            kinds: Kinds::default(),
+        }
+    }
+
+    /// Every call under the fixed tag, whatever tenant it names: one budget per scope
+    /// across tenants, all in one cluster slot.
+    #[must_use]
+    pub fn unpartitioned(mut self) -> Self {
+        self.kinds.unpartition();
+        self
+    }
+
     /// Keeps the scopes of `kind` in Redis, each key under `policy` (replacing an earlier
     /// policy for it). Give it the policy of the kind's rule: the rule bounds the
     /// classes' costs at build, Redis enforces this one.
@@ -109,14 +222,7 @@ impl RedisScopeKinds {
     ///
     /// [`PoolError::Scope`] for [`ScopeKind::Global`], which stays local.
     pub fn kind(mut self, kind: ScopeKind, policy: RemotePolicy) -> Result<Self, PoolError> {
-        if kind == ScopeKind::Global {
-            return Err(PoolError::Scope(
-                "the global scope stays local: only keyed kinds are kept in Redis".to_owned(),
-            ));
-        }
-        let scope = self.scopes.scope(kind.name(), policy)?;
-        self.kinds.retain(|(k, _)| *k != kind);
-        self.kinds.push((kind, scope));
+        self.kinds.keep(kind, policy)?;
         Ok(self)
     }
 
@@ -127,12 +233,7 @@ impl RedisScopeKinds {
     ///
     /// [`PoolError::Scope`] when `tag` is empty or holds `{` or `}`.
     pub fn with_tag(mut self, tag: &str) -> Result<Self, PoolError> {
-        if tag.is_empty() || tag.contains(['{', '}']) {
-            return Err(PoolError::Scope(
-                InvalidRequest::Tag(tag.to_owned()).to_string(),
-            ));
-        }
-        self.tag = tag.to_owned();
+        self.kinds.set_tag(tag)?;
         Ok(self)
     }
 
@@ -143,7 +244,7 @@ impl RedisScopeKinds {
 
     /// The strict scope keeping `kind`, if it is kept here.
     pub fn strict_scope(&self, kind: ScopeKind) -> Option<&StrictScope> {
-        self.kinds.iter().find(|(k, _)| *k == kind).map(|(_, s)| s)
+        self.kinds.strict_scope(kind)
     }
 
     /// The Redis key of `scope`'s bucket in a request naming it alone, if its kind is
@@ -158,28 +259,13 @@ impl RedisScopeKinds {
         let strict = self.strict_scope(scope.kind())?;
         Some(
             self.scopes
-                .key(&self.tag_of(request), strict, &scope.to_string()),
+                .key(&self.kinds.tag_of(request), strict, &scope.to_string()),
         )
-    }
-
-    /// `items` as strict items (their keys are the scopes as they print), or the first
-    /// scope whose kind is not kept here.
-    fn strict_items(
-        &self,
-        items: &[(Scope, u64)],
-    ) -> Result<Vec<(&StrictScope, String, u64)>, Scope> {
-        items
-            .iter()
-            .map(|(scope, cost)| match self.strict_scope(scope.kind()) {
-                Some(strict) => Ok((strict, scope.to_string(), *cost)),
-                None => Err(*scope),
-            })
-            .collect()
     }
 }
 
 /// A refusal no wait cures.
-fn never(scope: Scope) -> RemoteRefusal {
+pub(crate) fn never(scope: Scope) -> RemoteRefusal {
     RemoteRefusal::Refused {
         scope,
         retry_after: Duration::MAX,
@@ -188,41 +274,19 @@ fn never(scope: Scope) -> RemoteRefusal {
 
 impl RemoteScopes for RedisScopeKinds {
     fn take(&self, items: &[(Scope, u64)]) -> Result<(), RemoteRefusal> {
-        let Some(&(first, _)) = items.first() else {
+        if items.is_empty() {
             return Ok(());
-        };
-        let owned = self.strict_items(items).map_err(never)?;
-        let strict: Vec<(&StrictScope, &str, u64)> =
-            owned.iter().map(|(s, k, c)| (*s, k.as_str(), *c)).collect();
-        let scope_at = |index: usize| items.get(index).map_or(first, |&(s, _)| s);
-        let tag = self.tag_of(items.iter().map(|(s, _)| s));
-        match self.scopes.try_acquire(&tag, &strict) {
-            Ok(_) => Ok(()),
-            Err(StrictRefused::Rejected { index, retry_after }) => Err(RemoteRefusal::Refused {
-                scope: scope_at(index),
-                retry_after,
-            }),
-            Err(StrictRefused::Unavailable { retry_after }) => {
-                Err(RemoteRefusal::Unavailable { retry_after })
-            }
-            Err(StrictRefused::Invalid(
-                InvalidRequest::Key { index } | InvalidRequest::Cost { index, .. },
-            )) => Err(never(scope_at(index))),
-            Err(StrictRefused::Invalid(_)) => Err(never(first)),
         }
+        let owned = self.kinds.strict_items(items)?;
+        let tag = self.kinds.tag_of_items(items);
+        let decided = self.scopes.try_acquire(&tag, &borrowed(&owned));
+        remote_answer(decided, items)
     }
 
     fn give_back(&self, items: &[(Scope, u64)]) {
         // Scopes of kinds not kept here were never taken.
-        let owned: Vec<_> = items
-            .iter()
-            .filter_map(|(scope, cost)| {
-                Some((self.strict_scope(scope.kind())?, scope.to_string(), *cost))
-            })
-            .collect();
-        let strict: Vec<(&StrictScope, &str, u64)> =
-            owned.iter().map(|(s, k, c)| (*s, k.as_str(), *c)).collect();
-        let tag = self.tag_of(items.iter().map(|(s, _)| s));
-        self.scopes.give_back(&tag, &strict);
+        let owned = self.kinds.kept_items(items);
+        let tag = self.kinds.tag_of_items(items);
+        self.scopes.give_back(&tag, &borrowed(&owned));
     }
 }

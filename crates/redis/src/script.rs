@@ -312,16 +312,28 @@ impl Scripts {
         window_us: u64,
         now_us: u64,
     ) -> RedisResult<(u64, u64)> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.heartbeat_sha())
-            .arg(self.heartbeat_args(fleet_key, instance, window_us, now_us));
+        let cmd = self.heartbeat_cmd(fleet_key, instance, window_us, now_us);
         match cmd.query(con) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            Err(e) if is_noscript(&e) => {
                 self.load(con)?;
                 cmd.query(con)
             }
             r => r,
         }
+    }
+
+    /// The `EVALSHA` of [`Scripts::heartbeat`].
+    pub(crate) fn heartbeat_cmd(
+        &self,
+        fleet_key: &str,
+        instance: &str,
+        window_us: u64,
+        now_us: u64,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.heartbeat_sha())
+            .arg(self.heartbeat_args(fleet_key, instance, window_us, now_us));
+        cmd
     }
 
     /// The `EVALSHA` arguments of one exchange after the SHA: key count, keys, argv.
@@ -382,21 +394,39 @@ impl Scripts {
         ex: &Exchange,
         now_us: u64,
     ) -> RedisResult<Reply> {
-        let args = self.exchange_args(target, ex, now_us);
-        let run = |con: &mut dyn ConnectionLike| -> RedisResult<Vec<i64>> {
-            redis::cmd("EVALSHA")
-                .arg(self.exchange_sha())
-                .arg(&args)
-                .query(con)
-        };
-        let raw = match run(con) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+        let cmd = self.exchange_cmd(target, ex, now_us);
+        let raw: Vec<i64> = match cmd.query(con) {
+            Err(e) if is_noscript(&e) => {
                 self.load(con)?;
-                run(con)?
+                cmd.query(con)?
             }
             r => r?,
         };
         Reply::parse(&raw).ok_or_else(|| bad_reply(&raw))
+    }
+
+    /// The `EVALSHA` of [`Scripts::exchange`].
+    pub(crate) fn exchange_cmd(
+        &self,
+        target: &Target<'_>,
+        ex: &Exchange,
+        now_us: u64,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.exchange_sha())
+            .arg(self.exchange_args(target, ex, now_us));
+        cmd
+    }
+
+    /// [`Scripts::load`] on an async connection.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn load_async(
+        &self,
+        con: &mut redis::aio::MultiplexedConnection,
+    ) -> RedisResult<()> {
+        self.exchange.prepare_invoke().load_async(con).await?;
+        self.take.prepare_invoke().load_async(con).await?;
+        self.fleet.prepare_invoke().load_async(con).await.map(drop)
     }
 }
 
@@ -431,6 +461,25 @@ impl Scripts {
         keep_ms: u64,
         now_us: u64,
     ) -> RedisResult<Take> {
+        let cmd = self.take_cmd(items, keep_ms, now_us);
+        let raw: Vec<i64> = match cmd.query(con) {
+            Err(e) if is_noscript(&e) => {
+                self.load(con)?;
+                cmd.query(con)?
+            }
+            r => r?,
+        };
+        parse_take(&raw, items.len())
+    }
+
+    /// The `EVALSHA` of [`Scripts::take`]: one command, the same for a blocking and an
+    /// async connection.
+    pub(crate) fn take_cmd(
+        &self,
+        items: &[(&BucketKeys, &RemotePolicy, u64)],
+        keep_ms: u64,
+        now_us: u64,
+    ) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.take.get_hash()).arg(items.len());
         for (keys, _, _) in items {
@@ -446,30 +495,34 @@ impl Scripts {
         if self.time == TimeSource::Argument {
             cmd.arg(now_us);
         }
-        let raw: Vec<i64> = match cmd.query(con) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.load(con)?;
-                cmd.query(con)?
-            }
-            r => r?,
-        };
-        let parsed = match raw.as_slice() {
-            [1, balances @ ..] if balances.len() == items.len() => balances
-                .iter()
-                .map(|&b| u64::try_from(b).ok())
-                .collect::<Option<Vec<_>>>()
-                .map(Take::Taken),
-            &[0, index, retry] => usize::try_from(index)
-                .ok()
-                .filter(|&i| (1..=items.len()).contains(&i))
-                .map(|i| Take::Refused {
-                    index: i - 1,
-                    retry_after_us: u64::try_from(retry).ok(),
-                }),
-            _ => None,
-        };
-        parsed.ok_or_else(|| bad_reply(&raw))
+        cmd
     }
+}
+
+/// The typed answer of the strict take script for a call of `n` items.
+pub(crate) fn parse_take(raw: &[i64], n: usize) -> RedisResult<Take> {
+    let parsed = match raw {
+        [1, balances @ ..] if balances.len() == n => balances
+            .iter()
+            .map(|&b| u64::try_from(b).ok())
+            .collect::<Option<Vec<_>>>()
+            .map(Take::Taken),
+        &[0, index, retry] => usize::try_from(index)
+            .ok()
+            .filter(|&i| (1..=n).contains(&i))
+            .map(|i| Take::Refused {
+                index: i - 1,
+                retry_after_us: u64::try_from(retry).ok(),
+            }),
+        _ => None,
+    };
+    parsed.ok_or_else(|| bad_reply(raw))
+}
+
+/// Whether `e` is `NOSCRIPT`: the script did not run, so loading it and sending the
+/// call again is safe.
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 pub(crate) fn bad_reply(raw: &[i64]) -> redis::RedisError {

@@ -2,14 +2,18 @@
 //!
 //! Each pool and each [`RedisScopes`](crate::RedisScopes) registers its handles once, at
 //! connect, with the recorder installed then; a round then adds one atomic update per
-//! series it touches. Labels are bounded: `client` (`pool` or `strict`), `outcome`, `to`,
-//! `mode`, each with two or three values; never a key, scope, namespace or lease id.
+//! series it touches. Labels are bounded: `client` (`pool`, `strict`, or `strict_async`
+//! for an [`AsyncRedisScopes`](crate::AsyncRedisScopes)), `outcome`, `to`, `mode`, each
+//! with two or three values; never a key, scope, namespace or lease id.
 //! Without the feature every call is empty and nothing is registered.
 
 /// Round trips to Redis (one per pipeline), by `client` and `outcome` (`ok`, `failed`).
 pub const ROUND_TRIPS: &str = "tokengate_redis_round_trips_total";
 /// Seconds per successful round (a pool's pipeline, a strict call), by `client`.
 pub const ROUND_TRIP_SECONDS: &str = "tokengate_redis_round_trip_seconds";
+/// Calls that got no reply within the exchange timeout (a stalled server), by `client`;
+/// each is also a failed round trip.
+pub const TIMEOUTS: &str = "tokengate_redis_timeouts_total";
 /// Rounds sent again on a new connection after the first attempt failed, by `client`.
 pub const RETRIES: &str = "tokengate_redis_retries_total";
 /// Lease grants answered, by `outcome`: `granted`, `replayed` (a grant that ran in an
@@ -42,6 +46,7 @@ mod on {
         failed: Counter,
         latency: Histogram,
         retries: Counter,
+        timeouts: Counter,
         granted: Counter,
         replayed: Counter,
         rejected: Counter,
@@ -73,6 +78,10 @@ mod on {
             ROUND_TRIP_SECONDS,
             Unit::Seconds,
             "Seconds per successful round with Redis, by client"
+        );
+        metrics::describe_counter!(
+            TIMEOUTS,
+            "Calls with no reply within the exchange timeout, by client"
         );
         metrics::describe_counter!(
             RETRIES,
@@ -119,6 +128,7 @@ mod on {
                 failed: metrics::counter!(ROUND_TRIPS, "client" => client, "outcome" => "failed"),
                 latency: metrics::histogram!(ROUND_TRIP_SECONDS, "client" => client),
                 retries: metrics::counter!(RETRIES, "client" => client),
+                timeouts: metrics::counter!(TIMEOUTS, "client" => client),
                 granted: metrics::counter!(GRANTS, "outcome" => "granted"),
                 replayed: metrics::counter!(GRANTS, "outcome" => "replayed"),
                 rejected: metrics::counter!(GRANTS, "outcome" => "rejected"),
@@ -151,6 +161,11 @@ mod on {
 
         pub(crate) fn retry(&self) {
             self.retries.increment(1);
+        }
+
+        #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+        pub(crate) fn timeout(&self) {
+            self.timeouts.increment(1);
         }
 
         pub(crate) fn grant(&self, tokens: u64, replayed: bool) {
@@ -211,6 +226,8 @@ mod on {
         pub(crate) fn failed_round(&self) {}
         pub(crate) fn latency_ns(&self, _: u64) {}
         pub(crate) fn retry(&self) {}
+        #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+        pub(crate) fn timeout(&self) {}
         pub(crate) fn grant(&self, _: u64, _: bool) {}
         pub(crate) fn rejected(&self) {}
         pub(crate) fn breaker(&self, _: bool) {}

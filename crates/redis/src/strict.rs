@@ -12,20 +12,20 @@
 //! after a take at most every half lease lifetime, and keeps the count Redis replies for
 //! [`FailMode::Local`]'s shares.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokengate::KeyedLimiter;
 
-use crate::breaker::Breaker;
-use crate::config::{FailMode, PoolConfig};
+#[allow(unused_imports)] // named by the docs
+use crate::config::FailMode;
+use crate::config::PoolConfig;
 use crate::connect::{self, Link};
 use crate::error::PoolError;
-use crate::policy::{RemotePolicy, UNITS_PER_TOKEN};
-use crate::script::{BucketKeys, Exchange, Scripts, Take, Target};
-use crate::series::Metrics;
-use crate::worker;
+use crate::policy::RemotePolicy;
+use crate::script::{Reply, bad_reply, is_noscript, parse_take};
+use crate::strict_core::{StrictCore, now_us};
 
 /// The most scopes one call decides.
 pub const MAX_STRICT_SCOPES: usize = 16;
@@ -39,17 +39,17 @@ const LOCAL_KEYS: usize = 100_000;
 /// One keyed scope decided in Redis: its name and the policy of each of its keys.
 #[derive(Clone, Debug)]
 pub struct StrictScope {
-    name: String,
-    policy: RemotePolicy,
+    pub(crate) name: String,
+    pub(crate) policy: RemotePolicy,
     /// [`FailMode::Local`]'s buckets, built during an outage for the fleet size of the
     /// time (and built again when a later outage sees another).
-    local: Arc<RwLock<Option<LocalShares>>>,
+    pub(crate) local: Arc<RwLock<Option<LocalShares>>>,
 }
 
 /// A scope's local buckets for a fleet of `instances`: `None` when a share rounds down to
 /// nothing ([`RemotePolicy::share`]).
 #[derive(Debug)]
-struct LocalShares {
+pub(crate) struct LocalShares {
     instances: u64,
     limiter: Option<KeyedLimiter<String>>,
 }
@@ -67,7 +67,11 @@ impl StrictScope {
 
     /// Runs `f` on the local buckets for a fleet of `k` instances, built (again) when the
     /// ones held were built for another `k`.
-    fn on_local<R>(&self, k: u64, f: impl FnOnce(Option<&KeyedLimiter<String>>) -> R) -> R {
+    pub(crate) fn on_local<R>(
+        &self,
+        k: u64,
+        f: impl FnOnce(Option<&KeyedLimiter<String>>) -> R,
+    ) -> R {
         {
             let held = self.local.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(l) = held.as_ref().filter(|l| l.instances == k) {
@@ -232,28 +236,15 @@ impl std::error::Error for StrictRefused {}
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RedisScopes {
-    config: PoolConfig,
-    scripts: Scripts,
+    core: StrictCore,
     connections: Vec<Mutex<Option<Link>>>,
     next: AtomicUsize,
-    breaker: Mutex<Breaker>,
-    clock: quanta::Clock,
-    start: quanta::Instant,
-    fail_open: AtomicU64,
-    local: AtomicU64,
-    /// This instance's id in the fleet heartbeat's set.
-    instance: String,
-    /// The fleet size Redis last reported, the configured `instances` until then.
-    instances_seen: AtomicU64,
-    /// Time (ns, since `start`) from which the next take sends the heartbeat.
-    beat_due_ns: AtomicU64,
-    metrics: Metrics,
 }
 
 impl std::fmt::Debug for RedisScopes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisScopes")
-            .field("config", &self.config)
+            .field("config", &self.core.config)
             .field("connections", &self.connections.len())
             .finish_non_exhaustive()
     }
@@ -267,28 +258,14 @@ impl RedisScopes {
     /// As [`RedisPool::connect`](crate::RedisPool::connect): a typed [`PoolError`] within
     /// the connect and exchange timeouts, never a panic or a hang.
     pub fn connect(config: PoolConfig) -> Result<Self, PoolError> {
-        config.validate()?;
-        let scripts = Scripts::new(config.time);
-        let first = connect::open(&config, &scripts)?;
+        let core = StrictCore::new(config, "strict")?;
+        let first = connect::open(&core.config, &core.scripts)?;
         let mut connections: Vec<_> = (0..CONNECTIONS).map(|_| Mutex::new(None)).collect();
         connections[0] = Mutex::new(Some(first));
-        let clock = quanta::Clock::new();
-        let start = clock.now();
-        let (instance, seed) = worker::instance_id();
         let scopes = Self {
-            breaker: Mutex::new(Breaker::new(config.probe_min, config.probe_max, seed)),
-            scripts,
+            core,
             connections,
             next: AtomicUsize::new(0),
-            clock,
-            start,
-            fail_open: AtomicU64::new(0),
-            local: AtomicU64::new(0),
-            instance,
-            instances_seen: AtomicU64::new(config.instances),
-            beat_due_ns: AtomicU64::new(0),
-            metrics: Metrics::new("strict"),
-            config,
         };
         // Counted from the start; a beat that fails here is sent again with the next take.
         let mut slot = scopes.connections[0]
@@ -309,25 +286,13 @@ impl RedisScopes {
     ///
     /// [`PoolError::Scope`] when `name` is empty or holds `:`, `{` or `}`.
     pub fn scope(&self, name: &str, policy: RemotePolicy) -> Result<StrictScope, PoolError> {
-        if name.is_empty() || name.contains([':', '{', '}']) {
-            return Err(PoolError::Scope(format!(
-                "strict scope {name:?} must be non-empty and hold none of ':', '{{', '}}'"
-            )));
-        }
-        Ok(StrictScope {
-            name: name.to_owned(),
-            policy,
-            local: Arc::new(RwLock::new(None)),
-        })
+        StrictCore::scope(name, policy)
     }
 
     /// The Redis key of `scope`'s bucket for `key` in calls tagged `tag`:
     /// `tg:{namespace:tag}:s:scope:key`.
     pub fn key(&self, tag: &str, scope: &StrictScope, key: &str) -> String {
-        format!(
-            "tg:{{{}:{tag}}}:s:{}:{key}",
-            self.config.namespace, scope.name
-        )
+        self.core.key(tag, scope, key)
     }
 
     /// Checks a request without deciding it.
@@ -340,35 +305,16 @@ impl RedisScopes {
         tag: &str,
         items: &[(&StrictScope, &str, u64)],
     ) -> Result<(), InvalidRequest> {
-        if items.is_empty() {
-            return Err(InvalidRequest::NoScopes);
-        }
-        if items.len() > MAX_STRICT_SCOPES {
-            return Err(InvalidRequest::TooManyScopes { count: items.len() });
-        }
-        if tag.is_empty() || tag.contains(['{', '}']) {
-            return Err(InvalidRequest::Tag(tag.to_owned()));
-        }
-        for (index, (scope, key, cost)) in items.iter().enumerate() {
-            if key.is_empty() || key.len() > MAX_KEY_BYTES {
-                return Err(InvalidRequest::Key { index });
-            }
-            let max = scope.policy.capacity();
-            if *cost == 0 || *cost > max {
-                return Err(InvalidRequest::Cost {
-                    index,
-                    cost: *cost,
-                    max,
-                });
-            }
-        }
-        Ok(())
+        StrictCore::check(tag, items)
     }
 
     /// Takes each item's cost from its scope's bucket for its key, all or nothing, in one
     /// script call whose keys share the hash tag `{namespace:tag}` (use the request's
     /// partition key, such as the tenant). Items are checked in order; the first that
     /// cannot pay is named.
+    ///
+    /// While the breaker is open, one caller at a time sends the probe once it is due;
+    /// the others follow the fail mode at once instead of queueing behind it.
     ///
     /// # Errors
     ///
@@ -382,72 +328,50 @@ impl RedisScopes {
         tag: &str,
         items: &[(&StrictScope, &str, u64)],
     ) -> Result<StrictAdmitted, StrictRefused> {
-        self.check(tag, items).map_err(StrictRefused::Invalid)?;
-        let now = self.now_ns();
-        let may_try = self
-            .breaker
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .may_try(now);
-        if may_try {
-            let started = self.now_ns();
-            let taken = self.take(tag, items);
-            if taken.is_ok() {
-                // The take, and WAIT's after it.
-                self.metrics
-                    .round_trips(1 + u64::from(self.config.wait.is_some()));
-                self.metrics
-                    .latency_ns(self.now_ns().saturating_sub(started));
-            }
-            match taken {
-                Ok(Take::Taken(_)) => {
-                    self.breaker_success();
-                    return Ok(StrictAdmitted::Taken);
+        StrictCore::check(tag, items).map_err(StrictRefused::Invalid)?;
+        let Some(claim) = self.core.enter() else {
+            return self.core.fail(items);
+        };
+        let started = self.core.now_ns();
+        let taken = self.on_connection(|con, now_us| {
+            let raw: Vec<i64> = match self.core.take_cmd(tag, items, now_us).query(con) {
+                Err(e) if is_noscript(&e) => {
+                    self.core.scripts.load(con)?;
+                    self.core.take_cmd(tag, items, now_us).query(con)?
                 }
-                Ok(Take::Refused {
-                    index,
-                    retry_after_us,
-                }) => {
-                    self.breaker_success();
-                    // Checked above: a cost never exceeds the capacity, so a retry time
-                    // is always given; a missing one is a key whose state has leases out.
-                    let retry_after =
-                        retry_after_us.map_or(self.config.lease_ttl, Duration::from_micros);
-                    return Err(StrictRefused::Rejected { index, retry_after });
-                }
-                Err(_) => self.breaker_failure(),
+                r => r?,
+            };
+            let taken = parse_take(&raw, items.len())?;
+            // With `WAIT`, a take counts only once the replicas hold it.
+            if let Some(wait) = self.core.wait_after(tag, items, &taken) {
+                let acked = con.wait(&[wait.key.as_str()], wait.replicas, wait.timeout)?;
+                wait.acknowledged(acked)?;
             }
-        }
-        self.fail(items)
+            Ok(taken)
+        });
+        self.core.finish(claim, started, taken, items)
     }
 
     /// Decisions admitted by [`FailMode::FailOpen`] so far.
     pub fn fail_open_admitted(&self) -> u64 {
-        self.fail_open.load(Ordering::Relaxed)
+        self.core.fail_open_admitted()
     }
 
     /// Decisions admitted by [`FailMode::Local`]'s local buckets so far.
     pub fn local_admitted(&self) -> u64 {
-        self.local.load(Ordering::Relaxed)
+        self.core.local_admitted()
     }
 
     /// The fleet size Redis last reported (the instances of the namespace, pools and
     /// scopes, that sent a heartbeat within two lease lifetimes, this one included), or
     /// the configured [`instances`](PoolConfig::instances) until it has reported one.
     pub fn instances_seen(&self) -> u64 {
-        self.instances_seen.load(Ordering::Relaxed)
+        self.core.instances_seen()
     }
 
     /// Whether the breaker is open (Redis unreachable).
     pub fn is_unavailable(&self) -> bool {
-        self.breaker
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_open()
-    }
-
-    fn now_ns(&self) -> u64 {
-        self.clock.now().duration_since(self.start).as_nanos() as u64
+        self.core.is_unavailable()
     }
 
     /// Gives back each item's cost, taken by an earlier
@@ -458,56 +382,25 @@ impl RedisScopes {
     /// the fleet admit less, never more. A cost admitted by a fail mode (open, or local
     /// buckets) is given to Redis all the same.
     pub fn give_back(&self, tag: &str, items: &[(&StrictScope, &str, u64)]) {
-        if self.check(tag, items).is_err() || self.is_unavailable() {
+        if StrictCore::check(tag, items).is_err() || self.is_unavailable() {
             return;
         }
-        let lease_us = (self.config.lease_ttl + self.config.grace).as_micros() as u64;
-        let keep_ms = self.config.key_keep.as_millis() as u64;
         let sent = self.on_connection(|con, now_us| {
-            for (scope, key, cost) in items {
-                let keys = self.bucket_keys(tag, scope, key);
-                let target = Target {
-                    keys: &keys,
-                    policy: &scope.policy,
-                    lease_us,
-                    keep_ms,
+            for cmd in self.core.give_back_cmds(tag, items, now_us) {
+                let raw: Vec<i64> = match cmd.query(con) {
+                    Err(e) if is_noscript(&e) => {
+                        self.core.scripts.load(con)?;
+                        cmd.query(con)?
+                    }
+                    r => r?,
                 };
-                let credit = Exchange {
-                    credit_units: cost.saturating_mul(UNITS_PER_TOKEN),
-                    ..Exchange::default()
-                };
-                self.scripts.exchange(con, &target, &credit, now_us)?;
+                Reply::parse(&raw).ok_or_else(|| bad_reply(&raw))?;
             }
             Ok(())
         });
         if sent.is_err() {
-            self.breaker_failure();
+            self.core.failure();
         }
-    }
-
-    /// Records a successful round: the breaker counts it, and a close is exported.
-    fn breaker_success(&self) {
-        let mut breaker = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
-        let was_open = breaker.is_open();
-        if breaker.success() && was_open {
-            self.metrics.breaker(false);
-        }
-    }
-
-    /// Records a failed round: the breaker counts it, and an opening is exported.
-    fn breaker_failure(&self) {
-        self.metrics.failed_round();
-        let now = self.now_ns();
-        let mut breaker = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
-        let was_open = breaker.is_open();
-        if breaker.failure(now) && !was_open {
-            self.metrics.breaker(true);
-        }
-    }
-
-    /// The keys of `scope`'s bucket for `key` in calls tagged `tag`.
-    fn bucket_keys(&self, tag: &str, scope: &StrictScope, key: &str) -> BucketKeys {
-        BucketKeys::under(self.key(tag, scope, key))
     }
 
     /// Runs `f` on one of the connections (opened again when it failed before) at the
@@ -523,7 +416,7 @@ impl RedisScopes {
             .unwrap_or_else(PoisonError::into_inner);
         let mut con = match slot.take() {
             Some(con) => con,
-            None => connect::open(&self.config, &self.scripts).map_err(|e| {
+            None => connect::open(&self.core.config, &self.core.scripts).map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "connect failed", e.to_string()))
             })?,
         };
@@ -535,128 +428,17 @@ impl RedisScopes {
         Ok(done)
     }
 
-    /// One script call on one of the connections (opened again when it failed before).
-    fn take(&self, tag: &str, items: &[(&StrictScope, &str, u64)]) -> redis::RedisResult<Take> {
-        let keys: Vec<BucketKeys> = items
-            .iter()
-            .map(|(scope, key, _)| self.bucket_keys(tag, scope, key))
-            .collect();
-        let args: Vec<(&BucketKeys, &RemotePolicy, u64)> = keys
-            .iter()
-            .zip(items)
-            .map(|(k, (scope, _, cost))| (k, &scope.policy, *cost))
-            .collect();
-        let keep_ms = self.config.key_keep.as_millis() as u64;
-        let wait = self.config.wait;
-        self.on_connection(|con, now_us| {
-            let taken = self.scripts.take(con, &args, keep_ms, now_us)?;
-            // With `WAIT`, a take counts only once the replicas hold it: otherwise the
-            // call fails (and the fail mode decides), whatever the take wrote.
-            if let (Take::Taken(_), Some((replicas, timeout))) = (&taken, wait) {
-                let acked = con.wait(&[keys[0].state.as_str()], replicas, timeout)?;
-                if acked < replicas {
-                    return Err(redis::RedisError::from((
-                        redis::ErrorKind::Io,
-                        "too few replicas acknowledged the take",
-                    )));
-                }
-            }
-            Ok(taken)
-        })
-    }
-
     /// Sends the fleet heartbeat on `con` when it is due (one caller at a time) and keeps
     /// the count Redis replies. False when the beat failed: the connection is dropped and
     /// the next take beats again.
     fn beat_if_due(&self, con: &mut Link, now_us: u64) -> bool {
-        let now = self.now_ns();
-        let due = self.beat_due_ns.load(Ordering::Relaxed);
-        let next = now + self.config.heartbeat_every().as_nanos() as u64;
-        if now < due
-            || self
-                .beat_due_ns
-                .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
+        let Some(cmd) = self.core.beat_cmd(now_us) else {
             return true;
-        }
-        let beat = self.scripts.heartbeat(
-            con,
-            &self.config.fleet_key(),
-            &self.instance,
-            self.config.fleet_window_us(),
-            now_us,
-        );
-        match beat {
-            Ok((k, _)) => {
-                self.instances_seen.store(k.max(1), Ordering::Relaxed);
-                true
-            }
-            Err(_) => {
-                self.beat_due_ns.store(0, Ordering::Relaxed);
-                false
-            }
-        }
+        };
+        let beat = match cmd.query(con) {
+            Err(e) if is_noscript(&e) => self.core.scripts.load(con).and_then(|()| cmd.query(con)),
+            r => r,
+        };
+        self.core.beat_done(beat)
     }
-
-    /// The fail mode's decision while Redis is unreachable.
-    fn fail(&self, items: &[(&StrictScope, &str, u64)]) -> Result<StrictAdmitted, StrictRefused> {
-        let probe = self
-            .breaker
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .probe_at()
-            .unwrap_or(0);
-        let retry_after = Duration::from_nanos(probe.saturating_sub(self.now_ns()))
-            .max(self.config.exchange_timeout);
-        match self.config.fail_mode {
-            FailMode::FailClosed => Err(StrictRefused::Unavailable { retry_after }),
-            FailMode::FailOpen => {
-                self.fail_open.fetch_add(1, Ordering::Relaxed);
-                self.metrics.fail_open(1);
-                Ok(StrictAdmitted::FailOpen)
-            }
-            FailMode::Local => self.local(items, retry_after),
-        }
-    }
-
-    /// All or nothing on the local buckets: each item taken in order, the taken ones
-    /// refunded when one refuses.
-    fn local(
-        &self,
-        items: &[(&StrictScope, &str, u64)],
-        retry_after: Duration,
-    ) -> Result<StrictAdmitted, StrictRefused> {
-        let k = self.instances_seen();
-        for (index, (scope, key, cost)) in items.iter().enumerate() {
-            let decided = scope.on_local(k, |l| l.map(|l| l.try_acquire(*key, *cost)));
-            let refused = match decided {
-                Some(Ok(d)) if d.is_admitted() => None,
-                Some(Ok(d)) => Some(StrictRefused::Rejected {
-                    index,
-                    retry_after: d.retry_after().unwrap_or(retry_after),
-                }),
-                // No local bucket for it (a share of nothing, a cost above B/K, a full
-                // map): unavailable.
-                _ => Some(StrictRefused::Unavailable { retry_after }),
-            };
-            if let Some(refused) = refused {
-                for (scope, key, cost) in &items[..index] {
-                    scope.on_local(k, |l| l.map(|l| l.refund(*key, *cost)));
-                }
-                return Err(refused);
-            }
-        }
-        self.local.fetch_add(1, Ordering::Relaxed);
-        self.metrics.local(1);
-        Ok(StrictAdmitted::Local)
-    }
-}
-
-/// Wall-clock µs since the epoch: the time the scripts read under
-/// [`TimeSource::Argument`](crate::script::TimeSource::Argument).
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }

@@ -1,7 +1,7 @@
 //! The `metrics` feature's series, read from a Prometheus recorder installed for this test
 //! binary: a pool's round trips and grants, its breaker opening when its private server
 //! stops and closing when it comes back, and fail-mode admissions, for a pool and for
-//! strict scopes.
+//! strict scopes, blocking and async (`client="strict_async"`, with its timeouts).
 
 mod common;
 
@@ -10,10 +10,11 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokengate_redis::series::{
     BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS, GRANT_TOKENS, GRANTS, RETRIES,
-    ROUND_TRIP_SECONDS, ROUND_TRIPS,
+    ROUND_TRIP_SECONDS, ROUND_TRIPS, TIMEOUTS,
 };
 use tokengate_redis::{
-    Admitted, FailMode, PoolConfig, RedisPool, RedisScopes, RemotePolicy, StrictAdmitted,
+    Admitted, AsyncRedisScopes, FailMode, PoolConfig, RedisPool, RedisScopes, RemotePolicy,
+    StrictAdmitted,
 };
 
 /// The recorder of this test binary, installed at the first call (its tests share it).
@@ -248,4 +249,79 @@ fn a_lost_reply_is_counted_as_a_retry_and_its_grant_as_replayed() {
         },
     );
     assert!(!pool.is_unavailable());
+}
+
+/// The async client's series under `client="strict_async"`: round trips and their
+/// latency, timeouts of a stalled server (a black-holed proxy), the breaker opening and
+/// closing, and fail-open admissions.
+#[test]
+fn the_async_strict_client_counts_round_trips_timeouts_breaker_and_fail_mode() {
+    let handle = recorder();
+    let server = common::Server::start();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = common::blackhole_proxy(server.port(), cut.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = PoolConfig::new(
+        format!("redis://127.0.0.1:{port}/"),
+        common::namespace("m-async"),
+    )
+    .exchange_timeout(Duration::from_millis(30))
+    .connect_timeout(Duration::from_millis(30))
+    .probe_backoff(Duration::from_millis(10), Duration::from_millis(40))
+    .fail_mode(FailMode::FailOpen);
+    let client = [r#"client="strict_async""#];
+    rt.block_on(async {
+        let scopes = AsyncRedisScopes::connect(config).await.unwrap();
+        let tenant = scopes
+            .scope("tenant", RemotePolicy::new(10, 1.0).unwrap())
+            .unwrap();
+        let items = [(&tenant, "a", 1)];
+        let ask = || scopes.try_acquire("t", &items);
+        assert_eq!(ask().await, Ok(StrictAdmitted::Taken));
+        let shown = handle.render();
+        let ok = [client[0], r#"outcome="ok""#];
+        assert_eq!(value(&shown, ROUND_TRIPS, &ok), 1.0, "{shown}");
+        let count = format!("{ROUND_TRIP_SECONDS}_count");
+        assert_eq!(value(&shown, &count, &client), 1.0, "{shown}");
+
+        // Stalled: each call times out, is admitted by the fail mode; three open the
+        // breaker, and then decisions follow the fail mode without a call.
+        cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            assert_eq!(ask().await, Ok(StrictAdmitted::FailOpen));
+        }
+        assert!(scopes.is_unavailable());
+        assert_eq!(ask().await, Ok(StrictAdmitted::FailOpen));
+        let shown = handle.render();
+        assert!(value(&shown, TIMEOUTS, &client) >= 1.0, "{shown}");
+        assert!(shown.contains(&format!("# HELP {TIMEOUTS} ")), "{shown}");
+        let failed = [client[0], r#"outcome="failed""#];
+        assert_eq!(value(&shown, ROUND_TRIPS, &failed), 3.0, "{shown}");
+        assert_eq!(value(&shown, BREAKER_OPEN, &client), 1.0, "{shown}");
+        let opened = [client[0], r#"to="open""#];
+        assert_eq!(value(&shown, BREAKER_TRANSITIONS, &opened), 1.0, "{shown}");
+        let fail_open = [client[0], r#"mode="fail_open""#];
+        assert_eq!(
+            value(&shown, FAIL_MODE_ADMISSIONS, &fail_open),
+            scopes.fail_open_admitted() as f64,
+            "{shown}"
+        );
+        assert_eq!(scopes.fail_open_admitted(), 4);
+
+        // It answers again: probes succeed, three in a row close the breaker.
+        cut.store(false, std::sync::atomic::Ordering::SeqCst);
+        let start = std::time::Instant::now();
+        while scopes.is_unavailable() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never closed");
+            let _ = ask().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let shown = handle.render();
+        let closed = [client[0], r#"to="closed""#];
+        assert_eq!(value(&shown, BREAKER_TRANSITIONS, &closed), 1.0, "{shown}");
+        assert_eq!(value(&shown, BREAKER_OPEN, &client), 0.0, "{shown}");
+    });
 }

@@ -13,6 +13,7 @@ use tower_layer::Layer;
 
 use crate::ip::{Forwarding, IpNet, Proxies};
 use crate::key::{Key, KeyHasher, takes_key};
+use crate::remote::RemoteScope;
 use crate::response::{Body, MissingKey, Quotas, Refused, problem_missing, problem_refused};
 use crate::route::{Route, StatusPredicate};
 use crate::service::RateLimit;
@@ -41,6 +42,8 @@ pub enum LayerError {
     Rules(RuleError),
     /// A header name given to [`RateLimitLayer::per_header`] that is not a valid one.
     InvalidHeaderName(String),
+    /// A remote scope that does not fit the layer (feature `redis`).
+    Remote(String),
 }
 
 impl fmt::Display for LayerError {
@@ -60,6 +63,7 @@ impl fmt::Display for LayerError {
             LayerError::Quota(k, e) => write!(f, "scope kind {k}: {e}"),
             LayerError::Rules(e) => write!(f, "the limiter's rules: {e}"),
             LayerError::InvalidHeaderName(n) => write!(f, "{n:?} is not a valid header name"),
+            LayerError::Remote(m) => write!(f, "remote scope: {m}"),
         }
     }
 }
@@ -100,6 +104,8 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) hasher: KeyHasher,
     pub(crate) counts: Counts,
     pub(crate) store_down_admits: bool,
+    /// The fleet-wide scope awaited after the local ones admit (feature `redis`).
+    pub(crate) remote: Option<RemoteScope>,
     /// Whether one scope kind alone has a quota (a rule): a request then pays at most
     /// one scope, and its admitted fields are its verdict's.
     pub(crate) one_quota: bool,
@@ -210,6 +216,7 @@ impl<C: Clock> RateLimitLayer<C> {
             refusal_body: Arc::new(problem_refused),
             missing: Arc::new(problem_missing),
             store_down_admits: false,
+            remote: None,
         }
     }
 
@@ -360,6 +367,7 @@ pub struct RateLimitLayerBuilder<C: Clock = QuantaClock> {
     refusal_body: RefusalBody,
     missing: MissingAnswer,
     store_down_admits: bool,
+    pub(crate) remote: Option<RemoteScope>,
 }
 
 impl<C: Clock> fmt::Debug for RateLimitLayerBuilder<C> {
@@ -597,6 +605,11 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         }
         let fallback_id = self.fallback.id.map(RouteId);
         let fallback = compile(self.fallback, fallback_id)?;
+        if let Some(remote) = &self.remote {
+            let classes = routes.iter().chain([&fallback]).map(|r| r.options.class);
+            let keyed = self.keys[remote.kind()].is_some();
+            remote.check(&limiter, classes, keyed, self.key_secret.is_some())?;
+        }
         let mut by_kind: PerKind<Option<Quota>> = Default::default();
         for kind in ScopeKind::ALL {
             if let Some(p) = limiter.policy(kind) {
@@ -625,6 +638,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 },
                 counts: Counts::default(),
                 store_down_admits: self.store_down_admits,
+                remote: self.remote,
                 one_quota,
             }),
         })

@@ -90,6 +90,7 @@
 mod ip;
 mod key;
 mod layer;
+mod remote;
 mod response;
 mod route;
 mod service;
@@ -99,6 +100,8 @@ pub use ip::{Forwarding, IpNet, IpNetError};
 pub use ipnet;
 pub use key::{Head, Key, KeyError};
 pub use layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
+#[cfg(feature = "redis")]
+pub use remote::RemoteScope;
 pub use response::{
     Body, MissingKey, Refused, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
     problem_missing, problem_refused, retry_after_seconds,

@@ -68,6 +68,17 @@ pin_project! {
     }
 }
 
+impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
+    /// A response future that runs `fut` (the remote scope's wait, then the service).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn boxed(fut: BoxFuture<B, E>) -> Self {
+        ResponseFuture {
+            state: State::Waiting { fut },
+            after: None,
+        }
+    }
+}
+
 impl<F, B, E, C: Clock> fmt::Debug for ResponseFuture<F, B, E, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
@@ -75,13 +86,13 @@ impl<F, B, E, C: Clock> fmt::Debug for ResponseFuture<F, B, E, C> {
 }
 
 /// What an admitted request does to its response: rate-limit fields, refund on status.
-struct After<C: Clock> {
+pub(crate) struct After<C: Clock> {
     fields: Fields,
     refund: Option<(Charge, StatusPredicate, Arc<Shared<C>>)>,
 }
 
 impl<C: Clock> After<C> {
-    fn apply<B>(self, response: &mut Response<B>) {
+    pub(crate) fn apply<B>(self, response: &mut Response<B>) {
         if let Some((charge, refund, shared)) = &self.refund {
             if refund(response.status()) {
                 shared.limiter.refund(charge);
@@ -174,6 +185,7 @@ where
         let full = !s.shadow_kinds.is_empty()
             || (s.admitted_fields && !s.one_quota)
             || options.refund.is_some()
+            || s.remote.is_some()
             || tracing_on();
         let mut remote_down = false;
         if !full {
@@ -320,6 +332,13 @@ where
             None if s.admitted_fields => admitted_alone(s, v).map(Box::new),
             _ => None,
         };
+        if let Some(planned) = s
+            .remote
+            .as_ref()
+            .and_then(|r| r.plan(&s.limiter, request, options.class))
+        {
+            return crate::remote::admitted(planned, inner, shared, req, decision, after);
+        }
         return call_inner(inner, req, after);
     }
     if options.shadow {
@@ -440,7 +459,7 @@ fn ready<F, B, E, C: Clock>(response: Response<B>) -> ResponseFuture<F, B, E, C>
 
 /// 503 with `Retry-After` ([`retry_after_seconds`]) and a problem-details
 /// body: the limiter's remote store cannot decide now.
-fn store_unavailable<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
+pub(crate) fn store_unavailable<B: From<Bytes>>(retry_after: Duration) -> Response<B> {
     let secs = retry_after_seconds(retry_after);
     let body = format!(
         r#"{{"type":"about:blank","status":503,"detail":"the rate limit store is unavailable; retry after {secs} s"}}"#
@@ -506,7 +525,7 @@ fn no_peer_address<B: From<Bytes>, C: Clock>(s: &Shared<C>, kind: ScopeKind) -> 
     r
 }
 
-fn plain<B: From<Bytes>>(status: StatusCode) -> Response<B> {
+pub(crate) fn plain<B: From<Bytes>>(status: StatusCode) -> Response<B> {
     let mut r = Response::new(B::from(Bytes::new()));
     *r.status_mut() = status;
     r
@@ -595,7 +614,7 @@ const FILLER: Item = Item {
 /// it paid none.
 fn admitted_alone<C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) -> Option<After<C>> {
     let kind = v.tightest()?;
-    let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind as usize], v.decision()) else {
+    let (Some(q), Some(dec)) = (&s.quotas.by_kind[kind], v.decision()) else {
         return None;
     };
     let item = Item::new(kind, q, &dec, None);

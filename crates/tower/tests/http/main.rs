@@ -8,6 +8,7 @@ mod edge;
 mod key_limit;
 mod metrics_endpoint;
 mod observability;
+mod remote;
 mod safe_defaults;
 mod support;
 mod tracing_records;
