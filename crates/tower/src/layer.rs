@@ -609,6 +609,19 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
             let classes = routes.iter().chain([&fallback]).map(|r| r.options.class);
             let keyed = self.keys[remote.kind()].is_some();
             remote.check(&limiter, classes, keyed, self.key_secret.is_some())?;
+            // A delayed request is served once its local reservation is ready, without a
+            // remote decision: refused here rather than let it skip the fleet's scope.
+            if routes
+                .iter()
+                .chain([&fallback])
+                .any(|r| !r.options.max_wait.is_zero())
+            {
+                return Err(LayerError::Remote(
+                    "a route that delays (max_wait) cannot pay a remote scope: delayed \
+                     requests would skip it"
+                        .to_owned(),
+                ));
+            }
         }
         let mut by_kind: PerKind<Option<Quota>> = Default::default();
         for kind in ScopeKind::ALL {

@@ -214,7 +214,9 @@ mod on {
         /// store that cannot decide ([`store_unavailable_admits`](Self::store_unavailable_admits)).
         /// [`build`](Self::build) checks that the kind has a key, that the layer has a
         /// [`key_secret`](Self::key_secret) (a keyed scope), and that no route's class
-        /// costs more than the remote capacity.
+        /// costs more than the remote capacity, and that no route delays
+        /// ([`max_wait`](Self::max_wait)): a delayed request would be served without the
+        /// remote decision, so such a layer is [`LayerError::Remote`](crate::LayerError::Remote).
         pub fn remote(mut self, remote: RemoteScope) -> Self {
             self.remote = Some(remote);
             self

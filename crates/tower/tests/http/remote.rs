@@ -225,6 +225,18 @@ async fn a_remote_scope_that_does_not_fit_the_layer_is_a_typed_error() {
         matches!(&e, LayerError::Remote(m) if m.contains("needs a key")),
         "{e}"
     );
+    // A route that delays would serve its delayed requests without the remote scope.
+    let e = RateLimitLayer::builder(Arc::clone(&limiter))
+        .key(ScopeKind::Tenant, Key::header("x-tenant"))
+        .key_secret([7; 16])
+        .max_wait(std::time::Duration::from_secs(1))
+        .remote(remote(10))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&e, LayerError::Remote(m) if m.contains("max_wait")),
+        "{e}"
+    );
     // A route scope names no key.
     assert!(RemoteScope::new(redis, ScopeKind::Route, RemotePolicy::new(1, 1.0).unwrap()).is_err());
 }
