@@ -21,6 +21,7 @@
 mod arbitrary;
 pub mod check;
 pub mod herd;
+pub mod ideal;
 mod model;
 pub mod multi;
 pub mod packing;

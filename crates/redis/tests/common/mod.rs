@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod cluster;
-pub mod ideal;
+pub use tokengate_testkit::ideal;
 pub mod spawn;
 
 use std::collections::{BTreeMap, BTreeSet};
