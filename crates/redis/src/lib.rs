@@ -19,6 +19,7 @@ mod compose;
 mod config;
 mod connect;
 mod error;
+pub mod ideal;
 mod lease_pool;
 pub mod model;
 mod policy;

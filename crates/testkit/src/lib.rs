@@ -21,7 +21,6 @@
 mod arbitrary;
 pub mod check;
 pub mod herd;
-pub mod ideal;
 mod model;
 pub mod multi;
 pub mod packing;

@@ -5,7 +5,7 @@
 //! round trips per instance per second and efficiency against the offered rate.
 //!
 //! Every admission is logged as [wall clock before, after] and checked by the ideal
-//! bucket of the Redis tests (`tokengate_testkit::ideal`, the same module): the
+//! bucket of the Redis tests (`tokengate_redis::ideal`, the same module): the
 //! worst window of 10 ms, 100 ms, 1 s and 5 s against `B + r*w`.
 
 use std::io::Write;
@@ -18,7 +18,7 @@ use tokengate_redis::{
 
 use crate::Out;
 
-use tokengate_testkit::ideal;
+use tokengate_redis::ideal;
 
 /// How the fleet shares the budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

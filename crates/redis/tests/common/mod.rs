@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod cluster;
-pub use tokengate_testkit::ideal;
+pub use tokengate_redis::ideal;
 pub mod spawn;
 
 use std::collections::{BTreeMap, BTreeSet};
