@@ -21,11 +21,12 @@ use tokengate::{Clock, LeasedBucket, Policy, leased::LeaseConfig};
 /// The two-thread frozen-clock model (each thread leasing, spending, and one of them
 /// refunding and reclaiming, the other reclaiming before it decides) did not finish
 /// exhaustively within ten minutes once rejections read the slots before writing; it is
-/// bounded at five preemptions per execution.
+/// bounded at four preemptions per execution (300,099 executions, about 40 s; five:
+/// 1,526,166, over 3 minutes). Both planted bugs are caught within the bound.
 const FROZEN_TWO: Model = Model {
     name: "LeasedBucket: two threads, frozen clock",
     threads: 2,
-    preemption_bound: Some(5),
+    preemption_bound: Some(4),
 };
 
 /// Three threads on two slots: bounded at three preemptions per execution (four: about
@@ -40,8 +41,13 @@ const SPEND_AND_CLOSE: Model = Model::exhaustive("LeasedBucket: a slot's spend r
 
 const CAPPED_REFUND: Model = Model::exhaustive("LeasedBucket: capped refund with a lease out", 2);
 
-const RACING_REFUNDS: Model =
-    Model::exhaustive("LeasedBucket: two refunds racing, far below the cap", 2);
+/// Exhaustive: 188,235 executions (about 20 s); bounded at five preemptions (13,307),
+/// and the planted bug is caught within the bound.
+const RACING_REFUNDS: Model = Model {
+    name: "LeasedBucket: two refunds racing, far below the cap",
+    threads: 2,
+    preemption_bound: Some(5),
+};
 
 /// Exhaustive, about two million executions (3 minutes); bounded at three preemptions
 /// per execution, 2,344, and still catching both planted bugs.
@@ -53,15 +59,24 @@ const REFUND_AND_RECLAIM: Model = Model {
 
 /// The tick-edge model (two threads each making a trip to the global word, one of them
 /// closing the other's slot) did not finish exhaustively within 15 minutes here; it is
-/// bounded at five preemptions per execution (about 400 000 executions, 40 s; each
-/// extra preemption multiplies that by about three to four).
+/// bounded at four preemptions per execution (65,789 executions, about 10 s; five:
+/// 253,668; each extra preemption multiplies that by about four). The planted bug is
+/// caught within the bound.
 const TICK_EDGE: Model = Model {
     name: "LeasedBucket: a lease out across a tick edge",
     threads: 3,
-    preemption_bound: Some(5),
+    preemption_bound: Some(4),
 };
 
 const STALE_SPENDER: Model = Model::exhaustive("LeasedBucket: a delayed spender after a refill", 2);
+
+/// The same spender without waiting for the refill: exhaustive, 424,905 executions
+/// (about a minute); bounded at five preemptions per execution (4,592).
+const STALE_RACE: Model = Model {
+    name: "LeasedBucket: a delayed spender racing a refill",
+    threads: 2,
+    preemption_bound: Some(5),
+};
 
 /// Two acquirers and a clock advance: bounded at three preemptions per execution.
 const ADVANCING_CLOCK: Model = Model {
@@ -465,8 +480,7 @@ fn stale_spender_after_a_refill(wait: bool) {
 fn a_delayed_spender_cannot_spend_a_lease_across_a_refill() {
     let after = STALE_SPENDER.check(|| stale_spender_after_a_refill(true));
     assert!(after.executions > 1);
-    let races = Model::exhaustive("LeasedBucket: a delayed spender racing a refill", 2)
-        .check(|| stale_spender_after_a_refill(false));
+    let races = STALE_RACE.check(|| stale_spender_after_a_refill(false));
     assert!(races.executions > 1);
 }
 
