@@ -9,7 +9,7 @@
 //! after] and prints it at once; the parent checks every window of 10 ms, 100 ms, 1 s and
 //! 5 s (and the whole run) with the ideal bucket of `common::ideal`: at most `B + r*T`,
 //! with no slack (one host, one clock). Each scenario runs on a private `redis-server`,
-//! one at a time; the binary takes about 14 s. `TG_RATE_FLEET_LONG=1` runs every
+//! one at a time; the binary takes about 13 s. `TG_RATE_FLEET_LONG=1` runs every
 //! schedule at twice its length (about 25 s).
 
 mod common;
