@@ -899,4 +899,60 @@ mod tests {
             assert!(bucket.try_acquire(1).is_ok());
         }
     }
+
+    /// `polls` samples `poll` apart from `t`, each refused or not and admitting `each`.
+    fn polls(local: &mut Local, t: &mut u64, poll: u64, n: u32, refused: bool, each: u64) {
+        for _ in 0..n {
+            *t += poll;
+            local.shared.admitted.fetch_add(each, Ordering::Relaxed);
+            local.shared.starved.store(refused, Ordering::Relaxed);
+            local.sample(*t);
+        }
+    }
+
+    #[test]
+    fn a_fallen_demand_is_read_within_three_polls_and_a_starved_instance_asks_early() {
+        let refresh = 250_000_000;
+        let poll = refresh / 16;
+        let (mut local, s) = setup();
+        let mut t = 2 * SECOND_NS;
+        local.history = [(t, 0); 4];
+        local.credit_at = t;
+        // A share of 800/s, spent whole and refused at every poll (12 tokens a poll).
+        local.has = Some((1, 800_000, 160));
+        s.rate_milli.store(800_000, Ordering::Relaxed);
+        polls(&mut local, &mut t, poll, 16, true, 12);
+        assert_eq!(
+            local.quiet_drop(t, refresh),
+            None,
+            "a busy share read as fallen"
+        );
+        // Refused at two polls in a row, its last round not asking for everything: it asks.
+        assert!(local.starving());
+        // Asked for everything and holds its fair target: no early round.
+        local.asked_all = true;
+        s.target_milli.store(800_000, Ordering::Relaxed);
+        assert!(!local.starving());
+        // Others still hold more than their targets: it asks again.
+        s.target_milli.store(900_000, Ordering::Relaxed);
+        assert!(local.starving());
+        // Demand falls to one admission in three polls: not read after two polls (too few
+        // to tell), read after three, as under a quarter of the share.
+        polls(&mut local, &mut t, poll, 1, false, 1);
+        polls(&mut local, &mut t, poll, 1, false, 0);
+        assert_eq!(local.quiet_drop(t, refresh), None);
+        polls(&mut local, &mut t, poll, 1, false, 0);
+        let used = local.quiet_drop(t, refresh).expect("the drop was not read");
+        assert!(used < 800_000 / 4, "{used}");
+        assert!(!local.starving());
+        // An instance that never used its share (idle since it got it) keeps it.
+        let (mut idle, s2) = setup();
+        let mut t = 2 * SECOND_NS;
+        idle.history = [(t, 0); 4];
+        idle.credit_at = t;
+        idle.has = Some((1, 800_000, 160));
+        s2.rate_milli.store(800_000, Ordering::Relaxed);
+        polls(&mut idle, &mut t, poll, 16, false, 0);
+        assert_eq!(idle.quiet_drop(t, refresh), None);
+    }
 }
