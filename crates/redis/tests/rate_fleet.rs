@@ -1,13 +1,16 @@
 //! K instance processes share one budget by rate leases on a real Redis, under
 //! adversarial schedules: quiet then burst with one instance SIGSTOPped past its lease's
 //! expiry (it resumes with a full bucket of a share that was handed on), demand shifting
-//! from instance to instance, an instance SIGKILLed, and a Redis restart.
+//! from instance to instance, demand falling and rising again (a share given back early
+//! and taken by a starved instance asking early), an instance SIGKILLed, and a Redis
+//! restart.
 //!
 //! Each child records every admission as [wall clock before the decision, wall clock
 //! after] and prints it at once; the parent checks every window of 10 ms, 100 ms, 1 s and
 //! 5 s (and the whole run) with the ideal bucket of `common::ideal`: at most `B + r*T`,
 //! with no slack (one host, one clock). Each scenario runs on a private `redis-server`,
-//! one at a time; the binary takes about 30 s.
+//! one at a time; the binary takes about 13 s. `TG_RATE_FLEET_LONG=1` runs every
+//! schedule at twice its length (about 25 s).
 
 mod common;
 
@@ -20,6 +23,24 @@ use tokengate_redis::{PoolConfig, RateConfig, RatePool, RemotePolicy, Start};
 
 const B: u64 = 200;
 const RATE: u64 = 100;
+
+/// `ms` of a schedule: doubled with `TG_RATE_FLEET_LONG=1`.
+fn ms(ms: u64) -> u64 {
+    if std::env::var_os("TG_RATE_FLEET_LONG").is_some_and(|v| v == "1") {
+        2 * ms
+    } else {
+        ms
+    }
+}
+
+/// One schedule of phases (`ms:kind`), each length scaled by [`ms`].
+fn sched(phases: &[(u64, char)]) -> String {
+    phases
+        .iter()
+        .map(|(t, k)| format!("{}:{k}", ms(*t)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set for a rate child"))
@@ -113,7 +134,8 @@ fn run(
     name: &str,
     start_state: &str,
     ttl_ms: u64,
-    phases: &[&str],
+    (cap, rate): (u64, u64),
+    phases: &[String],
     faults: impl FnOnce(&mut common::Server, &mut [Child], u64),
 ) -> (u64, Vec<Vec<(u64, u64)>>) {
     let _one = ONE_AT_A_TIME
@@ -121,7 +143,7 @@ fn run(
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut server = common::Server::start();
     let ns = common::namespace(name);
-    let start = common::wall_ns() + 1_500_000_000;
+    let start = common::wall_ns() + 600_000_000;
     let total_ms: u64 = phases
         .iter()
         .map(|p| {
@@ -137,13 +159,13 @@ fn run(
             [
                 ("TG_URL", server.url()),
                 ("TG_NS", ns.clone()),
-                ("TG_CAP", B.to_string()),
-                ("TG_RATE", RATE.to_string()),
+                ("TG_CAP", cap.to_string()),
+                ("TG_RATE", rate.to_string()),
                 ("TG_START", start_state.to_owned()),
                 ("TG_TTL_MS", ttl_ms.to_string()),
                 ("TG_THREADS", "2".to_owned()),
                 ("TG_START_NS", start.to_string()),
-                ("TG_PHASES", (*p).to_owned()),
+                ("TG_PHASES", p.clone()),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
@@ -167,26 +189,27 @@ fn run(
         all.len(),
         per_child.iter().map(Vec::len).collect::<Vec<_>>()
     );
-    common::ideal::assert_within(name, &all, B, RATE * 1000, 0);
+    common::ideal::assert_within(name, &all, cap, rate * 1000, 0);
     (start, per_child)
 }
 
-/// Six instances idle for 2.5 s (their buckets fill with the whole burst split among
-/// them); instance 0 is SIGSTOPped at 1 s with its bucket full, past its lease's expiry,
-/// while the others take over its share and fill it; at 2.5 s it resumes and everyone
+/// Six instances idle for 1.25 s (their buckets fill with the whole burst split among
+/// them); instance 0 is SIGSTOPped at 0.5 s with its bucket full, past its lease's expiry,
+/// while the others take over its share and fill it; at 1.25 s it resumes and everyone
 /// bursts. The resumed instance must not spend the tokens of its expired share.
 #[test]
 fn quiet_then_burst_with_an_instance_stopped_past_its_expiry() {
-    let phases = ["2500:i,1500:h"; 6];
+    let phases = vec![sched(&[(1250, 'i'), (750, 'h')]); 6];
     let (_, per_child) = run(
         "rate-quiet-stop",
         "full",
         400,
+        (B, RATE),
         &phases,
         |_, children, start| {
-            spawn::sleep_until(start + 1_000_000_000);
+            spawn::sleep_until(start + ms(500) * 1_000_000);
             spawn::signal(&children[0], "-STOP");
-            spawn::sleep_until(start + 2_500_000_000);
+            spawn::sleep_until(start + ms(1250) * 1_000_000);
             spawn::signal(&children[0], "-CONT");
         },
     );
@@ -196,49 +219,95 @@ fn quiet_then_burst_with_an_instance_stopped_past_its_expiry() {
     );
 }
 
-/// The hot spot moves: instance 0 hot for 1.2 s, then instance 1, then 2, then 3 (the
+/// The hot spot moves: instance 0 hot for 0.6 s, then instance 1, then 2, then 3 (the
 /// others light). Shares follow; every window stays within the bound.
 #[test]
 fn demand_shifting_between_instances() {
     let phases = [
-        "1200:h,3600:l",
-        "1200:l,1200:h,2400:l",
-        "2400:l,1200:h,1200:l",
-        "3600:l,1200:h",
-        "4800:l",
-        "4800:l",
+        sched(&[(600, 'h'), (1800, 'l')]),
+        sched(&[(600, 'l'), (600, 'h'), (1200, 'l')]),
+        sched(&[(1200, 'l'), (600, 'h'), (600, 'l')]),
+        sched(&[(1800, 'l'), (600, 'h')]),
+        sched(&[(2400, 'l')]),
+        sched(&[(2400, 'l')]),
     ];
-    let (start, per_child) = run("rate-shift", "full", 400, &phases, |_, _, _| {});
-    // Instance 3 is hot only in the last 1.2 s, beside light instances asking 50/s in
-    // all: it admitted there three times what its minimum share (r/64) and the burst
-    // that goes with it could.
+    let (start, per_child) = run("rate-shift", "full", 400, (B, RATE), &phases, |_, _, _| {});
+    // Instance 3 is hot only in the last 0.6 s, beside light instances asking 50/s in
+    // all: it admitted there more than its minimum share (r/64) and the burst that goes
+    // with it could.
     let hot = per_child[3]
         .iter()
-        .filter(|a| a.0 >= start + 3_600_000_000)
+        .filter(|a| a.0 >= start + ms(1800) * 1_000_000)
         .count();
-    assert!(hot > 30, "the hot spot's share did not follow it: {hot}");
+    assert!(hot > 10, "the hot spot's share did not follow it: {hot}");
 }
 
-/// Every instance hot; instance 0 SIGKILLed at 1 s: its share is stranded until its
+/// Demand that falls and rises again, at r = 1000/s (enough admissions in a few polls to
+/// read a drop) and B = 20 (a window's bound is mostly rate): instance 0 is hot, turns
+/// light for 150 ms (it gives its share back early, and instance 1, starved, asks early
+/// and takes it), then hot again at once, twice. A share given back must not be spent
+/// by its old holder while the new one spends it.
+#[test]
+fn early_release_and_early_re_ask() {
+    let phases = [
+        sched(&[
+            (500, 'i'),
+            (400, 'h'),
+            (150, 'l'),
+            (400, 'h'),
+            (150, 'l'),
+            (400, 'h'),
+        ]),
+        sched(&[(900, 'l'), (1100, 'h')]),
+        sched(&[(500, 'i'), (1500, 'l')]),
+    ];
+    let (start, per_child) = run("rate-early", "full", 400, (20, 1000), &phases, |_, _, _| {});
+    // Instance 1 took the share instance 0 gave back: in its hot time it admitted more
+    // than the third of r an even split would give it.
+    let hot = per_child[1]
+        .iter()
+        .filter(|a| a.0 >= start + ms(900) * 1_000_000)
+        .count() as u64;
+    assert!(
+        hot > 1000 * ms(1100) / 1000 / 3,
+        "the released share did not move: {hot}"
+    );
+}
+
+/// Every instance hot; instance 0 SIGKILLed at 0.5 s: its share is stranded until its
 /// lease expires, then taken over.
 #[test]
 fn an_instance_killed_mid_run() {
-    let phases = ["3000:h"; 6];
-    run("rate-kill", "full", 400, &phases, |_, children, start| {
-        spawn::sleep_until(start + 1_000_000_000);
-        let _ = children[0].kill();
-    });
+    let phases = vec![sched(&[(1500, 'h')]); 6];
+    run(
+        "rate-kill",
+        "full",
+        400,
+        (B, RATE),
+        &phases,
+        |_, children, start| {
+            spawn::sleep_until(start + ms(500) * 1_000_000);
+            let _ = children[0].kill();
+        },
+    );
 }
 
-/// Redis killed and restarted empty at 1 s, every instance hot, the policy starting
+/// Redis killed and restarted empty at 0.5 s, every instance hot, the policy starting
 /// empty: for one lease lifetime nobody gets more than it reports spending, so the
 /// fleet stays within `B + r*T` across the loss.
 #[test]
 fn a_redis_restart() {
-    let phases = ["3000:h"; 6];
-    run("rate-restart", "empty", 400, &phases, |server, _, start| {
-        spawn::sleep_until(start + 1_000_000_000);
-        server.stop();
-        server.ensure_running();
-    });
+    let phases = vec![sched(&[(1500, 'h')]); 6];
+    run(
+        "rate-restart",
+        "empty",
+        400,
+        (B, RATE),
+        &phases,
+        |server, _, start| {
+            spawn::sleep_until(start + ms(500) * 1_000_000);
+            server.stop();
+            server.ensure_running();
+        },
+    );
 }

@@ -101,6 +101,21 @@ fn offered_per_s(s: &Setup, i: usize, t: f64) -> f64 {
     }
 }
 
+/// When (seconds from the measured window's start) after `t` the offered rates next
+/// change: the hot spot's next move, or `None`.
+fn next_change(s: &Setup, t: f64) -> Option<f64> {
+    let quarter = s.seconds / 4.0;
+    (s.demand == Demand::Shifting && t < 3.0 * quarter)
+        .then(|| {
+            if t < 0.0 {
+                0.0
+            } else {
+                ((t / quarter).floor() + 1.0) * quarter
+            }
+        })
+        .map(|c| c.max(t))
+}
+
 /// One instance's admissions (wall ns before, after) and its round trips when the
 /// measured window began and at the end.
 type InstanceRun = (Vec<(u64, u64)>, u64, u64);
@@ -198,7 +213,11 @@ pub(super) fn run_one(url: &str, s: Setup) -> Result<Measured, String> {
                     barrier.wait();
                     let mut log = Vec::new();
                     let mut rt_at_measure = None;
-                    let mut next = begin;
+                    // The last offer; the next is 1/rate after it at the rate offered now,
+                    // re-read at every change of demand (the hot spot moving), so a change
+                    // takes effect when it happens, not at the next offer the old rate had
+                    // scheduled.
+                    let mut last = begin;
                     loop {
                         let now = Instant::now();
                         if now >= end {
@@ -214,13 +233,17 @@ pub(super) fn run_one(url: &str, s: Setup) -> Result<Measured, String> {
                             std::thread::sleep(Duration::from_millis(5));
                             continue;
                         }
-                        next += Duration::from_secs_f64(1.0 / per_s);
-                        if next < now - Duration::from_millis(20) {
-                            next = now; // behind: no catching up in a burst
-                        }
+                        let next = last + Duration::from_secs_f64(1.0 / per_s);
                         if let Some(wait) = next.checked_duration_since(now) {
-                            std::thread::sleep(wait);
+                            let change = next_change(&s, t)
+                                .map_or(wait, |c| wait.min(Duration::from_secs_f64(c - t)));
+                            std::thread::sleep(change);
+                            if change < wait {
+                                continue;
+                            }
                         }
+                        // Behind by more than 20 ms: no catching up in a burst.
+                        last = next.max(now - Duration::from_millis(20).min(now - begin));
                         let before = wall_ns();
                         if d.decide() && Instant::now() >= measure_from {
                             log.push((before, wall_ns()));
@@ -559,5 +582,11 @@ mod tests {
             assert_eq!(offered_per_s(&sh, hot, t), 2000.0);
             assert_eq!(offered_per_s(&sh, (hot + 1) % 4, t), 1000.0 / 16.0);
         }
+        // Offers are rescheduled at each move (and only there).
+        assert_eq!(next_change(&sh, -0.5), Some(0.0));
+        assert_eq!(next_change(&sh, 0.5), Some(2.0));
+        assert_eq!(next_change(&sh, 4.0), Some(6.0));
+        assert_eq!(next_change(&sh, 6.5), None);
+        assert_eq!(next_change(&s(Demand::Equal), 0.5), None);
     }
 }

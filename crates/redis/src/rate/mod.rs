@@ -42,12 +42,28 @@
 //!
 //! # Cost
 //!
-//! One round trip per instance per refresh (`ttl / refresh_divisor`), plus at most one
-//! more per second: right after a share shrinks (the acknowledgement that frees it for
-//! others at once, not at its expiry) or while the instance is starved below its fair
-//! share. An idle instance keeps its share (at least the minimum) until its demand is
-//! reported at the next refresh, and a dead one until its lease expires: rate stranded
-//! there, where token leases strand tokens.
+//! One round trip per instance per refresh (`ttl / refresh_divisor`), plus early rounds:
+//! one a second on average, three back to back at most (a credit that accrues one round
+//! a second, up to three). An early round goes out, at the earliest three polls (sixteen
+//! a refresh period) after the last round:
+//!
+//! - when demand fell: an instance refused within the last period (or spending half its
+//!   share over the last four) that has since spent under a quarter of its share, over at
+//!   least two and a half polls where the share would have paid 8 tokens, shrinks its
+//!   local bucket first and then reports the smaller share, so the script hands the
+//!   difference on at once (the share it reports is what Redis counts it spending: the
+//!   bucket no longer pays more, and its tokens are capped at the smaller burst);
+//! - when starved: refused at two polls in a row while its last round did not ask for the
+//!   whole rate, or Redis's fair target for it is above what it holds (others had not
+//!   given theirs back yet): it asks for the whole rate, and the max-min division caps it;
+//! - right after a share an eighth smaller or more (the acknowledgement that frees it for
+//!   others at once, not at the next refresh or its expiry).
+//!
+//! So when the hot spot moves, the old holder gives its share back and the new one takes
+//! it within a few polls and two or three round trips, not at their refreshes. An idle
+//! instance keeps its share (at least the minimum) until its demand is reported at the
+//! next refresh, and a dead one until its lease expires: rate stranded there, where token
+//! leases strand tokens.
 //!
 //! The local bucket is the engine's [`LiveBucket`]: each change of a share keeps one
 //! epoch ([`tokengate::EPOCH_BYTES`], 512 bytes) until the bucket is dropped. The script
@@ -95,7 +111,7 @@ impl RateConfig {
     }
 
     /// Refresh every `lease_ttl / n` (2 to 64): round trips per instance per second are
-    /// `n / ttl` (plus at most one).
+    /// `n / ttl`, plus early ones: at most one a second on average (three back to back).
     #[must_use]
     pub fn refresh_divisor(mut self, n: u32) -> Self {
         self.refresh_divisor = n;
@@ -414,27 +430,118 @@ fn open(config: &PoolConfig, script: &RateScript) -> Result<Link, PoolError> {
     Ok(con)
 }
 
+/// Poll samples a bucket keeps: one refresh period's (sixteen) and one more.
+const RING: usize = 17;
+
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// Early rounds a bucket may make back to back (one a second on average).
+const EARLY_MAX: u64 = 3;
+
+/// Milli-tokens per second of `count` tokens in `ns`.
+fn rate_of(count: u64, ns: u64) -> u64 {
+    (u128::from(count) * 1_000_000_000_000 / u128::from(ns.max(1))) as u64
+}
+
 /// The thread's view of one bucket.
 struct Local {
     shared: Arc<Shared>,
     seq: u64,
     /// The grant spent now: (sequence number, rate milli-tokens/s, burst).
     has: Option<(u64, u64, u64)>,
+    /// When the last round was sent, and when the next regular one is due (real ns).
     last_at: u64,
+    next_at: u64,
     /// (time, admitted) at each of the last four rounds, oldest first.
     history: [(u64, u64); 4],
-    /// (time, admitted) three quarters through the period.
-    mid: Option<(u64, u64)>,
-    /// Samples taken this period, and how many saw a refusal.
+    /// (time, admitted) at each of the last `RING` polls; the newest at `ring_at`.
+    ring: [(u64, u64); RING],
+    ring_at: usize,
+    /// Polls since the last round, and how many saw a refusal.
     polls: u32,
     starved_polls: u32,
-    /// The same in the last quarter of the period.
-    late_polls: u32,
-    late_starved: u32,
+    /// Consecutive polls that saw a refusal, up to the latest one.
+    refused_run: u32,
+    /// The latest poll that saw a refusal (real ns; 0: none yet).
+    last_refused: u64,
     /// The last round asked for the whole rate.
     asked_all: bool,
-    next_at: u64,
-    last_extra: Option<u64>,
+    /// Credit for early rounds (ns: one round costs a second's; it accrues in real time
+    /// up to `EARLY_MAX` seconds), and when it was last brought up to date.
+    credit: u64,
+    credit_at: u64,
+}
+
+impl Local {
+    fn new(shared: Arc<Shared>, now: u64) -> Self {
+        Self {
+            shared,
+            seq: 0,
+            has: None,
+            last_at: now,
+            next_at: 0,
+            history: [(now, 0); 4],
+            ring: [(0, 0); RING],
+            ring_at: 0,
+            polls: 0,
+            starved_polls: 0,
+            refused_run: 0,
+            last_refused: 0,
+            asked_all: false,
+            credit: EARLY_MAX * SECOND_NS,
+            credit_at: now,
+        }
+    }
+
+    /// One poll: whether a decision was refused since the last, and what was admitted.
+    fn sample(&mut self, now: u64) {
+        let refused = self.shared.starved.swap(false, Ordering::Relaxed);
+        self.polls += 1;
+        self.starved_polls += u32::from(refused);
+        if refused {
+            self.refused_run += 1;
+            self.last_refused = now;
+        } else {
+            self.refused_run = 0;
+        }
+        self.ring_at = (self.ring_at + 1) % RING;
+        self.ring[self.ring_at] = (now, self.shared.admitted.load(Ordering::Relaxed));
+        self.credit = (self.credit + (now - self.credit_at)).min(EARLY_MAX * SECOND_NS);
+        self.credit_at = now;
+    }
+
+    /// Refused at the last two polls while Redis would give more than the instance holds
+    /// (or its last round did not ask for everything): it asks again before its refresh.
+    fn starving(&self) -> bool {
+        let rate = self.shared.rate_milli.load(Ordering::Relaxed);
+        self.refused_run >= 2
+            && (!self.asked_all
+                || rate + rate / 16 < self.shared.target_milli.load(Ordering::Relaxed))
+    }
+
+    /// The demand of an instance that used its share (refused within the last refresh
+    /// period, or spending half of it over the last four) and now spends under a quarter of
+    /// it: its rate since the latest refusal (within the period, at least two and a half
+    /// polls, one admission more than counted so that a few admissions do not read as
+    /// none), where the share would have paid 8 tokens or more. `None` otherwise.
+    fn quiet_drop(&self, now: u64, refresh: u64) -> Option<u64> {
+        let (_, share, _) = self.has?;
+        let admitted = self.shared.admitted.load(Ordering::Relaxed);
+        let (t0, a0) = self.history[0];
+        let used_before =
+            self.last_refused + refresh >= now || rate_of(admitted - a0, now - t0) >= share / 2;
+        let start = self.last_refused.max(now.saturating_sub(refresh));
+        let &(at, count) = self
+            .ring
+            .iter()
+            .filter(|x| x.0 > 0 && x.0 >= start)
+            .min_by_key(|x| x.0)?;
+        let window = now.saturating_sub(at);
+        let meaningful = window >= refresh * 5 / 32
+            && u128::from(share) * u128::from(window) >= 8 * 1_000_000_000_000;
+        let used = rate_of(admitted - count + 1, window);
+        (used_before && meaningful && used < share / 4).then_some(used)
+    }
 }
 
 struct Worker {
@@ -444,11 +551,10 @@ struct Worker {
     buckets: Vec<Local>,
 }
 
-const SECOND_NS: u64 = 1_000_000_000;
-
 impl Worker {
     fn run(mut self) {
         let refresh = self.shared.config.refresh_every().as_nanos() as u64;
+        let poll = refresh / 16;
         loop {
             let fresh: Vec<Arc<Shared>> = std::mem::take(
                 &mut *self
@@ -459,21 +565,7 @@ impl Worker {
             );
             for shared in fresh {
                 let now = shared.clock.real();
-                self.buckets.push(Local {
-                    shared,
-                    seq: 0,
-                    has: None,
-                    last_at: now,
-                    history: [(now, 0); 4],
-                    mid: None,
-                    polls: 0,
-                    starved_polls: 0,
-                    late_polls: 0,
-                    late_starved: 0,
-                    asked_all: false,
-                    next_at: 0,
-                    last_extra: None,
-                });
+                self.buckets.push(Local::new(shared, now));
             }
             if self.shared.stop.load(Ordering::Relaxed) {
                 for i in 0..self.buckets.len() {
@@ -483,35 +575,25 @@ impl Worker {
                 }
                 return;
             }
-            let poll = refresh / 16;
             let mut wait = poll;
             for i in 0..self.buckets.len() {
                 let b = &mut self.buckets[i];
                 let now = b.shared.clock.real();
-                if b.mid.is_none() && now >= b.last_at + refresh * 3 / 4 {
-                    // Three quarters through: what the period admitted so far.
-                    b.mid = Some((now, b.shared.admitted.load(Ordering::Relaxed)));
+                // Sixteen samples a period of whether decisions were refused, and of what
+                // was admitted.
+                if now >= b.ring[b.ring_at].0 + poll / 2 {
+                    b.sample(now);
                 }
-                // Sixteen samples a period of whether decisions were refused: the share of
-                // the period the instance was starved, and of its last quarter.
-                b.polls += 1;
-                let refused = b.shared.starved.swap(false, Ordering::Relaxed);
-                b.starved_polls += u32::from(refused);
-                if b.mid.is_some() {
-                    b.late_polls += 1;
-                    b.late_starved += u32::from(refused);
-                }
-                // One round more per second at most: refused while its last round did not
-                // ask for everything, or below its fair share.
-                let extra = b.last_extra.is_none_or(|at| now >= at + SECOND_NS)
-                    && b.starved_polls > 0
-                    && (!b.asked_all
-                        || b.shared.target_milli.load(Ordering::Relaxed)
-                            > b.shared.rate_milli.load(Ordering::Relaxed))
-                    && now >= b.last_at + refresh / 8;
-                if now >= b.next_at || extra {
-                    if extra && now < b.next_at {
-                        self.buckets[i].last_extra = Some(now);
+                // Early (one a second, three back to back at most, three polls after the
+                // last round): starved while Redis would give more, or demand fell well
+                // below the share (given back at once, so Redis can hand it on).
+                let early = now < b.next_at
+                    && b.credit >= SECOND_NS
+                    && now >= b.last_at + poll * 3
+                    && (b.starving() || b.quiet_drop(now, refresh).is_some());
+                if now >= b.next_at || early {
+                    if early {
+                        b.credit -= SECOND_NS;
                     }
                     self.round(i, false);
                 }
@@ -544,74 +626,52 @@ impl Worker {
         b.seq += 1;
         let sent = s.clock.real();
         let admitted = s.admitted.load(Ordering::Relaxed);
-        let rate_of = |count: u64, since: u64| {
-            (u128::from(count) * 1_000_000_000_000 / u128::from(sent.saturating_sub(since).max(1)))
-                as u64
-        };
         // Demand over the last four periods (about one lease lifetime: enough admissions
-        // to be steady at low rates)...
+        // to be steady at low rates), or since the demand fell (reported at once).
         let (t0, a0) = b.history[0];
-        let long_milli = rate_of(admitted - a0, t0);
-        let mut used_milli = long_milli;
-        let mut dropped = false;
+        let long_milli = rate_of(admitted - a0, sent - t0);
         let share_milli = b.has.map_or(0, |h| h.1);
-        // ...or over the last quarter of this period when it fell below a quarter of the
-        // share, and the share would have paid at least 8 tokens there: a drop is
-        // reported at once.
-        if let Some((at, count)) = b.mid.filter(|m| m.0 > b.last_at && sent > m.0) {
-            // One admission more than counted: a few admissions measure a low rate
-            // coarsely, and too small a share would be refused at once.
-            let half = rate_of(admitted - count + 1, at);
-            let meaningful =
-                u128::from(share_milli) * u128::from(sent - at) >= 8 * 1_000_000_000_000;
-            if meaningful && half < share_milli / 4 {
-                used_milli = half;
-                // Used before, not now: the share goes back before the round.
-                dropped = long_milli >= share_milli / 2;
-            }
-        }
+        let quiet = b.quiet_drop(sent, refresh);
         for k in 0..3 {
             b.history[k] = b.history[k + 1];
         }
         b.history[3] = (sent, admitted);
-        // Refused for three quarters of the period or more: it wants the whole rate; for
-        // a fraction f of it: (1 + 2f) times what it has or used. Otherwise its use, with
-        // an eighth of headroom; a share it still uses half of is kept as it is (fewer
+        // (A round soon after the last one counts its few polls as part of a period: a
+        // refusal or two there is no sign of demand above the share.)
+        let (polls, starved_polls) = (u64::from(b.polls.max(16)), u64::from(b.starved_polls));
+        (b.polls, b.starved_polls) = (0, 0);
+        // Fell well below its share: what it uses now, with an eighth of headroom. Refused
+        // at the last two polls or for three quarters of the period or more: it wants the
+        // whole rate (Redis's max-min division caps it at the fair share); for a fraction
+        // f of the period: (1 + 2f) times what it has or used. Otherwise its use, with an
+        // eighth of headroom; a share it still uses half of is kept as it is (fewer
         // changes).
-        b.polls += 1;
-        if s.starved.swap(false, Ordering::Relaxed) {
-            b.starved_polls += 1;
-            b.late_starved += u32::from(b.mid.is_some());
-        }
-        b.late_polls += u32::from(b.mid.is_some());
-        let (polls, starved_polls) = (u64::from(b.polls), u64::from(b.starved_polls));
-        // Refused at every sample of the last quarter: demand just rose.
-        let late = b.late_polls >= 2 && b.late_starved == b.late_polls;
-        (b.polls, b.starved_polls, b.late_polls, b.late_starved) = (0, 0, 0, 0);
-        b.mid = None;
-        let starved = starved_polls > 0;
-        b.asked_all = late || starved_polls * 4 >= polls * 3;
-        let want_milli = if b.asked_all {
-            s.policy.rate_milli()
-        } else if starved {
-            let more = share_milli.max(used_milli);
-            (more + more * 2 * starved_polls / polls).min(s.policy.rate_milli())
-        } else if used_milli >= share_milli / 2 {
-            share_milli.max(used_milli + used_milli / 8)
+        let all = s.policy.rate_milli();
+        b.asked_all = quiet.is_none() && (b.refused_run >= 2 || starved_polls * 4 >= polls * 3);
+        let want_milli = if let Some(used) = quiet {
+            used + used / 8
+        } else if b.asked_all {
+            all
+        } else if starved_polls > 0 {
+            let more = share_milli.max(long_milli);
+            (more + more * 2 * starved_polls / polls).min(all)
+        } else if long_milli >= share_milli / 2 {
+            share_milli.max(long_milli + long_milli / 8)
         } else {
-            used_milli + used_milli / 8
+            long_milli + long_milli / 8
         };
         // Demand fell well below a share it used: shrink the share here first and report
         // the smaller one, so Redis can hand the difference to others at once. (An idle
         // instance keeps what it holds: Redis splits what nobody wants evenly, so a quiet
         // fleet's buckets fill to its whole burst.)
-        if let (true, false, false, Some((seq, r, bu))) = (dropped, starved, leave, b.has) {
-            let min_r = (s.policy.rate_milli() / cfg.min_share_divisor).max(1);
+        if let (Some(_), false, Some((seq, r, bu))) = (quiet, leave, b.has) {
+            let min_r = (all / cfg.min_share_divisor).max(1);
             let r2 = want_milli.max(min_r);
-            let b2 = ((u128::from(s.policy.capacity()) * u128::from(r2)
-                / u128::from(s.policy.rate_milli())) as u64)
+            let b2 = ((u128::from(s.policy.capacity()) * u128::from(r2) / u128::from(all)) as u64)
                 .clamp(1, bu.max(1));
             if r2 < r - r / 4 {
+                // What it used before the drop is no longer its demand.
+                b.history = [(sent, admitted); 4];
                 if let Ok(p) = Policy::per(b2, r2, Duration::from_secs(1000)) {
                     s.bucket.reconfigure(p, Inherit::AsIs);
                     s.share_changes.fetch_add(1, Ordering::Relaxed);
@@ -633,7 +693,7 @@ impl Worker {
             keys: &s.keys,
             policy: &s.policy,
             lease_us: (cfg.pool.lease_ttl + cfg.pool.grace).as_micros() as u64,
-            min_share_milli: (s.policy.rate_milli() / cfg.min_share_divisor).max(1),
+            min_share_milli: (all / cfg.min_share_divisor).max(1),
             keep_ms: cfg.pool.key_keep.as_millis() as u64,
         };
         let con = self.con.as_mut().expect("connected above");
@@ -646,11 +706,12 @@ impl Worker {
                 self.shared.unreachable.store(false, Ordering::Relaxed);
                 let before = b.has;
                 apply(&s, b, &reply, sent + ttl);
-                // A smaller share is acknowledged at once (one round more per second at
-                // most), so Redis hands the difference to others now, not at expiry.
-                let shrank = matches!((before, b.has), (Some((_, r0, b0)), Some((_, r1, b1))) if r1 < r0 || b1 < b0);
-                if shrank && !leave && b.last_extra.is_none_or(|at| sent >= at + SECOND_NS) {
-                    b.last_extra = Some(sent);
+                // A share an eighth smaller or more is acknowledged at once (out of the
+                // early rounds' credit), so Redis hands the difference to others now, not
+                // at the next refresh or expiry.
+                let shrank = matches!((before, b.has), (Some((_, r0, b0)), Some((_, r1, b1))) if r1 < r0 - r0 / 8 || b1 < b0 - b0 / 8);
+                if shrank && !leave && b.credit >= SECOND_NS {
+                    b.credit -= SECOND_NS;
                     b.next_at = sent;
                 }
             }
@@ -740,21 +801,8 @@ mod tests {
         let keys = RateKeys::new("unit", "b").unwrap();
         let policy = RemotePolicy::new(1000, 1000.0).unwrap();
         let shared = Arc::new(Shared::new(keys, policy));
-        let local = Local {
-            shared: shared.clone(),
-            seq: 1,
-            has: None,
-            last_at: 0,
-            history: [(0, 0); 4],
-            mid: None,
-            polls: 0,
-            starved_polls: 0,
-            late_polls: 0,
-            late_starved: 0,
-            asked_all: false,
-            next_at: 0,
-            last_extra: None,
-        };
+        let mut local = Local::new(shared.clone(), 0);
+        local.seq = 1;
         (local, shared)
     }
 
@@ -850,5 +898,61 @@ mod tests {
         for _ in 0..5 {
             assert!(bucket.try_acquire(1).is_ok());
         }
+    }
+
+    /// `polls` samples `poll` apart from `t`, each refused or not and admitting `each`.
+    fn polls(local: &mut Local, t: &mut u64, poll: u64, n: u32, refused: bool, each: u64) {
+        for _ in 0..n {
+            *t += poll;
+            local.shared.admitted.fetch_add(each, Ordering::Relaxed);
+            local.shared.starved.store(refused, Ordering::Relaxed);
+            local.sample(*t);
+        }
+    }
+
+    #[test]
+    fn a_fallen_demand_is_read_within_three_polls_and_a_starved_instance_asks_early() {
+        let refresh = 250_000_000;
+        let poll = refresh / 16;
+        let (mut local, s) = setup();
+        let mut t = 2 * SECOND_NS;
+        local.history = [(t, 0); 4];
+        local.credit_at = t;
+        // A share of 800/s, spent whole and refused at every poll (12 tokens a poll).
+        local.has = Some((1, 800_000, 160));
+        s.rate_milli.store(800_000, Ordering::Relaxed);
+        polls(&mut local, &mut t, poll, 16, true, 12);
+        assert_eq!(
+            local.quiet_drop(t, refresh),
+            None,
+            "a busy share read as fallen"
+        );
+        // Refused at two polls in a row, its last round not asking for everything: it asks.
+        assert!(local.starving());
+        // Asked for everything and holds its fair target: no early round.
+        local.asked_all = true;
+        s.target_milli.store(800_000, Ordering::Relaxed);
+        assert!(!local.starving());
+        // Others still hold more than their targets: it asks again.
+        s.target_milli.store(900_000, Ordering::Relaxed);
+        assert!(local.starving());
+        // Demand falls to one admission in three polls: not read after two polls (too few
+        // to tell), read after three, as under a quarter of the share.
+        polls(&mut local, &mut t, poll, 1, false, 1);
+        polls(&mut local, &mut t, poll, 1, false, 0);
+        assert_eq!(local.quiet_drop(t, refresh), None);
+        polls(&mut local, &mut t, poll, 1, false, 0);
+        let used = local.quiet_drop(t, refresh).expect("the drop was not read");
+        assert!(used < 800_000 / 4, "{used}");
+        assert!(!local.starving());
+        // An instance that never used its share (idle since it got it) keeps it.
+        let (mut idle, s2) = setup();
+        let mut t = 2 * SECOND_NS;
+        idle.history = [(t, 0); 4];
+        idle.credit_at = t;
+        idle.has = Some((1, 800_000, 160));
+        s2.rate_milli.store(800_000, Ordering::Relaxed);
+        polls(&mut idle, &mut t, poll, 16, false, 0);
+        assert_eq!(idle.quiet_drop(t, refresh), None);
     }
 }
