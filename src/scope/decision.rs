@@ -616,6 +616,92 @@ impl<'a> ScopeVerdict<'a> {
         }
     }
 
+    /// The verdict of an admission that paid the global scope's bucket (its first
+    /// limit, at `global.0`, deciding `global.1`) and kind `k`'s (its key's own bucket,
+    /// in local tier `tier`, at `cost`, deciding `d`), built in one expression: the
+    /// tightest of the two as [`ScopeDecision::verdict`] chooses (the global scope among
+    /// equals, first in [`ScopeKind`] order).
+    #[inline(always)]
+    pub(crate) fn admitted_two(
+        policies: &'a Policies,
+        global: (u64, &Decision),
+        (k, tier, cost, d): (usize, u8, u64, &Decision),
+    ) -> ScopeVerdict<'a> {
+        let g = ScopeKind::Global.index();
+        // The whole tokens left of a bucket whose policy has `frac_bits`.
+        let whole = |balance: i64, frac_bits: u32| {
+            if balance > 0 {
+                (balance as u64) >> frac_bits
+            } else {
+                0
+            }
+        };
+        let (Some(gp), Some(kp)) = (policies.get(g, 0), policies.get(k, tier)) else {
+            // A kind with no policy to read its balance with (never, for a bucket
+            // paid): as `verdict`, one part at a time.
+            let mut v = ScopeVerdict::nothing(policies);
+            v.admitted_part(g, 0, global.0, global.1);
+            v.admitted_part(k, tier, cost, d);
+            return v;
+        };
+        let (gf, kf) = (
+            gp.policy().layout().frac_bits(),
+            kp.policy().layout().frac_bits(),
+        );
+        let (gb, gl) = global.1.parts();
+        let (kb, kl) = d.parts();
+        let keyed = whole(kb, kf) < whole(gb, gf);
+        // At most 63 fraction bits: fits a byte.
+        let (tightest, tier, frac_bits, balance, lead_nanos, cost) = if keyed {
+            (k, tier, kf as u8, kb, kl, cost)
+        } else {
+            (g, 0, gf as u8, gb, gl, global.0)
+        };
+        ScopeVerdict {
+            refused: None,
+            tightest: Some(ScopeKind::ALL[tightest]),
+            tier,
+            overflow: false,
+            frac_bits,
+            wait_nanos: 0,
+            balance,
+            lead_nanos,
+            cost,
+            policies,
+        }
+    }
+
+    /// Offers kind `k`'s bucket decision `d` of an admission (the bucket its key's own,
+    /// in local tier `tier`, paying `cost`), the kinds offered in [`ScopeKind`] order to
+    /// a verdict begun as [`nothing`](ScopeVerdict::nothing): it becomes the tightest
+    /// scope when it has fewer whole tokens left than the tightest so far, so that the
+    /// first among equals stays, as [`ScopeDecision::verdict`] chooses. A kind with no
+    /// policy to read its balance with is passed over (as there).
+    #[inline(always)]
+    pub(crate) fn admitted_part(&mut self, k: usize, tier: u8, cost: u64, d: &Decision) {
+        let Some(kp) = self.policies.get(k, tier) else {
+            return;
+        };
+        let frac_bits = kp.policy().layout().frac_bits();
+        let (balance, lead_nanos) = d.parts();
+        let whole = if balance > 0 {
+            (balance as u64) >> frac_bits
+        } else {
+            0
+        };
+        if self.tightest.is_some() && whole >= self.remaining() {
+            return;
+        }
+        self.tightest = Some(ScopeKind::ALL[k]);
+        self.tier = tier;
+        self.overflow = false;
+        // At most 63 fraction bits: fits a byte.
+        self.frac_bits = frac_bits as u8;
+        self.balance = balance;
+        self.lead_nanos = lead_nanos;
+        self.cost = cost;
+    }
+
     /// The verdict of a request that paid nothing (no scope charged).
     #[inline]
     pub(crate) fn nothing(policies: &'a Policies) -> ScopeVerdict<'a> {
@@ -968,7 +1054,7 @@ mod tests {
         use crate::scope::{Rule, RuleSet, ScopeKind, TenantId, UserId, WorkClass};
         use crate::{ManualClock, Policy};
         let clock = ManualClock::new();
-        let sets: [fn() -> RuleSet; 4] = [
+        let sets: [fn() -> RuleSet; 6] = [
             || RuleSet::new().rule(ScopeKind::Global, Rule::new(Policy::new(7, 2.0).unwrap())),
             || {
                 RuleSet::new().rule(
@@ -982,6 +1068,30 @@ mod tests {
                 RuleSet::new()
                     .rule(ScopeKind::Global, Rule::new(Policy::new(30, 3.0).unwrap()))
                     .rule(ScopeKind::Tenant, Rule::new(Policy::new(6, 1.0).unwrap()))
+            },
+            // Equal policies, counted: asked by one tenant alone (below), the global
+            // scope and the tenant are tied on what is left.
+            || {
+                RuleSet::new()
+                    .rule(
+                        ScopeKind::Global,
+                        Rule::new(Policy::new(8, 2.0).unwrap()).counters(true),
+                    )
+                    .rule(
+                        ScopeKind::Tenant,
+                        Rule::new(Policy::new(8, 2.0).unwrap()).counters(true),
+                    )
+            },
+            // A tenant in a tier of other fraction bits.
+            || {
+                RuleSet::new()
+                    .rule(
+                        ScopeKind::Global,
+                        Rule::new(Policy::new(100_000, 500.0).unwrap()),
+                    )
+                    .rule(ScopeKind::Tenant, Rule::new(Policy::new(3, 0.5).unwrap()))
+                    .tier("gold", vec![Policy::new(4000, 100.0).unwrap()])
+                    .override_key(crate::scope::Scope::Tenant(TenantId(1)), "gold")
             },
             || {
                 RuleSet::new()
@@ -1005,7 +1115,11 @@ mod tests {
             let (decided, verdicts) = (build(), build());
             let (mut admitted, mut refused) = (0, 0);
             for i in 0u64..400 {
-                let request = Request::new().tenant(TenantId(i % 3)).user(UserId(i % 4));
+                let request = if n == 3 {
+                    Request::new().tenant(TenantId(7))
+                } else {
+                    Request::new().tenant(TenantId(i % 3)).user(UserId(i % 4))
+                };
                 let name = if i % 5 == 0 { "two" } else { "one" };
                 let d = decided.try_acquire(&request, decided.class(name).unwrap());
                 let v = verdicts.try_acquire_verdict(&request, verdicts.class(name).unwrap());
@@ -1024,6 +1138,11 @@ mod tests {
         assert!(
             one_held > 100,
             "the one-bucket held path took {one_held} requests"
+        );
+        let two_held = crate::scope::held::TWO_HELD.with(std::cell::Cell::get);
+        assert!(
+            two_held > 100,
+            "the global + one keyed bucket held path took {two_held} requests"
         );
     }
 

@@ -37,7 +37,7 @@ use std::ptr;
 use std::time::Duration;
 
 use super::decision::{KindSet, Policies};
-use super::generation::Generation;
+use super::generation::{Generation, GlobalWord};
 use super::inline::Inline;
 use super::kind::{PerKind, ScopeKind};
 use super::maps::KEYED_KINDS;
@@ -49,7 +49,7 @@ use crate::hint::cold_path;
 use crate::keyed::{Handle, Held, Sections};
 use crate::multi::{Prepared, sealed::Sealed};
 use crate::pass::Passes;
-use crate::telemetry::Attempt;
+use crate::telemetry::{Attempt, CounterRef};
 
 /// One keyed kind's bucket held in a reader section: what the request pays there.
 pub(super) struct Keyed<'h, C> {
@@ -102,15 +102,20 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// at most one bucket: on buckets held in reader sections where it can, else, with
     /// nothing taken and every section ended, on the locked path (see the module
     /// docs).
+    ///
+    /// The outcome is written as `O` makes it: the whole [`ScopeDecision`], or its
+    /// [`ScopeVerdict`] made as each bucket is taken (for
+    /// [`try_acquire_verdict`](ScopedLimiter::try_acquire_verdict): no decision built,
+    /// moved and reduced).
     #[inline(always)]
-    pub(super) fn pay_held<'s>(
+    pub(super) fn pay_held<'s, O: Outcome<'s>>(
         &'s self,
         g: &'s Generation,
         costs: &'s PerKind<u64>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
-    ) -> Result<ScopeDecision<'s>, ScopeError> {
+    ) -> Result<O, ScopeError> {
         let mut out = MaybeUninit::uninit();
         self.pay_held_into(g, costs, request, class, paid, &mut out);
         // SAFETY: `pay_held_into` writes `out` before it returns, on every path.
@@ -122,14 +127,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// `out` is where the caller returns it from: in the builds measured, the compiler
     /// passes the caller's own return place, and nothing is copied after the call.
     #[inline(never)]
-    fn pay_held_into<'s>(
+    fn pay_held_into<'s, O: Outcome<'s>>(
         &'s self,
         g: &'s Generation,
         costs: &'s PerKind<u64>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
-        out: &mut MaybeUninit<Result<ScopeDecision<'s>, ScopeError>>,
+        out: &mut MaybeUninit<Result<O, ScopeError>>,
     ) {
         macro_rules! ret {
             ($e:expr) => {{
@@ -148,7 +153,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             cold_path();
             // The locked path takes the shards' locks: the sections end first.
             drop(sections);
-            ret!(self.pay_scopes(request, class))
+            ret!(self.pay_scopes(request, class).map(O::of))
         }
         let now = self.now_on(g);
         let keyed = held.list.as_slice();
@@ -156,7 +161,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if keyed.iter().any(|e| e.passes.is_due(now)) {
             cold_path();
             drop(sections);
-            ret!(self.pay_scopes(request, class))
+            ret!(self.pay_scopes(request, class).map(O::of))
         }
         let global = self.global_payer(g, costs);
         let global_cost = costs[ScopeKind::Global.index()];
@@ -173,13 +178,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // part as the bucket is taken: not gathered here and copied there at the end
         // (measured: BENCHMARKS.md, "Scoped path: the decision written where it is
         // returned"). A refusal or a fall back to the locked path overwrites it.
-        let admission = out.write(Ok(ScopeDecision::paid_in(
-            request,
-            costs,
-            policies,
-            tiers_of(tiers),
-            paid,
-        )));
+        let admission = out.write(Ok(O::admission(request, costs, policies, tiers, paid)));
         let Ok(decision) = admission else {
             return;
         };
@@ -188,21 +187,23 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // compiled out of line, and its captures were stored on the path that admits.
         macro_rules! refused {
             ($at:expr, $d:expr) => {{
-                *admission = self.refused_held(
-                    Base {
-                        request,
-                        costs,
-                        policies,
-                        tiers,
-                        paid,
-                    },
-                    global_ref,
-                    keyed,
-                    $at,
-                    $d,
-                    now,
-                    attempt,
-                );
+                *admission = self
+                    .refused_held(
+                        Base {
+                            request,
+                            costs,
+                            policies,
+                            tiers,
+                            paid,
+                        },
+                        global_ref,
+                        keyed,
+                        $at,
+                        $d,
+                        now,
+                        attempt,
+                    )
+                    .map(O::of);
                 return;
             }};
         }
@@ -235,11 +236,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 _ => p.take_at(global_cost, now),
             };
             match outcome {
-                Ok(d) if d.is_admitted() => decision.part(ScopeKind::Global.index(), &d),
+                Ok(d) if d.is_admitted() => {
+                    decision.part(ScopeKind::Global.index(), 0, global_cost, &d);
+                }
                 Ok(d) => refused!(None, &d),
                 Err(_) => {
                     drop(sections);
-                    ret!(self.pay_scopes(request, class))
+                    ret!(self.pay_scopes(request, class).map(O::of))
                 }
             }
         }
@@ -250,7 +253,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 _ => e.handle.take_at(e.cost(costs), now),
             };
             match outcome {
-                Ok(d) if d.is_admitted() => decision.part(e.kind.index(), &d),
+                Ok(d) if d.is_admitted() => {
+                    decision.part(e.kind.index(), e.tier, e.cost(costs), &d)
+                }
                 Ok(d) => {
                     give_back(global.as_ref(), costs, &keyed[..i], now);
                     refused!(Some(i), &d);
@@ -258,7 +263,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Err(_) => {
                     give_back(global.as_ref(), costs, &keyed[..i], now);
                     drop(sections);
-                    ret!(self.pay_scopes(request, class))
+                    ret!(self.pay_scopes(request, class).map(O::of))
                 }
             }
         }
@@ -341,6 +346,132 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
     }
 
+    /// [`pay_held`](Self::pay_held) for a request that pays the global scope, a plain
+    /// word of generation `g` (not leased), and one keyed kind (`paid` has one),
+    /// answered as its [`ScopeVerdict`]: the two buckets planned on the words read
+    /// (a refusal writes nothing), then taken, the global scope's first, and the verdict
+    /// made from their decisions as they are taken, with no list, no payer to match on
+    /// and no [`ScopeDecision`] built. The same plans, takes, give-backs, counts and
+    /// refusals as `pay_held` for these two buckets; every case it sends to the locked
+    /// path (a new key, a writer on the shard, several limits, a pass due, a switch, a
+    /// sealed word) goes there here too, nothing taken.
+    #[inline(never)]
+    pub(super) fn pay_two_held<'s>(
+        &'s self,
+        g: &'s Generation,
+        costs: &'s PerKind<u64>,
+        request: &Request,
+        class: ClassId,
+        paid: KindSet,
+        counters: CounterRef<'s>,
+    ) -> Result<ScopeVerdict<'s>, ScopeError> {
+        let sections = Sections::<KEYED_KINDS>::new();
+        let mut held = HeldKinds {
+            list: Inline::new(),
+        };
+        let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
+        if !all_held || !ptr::eq(self.generation(), g) {
+            cold_path();
+            drop(sections);
+            return self.pay_scopes(request, class).map(|d| d.verdict());
+        }
+        let now = self.now_on(g);
+        let (Some(w), [e]) = (
+            GlobalWord::new(g, 0, &self.clock, counters),
+            held.list.as_slice(),
+        ) else {
+            cold_path();
+            drop(sections);
+            return self.pay_scopes(request, class).map(|d| d.verdict());
+        };
+        // A map's pass locks every shard: it runs on the locked path.
+        if e.passes.is_due(now) {
+            cold_path();
+            drop(sections);
+            return self.pay_scopes(request, class).map(|d| d.verdict());
+        }
+        let global_cost = costs[ScopeKind::Global.index()];
+        let (k, cost) = (e.kind.index(), e.cost(costs));
+        #[cfg(test)]
+        TWO_HELD.with(|c| c.set(c.get() + 1));
+        let keyed = std::slice::from_ref(e);
+        // Cold, as on `pay_held`'s path: the refusal of the keyed bucket (`Some(0)`) or
+        // of the global scope's (`None`), built as the decision's, then reduced.
+        macro_rules! refused {
+            ($at:expr, $d:expr) => {{
+                let base = Base {
+                    request,
+                    costs,
+                    policies: &g.policies,
+                    tiers: u64::from(e.tier) << (8 * k),
+                    paid: paid | KindSet::from(true),
+                };
+                return self
+                    .refused_held(
+                        base,
+                        Some(&Payer::Global(w)),
+                        keyed,
+                        $at,
+                        $d,
+                        now,
+                        request.attempt,
+                    )
+                    .map(|d| d.verdict());
+            }};
+        }
+        // The first pass, read-only: a refusal writes nothing.
+        let mut global_plan = MaybeUninit::<Prepared>::uninit();
+        w.prepare(global_cost, now, &mut global_plan);
+        // SAFETY: `prepare` wrote the plan.
+        let global_plan = unsafe { global_plan.assume_init_ref() };
+        if let Prepared::Refused(d) = global_plan {
+            refused!(None, d);
+        }
+        let mut plan = MaybeUninit::<Prepared>::uninit();
+        e.handle.prepare(cost, now, &mut plan);
+        // SAFETY: `prepare` wrote the plan.
+        let plan = unsafe { plan.assume_init_ref() };
+        if let Prepared::Refused(d) = plan {
+            refused!(Some(0), d);
+        }
+        // The takes: each lands its plan, or decides on the word as it is then.
+        let outcome = match global_plan {
+            Prepared::Take(plan) => w.commit(plan, global_cost, now),
+            _ => w.take_at(global_cost, now),
+        };
+        let global_decision = match outcome {
+            Ok(d) if d.is_admitted() => d,
+            Ok(d) => refused!(None, &d),
+            Err(_) => {
+                drop(sections);
+                return self.pay_scopes(request, class).map(|d| d.verdict());
+            }
+        };
+        let outcome = match plan {
+            Prepared::Take(plan) => e.handle.commit(plan, cost, now),
+            _ => e.handle.take_at(cost, now),
+        };
+        let decision = match outcome {
+            Ok(d) if d.is_admitted() => d,
+            Ok(d) => {
+                give_back(Some(&Payer::Global(w)), costs, &[], now);
+                refused!(Some(0), &d);
+            }
+            Err(_) => {
+                give_back(Some(&Payer::Global(w)), costs, &[], now);
+                drop(sections);
+                return self.pay_scopes(request, class).map(|d| d.verdict());
+            }
+        };
+        counters.record(true, global_cost, request.attempt);
+        e.handle.counters.record(true, cost, request.attempt);
+        Ok(ScopeVerdict::admitted_two(
+            &g.policies,
+            (global_cost, &global_decision),
+            (k, e.tier, cost, &decision),
+        ))
+    }
+
     /// The refusal of the held bucket `keyed[i]` (the global scope's for `None`), which
     /// decided `d` at `now`, with the time until every bucket the request pays holds its
     /// cost, counted.
@@ -398,6 +529,76 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
 std::thread_local! {
     /// Requests this thread's limiters took on [`ScopedLimiter::pay_one_held`]'s own path.
     pub(super) static ONE_HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Requests this thread's limiters took on [`ScopedLimiter::pay_two_held`]'s own path.
+    pub(super) static TWO_HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// What the held path writes a request's outcome as: the whole [`ScopeDecision`], or
+/// its [`ScopeVerdict`], made as the buckets are taken.
+pub(super) trait Outcome<'s>: Sized {
+    /// The admission of a request paying the kinds of `paid` (each on its own key's
+    /// bucket), the local tier of kind `k`'s key in byte `k` of `tiers`, before any
+    /// bucket decided: each kind's [`part`](Outcome::part) follows, in kind order.
+    fn admission(
+        request: &Request,
+        costs: &'s PerKind<u64>,
+        policies: &'s Policies,
+        tiers: u64,
+        paid: KindSet,
+    ) -> Self;
+
+    /// Kind `k`'s bucket (its key in local tier `tier`, paying `cost`) admitted with
+    /// `d`.
+    fn part(&mut self, k: usize, tier: u8, cost: u64, d: &Decision);
+
+    /// The outcome of a whole decision (a refusal, or the locked path's).
+    fn of(d: ScopeDecision<'s>) -> Self;
+}
+
+impl<'s> Outcome<'s> for ScopeDecision<'s> {
+    #[inline(always)]
+    fn admission(
+        request: &Request,
+        costs: &'s PerKind<u64>,
+        policies: &'s Policies,
+        tiers: u64,
+        paid: KindSet,
+    ) -> Self {
+        ScopeDecision::paid_in(request, costs, policies, tiers_of(tiers), paid)
+    }
+
+    #[inline(always)]
+    fn part(&mut self, k: usize, _tier: u8, _cost: u64, d: &Decision) {
+        ScopeDecision::part(self, k, d);
+    }
+
+    #[inline(always)]
+    fn of(d: ScopeDecision<'s>) -> Self {
+        d
+    }
+}
+
+impl<'s> Outcome<'s> for ScopeVerdict<'s> {
+    #[inline(always)]
+    fn admission(
+        _request: &Request,
+        _costs: &'s PerKind<u64>,
+        policies: &'s Policies,
+        _tiers: u64,
+        _paid: KindSet,
+    ) -> Self {
+        ScopeVerdict::nothing(policies)
+    }
+
+    #[inline(always)]
+    fn part(&mut self, k: usize, tier: u8, cost: u64, d: &Decision) {
+        self.admitted_part(k, tier, cost, d);
+    }
+
+    #[inline(always)]
+    fn of(d: ScopeDecision<'s>) -> Self {
+        d.verdict()
+    }
 }
 
 /// What a held request's decision is made of, besides its buckets' decisions.

@@ -687,14 +687,22 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                             || self.pay_scopes(request, class).map(|d| d.verdict()),
                         );
                     }
-                    let global_pays =
-                        self.global.is_some() && costs[ScopeKind::Global.index()] != 0;
-                    if paid.is_power_of_two() && !global_pays {
-                        return self.pay_one_held(g, costs, request, class, paid);
+                    if paid.is_power_of_two() {
+                        match &self.global {
+                            Some(global) if costs[ScopeKind::Global.index()] != 0 => {
+                                if global.leased.is_none() {
+                                    let counters = global
+                                        .counters
+                                        .as_ref()
+                                        .map_or(CounterRef::Off, CounterRef::Striped);
+                                    return self
+                                        .pay_two_held(g, costs, request, class, paid, counters);
+                                }
+                            }
+                            _ => return self.pay_one_held(g, costs, request, class, paid),
+                        }
                     }
-                    return self
-                        .pay_held(g, costs, request, class, paid)
-                        .map(|d| d.verdict());
+                    return self.pay_held(g, costs, request, class, paid);
                 }
             }
         }

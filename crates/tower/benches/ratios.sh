@@ -70,7 +70,7 @@ for threads in 1 2; do
     for c in $cases; do
         f=$dir/$c/new/estimates.json
         [ -f "$f" ] || continue
-        ns[$c]=$(grep -o '"median":{[^}]*"point_estimate":[0-9.e+-]*' "$f" | grep -o '[0-9.e+-]*$')
+        ns[$c]=$(grep -o '"median":{"confidence_interval":{[^}]*},"point_estimate":[0-9.e+-]*' "$f" | grep -o '[0-9.e+-]*$')
     done
     [ -n "${ns[bare]:-}" ] || continue
     nown() { awk -v a="${ns[$1]}" -v b="${ns[bare]}" 'BEGIN { printf "%.1f", a - b }'; }
