@@ -553,7 +553,9 @@ pub fn fleets(
     fault: impl FnOnce(),
 ) -> Vec<Run> {
     let policy = RemotePolicy::new(CAP, RATE as f64).unwrap();
-    let logs: Vec<Vec<Mutex<Vec<(u64, u64)>>>> = groups
+    // Per group, per bucket: the admissions, (wall ns before, wall ns after).
+    type Log = Mutex<Vec<(u64, u64)>>;
+    let logs: Vec<Vec<Log>> = groups
         .iter()
         .map(|g| g.scopes.iter().map(|_| Mutex::new(Vec::new())).collect())
         .collect();
