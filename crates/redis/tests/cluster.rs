@@ -160,7 +160,7 @@ fn the_fleet_stays_within_its_bound_while_the_slots_it_uses_move() {
         &c.url(),
         &ns,
         &scopes,
-        (4, 2, 4000),
+        (4, 2, common::runs(3000, 4000)),
         |cfg| cfg,
         || {
             for &slot in &slots {
@@ -195,7 +195,7 @@ fn a_sigkilled_primary_fails_over_and_the_fleet_stays_within_the_lost_grant_term
         &url,
         &ns,
         &scopes,
-        (4, 2, 4000),
+        (4, 2, common::runs(3000, 4000)),
         |cfg| cfg,
         || {
             c.kill(primary);
@@ -230,7 +230,7 @@ fn a_forced_failover_stays_within_the_lost_grant_term_and_with_wait_within_b_plu
                 tune: &waiting,
             },
         ];
-        let runs = fleets(&url, &ns, &groups, (4, 2, 4000), || {
+        let runs = fleets(&url, &ns, &groups, (4, 2, common::runs(3000, 4000)), || {
             c.failover_force(replica);
             common::wait_until(
                 "the old primary never became a replica",

@@ -207,8 +207,9 @@ impl Fleet {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let ns = common::namespace(self.name);
-        // A second for the children to start and connect.
-        let start = common::wall_ns() + 1_000_000_000;
+        // Half a second for the children to start and connect (one connecting later
+        // starts its schedule late: the checks take every admission as it came).
+        let start = common::wall_ns() + 500_000_000;
         let envs: Vec<Vec<(String, String)>> = (0..self.k)
             .map(|i| {
                 let url = self.urls[i].clone().unwrap_or_else(|| server.url());
@@ -277,10 +278,11 @@ impl Fleet {
 #[test]
 fn exact_mode_fleet_stays_within_b_plus_rt_in_every_window_and_is_not_starved() {
     let mut server = common::Server::start();
+    // The quiet refills what the warm-up spent (16 tokens at 100/s) many times over.
     let fleet = Fleet {
         k: 8,
         warm: 2,
-        quiet_ms: 2500,
+        quiet_ms: common::runs(1000, 2500),
         ttl_ms: 8000,
         ..Fleet::new("steady", 8)
     };
@@ -305,7 +307,7 @@ fn loose_mode_fleet_stays_within_its_bound() {
         mode: "loose",
         depth: 2,
         threads: 2,
-        quiet_ms: 2500,
+        quiet_ms: common::runs(1000, 2500),
         ttl_ms: 8000,
         ms: 2000,
         ..Fleet::new("loose", 4)

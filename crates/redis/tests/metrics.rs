@@ -337,14 +337,14 @@ fn leases_expired_unspent_are_counted_and_unsettled_until_settled() {
     let proxy = tokengate_testkit::net::BlackHole::to_port(server.port());
     let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
-    // Leases live 600 ms; a round to the stalled server takes 700 ms, then as much again
+    // Leases live 400 ms; a round to the stalled server takes 500 ms, then as much again
     // on a new connection.
     let pool = metrics::with_local_recorder(&recorder, || {
         RedisPool::connect(
             PoolConfig::new(proxy.url(), common::namespace("m-expired"))
-                .lease_ttl(Duration::from_millis(600))
-                .exchange_timeout(Duration::from_millis(700))
-                .connect_timeout(Duration::from_millis(700))
+                .lease_ttl(Duration::from_millis(400))
+                .exchange_timeout(Duration::from_millis(500))
+                .connect_timeout(Duration::from_millis(500))
                 .fail_mode(FailMode::FailClosed),
         )
     })
