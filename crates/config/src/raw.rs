@@ -105,6 +105,8 @@ pub(crate) struct RawRedis {
     pub(crate) lease_ttl: Option<Spanned<String>>,
     pub(crate) fail_mode: Option<Spanned<String>>,
     pub(crate) instances: Option<Spanned<i64>>,
+    pub(crate) wait_for_replicas: Option<Spanned<i64>>,
+    pub(crate) wait_timeout: Option<Spanned<String>>,
     pub(crate) cluster_nodes: Option<Spanned<Vec<String>>>,
     pub(crate) sentinel_master: Option<Spanned<String>>,
     pub(crate) sentinels: Option<Spanned<Vec<String>>>,

@@ -13,6 +13,8 @@
 //! lease_ttl = "2s"
 //! fail_mode = "local"                       # or "fail_open", "fail_closed"
 //! instances = 4
+//! wait_for_replicas = 1                     # a grant or take counts once a replica has it
+//! wait_timeout = "20ms"                     # below exchange_timeout
 //! # cluster_nodes = ["rediss://a:7000/", "rediss://b:7000/"] # a Redis Cluster, or
 //! # sentinel_master = "mymaster"; sentinels = ["redis://s1:26379/"] # a Sentinel group
 //!
@@ -96,6 +98,10 @@ pub struct RedisSection {
     pub fail_mode: Option<FailMode>,
     /// The fleet size assumed until Redis reports one.
     pub instances: Option<u64>,
+    /// Replicas that must acknowledge each grant round and strict take (`WAIT`), and the
+    /// most to wait for them (below the exchange timeout):
+    /// [`PoolConfig::wait_for_replicas`]. Both fields or neither.
+    pub wait_for_replicas: Option<(u64, Duration)>,
     /// Standalone, cluster or Sentinel.
     pub topology: Topology,
 }
@@ -161,8 +167,7 @@ impl RedisSection {
     /// [`client_url`](Self::client_url) gives it), the password and CA named by where
     /// they are read from. Every topology maps: the blocking clients
     /// ([`RedisScopes`], [`RedisPool`](tokengate_redis::RedisPool)) connect to each; the
-    /// async one ([`AsyncRedisScopes`](tokengate_redis::AsyncRedisScopes), feature
-    /// `tokio`) refuses a cluster or Sentinel URL at connect
+    /// async one (`AsyncRedisScopes`, tokengate-redis's feature `tokio`) refuses a cluster or Sentinel URL at connect
     /// ([`PoolError::AsyncTopology`]).
     ///
     /// # Errors
@@ -197,6 +202,9 @@ impl RedisSection {
         if let Some(k) = self.instances {
             c = c.instances(k);
         }
+        if let Some((replicas, timeout)) = self.wait_for_replicas {
+            c = c.wait_for_replicas(replicas, timeout);
+        }
         Ok(c)
     }
 
@@ -225,6 +233,12 @@ impl RedisSection {
         check("lease_ttl", self.lease_ttl == other.lease_ttl);
         check("fail_mode", self.fail_mode == other.fail_mode);
         check("instances", self.instances == other.instances);
+        let (wait, other_wait) = (self.wait_for_replicas, other.wait_for_replicas);
+        check(
+            "wait_for_replicas",
+            wait.map(|w| w.0) == other_wait.map(|w| w.0),
+        );
+        check("wait_timeout", wait.map(|w| w.1) == other_wait.map(|w| w.1));
         check("topology", self.topology == other.topology);
         changed
     }
@@ -310,6 +324,8 @@ pub(crate) const REDIS_FIELDS: &[&str] = &[
     "lease_ttl",
     "fail_mode",
     "instances",
+    "wait_for_replicas",
+    "wait_timeout",
     "cluster_nodes",
     "sentinel_master",
     "sentinels",
@@ -410,6 +426,7 @@ pub(crate) fn section(raw: &crate::raw::RawRedis, found: &mut Vec<Found>) -> Opt
     let exchange_timeout = duration(&raw.exchange_timeout, "exchange_timeout", ms(1), s(60));
     let connect_timeout = duration(&raw.connect_timeout, "connect_timeout", ms(1), s(60));
     let lease_ttl = duration(&raw.lease_ttl, "lease_ttl", ms(10), s(3600));
+    let wait_timeout = duration(&raw.wait_timeout, "wait_timeout", ms(1), s(60));
     let fail_mode = raw
         .fail_mode
         .as_ref()
@@ -443,6 +460,57 @@ pub(crate) fn section(raw: &crate::raw::RawRedis, found: &mut Vec<Found>) -> Opt
                 None
             }
         });
+    let wait_replicas =
+        raw.wait_for_replicas
+            .as_ref()
+            .and_then(|n| match u64::try_from(*n.get_ref()) {
+                Ok(n) if (1..=16).contains(&n) => Some(n),
+                _ => {
+                    bad(
+                        n.span(),
+                        "wait_for_replicas",
+                        range(n.get_ref().to_string(), "1 ..= 16 replicas"),
+                    );
+                    None
+                }
+            });
+    // Below the exchange timeout: `WAIT` is one more exchange of the round.
+    let exchange = exchange_timeout
+        .unwrap_or_else(|| PoolConfig::new(String::new(), String::new()).exchange_timeout_limit());
+    if let (Some(t), Some(d)) = (&raw.wait_timeout, wait_timeout) {
+        if d >= exchange {
+            bad(
+                t.span(),
+                "wait_timeout",
+                range(
+                    t.get_ref().clone(),
+                    &format!(
+                        "below the exchange timeout ({})",
+                        humantime::format_duration(exchange)
+                    ),
+                ),
+            );
+        }
+    }
+    match (&raw.wait_for_replicas, &raw.wait_timeout) {
+        (Some(n), None) => bad(
+            n.span(),
+            "wait_for_replicas",
+            range(
+                "wait_for_replicas without wait_timeout".to_owned(),
+                "both wait_for_replicas and wait_timeout",
+            ),
+        ),
+        (None, Some(t)) => bad(
+            t.span(),
+            "wait_timeout",
+            range(
+                "wait_timeout without wait_for_replicas".to_owned(),
+                "both wait_for_replicas and wait_timeout",
+            ),
+        ),
+        _ => {}
+    }
     let (scheme, _, db) = parts(&url);
     let listed = raw.cluster_nodes.iter().chain(&raw.sentinels);
     let with_query =
@@ -631,6 +699,7 @@ pub(crate) fn section(raw: &crate::raw::RawRedis, found: &mut Vec<Found>) -> Opt
         lease_ttl,
         fail_mode,
         instances,
+        wait_for_replicas: wait_replicas.zip(wait_timeout),
         topology: topology?,
     })
 }

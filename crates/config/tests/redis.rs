@@ -148,6 +148,99 @@ sentinel_master = "m"
     );
 }
 
+/// `wait_for_replicas` with `wait_timeout`: mapped to `PoolConfig::wait_for_replicas`;
+/// both or neither, the count in the client's range, the timeout a duration below the
+/// exchange timeout (the section's, else the client's 50 ms), each a typed problem naming
+/// its field; a change of either is a change a running client cannot take.
+#[test]
+fn wait_for_replicas_maps_to_the_client_and_bad_values_are_typed_problems() {
+    let section = |extra: &str| with_redis(&format!("url = \"redis://h:6379/\"\n{extra}"));
+    let config =
+        Config::from_toml(&section("wait_for_replicas = 2\nwait_timeout = \"20ms\"")).unwrap();
+    let redis = config.redis.as_ref().unwrap();
+    assert_eq!(
+        redis.wait_for_replicas,
+        Some((2, Duration::from_millis(20)))
+    );
+    let pool = redis.pool_config().unwrap();
+    assert_eq!(pool.replicas_waited_for(), Some(2));
+    assert!(format!("{pool:?}").contains("(2, 20ms)"), "{pool:?}");
+    let plain = Config::from_toml(&section("")).unwrap();
+    let plain = plain.redis.as_ref().unwrap();
+    assert_eq!(plain.wait_for_replicas, None);
+    assert_eq!(plain.pool_config().unwrap().replicas_waited_for(), None);
+    // A longer exchange timeout admits a longer wait.
+    let longer = "exchange_timeout = \"200ms\"\nwait_for_replicas = 1\nwait_timeout = \"150ms\"";
+    assert!(Config::from_toml(&section(longer)).is_ok());
+
+    for (extra, field, expected) in [
+        (
+            "wait_for_replicas = 0\nwait_timeout = \"20ms\"",
+            "wait_for_replicas",
+            "1 ..= 16",
+        ),
+        (
+            "wait_for_replicas = 17\nwait_timeout = \"20ms\"",
+            "wait_for_replicas",
+            "1 ..= 16",
+        ),
+        (
+            "wait_for_replicas = -1\nwait_timeout = \"20ms\"",
+            "wait_for_replicas",
+            "1 ..= 16",
+        ),
+        (
+            "wait_for_replicas = 1\nwait_timeout = \"soon\"",
+            "wait_timeout",
+            "a duration",
+        ),
+        (
+            "wait_for_replicas = 1\nwait_timeout = \"0ms\"",
+            "wait_timeout",
+            "1ms ..= 1m",
+        ),
+        (
+            "wait_for_replicas = 1\nwait_timeout = \"50ms\"",
+            "wait_timeout",
+            "below the exchange timeout (50ms)",
+        ),
+        (
+            "exchange_timeout = \"200ms\"\nwait_for_replicas = 1\nwait_timeout = \"1s\"",
+            "wait_timeout",
+            "below the exchange timeout (200ms)",
+        ),
+        ("wait_for_replicas = 1", "wait_for_replicas", "both"),
+        ("wait_timeout = \"20ms\"", "wait_timeout", "both"),
+    ] {
+        let found = problems(&section(extra));
+        assert_eq!(found.len(), 1, "{extra}: {found:?}");
+        let (f, kind) = &found[0];
+        assert_eq!(f, &format!("redis.{field}"), "{extra}: {found:?}");
+        assert!(
+            matches!(kind, ProblemKind::OutOfRange { expected: e, .. } if e.contains(expected)),
+            "{extra}: {kind:?}"
+        );
+    }
+
+    // Either changed: a field the running client was built from.
+    let with = |extra: &str| Config::from_toml(&section(extra)).unwrap().redis.unwrap();
+    let running = with("wait_for_replicas = 1\nwait_timeout = \"20ms\"");
+    for (extra, changed) in [
+        (
+            "wait_for_replicas = 1\nwait_timeout = \"30ms\"",
+            vec!["wait_timeout"],
+        ),
+        (
+            "wait_for_replicas = 2\nwait_timeout = \"20ms\"",
+            vec!["wait_for_replicas"],
+        ),
+        ("", vec!["wait_for_replicas", "wait_timeout"]),
+        ("wait_for_replicas = 1\nwait_timeout = \"20ms\"", vec![]),
+    ] {
+        assert_eq!(running.changed_fields(&with(extra)), changed, "{extra}");
+    }
+}
+
 #[test]
 fn remote_rules_need_a_section_and_a_keyed_kind() {
     let found = problems(RULES);
@@ -337,6 +430,14 @@ fn a_reload_changing_the_redis_section_is_refused_and_the_running_one_kept() {
         live.replace("50ms", "80ms")
             .replace("100/s burst 200", "50/s burst 100"),
         &["redis.exchange_timeout", "rule[per-tenant].policies"],
+    );
+    // Nor waiting for replicas, added.
+    refused(
+        live.replace(
+            "exchange_timeout = \"50ms\"",
+            "exchange_timeout = \"50ms\"\nwait_for_replicas = 1\nwait_timeout = \"20ms\"",
+        ),
+        &["redis.wait_for_replicas", "redis.wait_timeout"],
     );
     // Nor a rule's remote flag.
     refused(

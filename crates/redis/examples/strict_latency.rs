@@ -7,18 +7,10 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tokengate_redis::{AsyncRedisScopes, FailMode, PoolConfig, RedisScopes, RemotePolicy};
-
-fn namespace(what: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("bench-latency-{what}-{}-{nanos}", std::process::id())
-}
+use tokengate_testkit::net::{BlackHole, LOCAL_REDIS_URL, namespace};
 
 /// p50, p99 and max of `ns`, as µs.
 fn summary(mut ns: Vec<u64>) -> String {
@@ -39,7 +31,9 @@ fn policy() -> RemotePolicy {
 }
 
 fn blocking(url: &str, k: usize, calls: usize) -> Vec<u64> {
-    let scopes = Arc::new(RedisScopes::connect(PoolConfig::new(url, namespace("sync"))).unwrap());
+    let scopes = Arc::new(
+        RedisScopes::connect(PoolConfig::new(url, namespace("bench-latency-sync"))).unwrap(),
+    );
     let scope = scopes.scope("tenant", policy()).unwrap();
     let threads: Vec<_> = (0..k)
         .map(|i| {
@@ -66,12 +60,12 @@ async fn awaited(
     config: PoolConfig,
     k: usize,
     calls: usize,
-    cut: Option<Arc<AtomicBool>>,
+    stall: Option<&BlackHole>,
 ) -> Vec<u64> {
     let scopes = Arc::new(AsyncRedisScopes::connect(config).await.unwrap());
     let scope = scopes.scope("tenant", policy()).unwrap();
-    if let Some(cut) = cut {
-        cut.store(true, Ordering::SeqCst);
+    if let Some(proxy) = stall {
+        proxy.cut();
     }
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..k {
@@ -94,47 +88,12 @@ async fn awaited(
     all
 }
 
-/// A loopback proxy to `upstream` that forwards nothing while `cut` is set.
-fn blackhole(upstream: &str, cut: Arc<AtomicBool>) -> u16 {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let upstream = upstream.to_owned();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { return };
-            let Ok(server) = std::net::TcpStream::connect(&upstream) else {
-                continue;
-            };
-            for (mut from, mut to) in [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ] {
-                let cut = Arc::clone(&cut);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        if !cut.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        }
-    });
-    port
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let url = args
         .get(1)
         .cloned()
-        .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_owned());
+        .unwrap_or_else(|| LOCAL_REDIS_URL.to_owned());
     let calls: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2000);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -149,7 +108,7 @@ fn main() {
             "K = {k:>2} sync  threads: {}",
             summary(blocking(&url, k, calls))
         );
-        let config = PoolConfig::new(url.as_str(), namespace("async"));
+        let config = PoolConfig::new(url.as_str(), namespace("bench-latency-async"));
         println!(
             "K = {k:>2} async tasks:   {}",
             summary(rt.block_on(awaited(config, k, calls, None)))
@@ -157,17 +116,12 @@ fn main() {
     }
     // Stalled: every call meets either the exchange timeout (a call on the network) or
     // the open breaker (the fail mode, at once).
-    let host = url
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_owned();
     for k in [1, 8, 32] {
-        let cut = Arc::new(AtomicBool::new(false));
-        let port = blackhole(&host, Arc::clone(&cut));
-        let config = PoolConfig::new(format!("redis://127.0.0.1:{port}/"), namespace("stall"))
+        let proxy = BlackHole::to_url(&url);
+        let config = PoolConfig::new(proxy.url(), namespace("bench-latency-stall"))
             .fail_mode(FailMode::FailOpen);
         let start = Instant::now();
-        let ns = rt.block_on(awaited(config, k, calls / 10, Some(cut)));
+        let ns = rt.block_on(awaited(config, k, calls / 10, Some(&proxy)));
         println!(
             "K = {k:>2} async, stalled server (exchange timeout 50 ms, fail open): {}  ({:.1} s)",
             summary(ns),

@@ -130,6 +130,13 @@ impl PoolConfig {
         self.wait.map(|(n, _)| n)
     }
 
+    /// The most one exchange may take ([`exchange_timeout`](Self::exchange_timeout); 50 ms
+    /// unless set): a [`wait_for_replicas`](Self::wait_for_replicas) timeout must be below
+    /// it.
+    pub fn exchange_timeout_limit(&self) -> Duration {
+        self.exchange_timeout
+    }
+
     /// The ACL user to authenticate as (`AUTH user password`), in place of the URL's.
     /// Without a password from [`password_from_env`](Self::password_from_env),
     /// [`password_file`](Self::password_file) or the URL, no `AUTH` is sent.

@@ -38,7 +38,7 @@ pub enum PoolError {
         /// The URL given, its password shown as `***`.
         url: String,
     },
-    /// The async client ([`AsyncRedisScopes`](crate::AsyncRedisScopes)) was given a
+    /// The async client (`AsyncRedisScopes`, feature `tokio`) was given a
     /// cluster or Sentinel URL: it speaks to one node (`redis://`, `rediss://`) only; the
     /// blocking clients take every URL form.
     AsyncTopology {

@@ -3,7 +3,7 @@
 //! Each pool and each [`RedisScopes`](crate::RedisScopes) registers its handles once, at
 //! connect, with the recorder installed then; a round then adds one atomic update per
 //! series it touches. Labels are bounded: `client` (`pool`, `strict`, or `strict_async`
-//! for an [`AsyncRedisScopes`](crate::AsyncRedisScopes)), `outcome`, `to`, `mode`, each
+//! for an `AsyncRedisScopes`, feature `tokio`), `outcome`, `to`, `mode`, each
 //! with two or three values; never a key, scope, namespace or lease id.
 //! Without the feature every call is empty and nothing is registered.
 

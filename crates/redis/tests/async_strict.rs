@@ -2,7 +2,8 @@
 //! stall other tasks of a current-thread runtime, one probe is in flight while the breaker
 //! is open, the fleet admits within `B + r*T` through it (the independent ideal bucket of
 //! `common::ideal`), and blocking and async instances share one bucket. Real servers: the
-//! shared one for the bound, private ones behind a loopback proxy for the stalls.
+//! shared one for the bound, private ones behind a loopback proxy for the stalls
+//! (`tokengate_testkit::net::BlackHole`).
 
 mod common;
 
@@ -14,61 +15,7 @@ use tokengate_redis::{
     AsyncRedisScopeKinds, AsyncRedisScopes, CallError, FailMode, PoolConfig, RedisScopes,
     RemotePolicy, StrictAdmitted, StrictRefused,
 };
-
-/// A loopback proxy to `upstream` that counts the connections it accepts and, while `cut`
-/// is set, forwards nothing (a black hole: it accepts, reads, never answers).
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    accepted: Arc<AtomicU64>,
-}
-
-impl Proxy {
-    fn start(upstream: u16) -> Self {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let accepted = Arc::new(AtomicU64::new(0));
-        let (c, a) = (Arc::clone(&cut), Arc::clone(&accepted));
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                a.fetch_add(1, Ordering::SeqCst);
-                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
-                };
-                for (mut from, mut to) in [
-                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                    (server, client),
-                ] {
-                    let cut = Arc::clone(&c);
-                    std::thread::spawn(move || {
-                        let mut buf = [0u8; 65536];
-                        while let Ok(n) = from.read(&mut buf) {
-                            if n == 0 {
-                                break;
-                            }
-                            if !cut.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                }
-            }
-        });
-        Self {
-            port,
-            cut,
-            accepted,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
+use tokengate_testkit::net::BlackHole;
 
 fn still(cap: u64) -> RemotePolicy {
     RemotePolicy::new(cap, 0.001).unwrap()
@@ -77,7 +24,7 @@ fn still(cap: u64) -> RemotePolicy {
 #[tokio::test(flavor = "current_thread")]
 async fn a_stalled_redis_does_not_stall_other_tasks_on_a_current_thread_runtime() {
     let server = common::Server::start();
-    let proxy = Proxy::start(server.port());
+    let proxy = BlackHole::to_port(server.port());
     let timeout = Duration::from_millis(300);
     let config = PoolConfig::new(proxy.url(), common::namespace("async-stall"))
         .exchange_timeout(timeout)
@@ -90,7 +37,7 @@ async fn a_stalled_redis_does_not_stall_other_tasks_on_a_current_thread_runtime(
         Ok(StrictAdmitted::Taken)
     );
 
-    proxy.cut.store(true, Ordering::SeqCst);
+    proxy.cut();
     // Completion order: each finisher takes the next number.
     let order = Arc::new(AtomicU64::new(0));
     let ticks = Arc::new(AtomicU64::new(0));
@@ -165,7 +112,7 @@ async fn a_stalled_redis_does_not_stall_other_tasks_on_a_current_thread_runtime(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_breaker_is_open_one_probe_is_in_flight_and_the_others_follow_the_fail_mode() {
     let server = common::Server::start();
-    let proxy = Proxy::start(server.port());
+    let proxy = BlackHole::to_port(server.port());
     let timeout = Duration::from_millis(500);
     let config = PoolConfig::new(proxy.url(), common::namespace("async-probe"))
         .exchange_timeout(timeout)
@@ -174,7 +121,7 @@ async fn while_the_breaker_is_open_one_probe_is_in_flight_and_the_others_follow_
         .fail_mode(FailMode::FailOpen);
     let scopes = Arc::new(AsyncRedisScopes::connect(config).await.unwrap());
     let tenant = scopes.scope("tenant", still(100)).unwrap();
-    proxy.cut.store(true, Ordering::SeqCst);
+    proxy.cut();
     // Three failed calls open the breaker.
     for _ in 0..3 {
         assert_eq!(
@@ -185,7 +132,7 @@ async fn while_the_breaker_is_open_one_probe_is_in_flight_and_the_others_follow_
     assert!(scopes.is_unavailable());
     // Past the probe time (at most 40 ms).
     tokio::time::sleep(Duration::from_millis(80)).await;
-    let before = proxy.accepted.load(Ordering::SeqCst);
+    let before = proxy.accepted();
     let fail_open_before = scopes.fail_open_admitted();
 
     const CALLERS: u64 = 64;
@@ -205,11 +152,11 @@ async fn while_the_breaker_is_open_one_probe_is_in_flight_and_the_others_follow_
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let done_while_probing = done.load(Ordering::SeqCst);
-    let attempts_while_probing = proxy.accepted.load(Ordering::SeqCst) - before;
+    let attempts_while_probing = proxy.accepted() - before;
     while let Some(decided) = tasks.join_next().await {
         assert_eq!(decided.unwrap(), Ok(StrictAdmitted::FailOpen));
     }
-    let attempts = proxy.accepted.load(Ordering::SeqCst) - before;
+    let attempts = proxy.accepted() - before;
     eprintln!(
         "{done_while_probing} of {CALLERS} answered while the probe was out; \
          {attempts_while_probing} connection attempts then, {attempts} in all"

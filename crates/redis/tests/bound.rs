@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokengate_redis::{FailMode, PoolConfig, RedisPool, RemotePolicy};
+use tokengate_testkit::net::BlackHole;
 
 /// One token taken, 900 ms of quiet while the instance holds its lease and Redis sits at
 /// its cap `B - out`, then a burst: the settlement of the spent lease must not refill the
@@ -148,13 +149,8 @@ fn a_partial_partition_adds_at_most_the_cut_off_share_of_the_rate() {
     let server = common::Server::start();
     let (cap, rate) = (90, 30.0);
     let ns = common::namespace("partition");
-    let cut = Arc::new(AtomicBool::new(false));
-    let port = common::blackhole_proxy(server.port(), cut.clone());
-    let urls = [
-        server.url(),
-        server.url(),
-        format!("redis://127.0.0.1:{port}/"),
-    ];
+    let proxy = BlackHole::to_port(server.port());
+    let urls = [server.url(), server.url(), proxy.url()];
     let pools: Vec<RedisPool> = urls.iter().map(|u| connect_for_outages(u, &ns)).collect();
     let policy = RemotePolicy::new(cap, rate).unwrap();
     let buckets: Vec<_> = pools
@@ -172,7 +168,7 @@ fn a_partial_partition_adds_at_most_the_cut_off_share_of_the_rate() {
             std::thread::sleep(Duration::from_millis(5));
         },
     );
-    cut.store(true, Ordering::SeqCst);
+    proxy.cut();
     common::wait_until(
         "the cut-off instance's breaker never opened",
         Duration::from_secs(5),

@@ -9,17 +9,20 @@
 //! 100 ms, 1 s and 5 s with the ideal bucket of `common::ideal`, which counts only
 //! admissions whose whole interval lies inside (a descheduled thread can only weaken the
 //! check, never fail it falsely). Each scenario runs on a private `redis-server`; the
-//! scenarios of this binary run one at a time.
+//! scenarios of this binary run one at a time. By default each drives for 2 to 2.5 s and
+//! the server flaps twice; with `TOKENGATE_SOAK=1` they drive for 3 s and it flaps four
+//! times.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::spawn::{self, signal, sleep_until};
 use tokengate_redis::{FailMode, Mode, PoolConfig, RedisPool, RemotePolicy};
+use tokengate_testkit::net::BlackHole;
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set for a fleet child"))
@@ -27,16 +30,6 @@ fn env(name: &str) -> String {
 
 fn env_u64(name: &str) -> u64 {
     env(name).parse().unwrap()
-}
-
-fn sleep_until(wall_ns: u64) {
-    for _ in 0..100_000 {
-        let now = common::wall_ns();
-        if now >= wall_ns {
-            return;
-        }
-        std::thread::sleep(Duration::from_nanos((wall_ns - now).min(1_000_000)));
-    }
 }
 
 /// The child's entry point: ignored in a plain run, started by the scenarios below with
@@ -181,7 +174,7 @@ impl Fleet {
             threads: 3,
             warm: 2,
             quiet_ms: 0,
-            ms: 3000,
+            ms: common::runs(2000, 3000),
             urls: vec![None; k],
             cycle: vec![0; k],
         }
@@ -214,68 +207,39 @@ impl Fleet {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let ns = common::namespace(self.name);
-        let start = common::wall_ns() + 1_500_000_000;
-        let mut children: Vec<Child> = (0..self.k)
+        // Half a second for the children to start and connect (one connecting later
+        // starts its schedule late: the checks take every admission as it came).
+        let start = common::wall_ns() + 500_000_000;
+        let envs: Vec<Vec<(String, String)>> = (0..self.k)
             .map(|i| {
-                Command::new(std::env::current_exe().unwrap())
-                    .args([
-                        "--ignored",
-                        "--exact",
-                        "fleet_child",
-                        "--test-threads=1",
-                        "--nocapture",
-                        "--quiet",
-                    ])
-                    .env(
-                        "TG_URL",
-                        self.urls[i].clone().unwrap_or_else(|| server.url()),
-                    )
-                    .env("TG_NS", &ns)
-                    .env("TG_MODE", self.mode)
-                    .env("TG_FAIL", self.fail)
-                    .env("TG_CAP", self.cap.to_string())
-                    .env("TG_RATE", self.rate.to_string())
-                    .env("TG_LEASE", self.lease.to_string())
-                    .env("TG_DEPTH", self.depth.to_string())
-                    .env("TG_TTL_MS", self.ttl_ms.to_string())
-                    .env("TG_TIMEOUT_MS", self.timeout_ms.to_string())
-                    .env("TG_THREADS", self.threads.to_string())
-                    .env("TG_WARM", self.warm.to_string())
-                    .env("TG_QUIET_MS", self.quiet_ms.to_string())
-                    .env("TG_MS", self.ms.to_string())
-                    .env("TG_CYCLE", self.cycle[i].to_string())
-                    .env("TG_START_NS", start.to_string())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap()
+                let url = self.urls[i].clone().unwrap_or_else(|| server.url());
+                [
+                    ("TG_URL", url),
+                    ("TG_NS", ns.clone()),
+                    ("TG_MODE", self.mode.to_owned()),
+                    ("TG_FAIL", self.fail.to_owned()),
+                    ("TG_CAP", self.cap.to_string()),
+                    ("TG_RATE", self.rate.to_string()),
+                    ("TG_LEASE", self.lease.to_string()),
+                    ("TG_DEPTH", self.depth.to_string()),
+                    ("TG_TTL_MS", self.ttl_ms.to_string()),
+                    ("TG_TIMEOUT_MS", self.timeout_ms.to_string()),
+                    ("TG_THREADS", self.threads.to_string()),
+                    ("TG_WARM", self.warm.to_string()),
+                    ("TG_QUIET_MS", self.quiet_ms.to_string()),
+                    ("TG_MS", self.ms.to_string()),
+                    ("TG_CYCLE", self.cycle[i].to_string()),
+                    ("TG_START_NS", start.to_string()),
+                ]
+                .map(|(k, v)| (k.to_owned(), v))
+                .to_vec()
             })
             .collect();
-        let readers: Vec<_> = children
-            .iter_mut()
-            .map(|c| {
-                let out = c.stdout.take().unwrap();
-                std::thread::spawn(move || {
-                    BufReader::new(out)
-                        .lines()
-                        .map_while(Result::ok)
-                        .collect::<Vec<String>>()
-                })
-            })
-            .collect();
-        faults(server, &mut children, start);
         // Every child ends by itself within its schedule; a straggler is killed.
         let deadline = start + (self.quiet_ms + self.ms + 20_000) * 1_000_000;
-        for c in &mut children {
-            for _ in 0..100_000 {
-                if c.try_wait().unwrap().is_some() || common::wall_ns() > deadline {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        let lines = spawn::run("fleet_child", &envs, deadline, |children| {
+            faults(server, children, start);
+        });
         let mut o = Outcome {
             admissions: Vec::new(),
             per_child: Vec::new(),
@@ -283,24 +247,17 @@ impl Fleet {
             local: 0,
             opened: 0,
         };
-        for r in readers {
-            let mut n = 0;
-            for line in r.join().unwrap() {
-                let f: Vec<&str> = line.split(' ').collect();
-                match f.as_slice() {
-                    ["a", b, a] => {
-                        o.admissions.push((b.parse().unwrap(), a.parse().unwrap()));
-                        n += 1;
-                    }
-                    ["rt", rt, opened, local, _] => {
-                        o.round_trips += rt.parse::<u64>().unwrap();
-                        o.opened += opened.parse::<u64>().unwrap();
-                        o.local += local.parse::<u64>().unwrap();
-                    }
-                    _ => {}
+        for child in &lines {
+            let admitted = spawn::admissions(child);
+            o.per_child.push(admitted.len());
+            o.admissions.extend(admitted);
+            for line in child {
+                if let ["rt", rt, opened, local, _] = line.split(' ').collect::<Vec<_>>()[..] {
+                    o.round_trips += rt.parse::<u64>().unwrap();
+                    o.opened += opened.parse::<u64>().unwrap();
+                    o.local += local.parse::<u64>().unwrap();
                 }
             }
-            o.per_child.push(n);
         }
         o.admissions.sort_unstable();
         eprintln!(
@@ -316,24 +273,16 @@ impl Fleet {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} failed");
-}
-
 /// The steady fleet of before, in exact mode: every window within `B + r*T`, and not
 /// starved.
 #[test]
 fn exact_mode_fleet_stays_within_b_plus_rt_in_every_window_and_is_not_starved() {
     let mut server = common::Server::start();
+    // The quiet refills what the warm-up spent (16 tokens at 100/s) many times over.
     let fleet = Fleet {
         k: 8,
         warm: 2,
-        quiet_ms: 2500,
+        quiet_ms: common::runs(1000, 2500),
         ttl_ms: 8000,
         ..Fleet::new("steady", 8)
     };
@@ -344,7 +293,7 @@ fn exact_mode_fleet_stays_within_b_plus_rt_in_every_window_and_is_not_starved() 
     // the rest in the instances' leases), and early rejection is at most the leases out.
     // Renewals also wait for a core on a busy machine, so the floor claims the burst and
     // half of the refill, not a figure that depends on scheduling.
-    let floor = 200 + 100 * 3 / 2 - 2 * 8 * 5;
+    let floor = 200 + 100 * fleet.ms / 2000 - 2 * 8 * 5;
     assert!(total >= floor, "starved: {total} < {floor}");
     assert!(o.per_child.iter().all(|&n| n > 0), "{:?}", o.per_child);
 }
@@ -358,7 +307,7 @@ fn loose_mode_fleet_stays_within_its_bound() {
         mode: "loose",
         depth: 2,
         threads: 2,
-        quiet_ms: 2500,
+        quiet_ms: common::runs(1000, 2500),
         ttl_ms: 8000,
         ms: 2000,
         ..Fleet::new("loose", 4)
@@ -425,25 +374,26 @@ fn fleet_lost_replies_carrying_credits() {
     panic!("no reply carrying a credit was lost in three runs: the retry path was never taken");
 }
 
-/// The server paused (`CLIENT PAUSE 800`) four times, 300 ms apart, under the default
-/// `Local` fail mode: every window within `2(B + r*T)` (Redis's leases, and the local
-/// shares `(B + r*T)/K` each, started empty), however many flaps. (Local shares rebuilt
-/// full on each switch add `B` per flap.)
+/// The server paused (`CLIENT PAUSE 800`) twice (four times with `TOKENGATE_SOAK=1`),
+/// 300 ms apart, under the default `Local` fail mode: every window within `2(B + r*T)`
+/// (Redis's leases, and the local shares `(B + r*T)/K` each, started empty), however many
+/// flaps. (Local shares rebuilt full on each switch add `B` per flap.)
 #[test]
 fn fleet_flapping_server() {
     let mut server = common::Server::start();
+    let flaps: u64 = common::runs(2, 4);
     let fleet = Fleet {
         fail: "local",
         timeout_ms: 30,
         ttl_ms: 400,
         cap: 100,
         rate: 10,
-        ms: 4700,
+        ms: 300 + flaps * 1100,
         ..Fleet::new("flap", 6)
     };
     let o = fleet.run(&mut server, |server, _, start| {
         let mut con = server.connect();
-        for i in 0..4 {
+        for i in 0..flaps {
             sleep_until(start + 300_000_000 + i * 1_100_000_000);
             let _: () = redis::cmd("CLIENT")
                 .arg("PAUSE")
@@ -462,18 +412,18 @@ fn fleet_flapping_server() {
 #[test]
 fn fleet_partial_partition() {
     let mut server = common::Server::start();
-    let cut = Arc::new(AtomicBool::new(false));
-    let port = common::blackhole_proxy(server.port(), cut.clone());
+    let proxy = BlackHole::to_port(server.port());
     let mut fleet = Fleet {
         fail: "local",
         timeout_ms: 30,
         ttl_ms: 400,
+        ms: common::runs(2500, 3000),
         ..Fleet::new("partition", 6)
     };
-    fleet.urls[0] = Some(format!("redis://127.0.0.1:{port}/"));
+    fleet.urls[0] = Some(proxy.url());
     let o = fleet.run(&mut server, |_, _, start| {
         sleep_until(start + 1_000_000_000);
-        cut.store(true, Ordering::SeqCst);
+        proxy.cut();
     });
     assert!(o.local > 0, "the cut-off instance never decided locally");
     // (1 + 1/6)(200 + 100/s * T): 233 and 116.666/s.
@@ -490,6 +440,7 @@ fn fleet_sigkill_and_sigstop_past_reclaim() {
     let fleet = Fleet {
         ttl_ms: 400,
         lease: 20,
+        ms: common::runs(2500, 3000),
         ..Fleet::new("kill-stop", 6)
     };
     let o = fleet.run(&mut server, |_, children, start| {
@@ -511,6 +462,7 @@ fn fleet_redis_restart() {
     let fleet = Fleet {
         depth: 2,
         timeout_ms: 50,
+        ms: common::runs(2500, 3000),
         ..Fleet::new("restart", 6)
     };
     let o = fleet.run(&mut server, |server, _, start| {

@@ -1,7 +1,8 @@
 //! The `metrics` feature's series, read from a Prometheus recorder installed for this test
 //! binary: a pool's round trips and grants, its breaker opening when its private server
 //! stops and closing when it comes back, and fail-mode admissions, for a pool and for
-//! strict scopes, blocking and async (`client="strict_async"`, with its timeouts).
+//! strict scopes, blocking and async (`client="strict_async"`, with its timeouts); leases
+//! that expired here unspent and the unspent tokens awaiting settlement.
 
 mod common;
 
@@ -9,8 +10,8 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokengate_redis::series::{
-    BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS, GRANT_TOKENS, GRANTS, RETRIES,
-    ROUND_TRIP_SECONDS, ROUND_TRIPS, TIMEOUTS,
+    BREAKER_OPEN, BREAKER_TRANSITIONS, EXPIRED_UNSPENT_TOKENS, FAIL_MODE_ADMISSIONS, GRANT_TOKENS,
+    GRANTS, RETRIES, ROUND_TRIP_SECONDS, ROUND_TRIPS, TIMEOUTS, UNSETTLED_TOKENS,
 };
 use tokengate_redis::{
     Admitted, AsyncRedisScopes, FailMode, PoolConfig, RedisPool, RedisScopes, RemotePolicy,
@@ -258,20 +259,16 @@ fn a_lost_reply_is_counted_as_a_retry_and_its_grant_as_replayed() {
 fn the_async_strict_client_counts_round_trips_timeouts_breaker_and_fail_mode() {
     let handle = recorder();
     let server = common::Server::start();
-    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let port = common::blackhole_proxy(server.port(), cut.clone());
+    let proxy = tokengate_testkit::net::BlackHole::to_port(server.port());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let config = PoolConfig::new(
-        format!("redis://127.0.0.1:{port}/"),
-        common::namespace("m-async"),
-    )
-    .exchange_timeout(Duration::from_millis(30))
-    .connect_timeout(Duration::from_millis(30))
-    .probe_backoff(Duration::from_millis(10), Duration::from_millis(40))
-    .fail_mode(FailMode::FailOpen);
+    let config = PoolConfig::new(proxy.url(), common::namespace("m-async"))
+        .exchange_timeout(Duration::from_millis(30))
+        .connect_timeout(Duration::from_millis(30))
+        .probe_backoff(Duration::from_millis(10), Duration::from_millis(40))
+        .fail_mode(FailMode::FailOpen);
     let client = [r#"client="strict_async""#];
     rt.block_on(async {
         let scopes = AsyncRedisScopes::connect(config).await.unwrap();
@@ -289,7 +286,7 @@ fn the_async_strict_client_counts_round_trips_timeouts_breaker_and_fail_mode() {
 
         // Stalled: each call times out, is admitted by the fail mode; three open the
         // breaker, and then decisions follow the fail mode without a call.
-        cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        proxy.cut();
         for _ in 0..3 {
             assert_eq!(ask().await, Ok(StrictAdmitted::FailOpen));
         }
@@ -312,7 +309,7 @@ fn the_async_strict_client_counts_round_trips_timeouts_breaker_and_fail_mode() {
         assert_eq!(scopes.fail_open_admitted(), 4);
 
         // It answers again: probes succeed, three in a row close the breaker.
-        cut.store(false, std::sync::atomic::Ordering::SeqCst);
+        proxy.restore();
         let start = std::time::Instant::now();
         while scopes.is_unavailable() {
             assert!(start.elapsed() < Duration::from_secs(10), "never closed");
@@ -324,4 +321,94 @@ fn the_async_strict_client_counts_round_trips_timeouts_breaker_and_fail_mode() {
         assert_eq!(value(&shown, BREAKER_TRANSITIONS, &closed), 1.0, "{shown}");
         assert_eq!(value(&shown, BREAKER_OPEN, &client), 0.0, "{shown}");
     });
+}
+
+/// Leases that expire here unspent: the pool's thread is held up in a round to a
+/// black-holed server (an exchange timeout, twice with the retry), sent before the leases
+/// it holds reached half their lifetime, until past their expiry, so when it retires them
+/// they have expired. Their tokens are counted
+/// once in `expired_unspent_tokens_total` and shown in `unsettled_tokens` until Redis
+/// answers again and their settlement goes through, when the gauge returns to 0. Exact:
+/// both are the tokens granted less those admitted. The pool's series go to a recorder of
+/// this test alone (the two series have no labels: another test's pool would set them).
+#[test]
+fn leases_expired_unspent_are_counted_and_unsettled_until_settled() {
+    let server = common::Server::start();
+    let proxy = tokengate_testkit::net::BlackHole::to_port(server.port());
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    // Leases live 400 ms; a round to the stalled server takes 500 ms, then as much again
+    // on a new connection.
+    let pool = metrics::with_local_recorder(&recorder, || {
+        RedisPool::connect(
+            PoolConfig::new(proxy.url(), common::namespace("m-expired"))
+                .lease_ttl(Duration::from_millis(400))
+                .exchange_timeout(Duration::from_millis(500))
+                .connect_timeout(Duration::from_millis(500))
+                .fail_mode(FailMode::FailClosed),
+        )
+    })
+    .unwrap();
+    let bucket = pool
+        .bucket("g", RemotePolicy::new(1000, 0.001).unwrap())
+        .unwrap();
+    common::wait_until(
+        "no lease paid",
+        Duration::from_secs(5),
+        || bucket.try_acquire(1) == Ok(Admitted::Leased),
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
+    for _ in 0..3 {
+        assert_eq!(bucket.try_acquire(1), Ok(Admitted::Leased));
+    }
+    // At once, while the leases are younger than half their lifetime (when the pool
+    // retires them unexpired): a refund makes the next round, which stalls past their
+    // expiry. The refund is a credit; it does not go back into the leases.
+    proxy.cut();
+    bucket.refund(1);
+    common::wait_until(
+        "no expired lease counted",
+        Duration::from_secs(20),
+        || value(&handle.render(), EXPIRED_UNSPENT_TOKENS, &[]) > 0.0,
+        || std::thread::sleep(Duration::from_millis(5)),
+    );
+    let stats = bucket.stats();
+    let unspent = (stats.granted_tokens - stats.leased_admitted) as f64;
+    let shown = handle.render();
+    eprintln!(
+        "granted {}, admitted {}: expired unspent {}, unsettled {}",
+        stats.granted_tokens,
+        stats.leased_admitted,
+        value(&shown, EXPIRED_UNSPENT_TOKENS, &[]),
+        value(&shown, UNSETTLED_TOKENS, &[])
+    );
+    assert!(unspent > 0.0, "{stats:?}");
+    assert_eq!(
+        value(&shown, EXPIRED_UNSPENT_TOKENS, &[]),
+        unspent,
+        "{shown}"
+    );
+    assert_eq!(value(&shown, UNSETTLED_TOKENS, &[]), unspent, "{shown}");
+    for series in [EXPIRED_UNSPENT_TOKENS, UNSETTLED_TOKENS] {
+        assert!(
+            shown.contains(&format!("# HELP {series} ")),
+            "{series} undescribed: {shown}"
+        );
+    }
+
+    // Redis answers again: the settlement goes through and nothing is left unsettled;
+    // the expired tokens were counted once.
+    proxy.restore();
+    common::wait_until(
+        "the unspent tokens were never settled",
+        Duration::from_secs(20),
+        || value(&handle.render(), UNSETTLED_TOKENS, &[]) == 0.0,
+        || std::thread::sleep(Duration::from_millis(5)),
+    );
+    let shown = handle.render();
+    assert_eq!(
+        value(&shown, EXPIRED_UNSPENT_TOKENS, &[]),
+        unspent,
+        "{shown}"
+    );
 }

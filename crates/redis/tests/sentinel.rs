@@ -8,10 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{CAP, RATE, Sentinels, config, fleet, over_admission};
-use tokengate_redis::{
-    PoolConfig, PoolError, RedisPool, RedisScopes, RemotePolicy, StrictAdmitted,
-};
+use common::cluster::{Group, Sentinels, config, fleets, with_wait};
+use tokengate_redis::{PoolError, RedisPool, RedisScopes, RemotePolicy, StrictAdmitted};
 
 fn state_ts(port: u16, key: &str) -> Option<u64> {
     let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
@@ -40,70 +38,50 @@ fn the_fleet_finds_its_primary_through_sentinel_and_follows_a_sentinel_failover(
         strict.try_acquire("acme", &[(&tenant, "acme", 1)]),
         Ok(StrictAdmitted::Taken)
     );
-    // Without WAIT, then with it (failing back to the first primary).
-    for wait in [false, true] {
-        let (old, new) = (
-            s.named_primary(),
-            if wait {
-                s.primary.port()
-            } else {
-                s.replica.port()
-            },
-        );
-        let ns = common::namespace(if wait { "sentinel-wait" } else { "sentinel" });
-        let key = format!("tg:{{{ns}:global}}");
-        let tune = |c: PoolConfig| {
-            if wait {
-                c.wait_for_replicas(1, Duration::from_millis(20))
-            } else {
-                c
-            }
+    // Each failover with both settings at once: three instances without WAIT and three
+    // with it, each group on its own bucket. Once (the first primary to its replica);
+    // three times, back and forth, with TOKENGATE_SOAK=1.
+    for _ in 0..common::runs(1, 3) {
+        let old = s.named_primary();
+        let new = if old == s.primary.port() {
+            s.replica.port()
+        } else {
+            s.primary.port()
         };
-        let mut before = None;
-        let run = fleet(
-            &url,
-            &ns,
-            &["global".to_owned()],
-            (3, 2, 4000),
-            tune,
-            || {
-                before = state_ts(old, &key);
-                s.failover();
+        let ns = common::namespace("sentinel");
+        let scopes = ["global".to_owned(), "waited".to_owned()];
+        let keys = scopes.each_ref().map(|sc| format!("tg:{{{ns}:{sc}}}"));
+        let (plain, waiting) = (with_wait(false), with_wait(true));
+        let groups = [
+            Group {
+                scopes: &scopes[..1],
+                tune: &plain,
             },
-        );
-        assert!(
-            before.is_some(),
-            "the pool did not write on the primary Sentinel named"
-        );
+            Group {
+                scopes: &scopes[1..],
+                tune: &waiting,
+            },
+        ];
+        let mut before = [None, None];
+        let runs = fleets(&url, &ns, &groups, (3, 2, 4000), || {
+            before = keys.each_ref().map(|k| state_ts(old, k));
+            s.failover();
+        });
         assert_eq!(s.named_primary(), new);
-        // Reconnected: the bucket's state on the new primary moved on after the failover.
-        let after = state_ts(new, &key).expect("no state on the new primary");
-        assert!(
-            after > before.unwrap(),
-            "no exchange reached the new primary"
-        );
-        let adm = &run.admissions[0];
-        eprintln!(
-            "Sentinel failover, wait {wait}: over-admission {} (term: {} tokens granted during \
-             the failover), {} failed rounds, last second {:?}",
-            over_admission(adm),
-            run.granted_in_fault,
-            run.failed_rounds,
-            run.last_second
-        );
-        let slack = if wait { 0 } else { run.granted_in_fault };
-        common::ideal::assert_within(
-            &format!("Sentinel failover, wait {wait}"),
-            adm,
-            CAP,
-            RATE * 1000,
-            slack,
-        );
-        assert!(
-            run.last_second[0] as u64 >= RATE / 2,
-            "{:?}",
-            run.last_second
-        );
+        for (i, wait) in [false, true].into_iter().enumerate() {
+            let before = before[i].expect("the pool did not write on the primary Sentinel named");
+            // Reconnected: the bucket's state on the new primary moved on after the
+            // failover.
+            let after = state_ts(new, &keys[i]).expect("no state on the new primary");
+            assert!(
+                after > before,
+                "wait {wait}: no exchange reached the new primary"
+            );
+            runs[i].check(
+                &format!("Sentinel failover, wait {wait}"),
+                runs[i].slack(wait),
+            );
+        }
     }
     // The strict scopes reconnect through Sentinel as well (the first call after the
     // failover may meet the demoted primary and fail; the next asks the Sentinels).

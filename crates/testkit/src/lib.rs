@@ -16,6 +16,9 @@
 //! With the `arbitrary` feature the inputs implement `arbitrary::Arbitrary` (decoded
 //! through distributions that reach the whole useful range, see [`replay`]) and
 //! [`replay`] runs any of the checks on raw fuzzer bytes.
+//!
+//! [`net`]: loopback plumbing for the tests and examples against a real Redis (the
+//! server's URL, unique key namespaces, a proxy that can be cut into a black hole).
 
 #[cfg(feature = "arbitrary")]
 mod arbitrary;
@@ -23,6 +26,7 @@ pub mod check;
 pub mod herd;
 mod model;
 pub mod multi;
+pub mod net;
 pub mod packing;
 pub mod reconfigure;
 #[cfg(feature = "arbitrary")]

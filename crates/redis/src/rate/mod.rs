@@ -14,7 +14,7 @@
 //! and:
 //!
 //! - **Refill never exceeds `r`.** A bucket refills at its share's rate `r_i` only while
-//!   its lease is live locally (its clock, [`clock`], stops at the local expiry and does
+//!   its lease is live locally (its clock, `clock`, stops at the local expiry and does
 //!   not run between leases), and the script grants rate only from what the other
 //!   instances may still spend (the larger of each one's grant and the share it reported
 //!   spending, each until its expiry on Redis): the rates being spent sum to at most `r`

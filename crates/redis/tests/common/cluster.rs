@@ -530,62 +530,94 @@ pub fn fleet(
     tune: impl Fn(PoolConfig) -> PoolConfig + Sync,
     fault: impl FnOnce(),
 ) -> Run {
+    let group = Group {
+        scopes,
+        tune: &tune,
+    };
+    fleets(url, ns, &[group], (k, threads, ms), fault).remove(0)
+}
+
+/// Instances of one setting within [`fleets`]: their pools' settings, and their buckets.
+pub struct Group<'a> {
+    pub scopes: &'a [String],
+    pub tune: &'a (dyn Fn(PoolConfig) -> PoolConfig + Sync),
+}
+
+/// [`fleet`] for several groups at once, through one fault: `k` instances per group, each
+/// group on its own buckets and settings; a run per group.
+pub fn fleets(
+    url: &str,
+    ns: &str,
+    groups: &[Group<'_>],
+    (k, threads, ms): (usize, usize, u64),
+    fault: impl FnOnce(),
+) -> Vec<Run> {
     let policy = RemotePolicy::new(CAP, RATE as f64).unwrap();
-    let logs: Vec<Mutex<Vec<(u64, u64)>>> = scopes.iter().map(|_| Mutex::new(Vec::new())).collect();
-    let ready = Barrier::new(k + 1);
-    let sample = Barrier::new(k + 1);
-    let sampled = Barrier::new(k + 1);
-    let granted = Mutex::new(Vec::new());
-    let failed = Mutex::new(0);
+    // Per group, per bucket: the admissions, (wall ns before, wall ns after).
+    type Log = Mutex<Vec<(u64, u64)>>;
+    let logs: Vec<Vec<Log>> = groups
+        .iter()
+        .map(|g| g.scopes.iter().map(|_| Mutex::new(Vec::new())).collect())
+        .collect();
+    let all = k * groups.len();
+    let ready = Barrier::new(all + 1);
+    let sample = Barrier::new(all + 1);
+    let sampled = Barrier::new(all + 1);
+    let granted: Vec<Mutex<u64>> = groups.iter().map(|_| Mutex::new(0)).collect();
+    let failed: Vec<Mutex<u64>> = groups.iter().map(|_| Mutex::new(0)).collect();
     let end = AtomicU64::new(super::wall_ns() + 60_000_000_000);
-    let mut granted_in_fault = 0;
     std::thread::scope(|s| {
-        for _ in 0..k {
-            s.spawn(|| {
-                let pool = RedisPool::connect(tune(config(url, ns))).unwrap();
-                let buckets: Vec<_> = scopes
-                    .iter()
-                    .map(|sc| pool.bucket(sc, policy).unwrap())
-                    .collect();
-                let grants = || {
-                    buckets
+        for (g, group) in groups.iter().enumerate() {
+            for _ in 0..k {
+                let (logs, granted, failed) = (&logs[g], &granted[g], &failed[g]);
+                let (ready, sample, sampled, end) = (&ready, &sample, &sampled, &end);
+                s.spawn(move || {
+                    let pool = RedisPool::connect((group.tune)(config(url, ns))).unwrap();
+                    let buckets: Vec<_> = group
+                        .scopes
                         .iter()
-                        .map(|b| b.stats().granted_tokens)
-                        .sum::<u64>()
-                };
-                ready.wait();
-                std::thread::scope(|t| {
-                    for _ in 0..threads {
-                        t.spawn(|| {
-                            let mut mine: Vec<Vec<(u64, u64)>> =
-                                scopes.iter().map(|_| Vec::new()).collect();
-                            while super::wall_ns() < end.load(Ordering::Relaxed) {
-                                let mut any = false;
-                                for (i, b) in buckets.iter().enumerate() {
-                                    let before = super::wall_ns();
-                                    if b.try_acquire(1).is_ok() {
-                                        mine[i].push((before, super::wall_ns()));
-                                        any = true;
+                        .map(|sc| pool.bucket(sc, policy).unwrap())
+                        .collect();
+                    let grants = || {
+                        buckets
+                            .iter()
+                            .map(|b| b.stats().granted_tokens)
+                            .sum::<u64>()
+                    };
+                    ready.wait();
+                    std::thread::scope(|t| {
+                        for _ in 0..threads {
+                            t.spawn(|| {
+                                let mut mine: Vec<Vec<(u64, u64)>> =
+                                    buckets.iter().map(|_| Vec::new()).collect();
+                                while super::wall_ns() < end.load(Ordering::Relaxed) {
+                                    let mut any = false;
+                                    for (i, b) in buckets.iter().enumerate() {
+                                        let before = super::wall_ns();
+                                        if b.try_acquire(1).is_ok() {
+                                            mine[i].push((before, super::wall_ns()));
+                                            any = true;
+                                        }
+                                    }
+                                    if !any {
+                                        std::thread::sleep(Duration::from_micros(300));
                                     }
                                 }
-                                if !any {
-                                    std::thread::sleep(Duration::from_micros(300));
+                                for (i, m) in mine.into_iter().enumerate() {
+                                    logs[i].lock().unwrap().extend(m);
                                 }
-                            }
-                            for (i, m) in mine.into_iter().enumerate() {
-                                logs[i].lock().unwrap().extend(m);
-                            }
-                        });
-                    }
-                    sample.wait();
-                    let g0 = grants();
-                    sampled.wait();
-                    sample.wait();
-                    granted.lock().unwrap().push(grants() - g0);
-                    sampled.wait();
+                            });
+                        }
+                        sample.wait();
+                        let g0 = grants();
+                        sampled.wait();
+                        sample.wait();
+                        *granted.lock().unwrap() += grants() - g0;
+                        sampled.wait();
+                    });
+                    *failed.lock().unwrap() += pool.failed_rounds();
                 });
-                *failed.lock().unwrap() += pool.failed_rounds();
-            });
+            }
         }
         ready.wait();
         let start = super::wall_ns();
@@ -596,24 +628,76 @@ pub fn fleet(
         std::thread::sleep(Duration::from_millis(300));
         sample.wait();
         sampled.wait();
-        granted_in_fault = granted.lock().unwrap().iter().sum();
         let done = (super::wall_ns() + 1_500_000_000).max(start + ms * 1_000_000);
         end.store(done, Ordering::Relaxed);
     });
-    let admissions: Vec<Vec<(u64, u64)>> =
-        logs.into_iter().map(|l| l.into_inner().unwrap()).collect();
-    let last_second = admissions
-        .iter()
-        .map(|a| {
-            let last = a.iter().map(|x| x.1).max().unwrap_or(0);
-            a.iter().filter(|x| x.0 + 1_000_000_000 >= last).count()
+    logs.into_iter()
+        .zip(granted.into_iter().zip(failed))
+        .map(|(logs, (granted, failed))| {
+            let admissions: Vec<Vec<(u64, u64)>> =
+                logs.into_iter().map(|l| l.into_inner().unwrap()).collect();
+            let last_second = admissions
+                .iter()
+                .map(|a| {
+                    let last = a.iter().map(|x| x.1).max().unwrap_or(0);
+                    a.iter().filter(|x| x.0 + 1_000_000_000 >= last).count()
+                })
+                .collect();
+            Run {
+                admissions,
+                granted_in_fault: granted.into_inner().unwrap(),
+                failed_rounds: failed.into_inner().unwrap(),
+                last_second,
+            }
         })
-        .collect();
-    Run {
-        admissions,
-        granted_in_fault,
-        failed_rounds: *failed.lock().unwrap(),
-        last_second,
+        .collect()
+}
+
+impl Run {
+    /// The slack a failover's check allows: none with `WAIT` (a replica acknowledged
+    /// every grant), else the tokens granted while the fault ran (the lost-grant term).
+    pub fn slack(&self, wait: bool) -> u64 {
+        if wait { 0 } else { self.granted_in_fault }
+    }
+
+    /// Prints what the run gave and checks each bucket: every window within
+    /// `B + r*T + slack` (the ideal bucket of `common::ideal`), and at least half the rate
+    /// admitted in the run's last second (the fleet reached its buckets again after the
+    /// fault).
+    pub fn check(&self, what: &str, slack: u64) {
+        for (i, adm) in self.admissions.iter().enumerate() {
+            eprintln!(
+                "{what}, bucket {i}: over-admission {} (term: {} tokens granted during the \
+                 fault), {} failed rounds, {} admitted in the last second",
+                over_admission(adm),
+                self.granted_in_fault,
+                self.failed_rounds,
+                self.last_second[i]
+            );
+            super::ideal::assert_within(
+                &format!("{what}, bucket {i}"),
+                adm,
+                CAP,
+                RATE * 1000,
+                slack,
+            );
+            assert!(
+                self.last_second[i] as u64 >= RATE / 2,
+                "{what}: bucket {i} admitted {} in the last second",
+                self.last_second[i]
+            );
+        }
+    }
+}
+
+/// `cfg` waiting for one replica's acknowledgement (20 ms) when `wait`.
+pub fn with_wait(wait: bool) -> impl Fn(PoolConfig) -> PoolConfig + Sync {
+    move |cfg| {
+        if wait {
+            cfg.wait_for_replicas(1, Duration::from_millis(20))
+        } else {
+            cfg
+        }
     }
 }
 

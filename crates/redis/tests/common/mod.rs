@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokengate_redis::model::{ModelBucket, ModelState};
 use tokengate_redis::script::BucketKeys;
 
-const LOCAL_URL: &str = "redis://127.0.0.1:6379/";
+use tokengate_testkit::net::{LOCAL_REDIS_URL, REDIS_URL_VAR};
 
 /// The shared server the tests run against: `TOKENGATE_REDIS_URL` when set; else the
 /// Redis answering on 127.0.0.1:6379; else a `redis-server` this test binary starts on a
@@ -19,11 +19,11 @@ const LOCAL_URL: &str = "redis://127.0.0.1:6379/";
 pub fn url() -> String {
     static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     URL.get_or_init(|| {
-        if let Ok(url) = std::env::var("TOKENGATE_REDIS_URL") {
+        if let Ok(url) = std::env::var(REDIS_URL_VAR) {
             return url;
         }
-        if answers(LOCAL_URL) {
-            return LOCAL_URL.to_owned();
+        if answers(LOCAL_REDIS_URL) {
+            return LOCAL_REDIS_URL.to_owned();
         }
         static SHARED: std::sync::OnceLock<Server> = std::sync::OnceLock::new();
         SHARED.get_or_init(Server::start).url()
@@ -49,16 +49,7 @@ pub fn connect() -> redis::Connection {
 
 /// A namespace no other test (or run) uses.
 pub fn namespace(test: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!(
-        "t-{test}-{}-{nanos}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    tokengate_testkit::net::namespace(&format!("t-{test}"))
 }
 
 /// The bucket's keys as they are in Redis, in the model's shape.
@@ -244,6 +235,17 @@ impl Drop for Server {
     }
 }
 
+/// Whether this run soaks (`TOKENGATE_SOAK=1`): the fault scenarios repeat their faults
+/// and run longer (each run checked like the first); by default each runs once, short.
+pub fn soaking() -> bool {
+    std::env::var("TOKENGATE_SOAK").is_ok_and(|v| v == "1")
+}
+
+/// `default`, or `soak` when [`soaking`].
+pub fn runs<T>(default: T, soak: T) -> T {
+    if soaking() { soak } else { default }
+}
+
 /// Waits until `done` holds, calling `between` after each miss (a decision that keeps the
 /// pool busy, a sleep); fails the test with `what` once `within` has passed.
 pub fn wait_until(
@@ -320,44 +322,6 @@ pub fn drive_logged(
             std::thread::yield_now();
         }
     }
-}
-
-/// A loopback TCP proxy to `upstream` that black-holes while `cut` is set: it accepts
-/// connections and reads what either side sends, but forwards nothing (a partition that
-/// answers nothing). Returns its port.
-pub fn blackhole_proxy(upstream: u16, cut: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { return };
-            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                continue;
-            };
-            for (mut from, mut to) in [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ] {
-                let cut = cut.clone();
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        if !cut.load(std::sync::atomic::Ordering::SeqCst)
-                            && to.write_all(&buf[..n]).is_err()
-                        {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        }
-    });
-    port
 }
 
 /// A TCP proxy to `upstream` that, once armed, swallows the next reply and closes the

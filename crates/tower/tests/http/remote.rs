@@ -5,7 +5,7 @@
 //! serving requests that do not pay the remote scope.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,20 +14,13 @@ use http::StatusCode;
 use tokengate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, WorkClass};
 use tokengate::{ManualClock, Policy, ScopedLimiter};
 use tokengate_redis::{AsyncRedisScopes, FailMode, PoolConfig, RemotePolicy};
+use tokengate_testkit::net::{BlackHole, redis_url};
 use tokengate_tower::{Key, LayerError, RateLimitLayer, RemoteScope};
 
 use crate::support::{client, get as fetch, serve};
 
-fn redis_url() -> String {
-    std::env::var("TOKENGATE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
-}
-
 fn namespace(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("t-tower-{test}-{}-{nanos}", std::process::id())
+    tokengate_testkit::net::namespace(&format!("t-tower-{test}"))
 }
 
 fn limiter() -> Arc<ScopedLimiter<ManualClock>> {
@@ -95,53 +88,11 @@ async fn a_remote_refusal_is_a_429_with_retry_after_and_gives_the_local_tokens_b
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
 }
 
-/// A loopback proxy to the Redis at `upstream` that forwards nothing while `cut` is set.
-fn blackhole(upstream: u16, cut: Arc<AtomicBool>) -> u16 {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { return };
-            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                continue;
-            };
-            for (mut from, mut to) in [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ] {
-                let cut = Arc::clone(&cut);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        if !cut.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        }
-    });
-    port
-}
-
 // The default test runtime: one thread serves, the client and the test all at once.
 #[tokio::test]
 async fn a_stalled_redis_answers_by_the_fail_mode_while_local_requests_are_served() {
-    let url = redis_url();
-    let upstream: u16 = url
-        .trim_end_matches('/')
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a redis://host:port/ URL");
-    let cut = Arc::new(AtomicBool::new(false));
-    let port = blackhole(upstream, Arc::clone(&cut));
-    let config = PoolConfig::new(format!("redis://127.0.0.1:{port}/"), namespace("stall"))
+    let proxy = BlackHole::to_url(&redis_url());
+    let config = PoolConfig::new(proxy.url(), namespace("stall"))
         .exchange_timeout(Duration::from_millis(400))
         .connect_timeout(Duration::from_millis(400))
         .fail_mode(FailMode::FailClosed);
@@ -162,7 +113,7 @@ async fn a_stalled_redis_answers_by_the_fail_mode_while_local_requests_are_serve
         StatusCode::OK
     );
 
-    cut.store(true, Ordering::SeqCst);
+    proxy.cut();
     let order = Arc::new(AtomicU64::new(0));
     let remote_request = {
         let (http, order) = (http.clone(), Arc::clone(&order));
