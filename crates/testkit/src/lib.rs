@@ -14,8 +14,8 @@
 //!   live bucket switching policies against an ideal bucket per policy.
 //!
 //! With the `arbitrary` feature the inputs implement `arbitrary::Arbitrary` (decoded
-//! through distributions that reach the whole useful range, see [`replay`]) and
-//! [`replay`] runs any of the checks on raw fuzzer bytes.
+//! through distributions that reach the whole useful range, see `replay`) and
+//! `replay` runs any of the checks on raw fuzzer bytes.
 //!
 //! [`net`]: loopback plumbing for the tests and examples against a real Redis (the
 //! server's URL, unique key namespaces, a proxy that can be cut into a black hole).
