@@ -10,8 +10,17 @@
 -- one instance is given to another only once that instance acknowledged the smaller one
 -- or its lease expired here (never earlier: its holder may spend it until then).
 --
--- KEYS[1] state hash {ep, learn}; KEYS[2] hash instance id -> record
---   "seq cur_r cur_b cur_exp hold_seq hold_r hold_b hold_exp want" (rates in
+-- Handing on dropped tokens: an instance whose share shrinks drops the tokens its bucket
+-- can no longer hold (before it reports), and reports how many with an id. The script
+-- credits them to a pool (`pool`, until `pexp`) once per id (the record keeps the last id
+-- credited), at most by what the caller's counted burst shrank, and only for a share it
+-- still counts. The pool's tokens keep their burst: grants are clamped so that the
+-- bursts any instance may spend plus the pool never exceed B. A grant may take tokens
+-- from the pool (taken here, before the reply: a lost reply loses them) for its bucket to
+-- start with; so the tokens all buckets hold plus the pool never exceed B.
+--
+-- KEYS[1] state hash {ep, learn, pool, pexp}; KEYS[2] hash instance id -> record
+--   "seq cur_r cur_b cur_exp hold_seq hold_r hold_b hold_exp want drop_id" (rates in
 --   milli-tokens/s, bursts in tokens, times in µs of this server's clock).
 -- ARGV: 1 B (tokens), 2 r (milli-tokens/s), 3 lease lifetime on Redis (µs: ttl + grace),
 --       4 minimum share (milli-tokens/s), 5 learn after a loss (0|1), 6 key keep (ms),
@@ -19,10 +28,12 @@
 --       sequence number of the grant the instance spends now (0: none), 10 the rate and
 --       11 the burst it spends of that grant (at most the grant's: it may have shrunk
 --       it locally), 12 the instance's demand (milli-tokens/s), 13 leave (0|1: give the
---       share back).
+--       share back), 14 tokens dropped, 15 the drop's id (0: none; increasing per
+--       instance), 16 the tokens the instance's bucket holds now (what a grant may add).
 -- Reply: {status, r_i, b_i, expiry (µs), continuous (0|1), now, epoch, live instances,
---        fair target r (milli-tokens/s)}. Status 1 granted; 0 stale (a sequence number
---        not above the recorded one: nothing written). `continuous` = 1 when the share
+--        fair target r (milli-tokens/s), tokens handed on from the pool}. Status 1
+--        granted; 0 stale (a sequence number not above the recorded one: nothing
+--        written). `continuous` = 1 when the share
 --        the instance reported was still counted here, so it may carry its tokens over;
 --        0: its bucket starts empty.
 local B = tonumber(ARGV[1])
@@ -38,9 +49,13 @@ local has_r = tonumber(ARGV[10])
 local has_b = tonumber(ARGV[11])
 local want = tonumber(ARGV[12])
 local leave = ARGV[13] == '1'
+local dropped = tonumber(ARGV[14])
+local drop_id = tonumber(ARGV[15])
+local tokens = tonumber(ARGV[16])
 
-local st = redis.call('HMGET', KEYS[1], 'ep', 'learn')
+local st = redis.call('HMGET', KEYS[1], 'ep', 'learn', 'pool', 'pexp')
 local ep, learn
+local pool, pexp = 0, 0
 if not st[1] then
   -- New or lost (a restart without persistence). With learning on, grants held before
   -- the loss may live one lease lifetime more: until then nobody gets more than the
@@ -49,7 +64,9 @@ if not st[1] then
   if learn_on then learn = now + lease end
 else
   ep = tonumber(st[1]); learn = tonumber(st[2])
+  if st[3] then pool = tonumber(st[3]); pexp = tonumber(st[4]) end
 end
+if pexp <= now then pool = 0 end
 
 local function parse(s)
   local t = {}
@@ -62,7 +79,7 @@ local me = nil
 for i = 1, #all, 2 do
   local f = parse(all[i + 1])
   local rec = {seq = f[1], cr = f[2], cb = f[3], cexp = f[4], hseq = f[5], hr = f[6],
-               hb = f[7], hexp = f[8], want = f[9]}
+               hb = f[7], hexp = f[8], want = f[9], did = f[10] or 0}
   if all[i] == me_id then
     me = rec
   elseif rec.cexp <= now and rec.hexp <= now then
@@ -72,7 +89,7 @@ for i = 1, #all, 2 do
   end
 end
 if me and seq <= me.seq then
-  return {0, 0, 0, 0, 0, now, ep, 0, 0}
+  return {0, 0, 0, 0, 0, now, ep, 0, 0, 0}
 end
 
 -- What an instance may spend now: the larger of its unexpired grant and hold.
@@ -106,6 +123,22 @@ if has_seq > 0 then
   end
 end
 
+-- Dropped tokens, credited once per id, for a share this state counted, at most what the
+-- caller's counted burst shrank by (so its burst and the pool together keep their sum);
+-- not while learning after a loss.
+local did = 0
+if me then did = me.did end
+if drop_id > did and dropped > 0 and me and hexp > 0 and hseq ~= 0 and learn <= now
+    and (hseq == me.seq or hseq == me.hseq) then
+  local _, before_b = held(me)
+  local credit = math.min(dropped, before_b - hb)
+  if credit > 0 then
+    pool = pool + credit
+    pexp = now + lease
+  end
+end
+if drop_id > did then did = drop_id end
+
 -- Max-min fair targets over the live instances' demands (each at least the minimum
 -- share), dividing r less one minimum share kept free so a newcomer starts at once.
 -- A target is what the caller gets once the others' larger holds are gone; the grant is
@@ -118,10 +151,10 @@ local mywant = math.max(want, minr)
 if leave then mywant = 0 end
 wants[#wants + 1] = mywant
 table.sort(wants)
-local pool = R - minr
-if pool < 0 then pool = 0 end
+local spread = R - minr
+if spread < 0 then spread = 0 end
 local target, level = mywant, nil
-local rest, n = pool, #wants
+local rest, n = spread, #wants
 for i, w in ipairs(wants) do
   local fair = math.floor(rest / (n - i + 1))
   if w > fair then level = fair; break end
@@ -135,9 +168,10 @@ else
   target = mywant + math.floor(rest / n)
 end
 
-local gr, gb = 0, 0
+local gr, gb, handed = 0, 0, 0
 if not leave then
-  local free_r, free_b = R - used_r, B - used_b
+  local free_r, free_b = R - used_r, B - used_b - pool
+  if free_b < 0 then free_b = 0 end
   gr = target
   if learn > now then gr = math.min(gr, hr) end
   if gr > free_r then gr = free_r end
@@ -145,6 +179,13 @@ if not leave then
   gb = math.floor(B / R * gr)
   if gb < 1 and gr > 0 then gb = 1 end
   if learn > now and gb > hb then gb = hb end
+  -- Tokens handed on from the pool: as many as the bucket has room for; their burst
+  -- leaves the pool with them.
+  if learn <= now and pool > 0 then
+    handed = math.min(pool, gb - math.min(tokens, gb))
+    if handed < 0 then handed = 0 end
+  end
+  free_b = free_b + handed
   if gb > free_b then gb = free_b end
   if gb < 0 then gb = 0 end
   -- Within 1/32 of the current share, and room for it: the same share again (fewer
@@ -154,15 +195,17 @@ if not leave then
     gr, gb = me.cr, me.cb
   end
   if gr == 0 or gb == 0 then gr, gb = 0, 0 end
+  if handed > gb then handed = gb end
+  pool = pool - handed
 end
 
 local exp = now + lease
-redis.call('HSET', KEYS[2], me_id, string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
-  seq, gr, gb, exp, hseq, hr, hb, hexp, mywant))
+redis.call('HSET', KEYS[2], me_id, string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f %.0f',
+  seq, gr, gb, exp, hseq, hr, hb, hexp, mywant, did))
 for i = 1, #dead, 256 do
   redis.call('HDEL', KEYS[2], unpack(dead, i, math.min(i + 255, #dead)))
 end
-redis.call('HSET', KEYS[1], 'ep', ep, 'learn', learn)
+redis.call('HSET', KEYS[1], 'ep', ep, 'learn', learn, 'pool', pool, 'pexp', pexp)
 -- Every record expires within one lifetime of its last grant: the keys outlive them all.
 local ttl = math.floor((lease + 999) / 1000) + keep_ms
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -171,4 +214,4 @@ local live = 1
 for _, rec in ipairs(others) do
   if rec.cexp > now then live = live + 1 end
 end
-return {1, gr, gb, exp, continuous, now, ep, live, target}
+return {1, gr, gb, exp, continuous, now, ep, live, target, handed}

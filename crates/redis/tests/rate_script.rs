@@ -2,7 +2,10 @@
 //! schedules of refreshes, lost and delayed replies and clock steps, each checked against
 //! the cap by a model of the clients (what each may spend at every instant: the last
 //! share it received, until `ttl` after it sent that request); and the fair division, the
-//! minimum share, acknowledgement and learning after a loss.
+//! minimum share, acknowledgement and learning after a loss. The cap counts the pool of
+//! dropped tokens Redis hands on: the bursts clients may spend plus the pool never exceed
+//! `B` (a client's bucket holds at most its burst), with drops reported again after lost
+//! replies.
 
 mod common;
 
@@ -53,6 +56,20 @@ impl Fleet {
             .unwrap()
     }
 
+    /// The tokens in the pool of dropped tokens at `now_us` (none past its expiry).
+    fn pool(&mut self, now_us: u64) -> u64 {
+        let (pool, pexp): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(&self.keys.state)
+            .arg("pool")
+            .arg("pexp")
+            .query(&mut self.con)
+            .unwrap();
+        match (pool, pexp) {
+            (Some(p), Some(e)) if e > now_us => p,
+            _ => 0,
+        }
+    }
+
     fn delete(&mut self) {
         let _: () = redis::cmd("DEL")
             .arg(&self.keys.state)
@@ -78,6 +95,13 @@ struct Client {
     has: Option<(u64, u64, u64, u64)>,
     /// A reply on its way: (reply, sent at).
     pending: Option<(RateReply, u64, u64)>,
+    /// Tokens dropped by a shrink, not yet acknowledged: (id, tokens); and what the last
+    /// request reported.
+    dropped: Option<(u64, u64)>,
+    sent_drop: Option<(u64, u64)>,
+    drop_ids: u64,
+    /// The tokens it reports holding (how many a grant may add).
+    tokens: u64,
 }
 
 impl Client {
@@ -87,18 +111,40 @@ impl Client {
 
     fn ask(&mut self, want: u64, now: u64) -> RateAsk {
         self.seq += 1;
+        self.sent_drop = self.dropped;
         RateAsk {
             instance: self.id.clone(),
             seq: self.seq,
             has: self.spending(now).map(|(s, r, b, _)| (s, r, b)),
             want_milli: want,
             leave: false,
+            dropped: self.dropped,
+            tokens: self.tokens,
         }
     }
 
-    fn deliver(&mut self) {
+    /// The share shrinks to `burst` with a full bucket: every token above it is dropped.
+    /// Returns how many.
+    fn drop_to(&mut self, old: u64, burst: u64) -> u64 {
+        if old > burst {
+            self.drop_ids += 1;
+            self.dropped = Some((self.drop_ids, old - burst));
+        }
+        old.saturating_sub(burst)
+    }
+
+    /// Delivers the reply on its way; returns the tokens the client dropped.
+    fn deliver(&mut self) -> u64 {
+        let mut lost = 0;
         if let Some((reply, seq, sent)) = self.pending.take() {
             if reply.granted {
+                assert!(reply.handed <= reply.burst, "{reply:?}");
+                if self.dropped == self.sent_drop {
+                    self.dropped = None;
+                }
+                if let Some((_, _, old, _)) = self.has.filter(|_| reply.continuous) {
+                    lost = self.drop_to(old, reply.burst);
+                }
                 self.has = (reply.rate_milli > 0).then_some((
                     seq,
                     reply.rate_milli,
@@ -107,6 +153,7 @@ impl Client {
                 ));
             }
         }
+        lost
     }
 }
 
@@ -124,8 +171,9 @@ impl Rng {
     }
 }
 
-/// The sum of what every client may spend at `now`, against `(r, B)`.
-fn check_cap(clients: &[Client], now: u64, step: usize, seed: u64) {
+/// The sum of what every client may spend at `now`, against `(r, B)`; the bursts with the
+/// pool's tokens against `B`.
+fn check_cap(clients: &[Client], pool: u64, now: u64, step: usize, seed: u64) {
     let (mut r, mut b) = (0, 0);
     for c in clients {
         if let Some((_, cr, cb, _)) = c.spending(now) {
@@ -136,6 +184,10 @@ fn check_cap(clients: &[Client], now: u64, step: usize, seed: u64) {
     assert!(
         r <= R_MILLI && b <= B,
         "seed {seed}, step {step}: the clients may spend {r} milli-tokens/s and {b} tokens of burst, above r = {R_MILLI} and B = {B}"
+    );
+    assert!(
+        b + pool <= B,
+        "seed {seed}, step {step}: the clients' bursts ({b}) and the pool of dropped tokens ({pool}) hold more than B = {B}"
     );
 }
 
@@ -156,6 +208,9 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
             .collect();
         let mut now = 1_000_000_000u64;
         let mut granted = 0u64;
+        let mut handed = 0u64;
+        // Tokens the clients dropped, each drop once: the pool hands on no more.
+        let mut dropped = 0u64;
         for step in 0..1500 {
             let i = rng.below(k as u64) as usize;
             match rng.below(10) {
@@ -167,7 +222,10 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
                         if rng.below(3) == 0 {
                             if let Some(h) = clients[i].has.as_mut() {
                                 h.1 /= 2;
+                                let old = h.2;
                                 h.2 /= 2;
+                                let new = h.2;
+                                dropped += clients[i].drop_to(old, new);
                             }
                         }
                         let want = match rng.below(4) {
@@ -178,16 +236,26 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
                         let ask = clients[i].ask(want, now);
                         let reply = f.ask(&ask, now);
                         granted += reply.rate_milli;
+                        handed += reply.handed;
                         clients[i].pending = Some((reply, ask.seq, now));
                     }
                 }
-                5..=7 => clients[i].deliver(),
+                5..=7 => dropped += clients[i].deliver(),
                 8 => clients[i].pending = None,
                 _ => now += rng.below(TTL_US / 2),
             }
-            check_cap(&clients, now, step, seed);
+            let pool = f.pool(now);
+            check_cap(&clients, pool, now, step, seed);
+            assert!(
+                handed + pool <= dropped,
+                "seed {seed}, step {step}: the pool handed on {handed} tokens and holds {pool}, more than the {dropped} the clients dropped"
+            );
         }
         assert!(granted > 0, "seed {seed}: nothing was ever granted");
+        assert!(
+            handed > 0,
+            "seed {seed}: no dropped token was ever handed on"
+        );
     }
 }
 
@@ -338,6 +406,7 @@ fn after_a_loss_nobody_gets_more_than_it_spends_for_one_lifetime() {
         has: Some((6, 30_000, 60)),
         want_milli: R_MILLI,
         leave: false,
+        ..RateAsk::default()
     };
     let reply = f.ask(&a, now);
     assert!(reply.rate_milli <= 30_000 && reply.burst <= 60, "{reply:?}");
@@ -348,9 +417,75 @@ fn after_a_loss_nobody_gets_more_than_it_spends_for_one_lifetime() {
         has: None,
         want_milli: R_MILLI,
         leave: false,
+        ..RateAsk::default()
     };
     assert_eq!(f.ask(&newcomer, now + 1000).rate_milli, 0);
     let later = RateAsk { seq: 2, ..newcomer };
     let after = f.ask(&later, now + TTL_US + GRACE_US + 1);
     assert!(after.rate_milli > 0, "{after:?}");
+}
+
+/// Tokens a shrinking client dropped are credited to the pool once per drop id (a retry
+/// after a lost reply credits nothing more), at most by what its burst shrank, handed on
+/// to the next grant as far as its bucket has room (taken from the pool before the reply),
+/// and gone at the pool's expiry.
+#[test]
+fn dropped_tokens_are_credited_once_and_handed_on() {
+    let mut f = Fleet::new("rate-pool", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let mut b = Client {
+        id: "b".into(),
+        ..Client::default()
+    };
+    let now = 1_000_000_000u64;
+    let round = |f: &mut Fleet, c: &mut Client, want: u64, at: u64, deliver: bool| {
+        let ask = c.ask(want, at);
+        let reply = f.ask(&ask, at);
+        c.pending = Some((reply, ask.seq, at));
+        if deliver {
+            c.deliver();
+        }
+        reply
+    };
+    round(&mut f, &mut a, R_MILLI, now, true);
+    round(&mut f, &mut a, R_MILLI, now + 1, true);
+    round(&mut f, &mut b, R_MILLI, now + 2, true);
+    let (_, big_r, big, _) = a.has.unwrap();
+    assert!(big > 100, "{big}");
+    // a's demand falls: it shrinks its bucket to 20 (dropping what is above) and reports;
+    // the reply is lost.
+    let h = a.has.as_mut().unwrap();
+    h.1 = big_r / 10;
+    h.2 = 20;
+    a.drop_to(big, 20);
+    a.tokens = 20;
+    round(&mut f, &mut a, big_r / 10, now + 10, false);
+    assert_eq!(f.pool(now + 10), big - 20);
+    // The retry carries the same drop and credits nothing more; a larger claim under a
+    // new id is capped at what its counted burst shrank since (nothing).
+    round(&mut f, &mut a, big_r / 10, now + 20, false);
+    assert_eq!(f.pool(now + 20), big - 20, "a drop was credited twice");
+    a.drop_ids += 1;
+    a.dropped = Some((a.drop_ids, big));
+    round(&mut f, &mut a, big_r / 10, now + 30, false);
+    assert_eq!(
+        f.pool(now + 30),
+        big - 20,
+        "more was credited than the burst shrank"
+    );
+    // b, its bucket full of its small share, asks for everything: its grant adds what its
+    // bucket has room for from the pool.
+    b.tokens = b.has.unwrap().2;
+    let reply = round(&mut f, &mut b, R_MILLI, now + 40, true);
+    assert!(
+        reply.handed > 100 && reply.handed + b.tokens <= reply.burst,
+        "{reply:?}"
+    );
+    assert_eq!(f.pool(now + 40), big - 20 - reply.handed);
+    // What is left expires with the pool, one lease lifetime after the last credit.
+    assert!(f.pool(now + 10 + TTL_US + GRACE_US - 1) > 0);
+    assert_eq!(f.pool(now + 10 + TTL_US + GRACE_US), 0);
 }

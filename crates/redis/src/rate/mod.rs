@@ -26,6 +26,18 @@
 //!   (a new instance, one whose lease lapsed, one Redis lost) starts its bucket empty: the
 //!   burst it holds was freed by leases that expired, whose tokens may have been spent.
 //!   So `Φ(t1) <= B` and the refill adds at most `r*T`.
+//! - **Dropped tokens are handed on, not minted.** A share that shrinks (given back early,
+//!   or a smaller grant) caps its bucket at the smaller burst first; the tokens above it
+//!   (exactly what the switch dropped, whatever decisions raced it) are reported at the
+//!   next round with an id. Redis credits them to a pool once per id (a retry after a lost
+//!   reply credits nothing more), only for a share it still counts and at most by what
+//!   the instance's counted burst shrank, and the pool keeps their burst: the bursts any
+//!   instance may spend plus the pool never exceed `B`. A grant takes tokens from the pool
+//!   (before Redis replies) for its bucket to start with, as many as it has room for; the
+//!   pool expires one lease lifetime after its last credit. So with `Ψ` the buckets'
+//!   tokens plus the pool, `Ψ <= B` at every instant and only the refill raises it: tokens
+//!   between a drop and its credit, or between a hand-on and its arrival, are in neither
+//!   (an instance killed after dropping, or a lost reply, loses them).
 //! - **The clock term.** An instance's local lease ends `ttl` after it *sent* the request
 //!   (its monotonic clock); Redis counts the grant until `ttl + grace` after it ran the
 //!   script (its clock), which is after the send. The local end precedes Redis's as long
@@ -78,7 +90,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-use tokengate::{Inherit, LiveBucket, Policy, QuantaClock};
+use tokengate::{Inherit, LiveBucket, Policy, QuantaClock, Reconfigured};
 
 use crate::config::{ConfigError, PoolConfig};
 use crate::connect::Link;
@@ -470,6 +482,10 @@ struct Local {
     /// up to `EARLY_MAX` seconds), and when it was last brought up to date.
     credit: u64,
     credit_at: u64,
+    /// Tokens dropped when the share shrank, not yet acknowledged by Redis: (id, tokens).
+    dropped: Option<(u64, u64)>,
+    /// The last drop id used.
+    drop_ids: u64,
 }
 
 impl Local {
@@ -490,6 +506,20 @@ impl Local {
             asked_all: false,
             credit: EARLY_MAX * SECOND_NS,
             credit_at: now,
+            dropped: None,
+            drop_ids: 0,
+        }
+    }
+
+    /// Records the whole tokens a shrinking switch dropped (what the bucket held at the
+    /// switch less what it holds after: exact, whatever decisions raced it), to report
+    /// under a new id. A drop not yet acknowledged is replaced: Redis credits ids in
+    /// order, so the older one is lost if it was not credited (never credited twice).
+    fn record_drop(&mut self, switch: Reconfigured) {
+        let lost = (switch.before - switch.after).floor();
+        if lost >= 1.0 {
+            self.drop_ids += 1;
+            self.dropped = Some((self.drop_ids, lost as u64));
         }
     }
 
@@ -673,7 +703,9 @@ impl Worker {
                 // What it used before the drop is no longer its demand.
                 b.history = [(sent, admitted); 4];
                 if let Ok(p) = Policy::per(b2, r2, Duration::from_secs(1000)) {
-                    s.bucket.reconfigure(p, Inherit::AsIs);
+                    // The tokens above the smaller burst are dropped here, before the
+                    // report: Redis may hand them on once it has it.
+                    b.record_drop(s.bucket.reconfigure(p, Inherit::AsIs));
                     s.share_changes.fetch_add(1, Ordering::Relaxed);
                     b.has = Some((seq, r2, b2));
                     s.rate_milli.store(r2, Ordering::Relaxed);
@@ -688,6 +720,12 @@ impl Worker {
             has: b.has.filter(|_| now < until),
             want_milli,
             leave,
+            dropped: b.dropped,
+            tokens: if now < until {
+                s.bucket.available().max(0.0) as u64
+            } else {
+                0
+            },
         };
         let target = RateTarget {
             keys: &s.keys,
@@ -704,6 +742,10 @@ impl Worker {
         match result {
             Ok(reply) if reply.granted => {
                 self.shared.unreachable.store(false, Ordering::Relaxed);
+                // Redis saw the drop (credited now, or earlier under the same id).
+                if b.dropped == ask.dropped {
+                    b.dropped = None;
+                }
                 let before = b.has;
                 apply(&s, b, &reply, sent + ttl);
                 // A share an eighth smaller or more is acknowledged at once (out of the
@@ -754,8 +796,14 @@ fn apply(s: &Shared, b: &mut Local, reply: &RateReply, until_real: u64) {
         s.bucket.reconfigure(policy.start_empty(), Inherit::Reset);
         s.share_changes.fetch_add(1, Ordering::Relaxed);
     } else if !same {
-        s.bucket.reconfigure(policy, Inherit::AsIs);
+        // A smaller burst drops the tokens above it: reported at the next round.
+        b.record_drop(s.bucket.reconfigure(policy, Inherit::AsIs));
         s.share_changes.fetch_add(1, Ordering::Relaxed);
+    }
+    // Tokens handed on from the pool (Redis took them out of it before replying; at most
+    // the burst, and the bucket caps them at it).
+    if reply.handed > 0 {
+        let _ = s.bucket.refund(reply.handed.min(reply.burst));
     }
     if s.clock.resume(frozen, until_real) {
         b.has = Some((b.seq, reply.rate_milli, reply.burst));
@@ -794,6 +842,7 @@ mod tests {
             epoch: 0,
             live: 1,
             target_milli: rate_milli,
+            handed: 0,
         }
     }
 

@@ -70,6 +70,12 @@ pub struct RateAsk {
     pub want_milli: u64,
     /// Give the share back (the instance stops).
     pub leave: bool,
+    /// Tokens the instance dropped from its bucket when its share shrank, not yet
+    /// acknowledged: (the drop's id, increasing per instance; tokens). Redis credits them
+    /// to the pool it hands on once per id.
+    pub dropped: Option<(u64, u64)>,
+    /// Whole tokens the instance's bucket holds now: how many a grant may add.
+    pub tokens: u64,
 }
 
 /// The script's answer.
@@ -94,11 +100,14 @@ pub struct RateReply {
     /// The caller's max-min fair rate, milli-tokens per second (what it gets once the
     /// shares others hold above theirs have expired or been acknowledged).
     pub target_milli: u64,
+    /// Tokens handed on from the pool (dropped by instances whose shares shrank): the
+    /// bucket starts the grant with them (taken from the pool before this reply).
+    pub handed: u64,
 }
 
 impl RateReply {
     fn parse(v: &[i64]) -> Option<Self> {
-        let &[status, r, b, exp, cont, now, ep, live, target] = v else {
+        let &[status, r, b, exp, cont, now, ep, live, target, handed] = v else {
             return None;
         };
         let n = |x: i64| u64::try_from(x).ok();
@@ -112,6 +121,7 @@ impl RateReply {
             epoch: n(ep)?,
             live: n(live)?,
             target_milli: n(target)?,
+            handed: n(handed)?,
         })
     }
 }
@@ -176,7 +186,10 @@ impl RateScript {
             .arg(has_r)
             .arg(has_b)
             .arg(ask.want_milli)
-            .arg(u8::from(ask.leave));
+            .arg(u8::from(ask.leave))
+            .arg(ask.dropped.map_or(0, |d| d.1))
+            .arg(ask.dropped.map_or(0, |d| d.0))
+            .arg(ask.tokens);
         if self.time == TimeSource::Argument {
             cmd.arg(now_us);
         }
