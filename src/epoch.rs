@@ -20,9 +20,8 @@
 //!
 //! Each thread that pins owns a record (registered once, reused after the thread exits,
 //! never freed) holding one word: the depth of its nested pins (low 16 bits) and how many
-//! times its outermost pin ended (the rest), mirrored in a thread-local copy that the
-//! thread reads. A pin stores `depth + 1` to both, then only a compiler fence before
-//! the load of the current epoch; ending it stores the depth less one (counting an end when it falls
+//! times its outermost pin ended (the rest). A pin loads it and stores `depth + 1`,
+//! then only a compiler fence before the load of the current epoch; ending it stores the depth less one (counting an end when it falls
 //! to zero). Both stores are release stores (plain stores on x86-64): a retirement that
 //! sees a later pin's word synchronizes with the end of every earlier one (the loom
 //! model `epoch` finds the free racing the read when the pin's store is relaxed). No
@@ -462,7 +461,7 @@ impl Drop for Pin {
     /// One pin fewer; the last one counts an end. Pins may end in any order.
     #[inline(always)]
     fn drop(&mut self) {
-        let word = self::thread::word() - 1;
+        let word = self::thread::word(self.record) - 1;
         let word = if word & DEPTH == 0 {
             word + ENDED
         } else {
@@ -559,8 +558,6 @@ mod thread {
     thread_local! {
         /// The calling thread's record, null until it first pins.
         static RECORD: Cell<*const Record> = const { Cell::new(ptr::null()) };
-        /// The record's word as this thread last stored it (read here, not there).
-        static WORD: Cell<u64> = const { Cell::new(0) };
         /// Releases the record when the thread exits.
         static OWNER: Owner = const { Owner };
     }
@@ -587,12 +584,12 @@ mod thread {
         let record = RECORD.with(Cell::get);
         // SAFETY: records are never freed.
         match unsafe { record.as_ref() } {
-            Some(record) => (record, WORD.with(Cell::get)),
+            // Only this thread writes it.
+            Some(record) => (record, record.word.load(Ordering::Relaxed)),
             None => {
                 let record = super::register();
                 let word = record.word.load(Ordering::Relaxed);
                 RECORD.with(|r| r.set(record));
-                WORD.with(|w| w.set(word));
                 // A thread whose thread-locals are being destroyed keeps its record.
                 let _ = OWNER.try_with(|_| ());
                 (record, word)
@@ -600,15 +597,15 @@ mod thread {
         }
     }
 
+    /// The word of `record`, the calling thread's.
     #[inline(always)]
-    pub(super) fn word() -> u64 {
-        WORD.with(Cell::get)
+    pub(super) fn word(record: &Record) -> u64 {
+        record.word.load(Ordering::Relaxed)
     }
 
+    /// Nothing to mirror: the record's word is read where it is stored.
     #[inline(always)]
-    pub(super) fn set_word(word: u64) {
-        WORD.with(|w| w.set(word));
-    }
+    pub(super) fn set_word(_: u64) {}
 }
 
 #[cfg(loom)]
@@ -646,7 +643,9 @@ mod thread {
         }
     }
 
-    pub(super) fn word() -> u64 {
+    /// The word of the calling thread's record, from the thread-local mirror (one
+    /// operation fewer for the model to interleave).
+    pub(super) fn word(_: &Record) -> u64 {
         WORD.with(Cell::get)
     }
 
