@@ -21,7 +21,7 @@
 //! model `live_reconfigure` checks both, and catches a switch that skips the seal).
 //! Every decision is made on one epoch's word alone, with that epoch's policy.
 //!
-//! The epochs form a [`Chain`](crate::epoch) that frees a replaced epoch once no
+//! The epochs form a chain (`src/epoch.rs`) that frees a replaced epoch once no
 //! operation can still hold it: each operation pins the current epoch for its few
 //! instructions, and a reconfiguration retires the one it replaced. A bucket holds one
 //! epoch ([`EPOCH_BYTES`], 512 bytes), and briefly the few replaced ones a pin still

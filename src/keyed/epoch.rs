@@ -16,7 +16,7 @@
 //! own (`tests/keyed_reconfigure.rs` compares the two on random histories).
 //!
 //! Epochs are kept until the map is dropped (a shard may still be in any of them: a
-//! [`Chain<MapEpoch, Kept>`](crate::epoch)): a few hundred bytes per reconfiguration,
+//! `Chain<MapEpoch, Kept>`): a few hundred bytes per reconfiguration,
 //! whatever the number of keys.
 
 use crate::bucket::reread_snapshot;

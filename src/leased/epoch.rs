@@ -1,5 +1,5 @@
 //! One policy of a [`LeasedBucket`](super::LeasedBucket): its pool, its slots and the
-//! figures derived from the policy (an epoch of the bucket's [`Chain`](crate::epoch)).
+//! figures derived from the policy (an epoch of the bucket's chain (`src/epoch.rs`)).
 //!
 //! A bucket never reconfigured has one epoch for its whole life. A reconfiguration
 //! ([`LeasedBucket::reconfigure`](super::LeasedBucket::reconfigure)) closes the current

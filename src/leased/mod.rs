@@ -90,7 +90,7 @@
 //! tests in `tests/leased_reconfigure.rs` compare a leased bucket with a
 //! [`LiveBucket`](crate::LiveBucket) on random histories with switches.
 //!
-//! The epochs form a [`Chain`](crate::epoch) that frees a replaced epoch once no
+//! The epochs form a chain (`src/epoch.rs`) that frees a replaced epoch once no
 //! operation can still hold it (each operation pins the current one): the bucket holds
 //! one epoch, [`LeasedBucket::epoch_bytes`] (the pool, the slot array and the count of
 //! stocked slots: 640 bytes plus 128 per slot on x86-64), however often it is

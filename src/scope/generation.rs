@@ -18,7 +18,7 @@
 //! Either way a decision reads one generation's classes and policies, and its buckets
 //! are that generation's. Generations are kept until the limiter is dropped (a request
 //! may still hold a replaced one, and a reservation names the one it paid on): a
-//! [`Chain<Generation, Kept>`](crate::epoch).
+//! `Chain<Generation, Kept>`.
 
 use std::mem::MaybeUninit;
 use std::ptr;
