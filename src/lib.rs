@@ -80,6 +80,7 @@ mod attempt;
 mod bucket;
 pub mod clock;
 mod decision;
+mod epoch;
 mod error;
 pub mod guide;
 mod hint;
@@ -89,6 +90,9 @@ pub mod keyed;
 pub mod leased;
 mod live;
 pub mod multi;
+#[cfg(loom)]
+#[doc(hidden)]
+pub use epoch::model as epoch_model;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutants;

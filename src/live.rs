@@ -21,14 +21,16 @@
 //! model `live_reconfigure` checks both, and catches a switch that skips the seal).
 //! Every decision is made on one epoch's word alone, with that epoch's policy.
 //!
-//! Epochs are kept until the bucket is dropped (an operation may still hold a replaced
-//! one): each reconfiguration holds [`EPOCH_BYTES`] (512) more. Reconfiguring once a
-//! minute for a year holds about 257 MiB; a bucket reconfigured that often is better
-//! rebuilt now and then.
+//! The epochs form a chain (`src/epoch.rs`) that frees a replaced epoch once no
+//! operation can still hold it: each operation pins the current epoch for its few
+//! instructions, and a reconfiguration retires the one it replaced. A bucket holds one
+//! epoch ([`EPOCH_BYTES`], 512 bytes), and briefly the few replaced ones a pin still
+//! held, however often it is reconfigured.
 //!
 //! # Cost
 //!
-//! One pointer load more than a [`Bucket`](crate::Bucket) per operation, and one
+//! One pointer load more than a [`Bucket`](crate::Bucket) per operation, the pin (a load
+//! and a store of the thread's own pin record, and one store to end it), and one
 //! comparison with the sealed word (`BENCHMARKS.md`, "Live reconfiguration").
 
 use std::fmt;
@@ -39,22 +41,19 @@ use crate::bucket::reread_snapshot;
 use crate::bucket::{Core, RawBucket, SEALED_ERROR, Sealable, Sealed};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
+use crate::epoch::{Chain, Freed, Next, Pinned};
 use crate::error::AcquireError;
 use crate::inherit::{self, Inherit};
 use crate::multi::member::{self, Member};
 use crate::policy::Policy;
 use crate::state::SEALED;
-use crate::sync::{AtomicPtr, Ordering};
 
-/// Bytes each reconfiguration keeps until the bucket is dropped: one epoch.
+/// Bytes one epoch (a policy and its word) holds: what a [`LiveBucket`] holds, a
+/// replaced epoch being freed once no operation holds it.
 pub const EPOCH_BYTES: usize = std::mem::size_of::<Epoch>();
 
-/// One policy of a [`LiveBucket`] and its word, and the epoch it replaced.
-struct Epoch {
-    core: Core<Sealable>,
-    /// The epoch this one replaced (owned: freed when the bucket is dropped), or null.
-    prev: *mut Epoch,
-}
+/// One policy of a [`LiveBucket`] and its word.
+type Epoch = Core<Sealable>;
 
 /// What a [`LiveBucket::reconfigure`] (or a
 /// [`LeasedBucket::reconfigure`](crate::LeasedBucket::reconfigure)) did to the balance.
@@ -92,20 +91,14 @@ pub struct Reconfigured {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct LiveBucket<C: Clock = QuantaClock> {
-    current: AtomicPtr<Epoch>,
+    epochs: Chain<Epoch, Freed>,
     clock: Monotonic<C>,
 }
-
-// SAFETY: the epochs are shared through `&LiveBucket` only as `&Core` (atomics and a
-// `Copy` policy); `prev` is read and freed only by `Drop`, which has `&mut self`.
-unsafe impl<C: Clock + Send> Send for LiveBucket<C> {}
-// SAFETY: as above; every shared access to an epoch goes through its atomics.
-unsafe impl<C: Clock + Sync> Sync for LiveBucket<C> {}
 
 impl<C: Clock> fmt::Debug for LiveBucket<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LiveBucket")
-            .field("policy", self.policy())
+            .field("policy", &self.policy())
             .field("available", &self.available())
             .finish()
     }
@@ -123,23 +116,16 @@ impl<C: Clock> LiveBucket<C> {
     pub fn with_clock(policy: Policy, clock: C) -> LiveBucket<C> {
         let clock = Monotonic::new(clock);
         let created = clock.now_nanos();
-        let first = Box::new(Epoch {
-            core: Core::new(policy, created, None),
-            prev: ptr::null_mut(),
-        });
         LiveBucket {
-            current: AtomicPtr::new(Box::into_raw(first)),
+            epochs: Chain::freeing(Core::new(policy, created, None)),
             clock,
         }
     }
 
-    /// The current epoch.
+    /// The current epoch, held until the guard is dropped.
     #[inline(always)]
-    fn epoch(&self) -> &Epoch {
-        // SAFETY: `current` always points to a live epoch (set from `Box::into_raw`),
-        // and epochs are freed only when the bucket is dropped, which `&self` prevents.
-        // The acquire load pairs with the release store that published it.
-        unsafe { &*self.current.load(Ordering::Acquire) }
+    fn epoch(&self) -> Pinned<'_, Epoch> {
+        self.epochs.pin()
     }
 
     /// Waits until `sealed`, whose word an operation found sealed, is replaced: the
@@ -148,12 +134,8 @@ impl<C: Clock> LiveBucket<C> {
     #[cold]
     #[inline(never)]
     fn await_successor(&self, sealed: &Epoch) {
-        let mut spins = 0u32;
-        while ptr::eq(self.current.load(Ordering::Acquire), sealed)
-            && sealed.core.raw().load() == SEALED
-        {
-            crate::sync::spin(&mut spins);
-        }
+        self.epochs
+            .await_successor(sealed, |e| e.raw().load() == SEALED);
     }
 
     /// Runs `op` on the current epoch until it finds its word unsealed.
@@ -161,9 +143,9 @@ impl<C: Clock> LiveBucket<C> {
     fn on_epoch<T>(&self, mut op: impl FnMut(&Core<Sealable>) -> Result<T, Sealed>) -> T {
         loop {
             let epoch = self.epoch();
-            match op(&epoch.core) {
+            match op(&epoch) {
                 Ok(out) => return out,
-                Err(Sealed) => self.await_successor(epoch),
+                Err(Sealed) => self.await_successor(&epoch),
             }
         }
     }
@@ -189,12 +171,12 @@ impl<C: Clock> LiveBucket<C> {
     fn acquire(&self, cost: u64, now: impl Fn() -> u64) -> Result<Decision, AcquireError> {
         loop {
             let epoch = self.epoch();
-            let out = epoch.core.try_acquire(&self.clock, now(), cost);
+            let out = epoch.try_acquire(&self.clock, now(), cost);
             if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {
                 return out;
             }
             debug_assert_eq!(out, Err(SEALED_ERROR));
-            self.await_successor(epoch);
+            self.await_successor(&epoch);
         }
     }
 
@@ -224,8 +206,8 @@ impl<C: Clock> LiveBucket<C> {
     }
 
     /// The policy enforced now.
-    pub fn policy(&self) -> &Policy {
-        self.epoch().core.policy()
+    pub fn policy(&self) -> Policy {
+        *self.epoch().policy()
     }
 
     /// The clock this bucket reads.
@@ -243,62 +225,58 @@ impl<C: Clock> LiveBucket<C> {
     pub fn reconfigure(&self, policy: Policy, inherit: Inherit) -> Reconfigured {
         // Allocated before the seal: between the seal and the publication, only
         // arithmetic, so that operations waiting on the switch wait for nothing else.
-        let mut next = Box::new(Epoch {
-            core: Core::new(policy, 0, Some(0)),
-            prev: ptr::null_mut(),
-        });
+        let mut next = Next::new(Core::new(policy, 0, Some(0)));
         loop {
             let epoch = self.epoch();
             let word = if mutant!(RECONFIGURE_SKIPS_SEAL) {
-                epoch.core.raw().load()
+                epoch.raw().load()
             } else {
-                epoch.core.raw().seal()
+                epoch.raw().seal()
             };
             if word == SEALED {
                 // Another reconfiguration sealed it first: convert what it leaves.
-                self.await_successor(epoch);
+                self.await_successor(&epoch);
                 continue;
             }
             // Should anything below unwind (a clock that panics), the word is unsealed
             // again: the old policy stays current and no operation waits forever.
             let unseal = Unseal {
-                raw: epoch.core.raw(),
+                raw: epoch.raw(),
                 word,
             };
             // Read after the seal: not earlier than any reading stored in `word`.
             let now = self.clock.now_nanos();
             let (word, report) = convert_sealed(
-                epoch.core.policy().layout(),
-                epoch.core.passes(),
+                epoch.policy().layout(),
+                epoch.passes(),
                 word,
                 now,
                 &policy,
                 inherit,
             );
-            next.core = Core::new(policy, now, Some(word));
-            next.prev = ptr::from_ref(epoch).cast_mut();
-            self.current.store(Box::into_raw(next), Ordering::Release);
+            *next = Core::new(policy, now, Some(word));
             std::mem::forget(unseal);
+            self.epochs.replace(&epoch, next);
             return report;
         }
     }
 
-    /// The policies this bucket has enforced, the current one included: each holds
-    /// [`EPOCH_BYTES`] until the bucket is dropped.
+    /// How many policies this bucket has enforced, the current one included (one more
+    /// per reconfiguration). Only the current one is held: each replaced epoch is freed
+    /// once no operation holds it.
     pub fn epochs(&self) -> usize {
-        let mut count = 0;
-        let mut p: *const Epoch = self.epoch();
-        while !p.is_null() {
-            count += 1;
-            // SAFETY: every `prev` is null or a live epoch, freed only by `Drop`.
-            p = unsafe { (*p).prev };
-        }
-        count
+        usize::try_from(self.epochs.count()).unwrap_or(usize::MAX)
+    }
+
+    /// Replaced epochs not yet freed (an operation may have held them when they were
+    /// replaced; the next reconfiguration or the drop frees them): a handful at most.
+    pub fn retired_epochs(&self) -> usize {
+        self.epochs.retired()
     }
 
     /// The packed word of the current policy as stored, for diagnostics.
     pub fn stored_word(&self) -> u64 {
-        self.epoch().core.raw().load()
+        self.epoch().raw().load()
     }
 }
 
@@ -308,7 +286,7 @@ impl<C: Clock> LiveBucket<C> {
 /// live bucket's own address, the same across switches.
 impl<C: Clock> Member for LiveBucket<C> {
     fn member_id(&self) -> usize {
-        ptr::from_ref(&self.current) as usize
+        ptr::from_ref(&self.epochs) as usize
     }
 
     fn capacity(&self) -> u64 {
@@ -352,7 +330,7 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
 
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
         let now = self.clock.observe(now);
-        let core = &self.epoch().core;
+        let core = self.epoch();
         let passes = core.passes();
         if passes.is_due(now) && passes.idle_at(now) {
             return None;
@@ -406,18 +384,5 @@ impl Drop for Unseal<'_> {
         // Nothing writes a sealed word, and no successor was published: restoring it is
         // the state as if the switch had not begun.
         self.raw.set(self.word);
-    }
-}
-
-impl<C: Clock> Drop for LiveBucket<C> {
-    fn drop(&mut self) {
-        let mut p = self.current.load(Ordering::Acquire);
-        while !p.is_null() {
-            // SAFETY: each epoch was made by `Box::into_raw` and is reachable once, from
-            // `current` or from its successor's `prev`; `&mut self` excludes every
-            // other access.
-            let epoch = unsafe { Box::from_raw(p) };
-            p = epoch.prev;
-        }
     }
 }

@@ -102,6 +102,10 @@ pub static KEYED_SHARD_NOT_CONVERTED: Mutant = Mutant("KEYED_SHARD_NOT_CONVERTED
 /// the switch reading, and the conversion credits that time again.
 pub static KEYED_SWITCH_SKIPS_BARRIER: Mutant = Mutant("KEYED_SWITCH_SKIPS_BARRIER");
 
+/// A retired epoch freed at the next retirement whether or not a pin that may hold it
+/// has ended: a reader racing the switch reads freed memory.
+pub static EPOCH_FREES_EARLY: Mutant = Mutant("EPOCH_FREES_EARLY");
+
 /// Whether `bug` is switched on for the calling thread.
 pub fn on(bug: &Mutant) -> bool {
     ENABLED.with(|enabled| ptr::eq(enabled.get(), bug))

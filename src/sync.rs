@@ -5,14 +5,14 @@
 //! the thread index that spreads threads over cache-padded cells.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::Arc;
-#[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Mutex};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::Arc;
-#[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Mutex};
 
 /// A cell whose contents are shared by a protocol of the caller's (a keyed shard, read
 /// in a reader section or under its lock): `std`'s `UnsafeCell` behind raw pointers, or

@@ -11,6 +11,7 @@
 
 mod acquire_race;
 mod clock_advance;
+mod epoch;
 mod hot;
 mod keyed_read;
 mod keyed_search;

@@ -15,16 +15,15 @@
 //! exactly as a [`LiveBucket`](crate::LiveBucket) switched at that reading converts its
 //! own (`tests/keyed_reconfigure.rs` compares the two on random histories).
 //!
-//! Epochs are kept until the map is dropped (a shard may still be in any of them): a
-//! few hundred bytes per reconfiguration, whatever the number of keys.
-
-use std::ptr;
+//! Epochs are kept until the map is dropped (a shard may still be in any of them: a
+//! `Chain<MapEpoch, Kept>`): a few hundred bytes per reconfiguration,
+//! whatever the number of keys.
 
 use crate::bucket::reread_snapshot;
+use crate::epoch::{Chain, Kept, Next};
 use crate::inherit::{self, Inherit};
 use crate::pass::{Passes, Timing};
 use crate::policy::Policy;
-use crate::sync::{AtomicPtr, Ordering};
 
 /// One policy of a keyed map, and how its words come from the previous one.
 pub(crate) struct MapEpoch {
@@ -39,7 +38,6 @@ pub(crate) struct MapEpoch {
     pub(crate) evict: bool,
     /// The map's re-anchoring passes from this epoch on.
     pub(crate) passes: Passes,
-    prev: *mut MapEpoch,
 }
 
 impl MapEpoch {
@@ -52,35 +50,26 @@ impl MapEpoch {
             inherit: Inherit::Reset,
             evict,
             passes: Passes::new(policy.layout(), created),
-            prev: ptr::null_mut(),
         }
     }
 }
 
 /// The chain of a map's epochs: the current one, each holding the one it replaced.
 pub(crate) struct Epochs {
-    current: AtomicPtr<MapEpoch>,
+    chain: Chain<MapEpoch, Kept>,
 }
-
-// SAFETY: epochs are shared as `&MapEpoch` (atomics, `Copy` fields); `prev` is written
-// before publication and freed only by `Drop` (`&mut self`).
-unsafe impl Send for Epochs {}
-// SAFETY: as above.
-unsafe impl Sync for Epochs {}
 
 impl Epochs {
     pub(crate) fn new(first: MapEpoch) -> Epochs {
         Epochs {
-            current: AtomicPtr::new(Box::into_raw(Box::new(first))),
+            chain: Chain::new(first),
         }
     }
 
     /// The current epoch.
     #[inline(always)]
     pub(crate) fn current(&self) -> &MapEpoch {
-        // SAFETY: always a live epoch from `Box::into_raw`, freed only by `Drop`; the
-        // acquire load pairs with the release store that published it.
-        unsafe { &*self.current.load(Ordering::Acquire) }
+        self.chain.current()
     }
 
     /// Publishes the epoch after the current one: `policy` from the switch reading `at`,
@@ -91,16 +80,15 @@ impl Epochs {
         // as the shorter period needs, due no later than the old epoch's next one.
         let timing = old.passes.timing().merge(Timing::of(policy.layout()));
         let passes = Passes::continuing(&old.passes, timing, at);
-        let next = Box::new(MapEpoch {
+        let next = Next::new(MapEpoch {
             policy,
             number: old.number + 1,
             at,
             inherit,
             evict,
             passes,
-            prev: ptr::from_ref(old).cast_mut(),
         });
-        self.current.store(Box::into_raw(next), Ordering::Release);
+        self.chain.publish(old, next);
     }
 
     /// The switches from epoch `from` to `to` (a later one), oldest first, each with the
@@ -111,14 +99,11 @@ impl Epochs {
         to: &'a MapEpoch,
     ) -> Vec<(&'a MapEpoch, &'a MapEpoch)> {
         let mut chain: Vec<&MapEpoch> = Vec::new();
-        let mut e = to;
-        loop {
+        for e in self.chain.iter().skip_while(|e| e.number > to.number) {
             chain.push(e);
-            if e.number <= from || e.prev.is_null() {
+            if e.number <= from {
                 break;
             }
-            // SAFETY: a live epoch, freed only by `Drop`.
-            e = unsafe { &*e.prev };
         }
         chain.reverse();
         chain.windows(2).map(|w| (w[0], w[1])).collect()
@@ -131,18 +116,6 @@ pub(crate) fn convert(steps: &[(&MapEpoch, &MapEpoch)], word: u64) -> u64 {
     steps
         .iter()
         .fold(word, |word, &(old, next)| convert_word(old, next, word))
-}
-
-impl Drop for Epochs {
-    fn drop(&mut self) {
-        let mut p = self.current.load(Ordering::Acquire);
-        while !p.is_null() {
-            // SAFETY: each epoch came from `Box::into_raw` and is reachable once;
-            // `&mut self` excludes every other access.
-            let epoch = unsafe { Box::from_raw(p) };
-            p = epoch.prev;
-        }
-    }
 }
 
 /// One switch: `word` of `old`'s layout as of `next`'s switch reading, converted with

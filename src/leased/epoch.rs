@@ -1,5 +1,5 @@
 //! One policy of a [`LeasedBucket`](super::LeasedBucket): its pool, its slots and the
-//! figures derived from the policy, and the epoch it replaced.
+//! figures derived from the policy (an epoch of the bucket's chain (`src/epoch.rs`)).
 //!
 //! A bucket never reconfigured has one epoch for its whole life. A reconfiguration
 //! ([`LeasedBucket::reconfigure`](super::LeasedBucket::reconfigure)) closes the current
@@ -37,8 +37,6 @@ pub(super) struct Epoch<P> {
     /// Non-zero while a reconfiguration replaces this epoch (set before it closes the
     /// slots, cleared only if it unwinds).
     replacing: AtomicU64,
-    /// The epoch this one replaced (owned: freed when the bucket is dropped), or null.
-    pub(super) prev: *mut Epoch<P>,
 }
 
 impl<P: Pool> Epoch<P> {
@@ -66,7 +64,6 @@ impl<P: Pool> Epoch<P> {
             max_held_units: u64::try_from(held).unwrap_or(u64::MAX),
             passes,
             replacing: AtomicU64::new(0),
-            prev: std::ptr::null_mut(),
         }
     }
 

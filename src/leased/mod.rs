@@ -90,13 +90,14 @@
 //! tests in `tests/leased_reconfigure.rs` compare a leased bucket with a
 //! [`LiveBucket`](crate::LiveBucket) on random histories with switches.
 //!
-//! Epochs are kept until the bucket is dropped (an operation may still hold a replaced
-//! one): each reconfiguration holds [`LeasedBucket::epoch_bytes`] more (the pool, the
-//! slot array and the count of stocked slots: 640 bytes plus 128 per slot on x86-64). A
-//! bucket on another [`Pool`] cannot be reconfigured in place (a remote store keeps its
-//! own policy): build a new one.
+//! The epochs form a chain (`src/epoch.rs`) that frees a replaced epoch once no
+//! operation can still hold it (each operation pins the current one): the bucket holds
+//! one epoch, [`LeasedBucket::epoch_bytes`] (the pool, the slot array and the count of
+//! stocked slots: 640 bytes plus 128 per slot on x86-64), however often it is
+//! reconfigured. A bucket on another [`Pool`] cannot be reconfigured in place (a remote
+//! store keeps its own policy): build a new one.
 //!
-//! The slot spend pays one pointer load more than before (the current epoch);
+//! The slot spend pays one pointer load and the pin more than before (the current epoch);
 //! `BENCHMARKS.md` ("Leased reconfiguration") has the instruction counts.
 //!
 //! # What is approximate
@@ -135,6 +136,7 @@ use std::time::Duration;
 use crate::bucket::{SEALED_ERROR, Sealed};
 use crate::clock::{Clock, ClockError, CoarseClock, Monotonic, QuantaClock};
 use crate::decision::Decision;
+use crate::epoch::{Chain, Freed, Next, Pinned};
 use crate::error::AcquireError;
 use crate::error::cost_exceeds_capacity;
 use crate::inherit::Inherit;
@@ -142,7 +144,6 @@ use crate::live::{Reconfigured, convert_sealed};
 use crate::multi::{Member, Planned, Prepared, sealed};
 use crate::pass::Passes;
 use crate::policy::Policy;
-use crate::sync::{AtomicPtr, Ordering};
 
 mod epoch;
 mod exchange;
@@ -265,44 +266,31 @@ impl std::error::Error for LeaseConfigError {}
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct LeasedBucket<C: Clock = QuantaClock, P: Pool = LocalPool> {
-    /// The current policy's epoch (see `leased/epoch.rs`).
-    current: AtomicPtr<Epoch<P>>,
+    /// The current policy's epoch (see `leased/epoch.rs`), and those replaced that an
+    /// operation may still hold.
+    epochs: Chain<Epoch<P>, Freed>,
     clock: Monotonic<C>,
     /// The largest lease the configuration fixed, if it did: kept across
     /// reconfigurations (otherwise each policy's default).
     fixed_lease: Option<u64>,
-    /// The first epoch's slot array's address: the bucket's identity for its whole life.
-    id: usize,
+    /// A cache line the bucket owns for its whole life: its address is the bucket's
+    /// identity (an epoch's would be reused once it is freed).
+    anchor: Box<Anchor>,
 }
 
-// SAFETY: the epochs are shared through `&LeasedBucket` only as `&Epoch` (atomics, the
-// pool, which is `Send + Sync`, and plain `Copy` fields); `prev` is read and freed only
-// by `Drop`, which has `&mut self`.
-unsafe impl<C: Clock + Send, P: Pool> Send for LeasedBucket<C, P> {}
-// SAFETY: as above; every shared access to an epoch goes through its atomics or `&P`.
-unsafe impl<C: Clock + Sync, P: Pool> Sync for LeasedBucket<C, P> {}
+/// See `LeasedBucket::anchor`: allocated like the other small parts of limiters (a cache
+/// line), so that buckets' identities interleave in memory as their parts do.
+#[repr(align(64))]
+struct Anchor(#[allow(dead_code)] u8);
 
 impl<C: Clock, P: Pool> fmt::Debug for LeasedBucket<C, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeasedBucket")
-            .field("policy", self.policy())
+            .field("policy", &self.policy())
             .field("slots", &self.slots())
             .field("max_lease", &self.max_lease())
             .field("available", &self.available())
             .finish()
-    }
-}
-
-impl<C: Clock, P: Pool> Drop for LeasedBucket<C, P> {
-    fn drop(&mut self) {
-        let mut p = self.current.load(Ordering::Acquire);
-        while !p.is_null() {
-            // SAFETY: each epoch was made by `Box::into_raw` and is reachable once, from
-            // `current` or from its successor's `prev`; `&mut self` excludes every
-            // other access.
-            let epoch = unsafe { Box::from_raw(p) };
-            p = epoch.prev;
-        }
     }
 }
 
@@ -415,8 +403,8 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
     ///
     /// The slot count stays; the largest lease is the new policy's default, or the one
     /// the [`LeaseConfig`] fixed. Concurrent reconfigurations are applied one after the
-    /// other, each converting what the previous one left. Each holds
-    /// [`LeasedBucket::epoch_bytes`] until the bucket is dropped.
+    /// other, each converting what the previous one left. The replaced policy's
+    /// [`epoch_bytes`](LeasedBucket::epoch_bytes) are freed once no operation holds it.
     ///
     /// Only a bucket on a [`LocalPool`] can be reconfigured in place: a pool on a remote
     /// store keeps its own policy.
@@ -462,7 +450,7 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
         };
         // Allocated before anything is closed: from the seal to the publication, only
         // arithmetic, so that operations waiting on the switch wait for nothing else.
-        let mut next = Box::new(Epoch::new(
+        let mut next = Next::new(Epoch::new(
             policy,
             slots,
             max_lease,
@@ -470,7 +458,8 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
             Passes::new(policy.layout(), 0),
         ));
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             if !epoch.claim_replacement() {
                 // Another reconfiguration replaces it: convert what that one leaves.
                 self.await_successor(epoch);
@@ -499,9 +488,8 @@ impl<C: Clock> LeasedBucket<C, LocalPool> {
             let (word, report) = convert_sealed(from, &epoch.passes, word, now, &policy, inherit);
             next.pool.store_word(word);
             next.passes = Passes::new(policy.layout(), now);
-            next.prev = ptr::from_ref(epoch).cast_mut();
-            self.current.store(Box::into_raw(next), Ordering::Release);
             std::mem::forget(undo);
+            self.epochs.replace(&pinned, next);
             return Ok(report);
         }
     }
@@ -597,20 +585,24 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     ) -> LeasedBucket<C, P> {
         debug_assert!(max_lease <= lease_limit(&policy));
         let passes = Passes::new(policy.layout(), clock.now_nanos());
-        let first = Box::new(Epoch::new(policy, slots, max_lease, pool, passes));
-        let id = first.slots.id();
         LeasedBucket {
-            current: AtomicPtr::new(Box::into_raw(first)),
+            epochs: Chain::freeing(Epoch::new(policy, slots, max_lease, pool, passes)),
             clock,
             fixed_lease,
-            id,
+            anchor: Box::new(Anchor(0)),
         }
     }
 
-    /// The current epoch's identity (its address; epochs live until the bucket is
-    /// dropped, so no two are ever the same), for a caller that decides on one epoch.
+    /// The current epoch's identity (one more than its number: never 0, and no two
+    /// epochs of the bucket share it), for a caller that decides on one epoch.
     pub(crate) fn epoch_id(&self) -> usize {
-        ptr::from_ref(self.epoch()) as usize
+        Self::id_of(&self.epoch())
+    }
+
+    /// The identity of the pinned epoch `epoch` ([`epoch_id`](Self::epoch_id)).
+    #[inline(always)]
+    fn id_of(epoch: &Pinned<'_, Epoch<P>>) -> usize {
+        usize::try_from(epoch.number() + 1).unwrap_or(usize::MAX)
     }
 
     /// [`take_at`](sealed::Sealed::take_at) on epoch `id` only: [`SEALED_ERROR`],
@@ -622,8 +614,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, AcquireError> {
-        let epoch = self.epoch();
-        if ptr::from_ref(epoch) as usize != id {
+        let pinned = self.epoch();
+        let epoch = &*pinned;
+        if Self::id_of(&pinned) != id {
             return Err(SEALED_ERROR);
         }
         let now = self.at(epoch, self.clock.observe(now));
@@ -646,8 +639,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// nothing.
     #[inline(always)]
     pub(crate) fn prepare_on(&self, id: Option<usize>, cost: u64, now: u64) -> Prepared {
-        let epoch = self.epoch();
-        let at = ptr::from_ref(epoch) as usize;
+        let pinned = self.epoch();
+        let epoch = &*pinned;
+        let at = Self::id_of(&pinned);
         if id.is_some_and(|id| id != at) {
             return Prepared::Open;
         }
@@ -691,10 +685,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: u64,
     ) -> Result<Decision, AcquireError> {
-        let epoch = self.epoch();
-        if ptr::from_ref(epoch) as usize == plan.aux
-            && epoch.slots.land(thread_index(), plan.cur, cost)
-        {
+        let pinned = self.epoch();
+        let epoch = &*pinned;
+        if Self::id_of(&pinned) == plan.aux && epoch.slots.land(thread_index(), plan.cur, cost) {
             return Ok(Decision::from_parts(
                 epoch.policy.layout(),
                 plan.balance,
@@ -712,8 +705,9 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// [`refund_at`](sealed::Sealed::refund_at) on epoch `id` only: `false`, giving
     /// nothing, when it is not current or is being replaced.
     pub(crate) fn refund_exactly(&self, id: usize, cost: u64, now: u64) -> bool {
-        let epoch = self.epoch();
-        if ptr::from_ref(epoch) as usize != id {
+        let pinned = self.epoch();
+        let epoch = &*pinned;
+        if Self::id_of(&pinned) != id {
             return false;
         }
         let layout = epoch.policy.layout();
@@ -745,13 +739,10 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         }
     }
 
-    /// The current epoch.
+    /// The current epoch, held until the guard is dropped.
     #[inline(always)]
-    fn epoch(&self) -> &Epoch<P> {
-        // SAFETY: `current` always points to a live epoch (set from `Box::into_raw`),
-        // and epochs are freed only when the bucket is dropped, which `&self` prevents.
-        // The acquire load pairs with the release store that published it.
-        unsafe { &*self.current.load(Ordering::Acquire) }
+    fn epoch(&self) -> Pinned<'_, Epoch<P>> {
+        self.epochs.pin()
     }
 
     /// Waits until `replaced`, whose pool an operation found sealed, has its successor:
@@ -760,10 +751,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     #[cold]
     #[inline(never)]
     fn await_successor(&self, replaced: &Epoch<P>) {
-        let mut spins = 0u32;
-        while ptr::eq(self.current.load(Ordering::Acquire), replaced) && replaced.is_replacing() {
-            crate::sync::spin(&mut spins);
-        }
+        self.epochs.await_successor(replaced, |e| e.is_replacing());
     }
 
     /// Gives what an operation held when it found `from`'s pool sealed (whole tokens
@@ -784,7 +772,7 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         let mut epoch = from;
         loop {
             self.await_successor(epoch);
-            epoch = self.epoch();
+            epoch = self.epochs.current_while(from);
             let layout = epoch.policy.layout();
             let units = tokens.min(layout.capacity()) << layout.frac_bits();
             if epoch.give_back(layout, units).is_ok() {
@@ -887,7 +875,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         // Every call off this path is a tail call (a clock read out of line, a pass due,
         // the trip), so that no value lives across a call and the decision saves few
         // registers (measured: BENCHMARKS.md, "The leased rejection without calls").
-        let epoch = self.epoch();
+        let pinned = self.epoch();
+        let epoch = &*pinned;
         let Some(now) = self.clock.now_inline() else {
             return self.acquire_called(slot, cost);
         };
@@ -917,7 +906,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         cost: u64,
         now: impl Fn(&Epoch<P>) -> u64,
     ) -> Result<Decision, AcquireError> {
-        let epoch = self.epoch();
+        let pinned = self.epoch();
+        let epoch = &*pinned;
         self.acquire_at(epoch, slot, cost, now(epoch))
     }
 
@@ -1075,7 +1065,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         let mut replaced = replaced;
         loop {
             self.await_successor(replaced);
-            let epoch = self.epoch();
+            // The caller's pin holds `replaced`, and whatever is current now.
+            let epoch = self.epochs.current_while(replaced);
             let now = self.now_on(epoch);
             if let Some(out) = Self::from_slot(epoch, slot, cost, now) {
                 return out;
@@ -1275,7 +1266,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// ```
     pub fn refund(&self, cost: u64) -> Result<(), AcquireError> {
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             let layout = epoch.policy.layout();
             let Some(units) = layout.units_of(cost) else {
                 return Err(cost_exceeds_capacity(layout, cost));
@@ -1318,7 +1310,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// ```
     pub fn reset(&self) {
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             let now = self.now_on(epoch);
             let mut others = epoch.other_slots(None);
             let out = epoch.reset_pool(
@@ -1351,9 +1344,10 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// ```
     pub fn reclaim(&self) {
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             self.reclaim_on(epoch);
-            if ptr::eq(self.epoch(), epoch) {
+            if self.epochs.is_current(epoch) {
                 return;
             }
         }
@@ -1375,7 +1369,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// it does a plain global bucket's.
     pub(crate) fn reanchor(&self) {
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             let out =
                 epoch.reanchor_pool(epoch.policy.layout(), &self.clock, self.clock.now_nanos());
             match out {
@@ -1401,7 +1396,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     /// ```
     pub fn available(&self) -> f64 {
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             if let Ok((units, _)) = Self::balance_on(epoch, self.now_on(epoch)) {
                 return epoch.policy.layout().units_to_tokens(units);
             }
@@ -1446,8 +1442,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     }
 
     /// The policy this bucket enforces.
-    pub fn policy(&self) -> &Policy {
-        &self.epoch().policy
+    pub fn policy(&self) -> Policy {
+        self.epoch().policy
     }
 
     /// The clock this bucket reads.
@@ -1455,34 +1451,35 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         self.clock.get_ref()
     }
 
-    /// A stable identity for ordering buckets (the address of its first slots, which
-    /// stay put while the bucket lives, even when the bucket itself is moved or
+    /// A stable identity for ordering buckets (the address of a cache line the bucket owns,
+    /// which stays put while the bucket lives, even when the bucket itself is moved or
     /// reconfigured).
     pub fn id(&self) -> usize {
-        self.id
+        ptr::from_ref::<Anchor>(&self.anchor) as usize
     }
 
-    /// The pool this bucket leases from (the current policy's).
-    pub fn pool(&self) -> &P {
-        &self.epoch().pool
+    /// The pool this bucket leases from (the current policy's). The guard holds the
+    /// current epoch while it lives (a replaced one is freed only after): drop it soon.
+    pub fn pool(&self) -> impl std::ops::Deref<Target = P> + '_ {
+        self.epochs.project(|e| &e.pool)
     }
 
-    /// The policies this bucket has enforced, the current one included: each holds
-    /// [`epoch_bytes`](LeasedBucket::epoch_bytes) until the bucket is dropped.
+    /// How many policies this bucket has enforced, the current one included (one more
+    /// per reconfiguration). Only the current one is held: each replaced epoch is freed
+    /// once no operation holds it.
     pub fn epochs(&self) -> usize {
-        let mut count = 0;
-        let mut p: *const Epoch<P> = self.epoch();
-        while !p.is_null() {
-            count += 1;
-            // SAFETY: every `prev` is null or a live epoch, freed only by `Drop`.
-            p = unsafe { (*p).prev };
-        }
-        count
+        usize::try_from(self.epochs.count()).unwrap_or(usize::MAX)
+    }
+
+    /// Replaced epochs not yet freed (an operation may have held them when they were
+    /// replaced; the next reconfiguration or the drop frees them): a handful at most.
+    pub fn retired_epochs(&self) -> usize {
+        self.epochs.retired()
     }
 
     /// Bytes one policy of this bucket holds: its pool, its slots (a cache line pair
-    /// each) and their bookkeeping. Each [`reconfigure`](LeasedBucket::reconfigure)
-    /// keeps that much more until the bucket is dropped.
+    /// each) and their bookkeeping. A replaced policy's are freed once no operation
+    /// holds it.
     pub fn epoch_bytes(&self) -> usize {
         std::mem::size_of::<Epoch<P>>() + self.epoch().slots.heap_bytes()
     }
@@ -1496,7 +1493,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
 
     fn wait(&self, cost: u64, now: u64) -> Duration {
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             if let Ok((balance, behind)) = Self::balance_on(epoch, now) {
                 let layout = epoch.policy.layout();
                 return Decision::with_balance(layout, balance, behind, now, cost, false)
@@ -1523,7 +1521,7 @@ impl<C: Clock, P: Pool> Member for LeasedBucket<C, P> {
 impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        self.now_on(self.epoch())
+        self.now_on(&self.epoch())
     }
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         let now = self.clock.observe(now);
@@ -1532,7 +1530,8 @@ impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
     fn refund_at(&self, cost: u64, now: u64) {
         let now = self.clock.observe(now);
         loop {
-            let epoch = self.epoch();
+            let pinned = self.epoch();
+            let epoch = &*pinned;
             let layout = epoch.policy.layout();
             // A switch between the take and this refund may have lowered the capacity:
             // the refund is capped there, as any refund is.
@@ -1551,7 +1550,8 @@ impl<C: Clock, P: Pool> sealed::Sealed for LeasedBucket<C, P> {
     /// line is read (the common case: the pool's line stays off the path).
     #[inline]
     fn refusal_at(&self, cost: u64, now: u64) -> Option<Decision> {
-        let epoch = self.epoch();
+        let pinned = self.epoch();
+        let epoch = &*pinned;
         let layout = epoch.policy.layout();
         if cost == 0
             || epoch
@@ -1680,7 +1680,7 @@ mod tests {
             words.extend((0..4).map(|i| epoch.slots.word(i)));
             words
         };
-        let before_words = words(epoch);
+        let before_words = words(&epoch);
         let before = scans();
         let d = bucket.try_acquire_on(3, 7).unwrap();
         assert!(d.is_rejected());
@@ -1690,7 +1690,7 @@ mod tests {
             "the pool's 4 and slot 0's 2: {remaining}"
         );
         assert_eq!(scans(), before + 1, "the trip's count, and no other");
-        assert_eq!(words(epoch), before_words, "the rejection wrote nothing");
+        assert_eq!(words(&epoch), before_words, "the rejection wrote nothing");
         // The same rejection with every slot OPEN: the slots might pay, so the trip
         // counts them, on the same counts.
         assert!(epoch.slots.publish(two, 0, 0, false));

@@ -192,13 +192,6 @@ impl Slots {
         (tick & self.tick_mask) << self.token_bits
     }
 
-    /// A stable identity: the address of the slot array, which does not move while the
-    /// slots live.
-    #[inline]
-    pub(crate) fn id(&self) -> usize {
-        self.slots.as_ptr() as usize
-    }
-
     /// Bytes the slot array holds.
     pub(crate) fn heap_bytes(&self) -> usize {
         std::mem::size_of_val::<[CachePadded<Slot>]>(&self.slots)

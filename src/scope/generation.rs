@@ -17,7 +17,8 @@
 //!
 //! Either way a decision reads one generation's classes and policies, and its buckets
 //! are that generation's. Generations are kept until the limiter is dropped (a request
-//! may still hold a replaced one).
+//! may still hold a replaced one, and a reservation names the one it paid on): a
+//! `Chain<Generation, Kept>`.
 
 use std::mem::MaybeUninit;
 use std::ptr;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
 use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
+use crate::epoch::{Chain, Kept, Linked, Next, Successor};
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::multi::{Member, Planned, Prepared, sealed};
@@ -34,7 +36,6 @@ use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::maps::TableRef;
 use crate::scope::rules::WorkClass;
 use crate::state::SEALED;
-use crate::sync::{AtomicPtr, Ordering};
 use crate::telemetry::CounterRef;
 
 /// One configuration of a scoped limiter.
@@ -57,18 +58,16 @@ pub(super) struct Generation {
     /// The epoch of the leased global bucket this generation decides with
     /// ([`LeasedBucket::epoch_id`](crate::LeasedBucket)); 0 when not leased.
     pub(super) leased_epoch: usize,
-    /// The generation that replaced this one; null until then.
-    next: AtomicPtr<Generation>,
-    /// The generation this one replaced (owned: freed with the limiter), or null.
-    prev: *mut Generation,
+    /// The generation that replaced this one, once published.
+    next: Successor<Generation>,
 }
 
-// SAFETY: a generation is shared as `&Generation`: its data is written before it is
-// published and never after (`next` is an atomic); `prev` is only read through it, and
-// freed by `Generations`' `Drop` (`&mut`).
-unsafe impl Send for Generation {}
-// SAFETY: as above.
-unsafe impl Sync for Generation {}
+// SAFETY: `next` is a field of the generation.
+unsafe impl Linked for Generation {
+    fn successor(&self) -> &Successor<Generation> {
+        &self.next
+    }
+}
 
 impl Generation {
     pub(super) fn new(
@@ -89,8 +88,7 @@ impl Generation {
             inherit,
             tables,
             leased_epoch: 0,
-            next: AtomicPtr::new(ptr::null_mut()),
-            prev: ptr::null_mut(),
+            next: Successor::new(),
         }
     }
 
@@ -106,11 +104,8 @@ impl Generation {
     fn successor(&self) -> Option<&Generation> {
         let mut spins = 0u32;
         loop {
-            let next = self.next.load(Ordering::Acquire);
-            if !next.is_null() {
-                // SAFETY: a published generation, freed only with the limiter, which
-                // outlives `&self`.
-                return Some(unsafe { &*next });
+            if let Some(next) = self.next.get() {
+                return Some(next);
             }
             if !self.sealing() {
                 return None;
@@ -123,28 +118,20 @@ impl Generation {
 /// The chain of a limiter's generations: the current one, each holding the one it
 /// replaced.
 pub(super) struct Generations {
-    current: AtomicPtr<Generation>,
+    chain: Chain<Generation, Kept>,
 }
-
-// SAFETY: generations are shared as `&Generation` (atomics and data written before
-// publication); `prev` is written before publication and freed only by `Drop`.
-unsafe impl Send for Generations {}
-// SAFETY: as above.
-unsafe impl Sync for Generations {}
 
 impl Generations {
     pub(super) fn new(first: Generation) -> Generations {
         Generations {
-            current: AtomicPtr::new(Box::into_raw(Box::new(first))),
+            chain: Chain::new(first),
         }
     }
 
     /// The current generation.
     #[inline(always)]
     pub(super) fn current(&self) -> &Generation {
-        // SAFETY: always a live generation from `Box::into_raw`, freed only by `Drop`
-        // (`&mut self`); the acquire load pairs with the release store that published it.
-        unsafe { &*self.current.load(Ordering::Acquire) }
+        self.chain.current()
     }
 
     /// Waits until `g` is replaced, or until no switch is sealing it any more (one that
@@ -152,59 +139,26 @@ impl Generations {
     #[cold]
     #[inline(never)]
     pub(super) fn await_successor(&self, g: &Generation) {
-        let mut spins = 0u32;
-        while ptr::eq(self.current(), g) && g.sealing() {
-            crate::sync::spin(&mut spins);
-        }
+        self.chain.await_successor(g, Generation::sealing);
     }
 
     /// Publishes `next` after the current generation `old` (whose words the caller
     /// sealed). Callers serialize (the limiter's reconfiguration lock).
-    pub(super) fn publish(&self, old: &Generation, mut next: Box<Generation>) {
-        next.prev = ptr::from_ref(old).cast_mut();
-        let next = Box::into_raw(next);
-        old.next.store(next, Ordering::Release);
-        self.current.store(next, Ordering::Release);
+    pub(super) fn publish(&self, old: &Generation, next: Next<Generation>) {
+        self.chain.publish_linked(old, next);
     }
 
     /// Generation `number`, if the limiter has had it.
     pub(super) fn find(&self, number: u64) -> Option<&Generation> {
-        let mut g = self.current();
-        loop {
-            if g.number == number {
-                return Some(g);
-            }
-            if g.number < number || g.prev.is_null() {
-                return None;
-            }
-            // SAFETY: every `prev` is null or a live generation, freed only by `Drop`.
-            g = unsafe { &*g.prev };
-        }
+        self.chain
+            .iter()
+            .take_while(|g| g.number >= number)
+            .find(|g| g.number == number)
     }
 
     /// How many generations the limiter has had (each kept until it is dropped).
     pub(super) fn count(&self) -> usize {
-        let mut count = 0;
-        let mut p: *const Generation = self.current();
-        while !p.is_null() {
-            count += 1;
-            // SAFETY: every `prev` is null or a live generation, freed only by `Drop`.
-            p = unsafe { (*p).prev };
-        }
-        count
-    }
-}
-
-impl Drop for Generations {
-    fn drop(&mut self) {
-        let mut p = self.current.load(Ordering::Acquire);
-        while !p.is_null() {
-            // SAFETY: each generation came from `Box::into_raw` and is reachable once
-            // (from `current` or its successor's `prev`); `&mut self` excludes every
-            // other access.
-            let g = unsafe { Box::from_raw(p) };
-            p = g.prev;
-        }
+        usize::try_from(self.chain.count()).unwrap_or(usize::MAX)
     }
 }
 
@@ -260,12 +214,9 @@ pub(super) fn carried(
     let mut g = from;
     let mut t = tier(g);
     while !ptr::eq(g, to) && cost > 0 {
-        let next = g.next.load(Ordering::Acquire);
-        if next.is_null() {
+        let Some(next) = g.next.get() else {
             break;
-        }
-        // SAFETY: a published generation, freed only with the limiter.
-        let next = unsafe { &*next };
+        };
         let t_next = tier(next);
         cost = carry_hop(g, next, k, (t, t_next), limit, cost);
         g = next;
@@ -321,15 +272,12 @@ pub(super) fn refund_leased<C: Clock>(
         if cost == 0 || bucket.refund_exactly(g.leased_epoch, cost, now) {
             return;
         }
-        let next = g.next.load(Ordering::Acquire);
-        if next.is_null() {
+        let Some(next) = g.next.get() else {
             // The bucket is being switched (or was, and its generation is about to be
             // published), or a switch of it unwound: wait, then try again.
             crate::sync::spin(&mut spins);
             continue;
-        }
-        // SAFETY: a published generation, freed only with the limiter.
-        let next = unsafe { &*next };
+        };
         cost = carry_hop(g, next, ScopeKind::Global.index(), (0, 0), 0, cost);
         g = next;
     }

@@ -277,7 +277,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         // Allocated before the barrier and the seals: between the seals and the
         // publication, only arithmetic.
         policies.generation = old.number + 1;
-        let mut next = Box::new(Generation::new(
+        let mut next = crate::epoch::Next::new(Generation::new(
             old.number + 1,
             Box::new([]),
             rules.classes,
@@ -346,7 +346,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         if let (Some(b), Some(&policy)) = (self.leased(), global_policies.first()) {
             // Switched before the new generation is published: a request of the old
             // one that reaches the new epoch finds its epoch gone and starts again.
-            if *b.policy() != policy {
+            if b.policy() != policy {
                 let r = b
                     .reconfigure(policy, global_inherit)
                     .map_err(RuleError::Lease)?;

@@ -77,10 +77,10 @@
 //! next refresh, and a dead one until its lease expires: rate stranded there, where token
 //! leases strand tokens.
 //!
-//! The local bucket is the engine's [`LiveBucket`]: each change of a share keeps one
-//! epoch ([`tokengate::EPOCH_BYTES`], 512 bytes) until the bucket is dropped. The script
-//! grants the same share again while the fair target stays within 1/32 of it, so a steady
-//! fleet changes nothing; demand that moves every refresh costs 512 bytes per refresh.
+//! The local bucket is the engine's [`LiveBucket`]: each change of a share replaces its
+//! epoch ([`tokengate::EPOCH_BYTES`], 512 bytes), the old one freed once no operation
+//! holds it. The script grants the same share again while the fair target stays within
+//! 1/32 of it, so a steady fleet changes nothing.
 
 mod clock;
 pub mod script;
