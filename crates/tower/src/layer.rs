@@ -120,9 +120,10 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) store_down_admits: bool,
     /// The fleet-wide scope awaited after the local ones admit (feature `redis`).
     pub(crate) remote: Option<RemoteScope>,
-    /// Whether one scope kind alone has a quota (a rule): a request then pays at most
-    /// one scope, and its admitted fields are its verdict's.
-    pub(crate) one_quota: bool,
+    /// Whether every request needs the whole decision, whatever its route: a shadowed
+    /// kind, the admitted fields of several scopes, or a remote scope (read once here,
+    /// not per request).
+    pub(crate) whole_decision: bool,
 }
 
 /// A route's resolved options.
@@ -692,6 +693,9 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
             }
         }
         let one_quota = by_kind.iter().filter(|q| q.is_some()).count() == 1;
+        let whole_decision = !self.shadow_kinds.is_empty()
+            || (self.admitted_fields && !one_quota)
+            || self.remote.is_some();
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
@@ -712,8 +716,8 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 },
                 counts: Counts::default(),
                 store_down_admits: self.store_down_admits,
+                whole_decision,
                 remote: self.remote,
-                one_quota,
             }),
         })
     }
