@@ -44,6 +44,13 @@ pub enum LayerError {
     InvalidHeaderName(String),
     /// A remote scope that does not fit the layer (feature `redis`).
     Remote(String),
+    /// [`RateLimitLayer::per_ip_behind`] was given no trusted proxy (use
+    /// [`RateLimitLayer::per_ip`] for clients that connect directly).
+    NoTrustedProxies,
+    /// A trusted-proxy network of prefix 0 given to [`RateLimitLayer::per_ip_behind`]:
+    /// every peer would be believed, so any client could pick its key by writing the
+    /// forwarding field.
+    TrustsEveryPeer(IpNet),
 }
 
 impl fmt::Display for LayerError {
@@ -64,6 +71,13 @@ impl fmt::Display for LayerError {
             LayerError::Rules(e) => write!(f, "the limiter's rules: {e}"),
             LayerError::InvalidHeaderName(n) => write!(f, "{n:?} is not a valid header name"),
             LayerError::Remote(m) => write!(f, "remote scope: {m}"),
+            LayerError::NoTrustedProxies => {
+                f.write_str("no trusted proxy given: use per_ip for clients that connect directly")
+            }
+            LayerError::TrustsEveryPeer(n) => write!(
+                f,
+                "trusted proxy network {n} contains every address: any client could pick its key"
+            ),
         }
     }
 }
@@ -106,9 +120,10 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) store_down_admits: bool,
     /// The fleet-wide scope awaited after the local ones admit (feature `redis`).
     pub(crate) remote: Option<RemoteScope>,
-    /// Whether one scope kind alone has a quota (a rule): a request then pays at most
-    /// one scope, and its admitted fields are its verdict's.
-    pub(crate) one_quota: bool,
+    /// Whether every request needs the whole decision, whatever its route: a shadowed
+    /// kind, the admitted fields of several scopes, or a remote scope (read once here,
+    /// not per request).
+    pub(crate) whole_decision: bool,
 }
 
 /// A route's resolved options.
@@ -248,9 +263,8 @@ impl RateLimitLayer {
     /// `into_make_service()`), every request is answered `500 Internal Server Error`
     /// (problem details) and never served unlimited: a server misconfiguration, logged
     /// once at `ERROR` (target `tokengate::edge`, feature `tracing`) and counted in
-    /// [`EdgeStats::no_peer_address`]. Behind a proxy, use the
-    /// [builder](RateLimitLayer::builder) with
-    /// [`trusted_proxies`](RateLimitLayerBuilder::trusted_proxies).
+    /// [`EdgeStats::no_peer_address`]. Behind a proxy, use
+    /// [`per_ip_behind`](RateLimitLayer::per_ip_behind).
     ///
     /// Requests that match no route still pay: every request costs 1 token of its
     /// client's bucket. The client addresses are kept in the limiter's `user` scope kind.
@@ -274,6 +288,52 @@ impl RateLimitLayer {
             ScopeKind::User,
             policy,
             Some(Key::client_ip().ipv6_prefix(64)),
+            Vec::new(),
+        )
+    }
+
+    /// As [`per_ip`](RateLimitLayer::per_ip), behind proxies: a request whose peer is in
+    /// one of `proxies` is limited by the client its proxy names in `X-Forwarded-For`
+    /// (the rightmost address that is not a listed proxy); any other peer by its own
+    /// address, whatever it writes there (see
+    /// [`trusted_proxies`](RateLimitLayerBuilder::trusted_proxies)). The
+    /// [builder](RateLimitLayer::builder) reads `Forwarded` instead
+    /// ([`forwarding`](RateLimitLayerBuilder::forwarding)).
+    ///
+    /// ```
+    /// use tokengate::Policy;
+    /// use tokengate_tower::{IpNet, LayerError, RateLimitLayer};
+    /// let lb: IpNet = "10.0.0.0/8".parse()?;
+    /// let layer = RateLimitLayer::per_ip_behind([lb], Policy::new(20, 10.0)?)?;
+    /// # let _ = layer;
+    /// assert!(matches!(
+    ///     RateLimitLayer::per_ip_behind(Vec::<IpNet>::new(), Policy::new(1, 1.0)?),
+    ///     Err(LayerError::NoTrustedProxies)
+    /// ));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LayerError::NoTrustedProxies`] for an empty list,
+    /// [`LayerError::TrustsEveryPeer`] for a network of prefix 0 (`0.0.0.0/0`, `::/0`),
+    /// and as [`per_ip`](RateLimitLayer::per_ip).
+    pub fn per_ip_behind<N: Into<IpNet>>(
+        proxies: impl IntoIterator<Item = N>,
+        policy: Policy,
+    ) -> Result<RateLimitLayer, LayerError> {
+        let nets: Vec<IpNet> = proxies.into_iter().map(Into::into).collect();
+        if nets.is_empty() {
+            return Err(LayerError::NoTrustedProxies);
+        }
+        if let Some(all) = nets.iter().find(|n| n.as_ipnet().prefix_len() == 0) {
+            return Err(LayerError::TrustsEveryPeer(*all));
+        }
+        RateLimitLayer::one(
+            ScopeKind::User,
+            policy,
+            Some(Key::client_ip().ipv6_prefix(64)),
+            nets,
         )
     }
 
@@ -291,7 +351,7 @@ impl RateLimitLayer {
     ///
     /// As [`per_ip`](RateLimitLayer::per_ip).
     pub fn global(policy: Policy) -> Result<RateLimitLayer, LayerError> {
-        RateLimitLayer::one(ScopeKind::Global, policy, None)
+        RateLimitLayer::one(ScopeKind::Global, policy, None, Vec::new())
     }
 
     /// One budget per value of header `name` (an API key, say): `policy` for each value,
@@ -329,18 +389,20 @@ impl RateLimitLayer {
             ScopeKind::ApiKey,
             policy,
             Some(Key::header_name(name).required()),
+            Vec::new(),
         )
     }
 
     /// A limiter with one rule (`kind` at `policy`) and the implicit cost-1 class, and a
-    /// layer keying `kind` by `key`.
+    /// layer keying `kind` by `key`, believing the forwarding field of `proxies`.
     fn one(
         kind: ScopeKind,
         policy: Policy,
         key: Option<Key>,
+        proxies: Vec<IpNet>,
     ) -> Result<RateLimitLayer, LayerError> {
         let limiter = RuleSet::new().rule(kind, Rule::new(policy)).build()?;
-        let mut builder = RateLimitLayer::builder(Arc::new(limiter));
+        let mut builder = RateLimitLayer::builder(Arc::new(limiter)).trusted_proxies(proxies);
         if let Some(key) = key {
             builder = builder.key(kind, key);
         }
@@ -631,6 +693,9 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
             }
         }
         let one_quota = by_kind.iter().filter(|q| q.is_some()).count() == 1;
+        let whole_decision = !self.shadow_kinds.is_empty()
+            || (self.admitted_fields && !one_quota)
+            || self.remote.is_some();
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
@@ -651,8 +716,8 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 },
                 counts: Counts::default(),
                 store_down_admits: self.store_down_admits,
+                whole_decision,
                 remote: self.remote,
-                one_quota,
             }),
         })
     }

@@ -182,11 +182,7 @@ where
         // for a shadowed kind (decided again without it), the admitted fields of several
         // scopes (one scope's are the verdict's), a refund (its charge), or the decision
         // records.
-        let full = !s.shadow_kinds.is_empty()
-            || (s.admitted_fields && !s.one_quota)
-            || options.refund.is_some()
-            || s.remote.is_some()
-            || tracing_on();
+        let full = s.whole_decision || options.refund.is_some() || tracing_on();
         let mut remote_down = false;
         if !full {
             match limiter.try_acquire_verdict(&request, options.class) {

@@ -351,3 +351,65 @@ fn layers_agree_on_ids_within_a_process_and_across_processes_given_one_secret() 
     assert_ne!(build(None).key_id("a"), build(Some([1; 16])).key_id("a"));
     assert_ne!(build(None).key_id("7"), 7);
 }
+
+#[tokio::test]
+async fn per_ip_behind_believes_only_the_listed_proxies() {
+    let slow = || Policy::new(2, 0.001).unwrap();
+    // The proxy connects from 127.0.0.2; a client connecting directly from 127.0.0.1.
+    let proxy_net: tokengate_tower::ipnet::IpNet = "127.0.0.2/32".parse().unwrap();
+    let layer = RateLimitLayer::per_ip_behind([proxy_net], slow()).unwrap();
+    let addr = serve(routes().layer(layer)).await;
+    let direct = client_from("127.0.0.1".parse().unwrap());
+    let proxy = client_from("127.0.0.2".parse().unwrap());
+    let xff = |ip: &str| [("x-forwarded-for", ip.to_owned())];
+    let fetch = |c, ip: Option<&str>| {
+        let h: Vec<(&str, String)> = ip.map(|ip| xff(ip).to_vec()).unwrap_or_default();
+        async move {
+            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            fetch(c, addr, "/", &h).await.status.as_u16()
+        }
+    };
+
+    // An untrusted peer rotating a spoofed X-Forwarded-For: one bucket, its own address.
+    let mut statuses = Vec::new();
+    for i in 0..5 {
+        let spoof = format!("203.0.113.{i}");
+        statuses.push(fetch(&direct, Some(&spoof)).await);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+
+    // The listed proxy's clients are limited one by one, by the address it forwards.
+    for client in ["198.51.100.1", "198.51.100.2"] {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(fetch(&proxy, Some(client)).await);
+        }
+        assert_eq!(statuses, [200, 200, 429], "client {client}");
+    }
+    // A client behind the proxy named as one the direct peer spoofed was never charged.
+    assert_eq!(fetch(&proxy, Some("203.0.113.0")).await, 200);
+    // The proxy's own requests without the field are its own client.
+    assert_eq!(fetch(&proxy, None).await, 200);
+}
+
+#[test]
+fn per_ip_behind_refuses_no_proxy_and_a_network_of_every_address() {
+    use tokengate_tower::{IpNet, LayerError};
+    let p = || Policy::new(1, 1.0).unwrap();
+    assert!(matches!(
+        RateLimitLayer::per_ip_behind(Vec::<IpNet>::new(), p()),
+        Err(LayerError::NoTrustedProxies)
+    ));
+    let all: IpNet = "0.0.0.0/0".parse().unwrap();
+    let lb: IpNet = "10.0.0.0/8".parse().unwrap();
+    assert!(matches!(
+        RateLimitLayer::per_ip_behind([lb, all], p()),
+        Err(LayerError::TrustsEveryPeer(n)) if n == all
+    ));
+    let all6: IpNet = "::/0".parse().unwrap();
+    assert!(matches!(
+        RateLimitLayer::per_ip_behind([all6], p()),
+        Err(LayerError::TrustsEveryPeer(_))
+    ));
+    assert!(RateLimitLayer::per_ip_behind([lb], p()).is_ok());
+}
