@@ -139,6 +139,7 @@ impl FromStr for IpNet {
 }
 
 /// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) as IPv4.
+#[inline]
 pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -102,6 +102,8 @@ impl From<RuleError> for LayerError {
 pub(crate) struct Shared<C: Clock> {
     pub(crate) limiter: Arc<ScopedLimiter<C>>,
     pub(crate) keys: PerKind<Option<Key>>,
+    /// The kinds given a key, with it, in kind order (`keys` without the empty ones).
+    pub(crate) keyed: Box<[(ScopeKind, Key)]>,
     /// The routes in the order added.
     pub(crate) routes: Vec<CompiledRoute>,
     /// The route of every request that matches none of `routes` (its `id` is `None`
@@ -120,10 +122,6 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) store_down_admits: bool,
     /// The fleet-wide scope awaited after the local ones admit (feature `redis`).
     pub(crate) remote: Option<RemoteScope>,
-    /// Whether every request needs the whole decision, whatever its route: a shadowed
-    /// kind, the admitted fields of several scopes, or a remote scope (read once here,
-    /// not per request).
-    pub(crate) whole_decision: bool,
 }
 
 /// A route's resolved options.
@@ -139,6 +137,10 @@ pub(crate) struct CompiledRoute {
     pub(crate) route: Route,
     pub(crate) id: Option<RouteId>,
     pub(crate) options: Options,
+    /// Whether its requests take the whole decision, decided at build: a shadowed kind,
+    /// the admitted fields of several scopes, a remote scope (for every route), or a
+    /// refund (its charge).
+    pub(crate) whole: bool,
 }
 
 /// A tower [`Layer`] that rate-limits requests with a shared [`ScopedLimiter`].
@@ -658,7 +660,12 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 refund: o.refund.clone().or_else(|| default.refund.clone()),
                 shadow: o.shadow.unwrap_or(default.shadow),
             };
-            Ok::<_, LayerError>(CompiledRoute { id, route, options })
+            Ok::<_, LayerError>(CompiledRoute {
+                id,
+                route,
+                options,
+                whole: false,
+            })
         };
         let mut routes = Vec::with_capacity(self.routes.len());
         for (i, route) in self.routes.into_iter().enumerate() {
@@ -666,7 +673,7 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
             routes.push(compile(route, Some(id))?);
         }
         let fallback_id = self.fallback.id.map(RouteId);
-        let fallback = compile(self.fallback, fallback_id)?;
+        let mut fallback = compile(self.fallback, fallback_id)?;
         if let Some(remote) = &self.remote {
             let classes = routes.iter().chain([&fallback]).map(|r| r.options.class);
             let keyed = self.keys[remote.kind()].is_some();
@@ -696,10 +703,18 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         let whole_decision = !self.shadow_kinds.is_empty()
             || (self.admitted_fields && !one_quota)
             || self.remote.is_some();
+        for r in routes.iter_mut().chain([&mut fallback]) {
+            r.whole = whole_decision || r.options.refund.is_some();
+        }
+        let keyed = ScopeKind::ALL
+            .into_iter()
+            .filter_map(|kind| self.keys[kind].clone().map(|key| (kind, key)))
+            .collect();
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
                 keys: self.keys,
+                keyed,
                 routes,
                 fallback,
                 proxies: self.proxies,
@@ -716,7 +731,6 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
                 },
                 counts: Counts::default(),
                 store_down_admits: self.store_down_admits,
-                whole_decision,
                 remote: self.remote,
             }),
         })

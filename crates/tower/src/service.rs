@@ -52,17 +52,19 @@ pin_project! {
     /// The response future of [`RateLimit`].
     pub struct ResponseFuture<F, B, E, C: Clock> {
         #[pin]
-        state: State<F, B, E>,
-        // Boxed: only an admission with fields or a refund has one, and the future
-        // stays small to move.
-        after: Option<Box<After<C>>>,
+        state: State<F, B, E, C>,
     }
 }
 
 pin_project! {
+    // One enum, no state beside it: an admission without fields or refund is the inner
+    // future alone, polled through and dropped with nothing else to check.
     #[project = StateProj]
-    enum State<F, B, E> {
+    enum State<F, B, E, C: Clock> {
         Inner { #[pin] fut: F },
+        // Boxed: only an admission with fields or a refund has one, and the future
+        // stays small to move.
+        After { #[pin] fut: F, after: Option<Box<After<C>>> },
         Ready { response: Option<Response<B>> },
         Waiting { fut: BoxFuture<B, E> },
     }
@@ -74,7 +76,17 @@ impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
     pub(crate) fn boxed(fut: BoxFuture<B, E>) -> Self {
         ResponseFuture {
             state: State::Waiting { fut },
-            after: None,
+        }
+    }
+
+    /// The inner service's future, with what the admission does to its response.
+    #[inline(always)]
+    fn inner(fut: F, after: Option<Box<After<C>>>) -> Self {
+        ResponseFuture {
+            state: match after {
+                None => State::Inner { fut },
+                after => State::After { fut, after },
+            },
         }
     }
 }
@@ -110,12 +122,13 @@ where
 {
     type Output = Result<Response<B>, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        match this.state.project() {
-            StateProj::Inner { fut } => {
+        match self.project().state.project() {
+            StateProj::Inner { fut } => fut.poll(cx),
+            StateProj::After { fut, after } => {
                 let mut response = ready!(fut.poll(cx))?;
-                if let Some(after) = this.after.take() {
+                if let Some(after) = after.take() {
                     (*after).apply(&mut response);
                 }
                 Poll::Ready(Ok(response))
@@ -147,52 +160,81 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let s = &*self.shared;
-        let matched = s
-            .routes
-            .iter()
-            .find(|r| r.route.matches(req.method(), req.uri().path()))
-            .unwrap_or(&s.fallback);
-        let (route, options) = (matched.id, &matched.options);
-        let head = Head {
-            method: req.method(),
-            uri: req.uri(),
-            headers: req.headers(),
-            extensions: req.extensions(),
+        // No route listed (the one-line constructors): every request is the fallback's,
+        // with nothing to match.
+        let matched = if s.routes.is_empty() {
+            &s.fallback
+        } else {
+            s.routes
+                .iter()
+                .find(|r| r.route.matches(req.method(), req.uri().path()))
+                .unwrap_or(&s.fallback)
         };
         let mut request = tokengate::scope::Request::new();
-        request.route = route;
-        for kind in ScopeKind::ALL {
-            let Some(key) = &s.keys[kind] else {
-                continue;
+        request.route = matched.id;
+        if !s.keyed.is_empty() {
+            let head = Head {
+                method: req.method(),
+                uri: req.uri(),
+                headers: req.headers(),
+                extensions: req.extensions(),
             };
-            let id = match key.extract(&head, &s.proxies, &s.hasher) {
-                Ok(Some(id)) => id,
-                // No peer address: the server does not record it. Skipping the scope
-                // would serve every client unlimited; refuse loudly instead.
-                Ok(None) if key.is_client_ip() => return ready(no_peer_address(s, kind)),
-                Ok(None) if !key.is_required() => continue,
-                Ok(None) => return missing(s, kind, KeyError::Absent),
-                Err(e) => return missing(s, kind, e),
-            };
-            // Keys are only configured for the kinds that take one (checked at build).
-            set_key_id(&mut request, kind, id);
+            // The configured keys alone, in kind order.
+            for (kind, key) in &s.keyed {
+                let kind = *kind;
+                let id = match key.extract(&head, &s.proxies, &s.hasher) {
+                    Ok(Some(id)) => id,
+                    // No peer address: the server does not record it. Skipping the scope
+                    // would serve every client unlimited; refuse loudly instead.
+                    Ok(None) if key.is_client_ip() => return ready(no_peer_address(s, kind)),
+                    Ok(None) if !key.is_required() => continue,
+                    Ok(None) => return missing(s, kind, KeyError::Absent),
+                    Err(e) => return missing(s, kind, e),
+                };
+                // Keys are only configured for the kinds that take one (checked at build).
+                set_key_id(&mut request, kind, id);
+            }
         }
+        let options = &matched.options;
         let limiter = &s.limiter;
         // The small verdict for a request no one reads the scopes of; the whole decision
         // for a shadowed kind (decided again without it), the admitted fields of several
         // scopes (one scope's are the verdict's), a refund (its charge), or the decision
         // records.
-        let full = s.whole_decision || options.refund.is_some() || tracing_on();
         let mut remote_down = false;
-        if !full {
+        if !matched.whole && !tracing_on() {
             match limiter.try_acquire_verdict(&request, options.class) {
+                // An admission: the inner service's future, the request moved once, into
+                // it (what `answer` does for it, inline; a remote scope to await takes the
+                // whole decision, so there is none here).
+                Ok(v) if v.is_admitted() => {
+                    near_limit(s, &v);
+                    // Each future built where it is returned (a `match` on the fields
+                    // after the call copied it twice).
+                    if s.admitted_fields {
+                        if let Some(after) = admitted_alone(s, &v) {
+                            let after = Some(Box::new(after));
+                            return ResponseFuture {
+                                state: State::After {
+                                    fut: self.inner.call(req),
+                                    after,
+                                },
+                            };
+                        }
+                    }
+                    return ResponseFuture {
+                        state: State::Inner {
+                            fut: self.inner.call(req),
+                        },
+                    };
+                }
                 Ok(v) => {
                     return answer(
                         &mut self.inner,
                         &self.shared,
                         req,
                         &request,
-                        route,
+                        matched.id,
                         options,
                         &v,
                         None,
@@ -218,7 +260,7 @@ where
             &self.shared,
             req,
             &request,
-            route,
+            matched.id,
             options,
             &v,
             Some(&decision),
@@ -296,9 +338,10 @@ fn decide<'a, B: From<Bytes>, C: Clock>(
 }
 
 /// Acts on a verdict: serves the request (with its fields and refund when `decision`
-/// is there to give them), delays it, or answers the refusal.
+/// is there to give them), delays it, or answers the refusal. Out of line: the common
+/// admission is served in [`RateLimit::call`] itself.
 #[allow(clippy::too_many_arguments)]
-#[inline(always)]
+#[inline(never)]
 fn answer<S, C, ReqBody, ResBody>(
     inner: &mut S,
     shared: &Arc<Shared<C>>,
@@ -381,12 +424,7 @@ fn call_inner<S, C: Clock, ReqBody, ResBody>(
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    ResponseFuture {
-        state: State::Inner {
-            fut: inner.call(req),
-        },
-        after,
-    }
+    ResponseFuture::inner(inner.call(req), after)
 }
 
 /// Delay mode: sleeps on the runtime's timer for the reservation, then calls the
@@ -423,7 +461,6 @@ where
     };
     ResponseFuture {
         state: State::Waiting { fut: Box::pin(fut) },
-        after: None,
     }
 }
 
@@ -449,7 +486,6 @@ fn ready<F, B, E, C: Clock>(response: Response<B>) -> ResponseFuture<F, B, E, C>
         state: State::Ready {
             response: Some(response),
         },
-        after: None,
     }
 }
 
