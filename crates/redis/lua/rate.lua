@@ -17,9 +17,17 @@
 -- still counts. The pool's tokens keep their burst: grants are clamped so that the
 -- bursts any instance may spend plus the pool never exceed B. A grant may take tokens
 -- from the pool (taken here, before the reply: a lost reply loses them) for its bucket to
--- start with; so the tokens all buckets hold plus the pool never exceed B.
+-- start with, when it wants more than it gets; so the tokens all buckets hold plus the
+-- pool never exceed B.
 --
--- KEYS[1] state hash {ep, learn, pool, pexp}; KEYS[2] hash instance id -> record
+-- Idle rate: each refresh records the rate no instance may spend (`free`, r less every
+-- instance's larger of `cur` and `hold`), its time (`acc`) and the burst left (`pcap`, B
+-- less those bursts). Until the next refresh only expiries change what is counted, so the
+-- next one adds free * elapsed to the pool (carrying the fraction, `pfrac`), up to pcap:
+-- the buckets refill at the shares' rates and the pool at the rest, r in all.
+--
+-- KEYS[1] state hash {ep, learn, pool, pexp, free, acc, pcap, pfrac}; KEYS[2] hash
+--   instance id -> record
 --   "seq cur_r cur_b cur_exp hold_seq hold_r hold_b hold_exp want drop_id" (rates in
 --   milli-tokens/s, bursts in tokens, times in µs of this server's clock).
 -- ARGV: 1 B (tokens), 2 r (milli-tokens/s), 3 lease lifetime on Redis (µs: ttl + grace),
