@@ -99,6 +99,25 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1.5,4,16")]
     sweep_offer: Vec<f64>,
 
+    /// The demand patterns of --compare-chart: equal (at each offer), skewed and shifting
+    /// (at the largest offer).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "equal,skewed,shifting"
+    )]
+    sweep_demand: Vec<DemandArg>,
+
+    /// The modes of --compare-chart.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "rate,token,per-request"
+    )]
+    sweep_modes: Vec<SweepMode>,
+
     /// Internal: run as one instance (started by the fleet).
     #[arg(long, hide = true)]
     instance: Option<String>,
@@ -109,6 +128,22 @@ pub struct Args {
 enum LeaseMode {
     Token,
     Rate,
+}
+
+/// A demand pattern of the comparison sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DemandArg {
+    Equal,
+    Skewed,
+    Shifting,
+}
+
+/// A mode of the comparison sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SweepMode {
+    Rate,
+    Token,
+    PerRequest,
 }
 
 /// The pool's mode.
@@ -180,10 +215,29 @@ fn compare_sweep(
     }
     let mut file = crate::open_output(path)?;
     let ks: Vec<usize> = args.sweep_k.iter().map(|&k| k as usize).collect();
+    let demands: Vec<compare::Demand> = args
+        .sweep_demand
+        .iter()
+        .map(|d| match d {
+            DemandArg::Equal => compare::Demand::Equal,
+            DemandArg::Skewed => compare::Demand::Skewed,
+            DemandArg::Shifting => compare::Demand::Shifting,
+        })
+        .collect();
+    let modes: Vec<compare::Mode> = args
+        .sweep_modes
+        .iter()
+        .map(|m| match m {
+            SweepMode::Rate => compare::Mode::Rate,
+            SweepMode::Token => compare::Mode::Token,
+            SweepMode::PerRequest => compare::Mode::PerRequest,
+        })
+        .collect();
     let rows = compare::sweep(
         &args.redis,
         &ks,
         &args.sweep_offer,
+        (&demands, &modes),
         args.capacity,
         args.refill as u64,
         Duration::from_millis(args.ttl_ms),

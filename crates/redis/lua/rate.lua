@@ -17,9 +17,17 @@
 -- still counts. The pool's tokens keep their burst: grants are clamped so that the
 -- bursts any instance may spend plus the pool never exceed B. A grant may take tokens
 -- from the pool (taken here, before the reply: a lost reply loses them) for its bucket to
--- start with; so the tokens all buckets hold plus the pool never exceed B.
+-- start with, when it wants more than it gets; so the tokens all buckets hold plus the
+-- pool never exceed B.
 --
--- KEYS[1] state hash {ep, learn, pool, pexp}; KEYS[2] hash instance id -> record
+-- Idle rate: each refresh records the rate no instance may spend (`free`, r less every
+-- instance's larger of `cur` and `hold`), its time (`acc`) and the burst left (`pcap`, B
+-- less those bursts). Until the next refresh only expiries change what is counted, so the
+-- next one adds free * elapsed to the pool (carrying the fraction, `pfrac`), up to pcap:
+-- the buckets refill at the shares' rates and the pool at the rest, r in all.
+--
+-- KEYS[1] state hash {ep, learn, pool, pexp, free, acc, pcap, pfrac}; KEYS[2] hash
+--   instance id -> record
 --   "seq cur_r cur_b cur_exp hold_seq hold_r hold_b hold_exp want drop_id" (rates in
 --   milli-tokens/s, bursts in tokens, times in µs of this server's clock).
 -- ARGV: 1 B (tokens), 2 r (milli-tokens/s), 3 lease lifetime on Redis (µs: ttl + grace),
@@ -53,9 +61,13 @@ local dropped = tonumber(ARGV[14])
 local drop_id = tonumber(ARGV[15])
 local tokens = tonumber(ARGV[16])
 
-local st = redis.call('HMGET', KEYS[1], 'ep', 'learn', 'pool', 'pexp')
+local st = redis.call('HMGET', KEYS[1], 'ep', 'learn', 'pool', 'pexp', 'free', 'acc', 'pcap',
+  'pfrac')
 local ep, learn
 local pool, pexp = 0, 0
+-- The rate no lease held after the last refresh (milli-tokens/s), its time, the pool's
+-- cap then (tokens), and the fraction of a token accrued (10^-9 tokens).
+local free0, acc, pcap, pfrac = 0, now, 0, 0
 if not st[1] then
   -- New or lost (a restart without persistence). With learning on, grants held before
   -- the loss may live one lease lifetime more: until then nobody gets more than the
@@ -65,8 +77,28 @@ if not st[1] then
 else
   ep = tonumber(st[1]); learn = tonumber(st[2])
   if st[3] then pool = tonumber(st[3]); pexp = tonumber(st[4]) end
+  if st[5] then
+    free0 = tonumber(st[5]); acc = tonumber(st[6]); pcap = tonumber(st[7])
+    pfrac = tonumber(st[8])
+  end
 end
-if pexp <= now then pool = 0 end
+if pexp <= now then pool = 0; pfrac = 0 end
+-- The idle rate accrues to the pool: since the last refresh the shares counted have only
+-- expired (grants are made here alone), so at least `free0` was held by no lease all
+-- along; and the bursts counted have only shrunk, so `pcap` still caps the pool.
+if free0 > 0 and acc < now and pool < pcap then
+  local need = (pcap - pool) * 1e9 - pfrac
+  local x = free0 * (now - acc)
+  local before = pool
+  if x >= need then
+    pool = pcap; pfrac = 0
+  else
+    x = x + pfrac
+    local whole = math.floor(x / 1e9)
+    pool = pool + whole; pfrac = x - whole * 1e9
+  end
+  if pool > before then pexp = now + lease end
+end
 
 local function parse(s)
   local t = {}
@@ -176,12 +208,20 @@ if not leave then
   if learn > now then gr = math.min(gr, hr) end
   if gr > free_r then gr = free_r end
   if gr < 0 then gr = 0 end
-  gb = math.floor(B / R * gr)
+  -- The burst: a floor of two tokens per live instance and one newcomer (a small share
+  -- then pays a decision that comes early, not only one a refill apart), the rest of B
+  -- in proportion to the rate; so the bursts of the fair shares fit in B together, and a
+  -- large share does not take the burst a small one needs (a floor of one, or none,
+  -- where B is too small for two).
+  local minb = 2
+  if B < (#wants + 1) * minb then minb = 1 end
+  if B < (#wants + 1) * minb then minb = 0 end
+  gb = minb + math.floor((B - (#wants + 1) * minb) / R * gr)
   if gb < 1 and gr > 0 then gb = 1 end
   if learn > now and gb > hb then gb = hb end
   -- Tokens handed on from the pool: as many as the bucket has room for; their burst
   -- leaves the pool with them.
-  if learn <= now and pool > 0 then
+  if learn <= now and pool > 0 and gr < mywant then
     handed = math.min(pool, gb - math.min(tokens, gb))
     if handed < 0 then handed = 0 end
   end
@@ -205,7 +245,20 @@ redis.call('HSET', KEYS[2], me_id, string.format('%.0f %.0f %.0f %.0f %.0f %.0f 
 for i = 1, #dead, 256 do
   redis.call('HDEL', KEYS[2], unpack(dead, i, math.min(i + 255, #dead)))
 end
-redis.call('HSET', KEYS[1], 'ep', ep, 'learn', learn, 'pool', pool, 'pexp', pexp)
+-- What the caller may spend from now on (its grant, and its hold until it acknowledges):
+-- the rate left idle accrues to the pool until the next refresh, up to the burst left.
+local my_r, my_b = gr, gb
+if hexp > now then
+  if hr > my_r then my_r = hr end
+  if hb > my_b then my_b = hb end
+end
+local free_after, cap_after = R - used_r - my_r, B - used_b - my_b
+if free_after < 0 or learn > now then free_after = 0 end
+if cap_after < 0 then cap_after = 0 end
+if pool > cap_after then pool = cap_after; pfrac = 0 end
+redis.call('HSET', KEYS[1], 'ep', ep, 'learn', learn, 'pool', pool, 'pexp', pexp,
+  'free', string.format('%.0f', free_after), 'acc', string.format('%.0f', now),
+  'pcap', string.format('%.0f', cap_after), 'pfrac', string.format('%.0f', pfrac))
 -- Every record expires within one lifetime of its last grant: the keys outlive them all.
 local ttl = math.floor((lease + 999) / 1000) + keep_ms
 redis.call('PEXPIRE', KEYS[1], ttl)

@@ -191,9 +191,42 @@ fn check_cap(clients: &[Client], pool: u64, now: u64, step: usize, seed: u64) {
     );
 }
 
+/// The integral over `[t0, t1]` of the rate no client may spend (`r` less the rates of
+/// the shares the clients spend, each until its local end), in 10^-9 tokens.
+fn idle_between(clients: &[Client], t0: u64, t1: u64) -> u128 {
+    let mut idle = u128::from(R_MILLI) * u128::from(t1 - t0);
+    for c in clients {
+        if let Some((_, r, _, end)) = c.has {
+            let spent = u128::from(r) * u128::from(end.min(t1).saturating_sub(t0));
+            idle = idle.saturating_sub(spent);
+        }
+    }
+    idle
+}
+
+/// Between any two requests (each mark taken right after one, when Redis has brought the
+/// pool up to date), what entered the pool (its growth plus what it handed on) is at most
+/// the drops first reported in between plus the idle rate over that time, and one token
+/// (the fraction Redis carried in). So with the clients' buckets, the tokens of the fleet
+/// grow by at most `r` per second over every window.
+fn check_inflow(marks: &[(usize, u64, u64, u64, u128)], seed: u64) {
+    let &(step, pool, handed, allowed, idle) = marks.last().unwrap();
+    for &(s0, p0, h0, a0, i0) in &marks[..marks.len() - 1] {
+        let entered = (pool + handed) as i128 - (p0 + h0) as i128;
+        let may = (allowed - a0) as i128 + ((idle - i0) / 1_000_000_000) as i128 + 1;
+        assert!(
+            entered <= may,
+            "seed {seed}, steps {s0} to {step}: {entered} tokens entered the pool (it holds {pool}, handed on {}), more than the {} dropped and reported first in between and the {} the idle rate refilled (+1)",
+            handed - h0,
+            allowed - a0,
+            (idle - i0) / 1_000_000_000
+        );
+    }
+}
+
 /// Random refreshes (demands from nothing to everything), replies delivered late or lost,
-/// time advancing by up to a lease lifetime: the shares any client may spend never sum
-/// above `(r, B)`.
+/// time advancing by up to half a lease lifetime: the shares any client may spend never
+/// sum above `(r, B)`, and the pool gains no more than the drops and the idle rate.
 #[test]
 fn shares_any_client_may_spend_never_exceed_the_cap() {
     for seed in 1..=6u64 {
@@ -209,9 +242,18 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
         let mut now = 1_000_000_000u64;
         let mut granted = 0u64;
         let mut handed = 0u64;
-        // Tokens the clients dropped, each drop once: the pool hands on no more.
+        // Tokens the clients dropped, each drop once (counted as they drop).
         let mut dropped = 0u64;
+        // What may enter the pool: each drop at the first request that reports it, and
+        // the rate no client may spend, integrated over time (10^-9 tokens).
+        let mut allowed = 0u64;
+        let mut idle_nano = 0u128;
+        let mut reported: Vec<u64> = vec![0; k];
+        // After each request (and at the start): (step, pool, handed so far, drops
+        // allowed so far, idle integral so far).
+        let mut marks: Vec<(usize, u64, u64, u64, u128)> = vec![(0, 0, 0, 0, 0)];
         for step in 0..1500 {
+            let mut asked = false;
             let i = rng.below(k as u64) as usize;
             match rng.below(10) {
                 0..=4 => {
@@ -234,23 +276,35 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
                             _ => rng.below(R_MILLI),
                         };
                         let ask = clients[i].ask(want, now);
+                        if let Some((id, n)) = ask.dropped {
+                            if id > reported[i] {
+                                reported[i] = id;
+                                allowed += n;
+                            }
+                        }
                         let reply = f.ask(&ask, now);
                         granted += reply.rate_milli;
                         handed += reply.handed;
                         clients[i].pending = Some((reply, ask.seq, now));
+                        asked = true;
                     }
                 }
                 5..=7 => dropped += clients[i].deliver(),
                 8 => clients[i].pending = None,
-                _ => now += rng.below(TTL_US / 2),
+                _ => {
+                    let dt = rng.below(TTL_US / 2);
+                    idle_nano += idle_between(&clients, now, now + dt);
+                    now += dt;
+                }
             }
             let pool = f.pool(now);
             check_cap(&clients, pool, now, step, seed);
-            assert!(
-                handed + pool <= dropped,
-                "seed {seed}, step {step}: the pool handed on {handed} tokens and holds {pool}, more than the {dropped} the clients dropped"
-            );
+            if asked {
+                marks.push((step, pool, handed, allowed, idle_nano));
+                check_inflow(&marks, seed);
+            }
         }
+        assert!(allowed <= dropped);
         assert!(granted > 0, "seed {seed}: nothing was ever granted");
         assert!(
             handed > 0,
@@ -284,7 +338,8 @@ fn equal_demands_get_equal_shares_and_a_newcomer_starts_at_once() {
     for c in &clients {
         let (_, r, b, _) = c.has.unwrap();
         assert_eq!(r, fair, "rate share");
-        assert_eq!(b, B * fair / R_MILLI, "burst share");
+        // Two tokens for each of the four and for a newcomer, the rest in proportion.
+        assert_eq!(b, 2 + (B - 2 * 5) * fair / R_MILLI, "burst share");
     }
     let mut newcomer = Client {
         id: "new".into(),
@@ -462,15 +517,17 @@ fn dropped_tokens_are_credited_once_and_handed_on() {
     h.2 = 20;
     a.drop_to(big, 20);
     a.tokens = 20;
-    round(&mut f, &mut a, big_r / 10, now + 10, false);
+    // (It asks for less than it spends: the grants' bursts stay under 20, so what Redis
+    // counts it holding is the 20 it reports.)
+    round(&mut f, &mut a, big_r / 20, now + 10, false);
     assert_eq!(f.pool(now + 10), big - 20);
     // The retry carries the same drop and credits nothing more; a larger claim under a
     // new id is capped at what its counted burst shrank since (nothing).
-    round(&mut f, &mut a, big_r / 10, now + 20, false);
+    round(&mut f, &mut a, big_r / 20, now + 20, false);
     assert_eq!(f.pool(now + 20), big - 20, "a drop was credited twice");
     a.drop_ids += 1;
     a.dropped = Some((a.drop_ids, big));
-    round(&mut f, &mut a, big_r / 10, now + 30, false);
+    round(&mut f, &mut a, big_r / 20, now + 30, false);
     assert_eq!(
         f.pool(now + 30),
         big - 20,
@@ -488,4 +545,65 @@ fn dropped_tokens_are_credited_once_and_handed_on() {
     // What is left expires with the pool, one lease lifetime after the last credit.
     assert!(f.pool(now + 10 + TTL_US + GRACE_US - 1) > 0);
     assert_eq!(f.pool(now + 10 + TTL_US + GRACE_US), 0);
+}
+
+/// The rate no client holds accrues to the pool at that rate (up to the burst no client
+/// holds) and is handed to a grant that wants more than it gets: a share given back is
+/// not lost while no other instance's share has grown into it.
+#[test]
+fn idle_rate_accrues_to_the_pool_and_is_handed_on() {
+    let mut f = Fleet::new("rate-accrue", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let mut b = Client {
+        id: "b".into(),
+        ..Client::default()
+    };
+    let now = 1_000_000_000u64;
+    let round = |f: &mut Fleet, c: &mut Client, want: u64, at: u64| {
+        let ask = c.ask(want, at);
+        let reply = f.ask(&ask, at);
+        c.pending = Some((reply, ask.seq, at));
+        c.deliver();
+        reply
+    };
+    // a and b both want everything: each half of r less the reserve; only the reserve
+    // (r/64) is idle.
+    for t in 0..3 {
+        round(&mut f, &mut a, R_MILLI, now + t);
+        round(&mut f, &mut b, R_MILLI, now + t);
+    }
+    let (_, ra, ba, _) = a.has.unwrap();
+    let (_, rb, bb, _) = b.has.unwrap();
+    let idle = R_MILLI - ra - rb;
+    assert!(idle <= f.min_milli + 2, "{ra} {rb}");
+    // a gives back all but a tenth of its share (it shrinks locally first, dropping
+    // nothing: its bucket is empty); its acknowledgement frees the rest at once.
+    let h = a.has.as_mut().unwrap();
+    h.1 = ra / 10;
+    h.2 = ba / 10;
+    round(&mut f, &mut a, ra / 10, now + 10);
+    let free = R_MILLI - a.has.unwrap().1 - rb;
+    // 100 ms later: the pool holds what the idle rate refilled (at most: a's own next
+    // grant may have been clamped), capped by the burst nobody holds.
+    let t = now + 10 + 100_000;
+    round(&mut f, &mut a, ra / 10, t);
+    let pool = f.pool(t);
+    let refilled = free * 100_000 / 1_000_000_000;
+    let unheld = B - a.has.unwrap().2 - bb;
+    assert!(
+        pool <= refilled.min(unheld) + 1,
+        "pool {pool}, refilled {refilled}, unheld {unheld}"
+    );
+    assert!(
+        pool + 2 >= refilled.min(unheld),
+        "pool {pool}, refilled {refilled}, unheld {unheld}"
+    );
+    assert!(pool > 0);
+    // b, its bucket empty and wanting more than it gets, starts its next grant with them.
+    b.tokens = 0;
+    let reply = round(&mut f, &mut b, R_MILLI, t + 1);
+    assert_eq!(reply.handed, pool.min(reply.burst), "{reply:?}");
 }

@@ -345,12 +345,13 @@ pub(super) fn row(m: &Measured) -> String {
 }
 
 /// The sweep: for each K, each offered rate, each mode (equal demand); then skewed and
-/// shifting demand at the largest offer. Prints each row as it comes; returns them.
+/// shifting demand at the largest offer (the demands and modes named). Prints each row as it comes; returns them.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn sweep(
     url: &str,
     ks: &[usize],
     offers: &[f64],
+    (demands, modes): (&[Demand], &[Mode]),
     capacity: u64,
     rate: u64,
     ttl: Duration,
@@ -365,11 +366,20 @@ pub(super) fn sweep(
     let mut rows = Vec::new();
     let top = offers.iter().copied().fold(1.0, f64::max);
     for &k in ks {
-        let mut runs: Vec<(Demand, f64)> = offers.iter().map(|&o| (Demand::Equal, o)).collect();
-        runs.push((Demand::Skewed, top));
-        runs.push((Demand::Shifting, top));
+        let mut runs: Vec<(Demand, f64)> = Vec::new();
+        if demands.contains(&Demand::Equal) {
+            runs.extend(offers.iter().map(|&o| (Demand::Equal, o)));
+        }
+        for d in [Demand::Skewed, Demand::Shifting] {
+            if demands.contains(&d) {
+                runs.push((d, top));
+            }
+        }
         for (demand, offer) in runs {
             for mode in [Mode::Rate, Mode::Token, Mode::PerRequest] {
+                if !modes.contains(&mode) {
+                    continue;
+                }
                 let m = run_one(
                     url,
                     Setup {

@@ -17,10 +17,11 @@
 //!   its lease is live locally (its clock, `clock`, stops at the local expiry and does
 //!   not run between leases), and the script grants rate only from what the other
 //!   instances may still spend (the larger of each one's grant and the share it reported
-//!   spending, each until its expiry on Redis): the rates being spent sum to at most `r`
-//!   at every instant.
+//!   spending, each until its expiry on Redis): the rates being spent, with the idle rate
+//!   that refills the pool (below), sum to at most `r` at every instant.
 //! - **`Φ` never exceeds `B`, and nothing is minted.** A bucket holds at most its burst
-//!   `b_i`, bursts are granted like rates (summing to at most `B`), a smaller share caps
+//!   `b_i`, bursts are granted like rates (summing to at most `B`: two tokens for each
+//!   live instance and one newcomer, the rest in proportion to the rate), a smaller share caps
 //!   the tokens at the new burst, and a larger one adds no token: it only lets the bucket
 //!   fill further at `r_i`. A grant that does not continue a share Redis still counted
 //!   (a new instance, one whose lease lapsed, one Redis lost) starts its bucket empty: the
@@ -33,11 +34,20 @@
 //!   reply credits nothing more), only for a share it still counts and at most by what
 //!   the instance's counted burst shrank, and the pool keeps their burst: the bursts any
 //!   instance may spend plus the pool never exceed `B`. A grant takes tokens from the pool
-//!   (before Redis replies) for its bucket to start with, as many as it has room for; the
-//!   pool expires one lease lifetime after its last credit. So with `Ψ` the buckets'
-//!   tokens plus the pool, `Ψ <= B` at every instant and only the refill raises it: tokens
-//!   between a drop and its credit, or between a hand-on and its arrival, are in neither
-//!   (an instance killed after dropping, or a lost reply, loses them).
+//!   (before Redis replies) for its bucket to start with, as many as it has room for,
+//!   when it wants more than the grant gives; the pool expires one lease lifetime after
+//!   it last grew. So with `Ψ` the buckets' tokens plus the pool, `Ψ <= B` at every
+//!   instant: tokens between a drop and its credit, or between a hand-on and its arrival,
+//!   are in neither (an instance killed after dropping, or a lost reply, loses them).
+//! - **Idle rate refills the pool, not more.** After each refresh Redis records the rate
+//!   no lease holds (`r` less every instance's larger of grant and hold), the time, and the
+//!   burst no lease holds (`B` less the bursts and the pool). Until the next refresh only
+//!   expiries change what is held (grants are made by the script alone), so that rate was
+//!   free all along: the next refresh adds it times the time since to the pool (carrying
+//!   the fraction of a token), capped at the recorded burst (bursts only shrink meanwhile).
+//!   So the buckets refill at the rates of the shares being spent and the pool at the rest:
+//!   `Ψ` grows by at most `r` per unit of time, and nothing else raises it. While Redis
+//!   learns after a loss nothing accrues.
 //! - **The clock term.** An instance's local lease ends `ttl` after it *sent* the request
 //!   (its monotonic clock); Redis counts the grant until `ttl + grace` after it ran the
 //!   script (its clock), which is after the send. The local end precedes Redis's as long
@@ -447,8 +457,17 @@ const RING: usize = 17;
 
 const SECOND_NS: u64 = 1_000_000_000;
 
+/// Rounds of admissions a bucket keeps (the steady demand is measured over them).
+const HISTORY: usize = 8;
+
 /// Early rounds a bucket may make back to back (one a second on average).
 const EARLY_MAX: u64 = 3;
+
+/// A share at most this is near a use of `used` (a quarter above it): refused there, the
+/// share was what bound.
+fn near(used: u64) -> u64 {
+    used + used / 4
+}
 
 /// Milli-tokens per second of `count` tokens in `ns`.
 fn rate_of(count: u64, ns: u64) -> u64 {
@@ -464,8 +483,8 @@ struct Local {
     /// When the last round was sent, and when the next regular one is due (real ns).
     last_at: u64,
     next_at: u64,
-    /// (time, admitted) at each of the last four rounds, oldest first.
-    history: [(u64, u64); 4],
+    /// (time, admitted) at each of the last `HISTORY` rounds, oldest first.
+    history: [(u64, u64); HISTORY],
     /// (time, admitted) at each of the last `RING` polls; the newest at `ring_at`.
     ring: [(u64, u64); RING],
     ring_at: usize,
@@ -496,7 +515,7 @@ impl Local {
             has: None,
             last_at: now,
             next_at: 0,
-            history: [(now, 0); 4],
+            history: [(now, 0); HISTORY],
             ring: [(0, 0); RING],
             ring_at: 0,
             polls: 0,
@@ -557,7 +576,7 @@ impl Local {
     fn quiet_drop(&self, now: u64, refresh: u64) -> Option<u64> {
         let (_, share, _) = self.has?;
         let admitted = self.shared.admitted.load(Ordering::Relaxed);
-        let (t0, a0) = self.history[0];
+        let (t0, a0) = self.history[HISTORY - 4];
         let used_before =
             self.last_refused + refresh >= now || rate_of(admitted - a0, now - t0) >= share / 2;
         let start = self.last_refused.max(now.saturating_sub(refresh));
@@ -656,16 +675,20 @@ impl Worker {
         b.seq += 1;
         let sent = s.clock.real();
         let admitted = s.admitted.load(Ordering::Relaxed);
-        // Demand over the last four periods (about one lease lifetime: enough admissions
-        // to be steady at low rates), or since the demand fell (reported at once).
-        let (t0, a0) = b.history[0];
+        // Demand over the last four rounds (about one lease lifetime), and over the last
+        // eight (steadier at low rates: what a share that is kept is measured against),
+        // or since the demand fell (reported at once).
+        let (t0, a0) = b.history[HISTORY - 4];
         let long_milli = rate_of(admitted - a0, sent - t0);
+        let (t0, a0) = b.history[0];
+        // (The larger of the two: a demand that rose is not read as the older, lower one.)
+        let steady_milli = rate_of(admitted - a0, sent - t0).max(long_milli);
+        // Refused since then: its use is what the share paid, not its demand.
+        let refused_since = b.last_refused >= t0;
         let share_milli = b.has.map_or(0, |h| h.1);
         let quiet = b.quiet_drop(sent, refresh);
-        for k in 0..3 {
-            b.history[k] = b.history[k + 1];
-        }
-        b.history[3] = (sent, admitted);
+        b.history.rotate_left(1);
+        b.history[HISTORY - 1] = (sent, admitted);
         // (A round soon after the last one counts its few polls as part of a period: a
         // refusal or two there is no sign of demand above the share.)
         let (polls, starved_polls) = (u64::from(b.polls.max(16)), u64::from(b.starved_polls));
@@ -673,22 +696,37 @@ impl Worker {
         // Fell well below its share: what it uses now, with an eighth of headroom. Refused
         // at the last two polls or for three quarters of the period or more: it wants the
         // whole rate (Redis's max-min division caps it at the fair share); for a fraction
-        // f of the period: (1 + 2f) times what it has or used. Otherwise its use, with an
-        // eighth of headroom; a share it still uses half of is kept as it is (fewer
-        // changes).
+        // f of the period: (1 + 2f) times what it has or used, unless its share is more
+        // than a quarter above what it used (then a refusal is a burst's, not the rate's,
+        // and the share follows its use). Otherwise its steady use
+        // with a 32nd of headroom; a share from its use to a sixteenth above is kept as
+        // it is (fewer changes), and so is one refused over those rounds (what it used is
+        // then what the share paid, not its demand). Rate held above use is lost (the
+        // bucket is full: what it refills is dropped), so the headroom is small: a refusal
+        // raises the share.
         let all = s.policy.rate_milli();
+        // Each poll that saw a refusal saw at least one refused token: with what it
+        // admitted since the last round, a floor under its demand (an instance holding
+        // nothing still asks for what it was refused).
+        let since = b.history[HISTORY - 2];
+        let seen = rate_of(
+            admitted - since.1 + starved_polls,
+            (sent - since.0).max(refresh),
+        );
         b.asked_all = quiet.is_none() && (b.refused_run >= 2 || starved_polls * 4 >= polls * 3);
         let want_milli = if let Some(used) = quiet {
             used + used / 8
         } else if b.asked_all {
             all
-        } else if starved_polls > 0 {
-            let more = share_milli.max(long_milli);
+        } else if starved_polls > 0 && share_milli <= near(long_milli.max(seen)) {
+            let more = share_milli.max(long_milli).max(seen);
             (more + more * 2 * starved_polls / polls).min(all)
-        } else if long_milli >= share_milli / 2 {
-            share_milli.max(long_milli + long_milli / 8)
+        } else if (refused_since && share_milli <= near(steady_milli.max(seen)))
+            || (share_milli >= steady_milli && share_milli <= steady_milli + steady_milli / 16)
+        {
+            share_milli
         } else {
-            long_milli + long_milli / 8
+            steady_milli + steady_milli / 32
         };
         // Demand fell well below a share it used: shrink the share here first and report
         // the smaller one, so Redis can hand the difference to others at once. (An idle
@@ -701,7 +739,7 @@ impl Worker {
                 .clamp(1, bu.max(1));
             if r2 < r - r / 4 {
                 // What it used before the drop is no longer its demand.
-                b.history = [(sent, admitted); 4];
+                b.history = [(sent, admitted); HISTORY];
                 if let Ok(p) = Policy::per(b2, r2, Duration::from_secs(1000)) {
                     // The tokens above the smaller burst are dropped here, before the
                     // report: Redis may hand them on once it has it.
@@ -918,16 +956,18 @@ mod tests {
             shared: s.clone(),
         };
         let t = s.clock.real();
-        // A lease of 20 ms at 1000/s, burst 5: full within 5 ms.
-        apply(&s, &mut local, &grant(1_000_000, 5, false), t + 20_000_000);
-        spin(&s, 25_000_000);
-        assert!(s.clock.real() > t + 20_000_000);
+        // A lease of 150 ms at 1000/s, burst 5: full within 5 ms of its start (however
+        // long the switch took on a loaded machine).
+        apply(&s, &mut local, &grant(1_000_000, 5, false), t + 150_000_000);
+        spin(&s, 155_000_000);
+        assert!(s.clock.real() > t + 150_000_000);
         // Expired: the five tokens it holds are not spent.
         assert!(matches!(
             bucket.try_acquire(1),
             Err(Refused::Rejected { .. })
         ));
-        assert!((s.bucket.available() - 5.0).abs() < 1e-9);
+        let held = s.bucket.available();
+        assert!((held - 5.0).abs() < 1e-9, "{held}");
         // Resumed by a continuing grant after the gap: the clock did not run meanwhile.
         let frozen = s.clock.now_nanos();
         spin(&s, 5_000_000);
@@ -965,7 +1005,7 @@ mod tests {
         let poll = refresh / 16;
         let (mut local, s) = setup();
         let mut t = 2 * SECOND_NS;
-        local.history = [(t, 0); 4];
+        local.history = [(t, 0); HISTORY];
         local.credit_at = t;
         // A share of 800/s, spent whole and refused at every poll (12 tokens a poll).
         local.has = Some((1, 800_000, 160));
@@ -997,7 +1037,7 @@ mod tests {
         // An instance that never used its share (idle since it got it) keeps it.
         let (mut idle, s2) = setup();
         let mut t = 2 * SECOND_NS;
-        idle.history = [(t, 0); 4];
+        idle.history = [(t, 0); HISTORY];
         idle.credit_at = t;
         idle.has = Some((1, 800_000, 160));
         s2.rate_milli.store(800_000, Ordering::Relaxed);

@@ -19,7 +19,7 @@ const RATE_ON_ARGUMENT: &str = concat!(
 /// The two keys of a bucket's rate leases, under the bucket's hash tag.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateKeys {
-    /// The state hash (`ep`, `learn`).
+    /// The state hash (`ep`, `learn`, the pool and the idle rate it accrues).
     pub state: String,
     /// Instance id -> its record (current grant, hold, demand).
     pub instances: String,
