@@ -29,9 +29,13 @@
 //!
 //! # Cost
 //!
-//! One pointer load more than a [`Bucket`](crate::Bucket) per operation, the pin (a load
-//! and a store of the thread's own pin record, and one store to end it), and one
-//! comparison with the sealed word (`BENCHMARKS.md`, "Live reconfiguration").
+//! One pointer load more than a [`Bucket`](crate::Bucket) per operation, the pin (a
+//! thread-local load, a test that the thread has a pin record, and one add to the
+//! record's word in memory; to end it a load, a conditional move and a store), and one
+//! comparison with the sealed word. The word's first attempt (a refusal, a take whose
+//! CAS succeeds) is decided inline and returned as it is made; everything else (a lost
+//! race, a sealed word, a pass due, a clock read out of line) is decided out of line,
+//! the pin handed over with it (`BENCHMARKS.md`, "Reconfiguration").
 
 use std::fmt;
 use std::ptr;
@@ -186,13 +190,7 @@ impl<C: Clock> LiveBucket<C> {
             return self.acquire_pinned(epoch, cost, now);
         };
         match epoch.try_first(&self.clock, at, cost) {
-            Some(out) => {
-                // Ended before the decision is stored: a caller that moves it on (into
-                // `black_box`, a wrapper) then stores it once, not once here and again
-                // after the pin's store, which might alias a place it was stored in.
-                drop(epoch);
-                out
-            }
+            Some(out) => out,
             None => self.acquire_general_at(epoch, at, cost, now),
         }
     }
@@ -221,14 +219,13 @@ impl<C: Clock> LiveBucket<C> {
     /// successor). With no pool here, a `PoolUnavailable` is only ever [`SEALED_ERROR`].
     #[cold]
     #[inline(never)]
-    fn acquire_general_at(
-        &self,
-        epoch: Pinned<'_, Epoch>,
-        at: u64,
+    fn acquire_general_at<'a>(
+        &'a self,
+        mut epoch: Pinned<'a, Epoch>,
+        mut at: u64,
         cost: u64,
         now: impl Fn() -> u64,
     ) -> Result<Decision, AcquireError> {
-        let (mut epoch, mut at) = (epoch, at);
         loop {
             let out = epoch.try_acquire(&self.clock, at, cost);
             if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {

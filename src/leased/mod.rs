@@ -98,7 +98,8 @@
 //! store keeps its own policy): build a new one.
 //!
 //! The slot spend pays one pointer load and the pin more than before (the current epoch);
-//! `BENCHMARKS.md` ("Leased reconfiguration") has the instruction counts.
+//! every call off its inline path takes the pin with it and ends it there
+//! (`BENCHMARKS.md`, "Reconfiguration", has the instruction counts).
 //!
 //! # What is approximate
 //!
