@@ -21,11 +21,25 @@
 //! Each thread that pins owns a record (registered once, reused after the thread exits,
 //! never freed) holding one word: the depth of its nested pins (low 16 bits) and how many
 //! times its outermost pin ended (the rest). A pin loads it and stores `depth + 1`,
-//! then only a compiler fence before the load of the current epoch; ending it stores the depth less one (counting an end when it falls
-//! to zero). Both stores are release stores (plain stores on x86-64): a retirement that
-//! sees a later pin's word synchronizes with the end of every earlier one (the loom
-//! model `epoch` finds the free racing the read when the pin's store is relaxed). No
-//! read-modify-write, no shared cache line, no fence instruction.
+//! then only a compiler fence before the load of the current epoch; ending it stores the
+//! depth less one (counting an end when it falls to zero). Both stores are release
+//! stores (plain stores on x86-64): a retirement that sees a later pin's word
+//! synchronizes with the end of every earlier one (the loom model `epoch` finds the free
+//! racing the read when the pin's store is relaxed). No read-modify-write, no shared
+//! cache line, no fence instruction.
+//!
+//! The count of ended pins is what a retirement waits on, and only an *outermost* end
+//! may move it: pins nest (one limiter's operation inside another's, a guard the caller
+//! holds), and a count of every end would let an inner pin begun after the retirement
+//! stand for an outer one still held. So ending a pin is a load, a test of the depth and
+//! a store (on x86-64 the test is a conditional move: no branch), beginning one a load,
+//! an add and a store (one `inc` of the word in memory on x86-64).
+//!
+//! On the hot paths, [`Chain::try_pin`] pins without the call that registers a thread's
+//! first pin (`None` then: the operation starts again out of line), and the operation
+//! hands its [`Pinned`] guard by value to the out-of-line call that finishes a decision
+//! the inline path cannot make, which ends it there: nothing but the return follows such
+//! a call, so no value of the pin lives across it.
 //!
 //! A retirement happens after the successor is published. The retiring thread issues the
 //! heavy side of the asymmetric fence, `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`
@@ -209,7 +223,20 @@ impl<T> Chain<T, Freed> {
     /// order).
     #[inline(always)]
     pub(crate) fn pin(&self) -> Pinned<'_, T> {
-        let pin = Pin::new();
+        self.pinned(Pin::new())
+    }
+
+    /// [`pin`](Chain::pin), or `None` (having done nothing) when the calling thread has
+    /// not pinned yet: for a hot path that starts again on a cold path of its own (which
+    /// calls [`pin`](Chain::pin), registering the thread), so that no call is made on
+    /// the way to the decision.
+    #[inline(always)]
+    pub(crate) fn try_pin(&self) -> Option<Pinned<'_, T>> {
+        Some(self.pinned(Pin::try_new()?))
+    }
+
+    #[inline(always)]
+    fn pinned(&self, pin: Pin) -> Pinned<'_, T> {
         let node = self.load();
         // SAFETY: the current node was live when loaded after the pin: a retirement
         // frees it only after this pin ends (module docs).
@@ -446,6 +473,18 @@ impl Pin {
     #[inline(always)]
     fn new() -> Pin {
         let (record, word) = record();
+        Pin::on(record, word)
+    }
+
+    /// A pin on the calling thread's record, `None` when it has none yet.
+    #[inline(always)]
+    fn try_new() -> Option<Pin> {
+        let (record, word) = self::thread::registered()?;
+        Some(Pin::on(record, word))
+    }
+
+    #[inline(always)]
+    fn on(record: &'static Record, word: u64) -> Pin {
         debug_assert!(word & DEPTH < DEPTH, "pins nested too deep");
         let word = word + 1;
         set_word(word);
@@ -597,6 +636,15 @@ mod thread {
         }
     }
 
+    /// The calling thread's record and its word, `None` before its first pin.
+    #[inline(always)]
+    pub(super) fn registered() -> Option<(&'static Record, u64)> {
+        // SAFETY: records are never freed.
+        let record = unsafe { RECORD.with(Cell::get).as_ref() }?;
+        // Only this thread writes it.
+        Some((record, record.word.load(Ordering::Relaxed)))
+    }
+
     /// The word of `record`, the calling thread's.
     #[inline(always)]
     pub(super) fn word(record: &Record) -> u64 {
@@ -641,6 +689,12 @@ mod thread {
                 (record, word)
             }
         }
+    }
+
+    pub(super) fn registered() -> Option<(&'static Record, u64)> {
+        // SAFETY: records are never freed (a model's records are leaked).
+        let record = unsafe { RECORD.with(Cell::get).as_ref() }?;
+        Some((record, WORD.with(Cell::get)))
     }
 
     /// The word of the calling thread's record, from the thread-local mirror (one

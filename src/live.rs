@@ -29,9 +29,13 @@
 //!
 //! # Cost
 //!
-//! One pointer load more than a [`Bucket`](crate::Bucket) per operation, the pin (a load
-//! and a store of the thread's own pin record, and one store to end it), and one
-//! comparison with the sealed word (`BENCHMARKS.md`, "Live reconfiguration").
+//! One pointer load more than a [`Bucket`](crate::Bucket) per operation, the pin (a
+//! thread-local load, a test that the thread has a pin record, and one add to the
+//! record's word in memory; to end it a load, a conditional move and a store), and one
+//! comparison with the sealed word. The word's first attempt (a refusal, a take whose
+//! CAS succeeds) is decided inline and returned as it is made; everything else (a lost
+//! race, a sealed word, a pass due, a clock read out of line) is decided out of line,
+//! the pin handed over with it (`BENCHMARKS.md`, "Reconfiguration").
 
 use std::fmt;
 use std::ptr;
@@ -160,23 +164,78 @@ impl<C: Clock> LiveBucket<C> {
     // Always inlined: see `Bucket::try_acquire`.
     #[inline(always)]
     pub fn try_acquire(&self, cost: u64) -> Result<Decision, AcquireError> {
-        self.acquire(cost, || self.clock.now_nanos())
+        self.acquire(cost, || self.clock.now_inline(), || self.clock.now_nanos())
     }
 
     /// Decides `cost` on the current epoch at `now()`'s reading, again on the successor
-    /// when the word was sealed. The decision is returned as it is (no wrapper to unwrap
-    /// on the hot path): with no pool here, a `PoolUnavailable` is only ever
-    /// [`SEALED_ERROR`].
+    /// when the word was sealed. Inline, only the word's first attempt
+    /// ([`Core::try_first`]): its decision is returned as it is made, and everything
+    /// else (a thread's first pin, a pass due, a lost race, a sealed word) is decided out
+    /// of line ([`acquire_general`](Self::acquire_general)), the pin handed over with it,
+    /// so that the decision makes no call it returns from.
+    ///
+    /// `now_inline` is the reading where it is taken without a call (else `None`: the
+    /// general path then takes `now()`).
     #[inline(always)]
-    fn acquire(&self, cost: u64, now: impl Fn() -> u64) -> Result<Decision, AcquireError> {
+    fn acquire(
+        &self,
+        cost: u64,
+        now_inline: impl Fn() -> Option<u64>,
+        now: impl Fn() -> u64,
+    ) -> Result<Decision, AcquireError> {
+        let Some(epoch) = self.epochs.try_pin() else {
+            return self.acquire_general(cost, now);
+        };
+        let Some(at) = now_inline() else {
+            return self.acquire_pinned(epoch, cost, now);
+        };
+        match epoch.try_first(&self.clock, at, cost) {
+            Some(out) => out,
+            None => self.acquire_general_at(epoch, at, cost, now),
+        }
+    }
+
+    /// [`acquire`](Self::acquire) for a thread's first pin.
+    #[cold]
+    #[inline(never)]
+    fn acquire_general(&self, cost: u64, now: impl Fn() -> u64) -> Result<Decision, AcquireError> {
+        self.acquire_pinned(self.epoch(), cost, now)
+    }
+
+    /// [`acquire`](Self::acquire) on `epoch`, pinned, at `now()`'s reading.
+    #[cold]
+    #[inline(never)]
+    fn acquire_pinned(
+        &self,
+        epoch: Pinned<'_, Epoch>,
+        cost: u64,
+        now: impl Fn() -> u64,
+    ) -> Result<Decision, AcquireError> {
+        let at = now();
+        self.acquire_general_at(epoch, at, cost, now)
+    }
+
+    /// [`acquire`](Self::acquire) on `epoch`, pinned, at the reading `at` (`now()` on a
+    /// successor). With no pool here, a `PoolUnavailable` is only ever [`SEALED_ERROR`].
+    #[cold]
+    #[inline(never)]
+    fn acquire_general_at<'a>(
+        &'a self,
+        mut epoch: Pinned<'a, Epoch>,
+        mut at: u64,
+        cost: u64,
+        now: impl Fn() -> u64,
+    ) -> Result<Decision, AcquireError> {
         loop {
-            let epoch = self.epoch();
-            let out = epoch.try_acquire(&self.clock, now(), cost);
+            let out = epoch.try_acquire(&self.clock, at, cost);
             if !matches!(out, Err(AcquireError::PoolUnavailable { .. })) {
                 return out;
             }
             debug_assert_eq!(out, Err(SEALED_ERROR));
             self.await_successor(&epoch);
+            drop(epoch);
+            epoch = self.epoch();
+            at = now();
         }
     }
 
@@ -301,7 +360,7 @@ impl<C: Clock> member::sealed::Sealed for LiveBucket<C> {
 
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
         let now = self.clock.observe(now);
-        self.acquire(cost, || now)
+        self.acquire(cost, || Some(now), || now)
     }
 
     fn refund_at(&self, cost: u64, now: u64) {

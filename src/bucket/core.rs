@@ -102,6 +102,22 @@ impl<S: Seal> Core<S> {
         self.raw.try_acquire(self.policy.layout(), clock, now, cost)
     }
 
+    /// [`try_acquire`](Core::try_acquire) where the word's first attempt decides (see
+    /// [`RawBucket::try_first`]); `None`, having written nothing, where it does not or a
+    /// pass is due.
+    #[inline(always)]
+    pub(crate) fn try_first<C: Clock + ?Sized>(
+        &self,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+    ) -> Option<Result<Decision, AcquireError>> {
+        if self.passes.is_due(now) {
+            return None;
+        }
+        self.raw.try_first(self.policy.layout(), clock, now, cost)
+    }
+
     /// [`try_acquire`](Core::try_acquire) at a reading at or after the re-anchoring
     /// pass's due time: a decision that writes nothing (a rejection, a zero cost) is
     /// made read-only on the pass's view (see [`crate::pass`]), so it still writes

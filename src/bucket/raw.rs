@@ -349,6 +349,51 @@ impl<S: Seal> RawBucket<S> {
         }
     }
 
+    /// The decision of [`try_acquire`](Self::try_acquire) where its first attempt makes
+    /// it (a refusal on the loaded word, a take whose CAS succeeds, a cost above the
+    /// capacity); `None`, having written nothing, where it does not (a cost of zero, a
+    /// sealed word, a reading behind the stored tick, a lost CAS): the caller then decides
+    /// on a path of its own, out of line. For a limiter that starts again elsewhere on a
+    /// sealed word: the hot path returns its decision as it is made, with no result to
+    /// look at again.
+    #[inline(always)]
+    pub(crate) fn try_first<C: Clock + ?Sized>(
+        &self,
+        layout: &Layout,
+        clock: &Monotonic<C>,
+        now: u64,
+        cost: u64,
+    ) -> Option<Result<Decision, AcquireError>> {
+        let Some(cost_units) = layout.units_of(cost) else {
+            return Some(Err(cost_over_capacity(layout, cost)));
+        };
+        if cost_units == 0 {
+            return None;
+        }
+        let now = clock.observe(now);
+        let cur = self.word.load(Ordering::Relaxed);
+        S::check(cur).ok()?;
+        match layout.first_take(cur, layout.tick_of(now), cost_units) {
+            FirstTake::Short { balance } => Some(Ok(Decision::with_balance(
+                layout, balance, 0, now, cost, false,
+            ))),
+            FirstTake::Take {
+                next,
+                balance,
+                behind,
+            } => self
+                .word
+                .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
+                .ok()
+                .map(|_| {
+                    Ok(Decision::with_balance(
+                        layout, balance, behind, now, cost, true,
+                    ))
+                }),
+            FirstTake::Elsewhere => None,
+        }
+    }
+
     /// The first pass of an all-or-nothing acquisition and its take's work at once (see
     /// [`Prepared`]): on the word loaded now, the refusal [`refusal`](Self::refusal)
     /// gives, or the take [`try_acquire`](Self::try_acquire) would make, or neither (a

@@ -98,7 +98,8 @@
 //! store keeps its own policy): build a new one.
 //!
 //! The slot spend pays one pointer load and the pin more than before (the current epoch);
-//! `BENCHMARKS.md` ("Leased reconfiguration") has the instruction counts.
+//! every call off its inline path takes the pin with it and ends it there
+//! (`BENCHMARKS.md`, "Reconfiguration", has the instruction counts).
 //!
 //! # What is approximate
 //!
@@ -875,23 +876,38 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         // Every call off this path is a tail call (a clock read out of line, a pass due,
         // the trip), so that no value lives across a call and the decision saves few
         // registers (measured: BENCHMARKS.md, "The leased rejection without calls").
-        let pinned = self.epoch();
-        let epoch = &*pinned;
-        let Some(now) = self.clock.now_inline() else {
+        // The pin is handed to the call that ends it (none is made on the way back).
+        let Some(pinned) = self.epochs.try_pin() else {
             return self.acquire_called(slot, cost);
         };
-        if epoch.passes.is_due(now) {
-            return self.acquire_called(slot, cost);
+        let Some(now) = self.clock.now_inline() else {
+            return self.acquire_called_on(pinned, slot, cost);
+        };
+        if pinned.passes.is_due(now) {
+            return self.acquire_called_on(pinned, slot, cost);
         }
-        self.acquire_at(epoch, slot, cost, now)
+        self.acquire_at(pinned, slot, cost, now)
     }
 
-    /// [`try_acquire_on`](Self::try_acquire_on) where its inline path would make a call:
-    /// the clock read out of line, or the re-anchoring pass due.
+    /// [`try_acquire_on`](Self::try_acquire_on) for a thread's first pin.
     #[cold]
     #[inline(never)]
     fn acquire_called(&self, slot: usize, cost: u64) -> Result<Decision, AcquireError> {
         self.acquire(slot, cost, |epoch| self.now_on(epoch))
+    }
+
+    /// [`try_acquire_on`](Self::try_acquire_on) on `pinned` where its inline path would
+    /// make a call: the clock read out of line, or the re-anchoring pass due.
+    #[cold]
+    #[inline(never)]
+    fn acquire_called_on(
+        &self,
+        pinned: Pinned<'_, Epoch<P>>,
+        slot: usize,
+        cost: u64,
+    ) -> Result<Decision, AcquireError> {
+        let now = self.now_on(&pinned);
+        self.acquire_at(pinned, slot, cost, now)
     }
 
     /// Decides `cost` on the current epoch at `now(epoch)`. The decision is returned as
@@ -907,8 +923,8 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
         now: impl Fn(&Epoch<P>) -> u64,
     ) -> Result<Decision, AcquireError> {
         let pinned = self.epoch();
-        let epoch = &*pinned;
-        self.acquire_at(epoch, slot, cost, now(epoch))
+        let now = now(&pinned);
+        self.acquire_at(pinned, slot, cost, now)
     }
 
     /// The capacity check and the slot spend on `epoch`, then, when the slot cannot pay,
@@ -917,19 +933,20 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     #[inline(always)]
     fn acquire_at(
         &self,
-        epoch: &Epoch<P>,
+        pinned: Pinned<'_, Epoch<P>>,
         slot: usize,
         cost: u64,
         now: u64,
     ) -> Result<Decision, AcquireError> {
+        let epoch = &*pinned;
         // Formed once, for the slot and the pool word both.
         let now_tick = epoch.policy.layout().tick_of(now);
         match Self::from_slot_at(epoch, slot, cost, now, now_tick) {
             Ok(out) => out,
-            Err(Spend::Raced) => self.acquire_slow(epoch, slot, cost, now),
+            Err(Spend::Raced) => self.acquire_slow(pinned, slot, cost, now),
             Err(_) => match Self::refusal_on_word(epoch, cost, now, now_tick) {
                 Some(refused) => Ok(refused),
-                None => self.acquire_slow(epoch, slot, cost, now),
+                None => self.acquire_slow(pinned, slot, cost, now),
             },
         }
     }
@@ -1040,14 +1057,14 @@ impl<C: Clock, P: Pool> LeasedBucket<C, P> {
     #[inline(never)]
     fn acquire_slow(
         &self,
-        epoch: &Epoch<P>,
+        pinned: Pinned<'_, Epoch<P>>,
         slot: usize,
         cost: u64,
         now: u64,
     ) -> Result<Decision, AcquireError> {
-        match self.trip(epoch, slot, cost, now) {
+        match self.trip(&pinned, slot, cost, now) {
             Ok(out) => out,
-            Err(Sealed) => self.acquire_replaced(epoch, slot, cost),
+            Err(Sealed) => self.acquire_replaced(&pinned, slot, cost),
         }
     }
 
