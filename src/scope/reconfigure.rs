@@ -13,7 +13,7 @@ use crate::leased::LeaseConfig;
 use crate::live::{Reconfigured, Unseal, convert_sealed};
 use crate::policy::Policy;
 use crate::scope::ScopedLimiter;
-use crate::scope::decision::Policies;
+use crate::scope::decision::{Policies, PolicySet};
 use crate::scope::generation::Generation;
 use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Reshape, Rule, RuleError, RuleSet};
@@ -247,7 +247,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             .switching
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (tiers, mut policies) = rules.check()?;
+        let (tiers, policies) = rules.check()?;
         self.shape
             .check(&Shape::of(&rules))
             .map_err(RuleError::Reshape)?;
@@ -255,13 +255,12 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         let inherit: PerKind<Inherit> = ScopeKind::ALL
             .map(|k| rules.rules[k.index()].map_or(Inherit::Proportional, |r| r.inherit));
         let old = self.generation();
-        policies.generation = old.number;
         let same_tiers = ScopeKind::ALL.into_iter().all(|kind| {
             self.maps
                 .switchable(kind)
                 .is_none_or(|m| m.same_tiers(old, &tiers[kind.index()]))
         });
-        if same_tiers && old.policies == policies && old.classes == rules.classes {
+        if same_tiers && **old.policies.set() == policies && *old.classes == rules.classes[..] {
             // Nothing to switch: no bucket changes, and no generation is kept for it.
             return Ok(ScopeReconfigured {
                 global: Vec::new(),
@@ -276,11 +275,12 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             .unwrap_or_default();
         // Allocated before the barrier and the seals: between the seals and the
         // publication, only arithmetic.
-        policies.generation = old.number + 1;
+        let policies = Policies::new(old.number + 1, self.generations.share_policies(policies));
+        let classes = self.generations.share_classes(rules.classes);
         let mut next = crate::epoch::Next::new(Generation::new(
             old.number + 1,
             Box::new([]),
-            rules.classes,
+            classes,
             policies,
             old.global_single,
             inherit,
@@ -400,7 +400,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
 
     /// Whether the leased global bucket (if any) takes the global rule's policy in
     /// `policies`: a fixed lease must fit it.
-    fn check_leased(&self, policies: &Policies) -> Result<(), RuleError> {
+    fn check_leased(&self, policies: &PolicySet) -> Result<(), RuleError> {
         match (self.leased(), policies.get(ScopeKind::Global.index(), 0)) {
             (Some(b), Some(p)) => b.check_policy(p.policy()).map_err(RuleError::Lease),
             _ => Ok(()),
