@@ -125,3 +125,116 @@ fn every_limiter_reconfigured_over_and_over_stays_flat() {
         LeasedBucket::retired_epochs,
     );
 }
+
+/// A scoped limiter's rules: a global rule, tenants with 1,000 keys overridden to four
+/// tiers of two limits (which tier each key gets turns with `flip`, so that every
+/// switch lays out a new tier table and moves keys), and users. The two rule sets
+/// differ in every policy.
+fn scoped_rules(flip: bool) -> tokengate::scope::RuleSet {
+    use std::time::Duration;
+    use tokengate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, WorkClass};
+    let n = if flip { 2 } else { 1 };
+    let policy = |capacity: u64, rate: f64| {
+        Policy::builder(capacity * n, rate * n as f64)
+            .max_reservation(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let mut set = RuleSet::new()
+        .rule(
+            ScopeKind::Global,
+            Rule::new(policy(1_000_000, 1_000_000.0)).inherit(Inherit::Proportional),
+        )
+        .rule(
+            ScopeKind::Tenant,
+            Rule::new(policy(100, 100.0))
+                .inherit(Inherit::AsIs)
+                .max_keys(10_000),
+        )
+        .rule(ScopeKind::User, Rule::new(policy(50, 50.0)));
+    for t in 0..4u64 {
+        set = set.tier(
+            format!("tier{t}"),
+            vec![policy(200 + 10 * t, 100.0), policy(400 + 10 * t, 10.0)],
+        );
+    }
+    for key in 0..1_000u64 {
+        let tier = (key + u64::from(flip && std::env::var("SAME_TIERS").is_err())) % 4;
+        set = set.override_key(Scope::Tenant(TenantId(key)), format!("tier{tier}"));
+    }
+    set.class(WorkClass::new("read", 1))
+}
+
+/// A scoped limiter reconfigured over and over, alternating two rule sets whose tier
+/// tables differ (every switch moves every overridden key), while another thread
+/// decides on a few scopes (tiered and untiered keys), refunds, reserves, and commits
+/// or cancels its reservations.
+#[test]
+fn scoped_limiter_reconfigured_over_and_over_stays_flat() {
+    use std::time::Duration;
+    use tokengate::scope::{Request, TenantId, UserId};
+
+    let limiter = Arc::new(scoped_rules(false).build().unwrap());
+    let read = limiter.class("read").unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let decider = {
+        let (limiter, done) = (limiter.clone(), done.clone());
+        thread::spawn(move || {
+            let requests = [
+                Request::new(),
+                Request::new().tenant(TenantId(3)).user(UserId(1)),
+                Request::new().tenant(TenantId(5_000)),
+                Request::new().tenant(TenantId(998)).user(UserId(2)),
+            ];
+            let mut decisions = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                let request = &requests[(decisions % 4) as usize];
+                let d = limiter.try_acquire(request, read).unwrap();
+                if let Some(charge) = d.charge() {
+                    if decisions % 3 == 0 {
+                        limiter.refund(&charge);
+                    }
+                }
+                let _ = limiter.try_acquire_verdict(request, read).unwrap();
+                if let Ok(r) = limiter.reserve_owned(request, read, Duration::from_millis(100)) {
+                    if decisions % 2 == 0 {
+                        let charge = r.consume();
+                        limiter.refund(&charge);
+                    } else {
+                        r.cancel();
+                    }
+                }
+                decisions += 1;
+            }
+            decisions
+        })
+    };
+    let switch = |i: usize| {
+        limiter.reconfigure(scoped_rules(i % 2 == 1)).unwrap();
+    };
+    // Warm up: the allocator's arenas and both threads' pin records.
+    for i in 0..100 {
+        switch(i);
+    }
+    let before = rss();
+    let n = std::env::var("TOKENGATE_RECONFIGURE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    for i in 0..n {
+        switch(i);
+    }
+    let after = rss();
+    done.store(true, Ordering::Relaxed);
+    let decisions = decider.join().unwrap();
+    let growth = after.saturating_sub(before);
+    println!(
+        "ScopedLimiter: {n} reconfigurations ({decisions} decisions meanwhile): RSS {:.1} -> \
+         {:.1} MiB ({} bytes per reconfiguration), {} generations held",
+        before as f64 / (1 << 20) as f64,
+        after as f64 / (1 << 20) as f64,
+        growth / n.max(1),
+        limiter.generations(),
+    );
+    assert!(growth < BOUND, "ScopedLimiter: RSS grew by {growth} bytes");
+}
