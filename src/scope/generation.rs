@@ -17,8 +17,13 @@
 //!
 //! Either way a decision reads one generation's classes and policies, and its buckets
 //! are that generation's. Generations are kept until the limiter is dropped (a request
-//! may still hold a replaced one, and a reservation names the one it paid on): a
-//! `Chain<Generation, Kept>`.
+//! may still hold a replaced one, a decision borrows its policies and class costs, and a
+//! charge names the one it paid on, to be refunded through every switch since): a
+//! `Chain<Generation, Kept>`. What a generation keeps is small: its policy set and
+//! classes are shared with the other generations that have equal ones (a switch back to
+//! one of the latest 16 distinct configurations copies neither: [`Shared`]), and its
+//! tier tables are the kinds' (one per distinct layout: see `maps`); its own are its
+//! number, links and global words.
 
 use std::mem::MaybeUninit;
 use std::ptr;

@@ -532,7 +532,8 @@ where
             Retier {
                 next: next.clone(),
                 moved,
-                table_ref: reused.map_or(TableRef::default(), |t| TableRef(ptr::from_ref(t).cast())),
+                table_ref: reused
+                    .map_or(TableRef::default(), |t| TableRef(ptr::from_ref(t).cast())),
                 switches: reused.map_or_else(Vec::new, |t| {
                     t.tiers
                         .iter()

@@ -196,11 +196,16 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// whatever their strategy (a reload that changed a comment refills nothing); a rule
     /// set equal to the running one switches nothing. Concurrent reconfigurations are
     /// applied one after the other. Each keeps its configuration until the limiter is
-    /// dropped (a request may still hold it): about 6 KiB for a switch of policies; a
-    /// switch that changes a kind's tiers also keeps the replaced tier table, its
-    /// override table and its emptied maps (about 8 KiB for one overridden key, 73 KiB
-    /// for 1,000 keys in 4 tiers of 2 limits: build a new limiter now and then when
-    /// reloads move keys often). The remote store given with `rules`,
+    /// dropped (a request may still hold it, and a charge paid on it be refunded later):
+    /// its number, links and global words, and its policies and classes unless equal to
+    /// those of one of the latest 16 distinct configurations, which it then shares (about
+    /// 6 KiB for a switch to policies the limiter did not have recently). A switch that
+    /// changes a kind's tiers to a layout (tiers and overridden keys) the kind never had
+    /// lays out a new tier table, kept too (about 8 KiB for one overridden key, 73 KiB
+    /// for 1,000 keys in 4 tiers of 2 limits); one back to a layout it had fills that
+    /// table's emptied maps again. A service flipping between a few configurations keeps
+    /// about a kilobyte per switch, mostly the maps' policy epochs; one pushing new
+    /// layouts often should build a new limiter now and then. The remote store given with `rules`,
     /// if any, is not used: the limiter keeps the store it was built with.
     ///
     /// ```

@@ -580,7 +580,9 @@ fn a_tier_layout_switched_back_to_counts_what_its_keys_evicted_once() {
     }
     take(&limiter, 1, 2);
     assert_eq!(
-        limiter.counters(&tenant(1)).map(|s| s.total().admitted_requests),
+        limiter
+            .counters(&tenant(1))
+            .map(|s| s.total().admitted_requests),
         Some(2)
     );
 }
