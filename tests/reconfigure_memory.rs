@@ -199,13 +199,13 @@ fn scoped_limiter_reconfigured_over_and_over_keeps_little() {
                 let request = &requests[(decisions % 4) as usize];
                 let d = limiter.try_acquire(request, read).unwrap();
                 if let Some(charge) = d.charge() {
-                    if decisions % 3 == 0 {
+                    if decisions.is_multiple_of(3) {
                         limiter.refund(&charge);
                     }
                 }
                 let _ = limiter.try_acquire_verdict(request, read).unwrap();
                 if let Ok(r) = limiter.reserve_owned(request, read, Duration::from_millis(100)) {
-                    if decisions % 2 == 0 {
+                    if decisions.is_multiple_of(2) {
                         let charge = r.consume();
                         limiter.refund(&charge);
                     } else {
