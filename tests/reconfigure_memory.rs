@@ -125,3 +125,127 @@ fn every_limiter_reconfigured_over_and_over_stays_flat() {
         LeasedBucket::retired_epochs,
     );
 }
+
+/// A scoped limiter's rules: a global rule, tenants with 1,000 keys overridden to four
+/// tiers of two limits (which tier each key gets turns with `flip`, so that every
+/// switch changes the tier layout and moves every key; not with
+/// `TOKENGATE_SCOPED_SAME_TIERS` set, for a switch of policies alone), and users. The
+/// two rule sets differ in every policy.
+fn scoped_rules(flip: bool) -> tokengate::scope::RuleSet {
+    use std::time::Duration;
+    use tokengate::scope::{Rule, RuleSet, Scope, ScopeKind, TenantId, WorkClass};
+    let n = if flip { 2 } else { 1 };
+    let policy = |capacity: u64, rate: f64| {
+        Policy::builder(capacity * n, rate * n as f64)
+            .max_reservation(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    let mut set = RuleSet::new()
+        .rule(
+            ScopeKind::Global,
+            Rule::new(policy(1_000_000, 1_000_000.0)).inherit(Inherit::Proportional),
+        )
+        .rule(
+            ScopeKind::Tenant,
+            Rule::new(policy(100, 100.0))
+                .inherit(Inherit::AsIs)
+                .max_keys(10_000),
+        )
+        .rule(ScopeKind::User, Rule::new(policy(50, 50.0)));
+    for t in 0..4u64 {
+        set = set.tier(
+            format!("tier{t}"),
+            vec![policy(200 + 10 * t, 100.0), policy(400 + 10 * t, 10.0)],
+        );
+    }
+    for key in 0..1_000u64 {
+        let moved = flip && std::env::var_os("TOKENGATE_SCOPED_SAME_TIERS").is_none();
+        let tier = (key + u64::from(moved)) % 4;
+        set = set.override_key(Scope::Tenant(TenantId(key)), format!("tier{tier}"));
+    }
+    set.class(WorkClass::new("read", 1))
+}
+
+/// Bytes a scoped limiter may keep per reconfiguration: it keeps each generation (a
+/// charge may be refunded through every switch since), but shares the policies, classes
+/// and tier tables of configurations it had (else about 6 KiB and, here, 200 KiB each).
+const SCOPED_PER_SWITCH: usize = 4 << 10;
+
+/// A scoped limiter reconfigured over and over (default 2,000 times), alternating two
+/// rule sets whose tier layouts differ (every switch moves every overridden key), while
+/// another thread decides on a few scopes (tiered and untiered keys), refunds, reserves,
+/// and commits or cancels its reservations. What the limiter keeps per switch is
+/// bounded by [`SCOPED_PER_SWITCH`].
+#[test]
+fn scoped_limiter_reconfigured_over_and_over_keeps_little() {
+    use std::time::Duration;
+    use tokengate::scope::{Request, TenantId, UserId};
+
+    let limiter = Arc::new(scoped_rules(false).build().unwrap());
+    let read = limiter.class("read").unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let decider = {
+        let (limiter, done) = (limiter.clone(), done.clone());
+        thread::spawn(move || {
+            let requests = [
+                Request::new(),
+                Request::new().tenant(TenantId(3)).user(UserId(1)),
+                Request::new().tenant(TenantId(5_000)),
+                Request::new().tenant(TenantId(998)).user(UserId(2)),
+            ];
+            let mut decisions = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                let request = &requests[(decisions % 4) as usize];
+                let d = limiter.try_acquire(request, read).unwrap();
+                if let Some(charge) = d.charge() {
+                    if decisions.is_multiple_of(3) {
+                        limiter.refund(&charge);
+                    }
+                }
+                let _ = limiter.try_acquire_verdict(request, read).unwrap();
+                if let Ok(r) = limiter.reserve_owned(request, read, Duration::from_millis(100)) {
+                    if decisions.is_multiple_of(2) {
+                        let charge = r.consume();
+                        limiter.refund(&charge);
+                    } else {
+                        r.cancel();
+                    }
+                }
+                decisions += 1;
+            }
+            decisions
+        })
+    };
+    let switch = |i: usize| {
+        limiter.reconfigure(scoped_rules(i % 2 == 1)).unwrap();
+    };
+    // Warm up: the allocator's arenas, and both tier tables laid out.
+    for i in 0..100 {
+        switch(i);
+    }
+    let before = rss();
+    let n = std::env::var("TOKENGATE_RECONFIGURE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    for i in 0..n {
+        switch(i);
+    }
+    let after = rss();
+    done.store(true, Ordering::Relaxed);
+    let decisions = decider.join().unwrap();
+    let growth = after.saturating_sub(before);
+    println!(
+        "ScopedLimiter: {n} reconfigurations ({decisions} decisions meanwhile): RSS {:.1} -> \
+         {:.1} MiB ({} bytes per reconfiguration), {} generations held",
+        before as f64 / (1 << 20) as f64,
+        after as f64 / (1 << 20) as f64,
+        growth / n.max(1),
+        limiter.generations(),
+    );
+    assert!(
+        growth < SCOPED_PER_SWITCH * n.max(1),
+        "ScopedLimiter: RSS grew by {growth} bytes over {n} reconfigurations"
+    );
+}

@@ -287,3 +287,78 @@ fn a_give_back_that_does_not_recheck_its_generation_is_caught() {
         );
     assert!(message.contains("lost or minted"), "{message}");
 }
+
+/// A key's give-back and a request racing a switch back to a tier layout the kind had:
+/// the key was moved to "gold" (table T) and back to its rule before the model, so the
+/// switch fills T's emptied maps again rather than laying out new ones. A request or
+/// give-back of the generation before (which routes the key to its rule) may reach
+/// T's maps only on the switch's generation; one that read an older generation routing
+/// it to T (the first, before the model's two switches) is stale and starts again.
+/// Rule and tier both hold 2, as is: every token is accounted for.
+fn tier_layout_refilled_racing_a_give_back_and_a_request() {
+    let set = |gold: bool| {
+        let s = RuleSet::new()
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(2)).max_keys(4).shards(1).inherit(Inherit::AsIs),
+            )
+            .tier("gold", vec![p(2)])
+            .class(WorkClass::new("one", 1));
+        if gold {
+            s.override_key(Scope::Tenant(TenantId(1)), "gold")
+        } else {
+            s
+        }
+    };
+    spawn(move || {
+        let hasher = BuildHasherDefault::<DefaultHasher>::default();
+        let limiter = Arc::new(set(true).build_with(Forward::new(), hasher).unwrap());
+        let one = limiter.class("one").unwrap();
+        let r = Request::new().tenant(TenantId(1));
+        // Paid in gold (table T), then the key goes back to its rule: T is emptied.
+        let charge = limiter.try_acquire(&r, one).unwrap().charge().unwrap();
+        limiter.reconfigure(set(false)).unwrap();
+        let a = {
+            let limiter = limiter.clone();
+            spawn(move || {
+                limiter.refund(&charge);
+                i64::from(limiter.try_acquire(&r, one).unwrap().is_admitted())
+            })
+        };
+        let s = {
+            let limiter = limiter.clone();
+            spawn(move || limiter.reconfigure(set(true)).unwrap())
+        };
+        let net = a.join().unwrap();
+        s.join().unwrap();
+        let tenant = limiter.available(&Scope::Tenant(TenantId(1))).unwrap();
+        assert_eq!(
+            limiter.len(ScopeKind::Tenant),
+            1,
+            "one entry for the one key"
+        );
+        assert_eq!(
+            net as f64 + tenant,
+            2.0,
+            "tokens lost or minted by the refill: net taken {net}, {tenant} left"
+        );
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn a_tier_layout_refilled_racing_a_give_back_and_a_request_loses_and_mints_nothing() {
+    Model::exhaustive("scoped reconfigure: tier table refilled vs give-back", 4)
+        .check(tier_layout_refilled_racing_a_give_back_and_a_request);
+}
+
+#[test]
+fn a_give_back_on_a_refilled_table_that_does_not_recheck_is_caught() {
+    let message = Model::exhaustive("scoped reconfigure: tier table refilled vs give-back", 4)
+        .expect_violation(
+            &tokengate::mutants::SCOPED_REFUND_SKIPS_RECHECK,
+            tier_layout_refilled_racing_a_give_back_and_a_request,
+        );
+    assert!(message.contains("lost or minted"), "{message}");
+}

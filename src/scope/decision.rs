@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Decision;
@@ -69,15 +70,12 @@ pub(crate) struct KindPolicies {
 /// Every policy a decision's scopes may be held to: each kind's rule's, and the tiers
 /// its overridden keys use (a kind's local tier `t`, from 1, at `tiers[kind][t - 1]`).
 #[derive(Debug, Default, PartialEq)]
-pub(crate) struct Policies {
-    /// The number of the generation these are (a decision's charge says which policies
-    /// it paid under).
-    pub(crate) generation: u64,
+pub(crate) struct PolicySet {
     pub(crate) rules: PerKind<Option<KindPolicies>>,
     pub(crate) tiers: PerKind<Box<[KindPolicies]>>,
 }
 
-impl Policies {
+impl PolicySet {
     /// The policies of kind `k`'s local tier `tier` (0: the rule's).
     #[inline]
     pub(crate) fn get(&self, k: usize, tier: u8) -> Option<&KindPolicies> {
@@ -85,6 +83,37 @@ impl Policies {
             0 => self.rules.get(k)?.as_ref(),
             t => self.tiers.get(k)?.get(usize::from(t) - 1),
         }
+    }
+}
+
+/// One generation's policies: its number and its [`PolicySet`], shared with the other
+/// generations whose set is equal (a switch back to policies the limiter had recently
+/// keeps no second copy: see `generation::Shared`).
+#[derive(Debug, PartialEq)]
+pub(crate) struct Policies {
+    /// The number of the generation these are (a decision's charge says which policies
+    /// it paid under).
+    pub(crate) generation: u64,
+    set: Arc<PolicySet>,
+}
+
+impl Policies {
+    pub(crate) fn new(generation: u64, set: Arc<PolicySet>) -> Policies {
+        Policies { generation, set }
+    }
+
+    /// The set, shared.
+    pub(crate) fn set(&self) -> &Arc<PolicySet> {
+        &self.set
+    }
+}
+
+impl std::ops::Deref for Policies {
+    type Target = PolicySet;
+
+    #[inline(always)]
+    fn deref(&self) -> &PolicySet {
+        &self.set
     }
 }
 

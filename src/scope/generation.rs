@@ -17,11 +17,17 @@
 //!
 //! Either way a decision reads one generation's classes and policies, and its buckets
 //! are that generation's. Generations are kept until the limiter is dropped (a request
-//! may still hold a replaced one, and a reservation names the one it paid on): a
-//! `Chain<Generation, Kept>`.
+//! may still hold a replaced one, a decision borrows its policies and class costs, and a
+//! charge names the one it paid on, to be refunded through every switch since): a
+//! `Chain<Generation, Kept>`. What a generation keeps is small: its policy set and
+//! classes are shared with the other generations that have equal ones (a switch back to
+//! one of the latest 16 distinct configurations copies neither: [`Shared`]), and its
+//! tier tables are the kinds' (one per distinct layout: see `maps`); its own are its
+//! number, links and global words.
 
 use std::mem::MaybeUninit;
 use std::ptr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
@@ -31,7 +37,7 @@ use crate::epoch::{Chain, Kept, Linked, Next, Successor};
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::multi::{Member, Planned, Prepared, sealed};
-use crate::scope::decision::Policies;
+use crate::scope::decision::{Policies, PolicySet};
 use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::maps::TableRef;
 use crate::scope::rules::WorkClass;
@@ -45,7 +51,8 @@ pub(super) struct Generation {
     /// The plain global scope's words, one per policy of its rule, in its order (empty
     /// when the global scope has no rule or is leased: see `leased_epoch`).
     pub(super) words: Box<[Core<Sealable>]>,
-    pub(super) classes: Vec<WorkClass>,
+    /// Shared with the generations whose classes are equal ([`Shared`]).
+    pub(super) classes: Arc<[WorkClass]>,
     pub(super) policies: Policies,
     /// Whether the global scope has one bucket: a request paying no keyed scope then
     /// pays it directly, without the multi-bucket path.
@@ -73,7 +80,7 @@ impl Generation {
     pub(super) fn new(
         number: u64,
         words: Box<[Core<Sealable>]>,
-        classes: Vec<WorkClass>,
+        classes: Arc<[WorkClass]>,
         policies: Policies,
         global_single: bool,
         inherit: PerKind<Inherit>,
@@ -119,13 +126,33 @@ impl Generation {
 /// replaced.
 pub(super) struct Generations {
     chain: Chain<Generation, Kept>,
+    /// The policy sets and classes of the latest generations, for a reconfiguration to
+    /// share instead of copying.
+    shared: Mutex<Shared>,
 }
 
 impl Generations {
     pub(super) fn new(first: Generation) -> Generations {
+        let mut shared = Shared::default();
+        shared.sets.push(Arc::clone(first.policies.set()));
+        shared.classes.push(Arc::clone(&first.classes));
         Generations {
             chain: Chain::new(first),
+            shared: Mutex::new(shared),
         }
+    }
+
+    /// `set` as a new generation holds it: one of the latest distinct sets when equal to
+    /// it (not copied again), else `set` itself, remembered as the latest.
+    pub(super) fn share_policies(&self, set: PolicySet) -> Arc<PolicySet> {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        Shared::share(&mut shared.sets, set, |a, b| **a == *b, Arc::new)
+    }
+
+    /// As [`share_policies`](Generations::share_policies), for the classes.
+    pub(super) fn share_classes(&self, classes: Vec<WorkClass>) -> Arc<[WorkClass]> {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        Shared::share(&mut shared.classes, classes, |a, b| **a == b[..], Arc::from)
     }
 
     /// The current generation.
@@ -159,6 +186,40 @@ impl Generations {
     /// How many generations the limiter has had (each kept until it is dropped).
     pub(super) fn count(&self) -> usize {
         usize::try_from(self.chain.count()).unwrap_or(usize::MAX)
+    }
+}
+
+/// The most distinct policy sets (and class lists) a limiter remembers to share.
+const SHARED: usize = 16;
+
+/// The distinct policy sets and class lists of a limiter's latest generations, latest
+/// last: a reconfiguration to a configuration it had recently (a reload that flips
+/// between two) shares that configuration's instead of keeping another copy. Each is
+/// immutable and freed once neither a generation nor this list holds it.
+#[derive(Default)]
+pub(super) struct Shared {
+    sets: Vec<Arc<PolicySet>>,
+    classes: Vec<Arc<[WorkClass]>>,
+}
+
+impl Shared {
+    /// The entry of `list` equal to `value` (moved to the end), or `value` made one and
+    /// pushed, the oldest dropped past [`SHARED`].
+    fn share<T: ?Sized, V>(
+        list: &mut Vec<Arc<T>>,
+        value: V,
+        eq: impl Fn(&Arc<T>, &V) -> bool,
+        make: impl FnOnce(V) -> Arc<T>,
+    ) -> Arc<T> {
+        let arc = match list.iter().position(|a| eq(a, &value)) {
+            Some(i) => list.remove(i),
+            None => make(value),
+        };
+        list.push(Arc::clone(&arc));
+        if list.len() > SHARED {
+            list.remove(0);
+        }
+        arc
     }
 }
 

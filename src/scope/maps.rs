@@ -23,7 +23,7 @@ use crate::scope::kind::{
 };
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Reshape, Rule, RuleError, charged};
 use crate::scope::tiers::{KindTiers, TierShape};
-use crate::telemetry::{Attempt, CounterCells, CounterSnapshot};
+use crate::telemetry::{Attempt, CounterCells, CounterSnapshot, Tally};
 
 /// The slot of each limit (policy) of one keyed kind while its locks are held: `None`
 /// past the rule's policies, and for every limit when the request does not pay the kind.
@@ -85,6 +85,39 @@ pub(super) struct TierTable<K, C: Clock, S> {
     overrides: HashMap<K, u8, S>,
     /// What it was laid out from.
     shape: TierShape,
+    /// Each map's evicted counts (by tier, then limit) already added to the rule's:
+    /// when the table was replaced, its maps' keys went and their counts joined the
+    /// rule's; a switch back to the table's layout fills its maps again, and what they
+    /// evict is counted from there.
+    folded: Mutex<Vec<Vec<CounterSnapshot>>>,
+}
+
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> TierTable<K, C, S> {
+    /// The evicted counts of tier `t`'s (from 0) first map not yet added to the rule's.
+    fn evicted_here(&self, t: usize) -> CounterSnapshot {
+        let total = self.tiers[t].map.evicted_counters();
+        let folded = self.folded.lock().unwrap_or_else(|e| e.into_inner());
+        let base = folded
+            .get(t)
+            .and_then(|l| l.first())
+            .copied()
+            .unwrap_or_default();
+        minus(total, base)
+    }
+}
+
+/// `a - b`, field by field (wrapping, as the counters do).
+fn minus(a: CounterSnapshot, b: CounterSnapshot) -> CounterSnapshot {
+    let tally = |a: Tally, b: Tally| Tally {
+        admitted_requests: a.admitted_requests.wrapping_sub(b.admitted_requests),
+        admitted_tokens: a.admitted_tokens.wrapping_sub(b.admitted_tokens),
+        rejected_requests: a.rejected_requests.wrapping_sub(b.rejected_requests),
+        rejected_tokens: a.rejected_tokens.wrapping_sub(b.rejected_tokens),
+    };
+    CounterSnapshot {
+        original: tally(a.original, b.original),
+        retry: tally(a.retry, b.retry),
+    }
 }
 
 /// One keyed kind's maps: its rule's, one per policy, and the tier tables it has had
@@ -101,7 +134,8 @@ pub(super) struct KindMap<K, C: Clock, S> {
     kind: ScopeKind,
     rule: Limits<K, C, S>,
     /// Every tier table the kind has had (at fixed addresses: generations hold them),
-    /// kept until the limiter is dropped; a replaced table's maps are emptied.
+    /// one per distinct layout, kept until the limiter is dropped; a replaced table's
+    /// maps are emptied, and filled again by a switch back to its layout.
     tables: Mutex<Vec<Kept<TierTable<K, C, S>>>>,
     /// The rule's map options, its clock and hasher: for the maps of the tiers a
     /// reconfiguration lays out.
@@ -172,6 +206,30 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KindMap<K, C, S> {
         // SAFETY: `tables` keeps the table at this address (never moved nor freed) until
         // `self` is dropped.
         (TableRef(p.cast()), unsafe { &*p })
+    }
+
+    /// A table the kind had, other than `current`, laid out as `next`: replaced, its
+    /// maps emptied, to be filled again.
+    fn reusable(
+        &self,
+        current: Option<&TierTable<K, C, S>>,
+        next: &KindTiers,
+    ) -> Option<&TierTable<K, C, S>> {
+        if next.keys.is_empty() {
+            return None;
+        }
+        let shape = next.shape();
+        let tables = self
+            .tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let p = tables.iter().map(Kept::get).find(|&p| {
+            // SAFETY: kept at this address until `self` is dropped (`keep`).
+            let t = unsafe { &*p };
+            !current.is_some_and(|c| ptr::eq(c, t)) && t.shape == shape
+        })?;
+        // SAFETY: as above; `&self` outlives the borrow.
+        Some(unsafe { &*p })
     }
 }
 
@@ -327,9 +385,11 @@ where
     }
 
     fn evicted(&self, g: &Generation) -> CounterSnapshot {
-        self.all(g)
-            .map(|l| l.map.evicted_counters())
-            .fold(CounterSnapshot::default(), |a, b| a + b)
+        let rule = self.rule.map.evicted_counters();
+        match self.table(g) {
+            None => rule,
+            Some(t) => (0..t.tiers.len()).fold(rule, |a, i| a + t.evicted_here(i)),
+        }
     }
 
     fn overflowed(&self, g: &Generation) -> CounterSnapshot {
@@ -464,11 +524,23 @@ where
                     moved.push((k.clone(), 0, n));
                 }
             }
+            // A table the kind had with this layout (emptied when it was replaced) is
+            // filled again rather than laid out anew: its barriers are taken here, in
+            // the lock order (this kind's maps, before any later kind's), as a request
+            // of an old generation may still reach its maps.
+            let reused = self.reusable(old, next);
             Retier {
                 next: next.clone(),
                 moved,
-                table_ref: TableRef::default(),
-                switches: Vec::new(),
+                table_ref: reused
+                    .map_or(TableRef::default(), |t| TableRef(ptr::from_ref(t).cast())),
+                switches: reused.map_or_else(Vec::new, |t| {
+                    t.tiers
+                        .iter()
+                        .map(|l| l.maps().map(KeyedLimiter::begin_switch).collect())
+                        .collect()
+                }),
+                reused: reused.is_some(),
                 demoted: Vec::new(),
             }
         });
@@ -513,6 +585,9 @@ struct Retier<'a, K, C: Clock, S> {
     /// The barriers of the new table's maps (nothing can reach them before the new
     /// generation is published anyway), by local tier, in policy order.
     switches: Vec<Vec<Switch<'a, K, C, S>>>,
+    /// Whether the new table is one the kind had before (its maps empty, their policies
+    /// those it last had), not one laid out anew.
+    reused: bool,
     /// Keys moving back to the rule: key, limit, the word of the rule's new policy
     /// (`None`: full, a new key's, no entry), and the counters that move with it.
     demoted: Vec<(K, usize, Option<u64>, Option<CounterCells>)>,
@@ -574,7 +649,7 @@ where
         let Some(retier) = self.retier.as_mut() else {
             return Ok(());
         };
-        if retier.next.keys.is_empty() {
+        if retier.next.keys.is_empty() || retier.reused {
             return Ok(());
         }
         let table = tier_table(
@@ -609,6 +684,18 @@ where
         let Some(retier) = self.retier.as_mut() else {
             return;
         };
+        if retier.reused {
+            // The maps of a table filled again take their tiers' new policies (from the
+            // switch reading) before any key moves in: they are empty, so nothing is
+            // converted, and the words put are of the new policies.
+            for (maps, (_, p)) in retier.switches.iter().zip(&retier.next.tiers) {
+                for (sw, policy) in maps.iter().zip(p.as_slice()) {
+                    if sw.policy() != policy {
+                        sw.publish(*policy, inherit, now);
+                    }
+                }
+            }
+        }
         let mut folded: Vec<CounterCells> = Vec::new();
         for (key, o, n) in std::mem::take(&mut retier.moved) {
             let from = match o {
@@ -661,12 +748,29 @@ where
         // and their keys' counts, with those of the keys that moved without a bucket,
         // kept with the rule's evicted ones (a replaced table's maps are read no more).
         let counted = self.rule.first().filter(|_| self.map.options.counters);
-        for sw in self.old.iter_mut().flatten() {
-            sw.clear();
-            if let Some(rule) = counted {
-                rule.fold_snapshot(&sw.evicted());
+        let mut bases = self
+            .old_table
+            .map(|t| t.folded.lock().unwrap_or_else(|e| e.into_inner()));
+        for (t, maps) in self.old.iter_mut().enumerate() {
+            for (l, sw) in maps.iter_mut().enumerate() {
+                sw.clear();
+                // What its keys evicted since the table was last filled (this table may
+                // have been replaced before, its earlier counts then added already).
+                let total = sw.evicted();
+                let base = bases
+                    .as_mut()
+                    .and_then(|f| f.get_mut(t))
+                    .and_then(|f| f.get_mut(l));
+                let new = match base {
+                    Some(base) => minus(total, std::mem::replace(base, total)),
+                    None => total,
+                };
+                if let Some(rule) = counted {
+                    rule.fold_snapshot(&new);
+                }
             }
         }
+        drop(bases);
         if let Some(rule) = counted {
             for c in &folded {
                 rule.fold_counts(c);
@@ -786,10 +890,15 @@ where
             overrides.insert(key, *t);
         }
     }
+    let folded = maps
+        .iter()
+        .map(|l| vec![CounterSnapshot::default(); 1 + l.extra.len()])
+        .collect();
     Ok(TierTable {
         tiers: maps,
         overrides,
         shape: tiers.shape(),
+        folded: Mutex::new(folded),
     })
 }
 

@@ -62,7 +62,7 @@ use crate::multi::{Member, MultiError, Planned, Prepared, acquire_listed_at, sea
 use crate::policy::Policy;
 use crate::telemetry::{CounterRef, CounterSnapshot, StripedCounters};
 
-use decision::{KindPolicies, Policies};
+use decision::{KindPolicies, Policies, PolicySet};
 pub use decision::{Refusal, ScopeDecision, ScopeError, ScopeVerdict};
 use generation::{Generation, Generations, GlobalWord, is_sealed};
 use inline::Inline;
@@ -400,8 +400,8 @@ impl RuleSet {
         let mut first = Generation::new(
             0,
             words,
-            self.classes,
-            policies,
+            Arc::from(self.classes),
+            Policies::new(0, Arc::new(policies)),
             global_single,
             [Inherit::AsIs; ScopeKind::COUNT],
             tables,
@@ -423,7 +423,7 @@ impl RuleSet {
 
     /// Checks the rule set whole (everything [`build`](RuleSet::build) refuses) and
     /// lays out its tiers and the policies decisions are read back with.
-    fn check(&self) -> Result<(PerKind<tiers::KindTiers>, Policies), RuleError> {
+    fn check(&self) -> Result<(PerKind<tiers::KindTiers>, PolicySet), RuleError> {
         for kind in ScopeKind::ALL {
             let Some(r) = &self.rules[kind.index()] else {
                 continue;
@@ -486,7 +486,7 @@ impl RuleSet {
             }
         }
         let tiers = tiers::lay_out(self)?;
-        let mut policies = Policies::default();
+        let mut policies = PolicySet::default();
         for kind in ScopeKind::ALL {
             policies.tiers[kind.index()] =
                 tiers[kind.index()].tiers.iter().map(|(_, p)| *p).collect();

@@ -13,7 +13,7 @@ use crate::leased::LeaseConfig;
 use crate::live::{Reconfigured, Unseal, convert_sealed};
 use crate::policy::Policy;
 use crate::scope::ScopedLimiter;
-use crate::scope::decision::Policies;
+use crate::scope::decision::{Policies, PolicySet};
 use crate::scope::generation::Generation;
 use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Reshape, Rule, RuleError, RuleSet};
@@ -196,11 +196,16 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// whatever their strategy (a reload that changed a comment refills nothing); a rule
     /// set equal to the running one switches nothing. Concurrent reconfigurations are
     /// applied one after the other. Each keeps its configuration until the limiter is
-    /// dropped (a request may still hold it): about 6 KiB for a switch of policies; a
-    /// switch that changes a kind's tiers also keeps the replaced tier table, its
-    /// override table and its emptied maps (about 8 KiB for one overridden key, 73 KiB
-    /// for 1,000 keys in 4 tiers of 2 limits: build a new limiter now and then when
-    /// reloads move keys often). The remote store given with `rules`,
+    /// dropped (a request may still hold it, and a charge paid on it be refunded later):
+    /// its number, links and global words, and its policies and classes unless equal to
+    /// those of one of the latest 16 distinct configurations, which it then shares (about
+    /// 6 KiB for a switch to policies the limiter did not have recently). A switch that
+    /// changes a kind's tiers to a layout (tiers and overridden keys) the kind never had
+    /// lays out a new tier table, kept too (about 8 KiB for one overridden key, 73 KiB
+    /// for 1,000 keys in 4 tiers of 2 limits); one back to a layout it had fills that
+    /// table's emptied maps again. A service flipping between a few configurations keeps
+    /// about a kilobyte per switch, mostly the maps' policy epochs; one pushing new
+    /// layouts often should build a new limiter now and then. The remote store given with `rules`,
     /// if any, is not used: the limiter keeps the store it was built with.
     ///
     /// ```
@@ -247,7 +252,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             .switching
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (tiers, mut policies) = rules.check()?;
+        let (tiers, policies) = rules.check()?;
         self.shape
             .check(&Shape::of(&rules))
             .map_err(RuleError::Reshape)?;
@@ -255,13 +260,12 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         let inherit: PerKind<Inherit> = ScopeKind::ALL
             .map(|k| rules.rules[k.index()].map_or(Inherit::Proportional, |r| r.inherit));
         let old = self.generation();
-        policies.generation = old.number;
         let same_tiers = ScopeKind::ALL.into_iter().all(|kind| {
             self.maps
                 .switchable(kind)
                 .is_none_or(|m| m.same_tiers(old, &tiers[kind.index()]))
         });
-        if same_tiers && old.policies == policies && old.classes == rules.classes {
+        if same_tiers && **old.policies.set() == policies && *old.classes == rules.classes[..] {
             // Nothing to switch: no bucket changes, and no generation is kept for it.
             return Ok(ScopeReconfigured {
                 global: Vec::new(),
@@ -276,11 +280,12 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             .unwrap_or_default();
         // Allocated before the barrier and the seals: between the seals and the
         // publication, only arithmetic.
-        policies.generation = old.number + 1;
+        let policies = Policies::new(old.number + 1, self.generations.share_policies(policies));
+        let classes = self.generations.share_classes(rules.classes);
         let mut next = crate::epoch::Next::new(Generation::new(
             old.number + 1,
             Box::new([]),
-            rules.classes,
+            classes,
             policies,
             old.global_single,
             inherit,
@@ -400,7 +405,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
 
     /// Whether the leased global bucket (if any) takes the global rule's policy in
     /// `policies`: a fixed lease must fit it.
-    fn check_leased(&self, policies: &Policies) -> Result<(), RuleError> {
+    fn check_leased(&self, policies: &PolicySet) -> Result<(), RuleError> {
         match (self.leased(), policies.get(ScopeKind::Global.index(), 0)) {
             (Some(b), Some(p)) => b.check_policy(p.policy()).map_err(RuleError::Lease),
             _ => Ok(()),

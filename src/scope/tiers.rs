@@ -17,8 +17,9 @@ use crate::scope::kind::{PerKind, Scope, ScopeKind};
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, RuleError, RuleSet};
 
 /// The most per-key overrides one rule set holds ([`RuleSet::override_key`]): the
-/// override tables are built whole and kept for the limiter's life, and the tier maps
-/// hold at most one key per override, so this bounds the memory tiers add.
+/// override tables are built whole and kept for the limiter's life (one per distinct
+/// layout a kind has had), and the tier maps hold at most one key per override, so this
+/// bounds the memory each layout adds.
 pub const MAX_OVERRIDES: usize = 100_000;
 
 /// The most tiers one rule set defines ([`RuleSet::tier`]): a decision records each

@@ -543,3 +543,46 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_tier_layout_switched_back_to_counts_what_its_keys_evicted_once() {
+    // Tenant 1 in gold, evicted there by a sweep once full again; the kind then switches
+    // away from gold and back, twice: the eviction's counts join the rule's once, and a
+    // table filled again counts only what it evicts from then on.
+    let set = |gold: bool| {
+        let s = RuleSet::new()
+            .rule(
+                ScopeKind::Tenant,
+                Rule::new(p(10, 1.0)).counters(true).inherit(Inherit::AsIs),
+            )
+            .tier("gold", vec![p(100, 10.0)])
+            .class(WorkClass::new("one", 1));
+        if gold {
+            s.override_key(tenant(1), "gold")
+        } else {
+            s
+        }
+    };
+    let clock = ManualClock::new();
+    let limiter = set(true).build_with_clock(clock.clone()).unwrap();
+    take(&limiter, 1, 5);
+    clock.advance(std::time::Duration::from_secs(100));
+    limiter.sweep();
+    let evicted = |l: &ScopedLimiter<ManualClock>| {
+        l.evicted_counters(ScopeKind::Tenant)
+            .total()
+            .admitted_requests
+    };
+    assert_eq!(evicted(&limiter), 5, "evicted by the sweep");
+    for round in 0..4 {
+        limiter.reconfigure(set(round % 2 == 1)).unwrap();
+        assert_eq!(evicted(&limiter), 5, "after switch {round}");
+    }
+    take(&limiter, 1, 2);
+    assert_eq!(
+        limiter
+            .counters(&tenant(1))
+            .map(|s| s.total().admitted_requests),
+        Some(2)
+    );
+}
