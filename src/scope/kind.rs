@@ -44,6 +44,11 @@ id_type!(
     /// A route or endpoint.
     RouteId
 );
+id_type!(
+    /// A client address: the keyed hash of an IP address or network (the HTTP layer's
+    /// `Key::client_ip()`), never the address itself.
+    ClientId
+);
 
 /// The one list of keyed scope kinds, in lock order (the global kind comes first and has
 /// no key). Each line: the kind's docs, its variant, its name, and the [`Request`] fields
@@ -67,6 +72,8 @@ macro_rules! with_keyed_kinds {
             User "user" (user: UserId),
             /// One bucket per API key.
             ApiKey "api_key" (api_key: ApiKeyId),
+            /// One bucket per client address (an IP address or network).
+            Client "client" (client: ClientId),
             /// One bucket per route.
             Route "route" (route: RouteId),
             /// One bucket per (tenant, route) pair.
@@ -296,6 +303,7 @@ mod tests {
             (Scope::Tenant(TenantId(42)), "tenant:42"),
             (Scope::User(UserId(7)), "user:7"),
             (Scope::ApiKey(ApiKeyId(9)), "api_key:9"),
+            (Scope::Client(ClientId(5)), "client:5"),
             (Scope::Route(RouteId(3)), "route:3"),
             (
                 Scope::TenantRoute(TenantId(42), RouteId(3)),
@@ -314,6 +322,7 @@ mod tests {
             .tenant(TenantId(1))
             .user(UserId(2))
             .api_key(ApiKeyId(3))
+            .client(ClientId(5))
             .route(RouteId(4));
         let mut names = Vec::new();
         for (i, kind) in ScopeKind::ALL.into_iter().enumerate() {

@@ -19,7 +19,7 @@ use crate::scope::decision::{KindPolicies, KindSet, bit};
 use crate::scope::generation::{Generation, carried};
 use crate::scope::held::HeldKinds;
 use crate::scope::kind::{
-    ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
+    ApiKeyId, ClientId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Request, Reshape, Rule, RuleError, charged};
 use crate::scope::tiers::{KindTiers, TierShape};

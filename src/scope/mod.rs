@@ -66,7 +66,7 @@ use decision::{KindPolicies, Policies, PolicySet};
 pub use decision::{Refusal, ScopeDecision, ScopeError, ScopeVerdict};
 use generation::{Generation, Generations, GlobalWord, is_sealed};
 use inline::Inline;
-pub use kind::{ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId};
+pub use kind::{ApiKeyId, ClientId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId};
 use maps::{KeyedMaps, KindMapOps, KindSlots};
 pub use reconfigure::ScopeReconfigured;
 use remote::Remote;

@@ -13,7 +13,9 @@ use crate::keyed::{DEFAULT_MAX_KEYS, Eviction, KeyedConfigError, KeyedOptions, O
 use crate::leased::{LeaseConfig, LeaseConfigError};
 use crate::policy::Policy;
 use crate::scope::decision::KindSet;
-use crate::scope::kind::{ApiKeyId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId};
+use crate::scope::kind::{
+    ApiKeyId, ClientId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId,
+};
 use crate::scope::remote::{RemoteScopes, RemoteStore};
 use crate::scope::tiers::TierDef;
 
@@ -351,6 +353,8 @@ pub struct Request {
     pub user: Option<UserId>,
     /// The API key, if any.
     pub api_key: Option<ApiKeyId>,
+    /// The client address (its keyed hash), if known.
+    pub client: Option<ClientId>,
     /// The route, if known.
     pub route: Option<RouteId>,
     /// Original attempt or retry (counted apart in telemetry).
@@ -378,6 +382,12 @@ impl Request {
     /// With an API key.
     pub fn api_key(mut self, id: ApiKeyId) -> Request {
         self.api_key = Some(id);
+        self
+    }
+
+    /// With a client address (its keyed hash: see [`ClientId`]).
+    pub fn client(mut self, id: ClientId) -> Request {
+        self.client = Some(id);
         self
     }
 

@@ -145,7 +145,7 @@ fn clients_at_n_per_second_pass_at_rate_n_and_lose_the_excess_below() {
     );
     assert!(
         stdout.contains(
-            "scope = \"user\"\npolicies = [{ capacity = 2, refill_per_second = 10.0 }]\n\
+            "scope = \"client\"\npolicies = [{ capacity = 2, refill_per_second = 10.0 }]\n\
              max_keys = 1048576\n"
         ),
         "{stdout}"
@@ -714,7 +714,7 @@ fn a_real_apache_log_is_read_with_default_flags_and_the_recommendation_is_a_conf
     let toml = &toml[..toml.find("\nwrote").unwrap()];
     let config = tokengate_config::Config::from_toml(toml).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.rules.len(), 1);
-    assert_eq!(config.rules[0].kind, tokengate::scope::ScopeKind::User);
+    assert_eq!(config.rules[0].kind, tokengate::scope::ScopeKind::Client);
     config.rule_set().unwrap().build().unwrap();
     assert!(!stdout.contains("not settled"), "{stdout}");
 }

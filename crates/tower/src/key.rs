@@ -10,7 +10,7 @@ use siphasher::sip::SipHasher13;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
 
-use tokengate::scope::{ApiKeyId, Request, ScopeKind, TenantId, UserId};
+use tokengate::scope::{ApiKeyId, ClientId, Request, ScopeKind, TenantId, UserId};
 
 use crate::ip::{Proxies, canonical, client_ip, mask};
 
@@ -379,6 +379,7 @@ pub(crate) fn set_key_id(request: &mut Request, kind: ScopeKind, id: u64) -> boo
         ScopeKind::Tenant => request.tenant = Some(TenantId(id)),
         ScopeKind::User => request.user = Some(UserId(id)),
         ScopeKind::ApiKey => request.api_key = Some(ApiKeyId(id)),
+        ScopeKind::Client => request.client = Some(ClientId(id)),
         ScopeKind::Global | ScopeKind::Route | ScopeKind::TenantRoute => return false,
     }
     true

@@ -157,14 +157,14 @@ pub(crate) struct CompiledRoute {
 /// let limiter = Arc::new(
 ///     RuleSet::new()
 ///         .rule(ScopeKind::Global, Rule::new(Policy::new(1000, 500.0)?))
-///         .rule(ScopeKind::User, Rule::new(Policy::new(20, 5.0)?)) // per client IP
+///         .rule(ScopeKind::Client, Rule::new(Policy::new(20, 5.0)?)) // per client IP
 ///         .rule(ScopeKind::Route, Rule::new(Policy::new(100, 50.0)?))
 ///         .class(WorkClass::new("metadata", 1))
 ///         .class(WorkClass::new("search", 3))
 ///         .build()?,
 /// );
 /// let layer = RateLimitLayer::builder(limiter)
-///     .key(ScopeKind::User, Key::client_ip().ipv6_prefix(64))
+///     .key(ScopeKind::Client, Key::client_ip().ipv6_prefix(64))
 ///     .route(Route::get("/search").id(1).class("search"))
 ///     .default_class("metadata")
 ///     .build()?;
@@ -269,7 +269,7 @@ impl RateLimitLayer {
     /// [`per_ip_behind`](RateLimitLayer::per_ip_behind).
     ///
     /// Requests that match no route still pay: every request costs 1 token of its
-    /// client's bucket. The client addresses are kept in the limiter's `user` scope kind.
+    /// client's bucket. The client addresses are kept in the limiter's `client` scope kind.
     ///
     /// ```
     /// use tokengate::Policy;
@@ -287,7 +287,7 @@ impl RateLimitLayer {
     /// [`LayerError`] when `policy` cannot be written as a `RateLimit-Policy` quota.
     pub fn per_ip(policy: Policy) -> Result<RateLimitLayer, LayerError> {
         RateLimitLayer::one(
-            ScopeKind::User,
+            ScopeKind::Client,
             policy,
             Some(Key::client_ip().ipv6_prefix(64)),
             Vec::new(),
@@ -332,7 +332,7 @@ impl RateLimitLayer {
             return Err(LayerError::TrustsEveryPeer(*all));
         }
         RateLimitLayer::one(
-            ScopeKind::User,
+            ScopeKind::Client,
             policy,
             Some(Key::client_ip().ipv6_prefix(64)),
             nets,

@@ -58,13 +58,13 @@
 //! let limiter = Arc::new(RuleSet::new()
 //!     .rule(ScopeKind::Global, Rule::new(Policy::new(2000, 1000.0)?))
 //!     .rule(ScopeKind::Tenant, Rule::new(Policy::new(100, 20.0)?))
-//!     .rule(ScopeKind::User, Rule::new(Policy::new(30, 10.0)?)) // per client IP
+//!     .rule(ScopeKind::Client, Rule::new(Policy::new(30, 10.0)?)) // per client IP
 //!     .class(WorkClass::new("metadata", 1))
 //!     .class(WorkClass::new("export", 20))
 //!     .build()?);
 //! let layer = RateLimitLayer::builder(limiter)
 //!     .key(ScopeKind::Tenant, Key::header("x-tenant").required())
-//!     .key(ScopeKind::User, Key::client_ip().ipv6_prefix(64))
+//!     .key(ScopeKind::Client, Key::client_ip().ipv6_prefix(64))
 //!     .trusted_proxies(["10.0.0.0/8".parse()?])
 //!     .route(Route::post("/export").class("export").refund_on(|s| s.is_server_error()))
 //!     .default_class("metadata")

@@ -28,7 +28,7 @@ mod on {
     use http::header::{CONTENT_TYPE, RETRY_AFTER};
     use http::{Request, Response, StatusCode};
     use tokengate::scope::{
-        ApiKeyId, ClassId, RouteId, Scope, ScopeDecision, ScopeKind, TenantId, UserId,
+        ApiKeyId, ClassId, ClientId, RouteId, Scope, ScopeDecision, ScopeKind, TenantId, UserId,
     };
     use tokengate::{Clock, ScopedLimiter};
     use tokengate_redis::{AsyncRedisScopes, PoolError, RemotePolicy, StrictRefused, StrictScope};
@@ -191,7 +191,10 @@ mod on {
                 ScopeKind::ApiKey => request
                     .api_key
                     .map(|ApiKeyId(i)| (i, Scope::ApiKey(ApiKeyId(i))))?,
-                _ => return None,
+                ScopeKind::Client => request
+                    .client
+                    .map(|ClientId(i)| (i, Scope::Client(ClientId(i))))?,
+                ScopeKind::Route | ScopeKind::TenantRoute => return None,
             };
             Some((format!("{id:016x}"), scope))
         }

@@ -852,12 +852,13 @@ fn summary(
 }
 
 /// The scope kind a rule keyed like `key` is for, as the tower layer keys requests: the
-/// client address and a named field are a `user`, the path a `route`.
+/// client address a `client`, a named field a `user`, the path a `route`.
 fn scope_of(key: &KeyChoice) -> ScopeKind {
     match key {
         KeyChoice::Constant => ScopeKind::Global,
         KeyChoice::FirstSegment => ScopeKind::Route,
-        KeyChoice::Client | KeyChoice::Field(_) => ScopeKind::User,
+        KeyChoice::Client => ScopeKind::Client,
+        KeyChoice::Field(_) => ScopeKind::User,
     }
 }
 

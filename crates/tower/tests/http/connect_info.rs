@@ -95,6 +95,6 @@ async fn per_ip_served_without_connect_info_answers_500_and_serves_nothing() {
     };
     assert_eq!(statuses, [500; 7]);
     assert_eq!(served.load(Ordering::Relaxed), 0);
-    assert_eq!(stats.stats().no_peer_address[ScopeKind::User as usize], 7);
-    assert_eq!(stats.stats().missing_key[ScopeKind::User as usize], 0);
+    assert_eq!(stats.stats().no_peer_address[ScopeKind::Client], 7);
+    assert_eq!(stats.stats().missing_key[ScopeKind::Client], 0);
 }

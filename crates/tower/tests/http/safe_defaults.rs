@@ -293,6 +293,8 @@ async fn the_one_line_layers_limit_a_real_server() {
     let r = fetch(&c, addr, "/nope", &[]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(r.header("retry-after").is_some());
+    // The client addresses have a scope kind of their own.
+    assert!(r.body.contains("\"scope\":\"client:"), "{}", r.body);
     // A forged forwarding field from a direct client buys nothing.
     let r = fetch(&c, addr, "/", &[("x-forwarded-for", "1.2.3.4")]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
