@@ -126,8 +126,9 @@ fn racing_for_the_users_token() -> impl Fn() + Sync + Send + 'static {
     }
 }
 
-/// Reader: two verdicts for user 1 (two tokens), held. Writer: a request for user 4, new,
-/// whose insertion grows the user shard's table. Every admission and balance exact.
+/// Reader: two verdicts for user 1 (two tokens), held. Writer: a request for user 4, new:
+/// three users fill the shard's first allocation (as in `scoped_held`), so its insertion
+/// grows the table and moves every entry. Every admission and balance exact.
 fn racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
         run(move || {

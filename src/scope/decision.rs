@@ -431,8 +431,8 @@ impl<'a> ScopeDecision<'a> {
         }
     }
 
-    /// The scopes the request pays (in lock order: global, tenant, user, API key, route,
-    /// tenant route).
+    /// The scopes the request pays (in lock order: global, tenant, user, API key, client,
+    /// route, tenant route).
     pub fn scopes(&self) -> impl Iterator<Item = Scope> + '_ {
         ScopeKind::ALL
             .into_iter()

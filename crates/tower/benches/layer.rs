@@ -103,7 +103,7 @@ fn tokengate(scopes: Scopes, capacity: u64, rate: f64, fields: bool) -> RateLimi
     }
     let per_ip = matches!(scopes, Scopes::PerIp | Scopes::GlobalAndIp);
     if per_ip {
-        rules = rules.rule(ScopeKind::User, Rule::new(policy));
+        rules = rules.rule(ScopeKind::Client, Rule::new(policy));
     }
     let limiter: Arc<ScopedLimiter> = Arc::new(
         rules
@@ -115,7 +115,7 @@ fn tokengate(scopes: Scopes, capacity: u64, rate: f64, fields: bool) -> RateLimi
         .default_class("hello")
         .admitted_headers(fields);
     if per_ip {
-        b = b.key(ScopeKind::User, Key::client_ip().ipv6_prefix(64));
+        b = b.key(ScopeKind::Client, Key::client_ip().ipv6_prefix(64));
     }
     b.build().expect("a valid layer")
 }

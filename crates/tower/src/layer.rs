@@ -445,8 +445,8 @@ impl<C: Clock> fmt::Debug for RateLimitLayerBuilder<C> {
 }
 
 impl<C: Clock> RateLimitLayerBuilder<C> {
-    /// Where the key of `kind` comes from (tenant, user, API key; a tenant-route scope
-    /// is paid when both a tenant and a route are known).
+    /// Where the key of `kind` comes from (tenant, user, API key, client address; a
+    /// tenant-route scope is paid when both a tenant and a route are known).
     pub fn key(mut self, kind: ScopeKind, key: Key) -> Self {
         self.keys[kind] = Some(key);
         self
