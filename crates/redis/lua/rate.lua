@@ -17,8 +17,9 @@
 -- still counts. The pool's tokens keep their burst: grants are clamped so that the
 -- bursts any instance may spend plus the pool never exceed B. A grant may take tokens
 -- from the pool (taken here, before the reply: a lost reply loses them) for its bucket to
--- start with, when it wants more than it gets; so the tokens all buckets hold plus the
--- pool never exceed B.
+-- start with, when it wants more than it gets or the pool blocks its burst; what still
+-- blocks the burst leaves the pool unspent (the pool never takes a newcomer's burst); so
+-- the tokens all buckets hold plus the pool never exceed B.
 --
 -- Idle rate: each refresh records the rate no instance may spend (`free`, r less every
 -- instance's larger of `cur` and `hold`), its time (`acc`) and the burst left (`pcap`, B
@@ -220,12 +221,21 @@ if not leave then
   if gb < 1 and gr > 0 then gb = 1 end
   if learn > now and gb > hb then gb = hb end
   -- Tokens handed on from the pool: as many as the bucket has room for; their burst
-  -- leaves the pool with them.
-  if learn <= now and pool > 0 and gr < mywant then
+  -- leaves the pool with them. Also where the pool blocks the burst (an idle fleet's
+  -- pool may fill the burst kept for a newcomer).
+  if learn <= now and pool > 0 and (gr < mywant or gb > free_b) then
     handed = math.min(pool, gb - math.min(tokens, gb))
     if handed < 0 then handed = 0 end
   end
   free_b = free_b + handed
+  -- The pool yields the burst a grant needs: what still blocks it after the hand-on
+  -- (the bucket had no room for it) leaves the pool unspent. Each token that leaves the
+  -- pool frees one of burst, so the bursts plus the pool still fit in B.
+  local evict = 0
+  if gb > free_b and pool > handed then
+    evict = math.min(pool - handed, gb - free_b)
+    free_b = free_b + evict
+  end
   if gb > free_b then gb = free_b end
   if gb < 0 then gb = 0 end
   -- Within 1/32 of the current share, and room for it: the same share again (fewer
@@ -234,9 +244,9 @@ if not leave then
       and me.cr <= free_r and me.cb <= free_b and me.cb >= 1 then
     gr, gb = me.cr, me.cb
   end
-  if gr == 0 or gb == 0 then gr, gb = 0, 0 end
+  if gr == 0 or gb == 0 then gr, gb, evict = 0, 0, 0 end
   if handed > gb then handed = gb end
-  pool = pool - handed
+  pool = pool - handed - evict
 end
 
 local exp = now + lease

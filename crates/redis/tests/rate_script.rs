@@ -607,3 +607,47 @@ fn idle_rate_accrues_to_the_pool_and_is_handed_on() {
     let reply = round(&mut f, &mut b, R_MILLI, t + 1);
     assert_eq!(reply.handed, pool.min(reply.burst), "{reply:?}");
 }
+
+/// One instance of an idle fleet holds all but the reserve and wants little; its
+/// refreshes let the idle reserve fill the pool up to the burst nobody holds. A newcomer
+/// still starts at once, wanting nothing as well as wanting everything: the pool never
+/// takes the burst kept for it.
+#[test]
+fn a_newcomer_starts_at_once_beside_a_full_pool() {
+    for (name, want) in [("rate-newcomer-0", 0), ("rate-newcomer-all", R_MILLI)] {
+        let mut f = Fleet::new(name, Start::Full);
+        // A reserve of r/8 (12.5 tokens/s) refills the pool faster than it expires.
+        f.min_milli = R_MILLI / 8;
+        let mut a = Client {
+            id: "a".into(),
+            ..Client::default()
+        };
+        let mut now = 1_000_000_000u64;
+        let mut full = false;
+        for _ in 0..40 {
+            let ask = a.ask(0, now);
+            let reply = f.ask(&ask, now);
+            a.pending = Some((reply, ask.seq, now));
+            a.deliver();
+            let (_, _, ba, _) = a.has.unwrap();
+            if f.pool(now) == B - ba {
+                full = true;
+                break;
+            }
+            now += TTL_US / 2;
+        }
+        assert!(full, "{name}: the pool never filled ({})", f.pool(now));
+        let mut newcomer = Client {
+            id: "new".into(),
+            ..Client::default()
+        };
+        now += 1;
+        let ask = newcomer.ask(want, now);
+        let reply = f.ask(&ask, now);
+        assert!(
+            reply.rate_milli > 0 && reply.burst > 0,
+            "{name}: a newcomer beside a full pool ({}) got {reply:?}",
+            f.pool(now)
+        );
+    }
+}

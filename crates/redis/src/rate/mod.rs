@@ -35,8 +35,9 @@
 //!   the instance's counted burst shrank, and the pool keeps their burst: the bursts any
 //!   instance may spend plus the pool never exceed `B`. A grant takes tokens from the pool
 //!   (before Redis replies) for its bucket to start with, as many as it has room for,
-//!   when it wants more than the grant gives; the pool expires one lease lifetime after
-//!   it last grew. So with `Ψ` the buckets' tokens plus the pool, `Ψ <= B` at every
+//!   when it wants more than the grant gives or the pool blocks its burst (what still
+//!   blocks it leaves the pool unspent: the pool never takes a newcomer's burst); the
+//!   pool expires one lease lifetime after it last grew. So with `Ψ` the buckets' tokens plus the pool, `Ψ <= B` at every
 //!   instant: tokens between a drop and its credit, or between a hand-on and its arrival,
 //!   are in neither (an instance killed after dropping, or a lost reply, loses them).
 //! - **Idle rate refills the pool, not more.** After each refresh Redis records the rate
