@@ -86,7 +86,9 @@ end
 if pexp <= now then pool = 0; pfrac = 0 end
 -- The idle rate accrues to the pool: since the last refresh the shares counted have only
 -- expired (grants are made here alone), so at least `free0` was held by no lease all
--- along; and the bursts counted have only shrunk, so `pcap` still caps the pool.
+-- along; and the bursts counted have only shrunk, so `pcap` still caps the pool. Where
+-- Redis's clock stepped back (now < acc) nothing accrues, and `acc` keeps the largest
+-- time seen (written below), so no interval accrues twice.
 if free0 > 0 and acc < now and pool < pcap then
   local need = (pcap - pool) * 1e9 - pfrac
   local x = free0 * (now - acc)
@@ -267,7 +269,7 @@ if free_after < 0 or learn > now then free_after = 0 end
 if cap_after < 0 then cap_after = 0 end
 if pool > cap_after then pool = cap_after; pfrac = 0 end
 redis.call('HSET', KEYS[1], 'ep', ep, 'learn', learn, 'pool', pool, 'pexp', pexp,
-  'free', string.format('%.0f', free_after), 'acc', string.format('%.0f', now),
+  'free', string.format('%.0f', free_after), 'acc', string.format('%.0f', math.max(acc, now)),
   'pcap', string.format('%.0f', cap_after), 'pfrac', string.format('%.0f', pfrac))
 -- Every record expires within one lifetime of its last grant: the keys outlive them all.
 local ttl = math.floor((lease + 999) / 1000) + keep_ms

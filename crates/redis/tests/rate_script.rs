@@ -651,3 +651,42 @@ fn a_newcomer_starts_at_once_beside_a_full_pool() {
         );
     }
 }
+
+/// Redis's clock steps back: the idle rate accrues over the time it passed once, never
+/// twice (the recorded time does not step back with it).
+#[test]
+fn a_clock_step_back_accrues_no_interval_twice() {
+    let mut f = Fleet::new("rate-stepback", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let t0 = 1_000_000_000u64;
+    let ask = a.ask(R_MILLI, t0);
+    let reply = f.ask(&ask, t0);
+    assert!(reply.rate_milli > 0);
+    // a leaves, reporting it spends nothing: all of r is idle from here on. Its later
+    // calls (leaving again) take nothing and only bring the pool up to date.
+    let mut probe = |f: &mut Fleet, at: u64| {
+        let mut ask = a.ask(0, at);
+        ask.has = None;
+        ask.leave = true;
+        let reply = f.ask(&ask, at);
+        assert!(reply.granted && reply.rate_milli == 0, "{reply:?}");
+        f.pool(at)
+    };
+    probe(&mut f, t0 + 1);
+    let at = |ms: u64| t0 + 1 + ms * 1000;
+    // 100 ms idle at r = 100 tokens/s: 10 tokens.
+    assert_eq!(probe(&mut f, at(100)), 10);
+    // The clock steps back 50 ms: nothing accrues.
+    assert_eq!(probe(&mut f, at(50)), 10);
+    // 150 ms after the start, 50 ms after the largest time seen: 15 tokens in all, at
+    // most the idle rate over the time that passed.
+    let pool = probe(&mut f, at(150));
+    assert!(
+        pool <= 15,
+        "after a clock step back the pool holds {pool} tokens, more than the 15 the idle rate refilled in 150 ms"
+    );
+    assert_eq!(pool, 15);
+}

@@ -45,7 +45,9 @@
 //!   burst no lease holds (`B` less the bursts and the pool). Until the next refresh only
 //!   expiries change what is held (grants are made by the script alone), so that rate was
 //!   free all along: the next refresh adds it times the time since to the pool (carrying
-//!   the fraction of a token), capped at the recorded burst (bursts only shrink meanwhile).
+//!   the fraction of a token), capped at the recorded burst (bursts only shrink meanwhile);
+//!   the recorded time is the largest Redis's clock has shown, so a step back accrues
+//!   nothing and no interval twice.
 //!   So the buckets refill at the rates of the shares being spent and the pool at the rest:
 //!   `Ψ` grows by at most `r` per unit of time, and nothing else raises it. While Redis
 //!   learns after a loss nothing accrues.
