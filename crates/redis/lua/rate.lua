@@ -78,7 +78,10 @@ if not st[1] then
 else
   ep = tonumber(st[1]); learn = tonumber(st[2])
   if st[3] then pool = tonumber(st[3]); pexp = tonumber(st[4]) end
-  if st[5] then
+  -- A state an older version of this script wrote lacks the idle-rate fields (or has
+  -- them stale: all instances must run one version): with any absent, nothing accrues
+  -- this call (the rate recorded may since have been granted); they are recorded below.
+  if st[5] and st[6] and st[7] and st[8] then
     free0 = tonumber(st[5]); acc = tonumber(st[6]); pcap = tonumber(st[7])
     pfrac = tonumber(st[8])
   end

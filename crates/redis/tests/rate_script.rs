@@ -690,3 +690,39 @@ fn a_clock_step_back_accrues_no_interval_twice() {
     );
     assert_eq!(pool, 15);
 }
+
+/// A state written by an older script version lacks the idle-rate fields: the first
+/// refresh of this version accrues nothing (the rate it would count may have been
+/// granted meanwhile), records them, and accrual resumes from there.
+#[test]
+fn a_state_without_idle_rate_fields_accrues_nothing_on_first_contact() {
+    let mut f = Fleet::new("rate-upgrade", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let t0 = 1_000_000_000u64;
+    let ask = a.ask(R_MILLI, t0);
+    assert!(f.ask(&ask, t0).rate_milli > 0);
+    let mut probe = |f: &mut Fleet, at: u64| {
+        let mut ask = a.ask(0, at);
+        ask.has = None;
+        ask.leave = true;
+        let reply = f.ask(&ask, at);
+        assert!(reply.granted && reply.rate_milli == 0, "{reply:?}");
+        f.pool(at)
+    };
+    probe(&mut f, t0 + 1);
+    // What an older version leaves: ep, learn, pool, pexp only.
+    let _: () = redis::cmd("HDEL")
+        .arg(&f.keys.state)
+        .arg("free")
+        .arg("acc")
+        .arg("pcap")
+        .arg("pfrac")
+        .query(&mut f.con)
+        .unwrap();
+    let at = |ms: u64| t0 + 1 + ms * 1000;
+    assert_eq!(probe(&mut f, at(100)), 0, "accrued on first contact");
+    assert_eq!(probe(&mut f, at(150)), 5);
+}
