@@ -103,6 +103,8 @@ if free0 > 0 and acc < now and pool < pcap then
     local whole = math.floor(x / 1e9)
     pool = pool + whole; pfrac = x - whole * 1e9
   end
+  -- A pool held at pcap grows no more, so it expires one lease after it last grew and
+  -- is rebuilt from empty (conservative: idle tokens lost, never minted).
   if pool > before then pexp = now + lease end
 end
 
