@@ -17,8 +17,9 @@
 -- still counts. The pool's tokens keep their burst: grants are clamped so that the
 -- bursts any instance may spend plus the pool never exceed B. A grant may take tokens
 -- from the pool (taken here, before the reply: a lost reply loses them) for its bucket to
--- start with, when it wants more than it gets; so the tokens all buckets hold plus the
--- pool never exceed B.
+-- start with, when it wants more than it gets or the pool blocks its burst; what still
+-- blocks the burst leaves the pool unspent (the pool never takes a newcomer's burst); so
+-- the tokens all buckets hold plus the pool never exceed B.
 --
 -- Idle rate: each refresh records the rate no instance may spend (`free`, r less every
 -- instance's larger of `cur` and `hold`), its time (`acc`) and the burst left (`pcap`, B
@@ -77,7 +78,10 @@ if not st[1] then
 else
   ep = tonumber(st[1]); learn = tonumber(st[2])
   if st[3] then pool = tonumber(st[3]); pexp = tonumber(st[4]) end
-  if st[5] then
+  -- A state an older version of this script wrote lacks the idle-rate fields (or has
+  -- them stale: all instances must run one version): with any absent, nothing accrues
+  -- this call (the rate recorded may since have been granted); they are recorded below.
+  if st[5] and st[6] and st[7] and st[8] then
     free0 = tonumber(st[5]); acc = tonumber(st[6]); pcap = tonumber(st[7])
     pfrac = tonumber(st[8])
   end
@@ -85,7 +89,9 @@ end
 if pexp <= now then pool = 0; pfrac = 0 end
 -- The idle rate accrues to the pool: since the last refresh the shares counted have only
 -- expired (grants are made here alone), so at least `free0` was held by no lease all
--- along; and the bursts counted have only shrunk, so `pcap` still caps the pool.
+-- along; and the bursts counted have only shrunk, so `pcap` still caps the pool. Where
+-- Redis's clock stepped back (now < acc) nothing accrues, and `acc` keeps the largest
+-- time seen (written below), so no interval accrues twice.
 if free0 > 0 and acc < now and pool < pcap then
   local need = (pcap - pool) * 1e9 - pfrac
   local x = free0 * (now - acc)
@@ -97,6 +103,8 @@ if free0 > 0 and acc < now and pool < pcap then
     local whole = math.floor(x / 1e9)
     pool = pool + whole; pfrac = x - whole * 1e9
   end
+  -- A pool held at pcap grows no more, so it expires one lease after it last grew and
+  -- is rebuilt from empty (conservative: idle tokens lost, never minted).
   if pool > before then pexp = now + lease end
 end
 
@@ -220,12 +228,21 @@ if not leave then
   if gb < 1 and gr > 0 then gb = 1 end
   if learn > now and gb > hb then gb = hb end
   -- Tokens handed on from the pool: as many as the bucket has room for; their burst
-  -- leaves the pool with them.
-  if learn <= now and pool > 0 and gr < mywant then
+  -- leaves the pool with them. Also where the pool blocks the burst (an idle fleet's
+  -- pool may fill the burst kept for a newcomer).
+  if learn <= now and pool > 0 and (gr < mywant or gb > free_b) then
     handed = math.min(pool, gb - math.min(tokens, gb))
     if handed < 0 then handed = 0 end
   end
   free_b = free_b + handed
+  -- The pool yields the burst a grant needs: what still blocks it after the hand-on
+  -- (the bucket had no room for it) leaves the pool unspent. Each token that leaves the
+  -- pool frees one of burst, so the bursts plus the pool still fit in B.
+  local evict = 0
+  if gb > free_b and pool > handed then
+    evict = math.min(pool - handed, gb - free_b)
+    free_b = free_b + evict
+  end
   if gb > free_b then gb = free_b end
   if gb < 0 then gb = 0 end
   -- Within 1/32 of the current share, and room for it: the same share again (fewer
@@ -234,9 +251,9 @@ if not leave then
       and me.cr <= free_r and me.cb <= free_b and me.cb >= 1 then
     gr, gb = me.cr, me.cb
   end
-  if gr == 0 or gb == 0 then gr, gb = 0, 0 end
+  if gr == 0 or gb == 0 then gr, gb, evict = 0, 0, 0 end
   if handed > gb then handed = gb end
-  pool = pool - handed
+  pool = pool - handed - evict
 end
 
 local exp = now + lease
@@ -257,7 +274,7 @@ if free_after < 0 or learn > now then free_after = 0 end
 if cap_after < 0 then cap_after = 0 end
 if pool > cap_after then pool = cap_after; pfrac = 0 end
 redis.call('HSET', KEYS[1], 'ep', ep, 'learn', learn, 'pool', pool, 'pexp', pexp,
-  'free', string.format('%.0f', free_after), 'acc', string.format('%.0f', now),
+  'free', string.format('%.0f', free_after), 'acc', string.format('%.0f', math.max(acc, now)),
   'pcap', string.format('%.0f', cap_after), 'pfrac', string.format('%.0f', pfrac))
 -- Every record expires within one lifetime of its last grant: the keys outlive them all.
 local ttl = math.floor((lease + 999) / 1000) + keep_ms

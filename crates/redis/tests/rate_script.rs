@@ -607,3 +607,122 @@ fn idle_rate_accrues_to_the_pool_and_is_handed_on() {
     let reply = round(&mut f, &mut b, R_MILLI, t + 1);
     assert_eq!(reply.handed, pool.min(reply.burst), "{reply:?}");
 }
+
+/// One instance of an idle fleet holds all but the reserve and wants little; its
+/// refreshes let the idle reserve fill the pool up to the burst nobody holds. A newcomer
+/// still starts at once, wanting nothing as well as wanting everything: the pool never
+/// takes the burst kept for it.
+#[test]
+fn a_newcomer_starts_at_once_beside_a_full_pool() {
+    for (name, want) in [("rate-newcomer-0", 0), ("rate-newcomer-all", R_MILLI)] {
+        let mut f = Fleet::new(name, Start::Full);
+        // A reserve of r/8 (12.5 tokens/s) refills the pool faster than it expires.
+        f.min_milli = R_MILLI / 8;
+        let mut a = Client {
+            id: "a".into(),
+            ..Client::default()
+        };
+        let mut now = 1_000_000_000u64;
+        let mut full = false;
+        for _ in 0..40 {
+            let ask = a.ask(0, now);
+            let reply = f.ask(&ask, now);
+            a.pending = Some((reply, ask.seq, now));
+            a.deliver();
+            let (_, _, ba, _) = a.has.unwrap();
+            if f.pool(now) == B - ba {
+                full = true;
+                break;
+            }
+            now += TTL_US / 2;
+        }
+        assert!(full, "{name}: the pool never filled ({})", f.pool(now));
+        let mut newcomer = Client {
+            id: "new".into(),
+            ..Client::default()
+        };
+        now += 1;
+        let ask = newcomer.ask(want, now);
+        let reply = f.ask(&ask, now);
+        assert!(
+            reply.rate_milli > 0 && reply.burst > 0,
+            "{name}: a newcomer beside a full pool ({}) got {reply:?}",
+            f.pool(now)
+        );
+    }
+}
+
+/// Redis's clock steps back: the idle rate accrues over the time it passed once, never
+/// twice (the recorded time does not step back with it).
+#[test]
+fn a_clock_step_back_accrues_no_interval_twice() {
+    let mut f = Fleet::new("rate-stepback", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let t0 = 1_000_000_000u64;
+    let ask = a.ask(R_MILLI, t0);
+    let reply = f.ask(&ask, t0);
+    assert!(reply.rate_milli > 0);
+    // a leaves, reporting it spends nothing: all of r is idle from here on. Its later
+    // calls (leaving again) take nothing and only bring the pool up to date.
+    let mut probe = |f: &mut Fleet, at: u64| {
+        let mut ask = a.ask(0, at);
+        ask.has = None;
+        ask.leave = true;
+        let reply = f.ask(&ask, at);
+        assert!(reply.granted && reply.rate_milli == 0, "{reply:?}");
+        f.pool(at)
+    };
+    probe(&mut f, t0 + 1);
+    let at = |ms: u64| t0 + 1 + ms * 1000;
+    // 100 ms idle at r = 100 tokens/s: 10 tokens.
+    assert_eq!(probe(&mut f, at(100)), 10);
+    // The clock steps back 50 ms: nothing accrues.
+    assert_eq!(probe(&mut f, at(50)), 10);
+    // 150 ms after the start, 50 ms after the largest time seen: 15 tokens in all, at
+    // most the idle rate over the time that passed.
+    let pool = probe(&mut f, at(150));
+    assert!(
+        pool <= 15,
+        "after a clock step back the pool holds {pool} tokens, more than the 15 the idle rate refilled in 150 ms"
+    );
+    assert_eq!(pool, 15);
+}
+
+/// A state written by an older script version lacks the idle-rate fields: the first
+/// refresh of this version accrues nothing (the rate it would count may have been
+/// granted meanwhile), records them, and accrual resumes from there.
+#[test]
+fn a_state_without_idle_rate_fields_accrues_nothing_on_first_contact() {
+    let mut f = Fleet::new("rate-upgrade", Start::Full);
+    let mut a = Client {
+        id: "a".into(),
+        ..Client::default()
+    };
+    let t0 = 1_000_000_000u64;
+    let ask = a.ask(R_MILLI, t0);
+    assert!(f.ask(&ask, t0).rate_milli > 0);
+    let mut probe = |f: &mut Fleet, at: u64| {
+        let mut ask = a.ask(0, at);
+        ask.has = None;
+        ask.leave = true;
+        let reply = f.ask(&ask, at);
+        assert!(reply.granted && reply.rate_milli == 0, "{reply:?}");
+        f.pool(at)
+    };
+    probe(&mut f, t0 + 1);
+    // What an older version leaves: ep, learn, pool, pexp only.
+    let _: () = redis::cmd("HDEL")
+        .arg(&f.keys.state)
+        .arg("free")
+        .arg("acc")
+        .arg("pcap")
+        .arg("pfrac")
+        .query(&mut f.con)
+        .unwrap();
+    let at = |ms: u64| t0 + 1 + ms * 1000;
+    assert_eq!(probe(&mut f, at(100)), 0, "accrued on first contact");
+    assert_eq!(probe(&mut f, at(150)), 5);
+}

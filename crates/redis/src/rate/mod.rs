@@ -27,27 +27,33 @@
 //!   (a new instance, one whose lease lapsed, one Redis lost) starts its bucket empty: the
 //!   burst it holds was freed by leases that expired, whose tokens may have been spent.
 //!   So `Φ(t1) <= B` and the refill adds at most `r*T`.
-//! - **Dropped tokens are handed on, not minted.** A share that shrinks (given back early,
-//!   or a smaller grant) caps its bucket at the smaller burst first; the tokens above it
-//!   (exactly what the switch dropped, whatever decisions raced it) are reported at the
-//!   next round with an id. Redis credits them to a pool once per id (a retry after a lost
-//!   reply credits nothing more), only for a share it still counts and at most by what
-//!   the instance's counted burst shrank, and the pool keeps their burst: the bursts any
-//!   instance may spend plus the pool never exceed `B`. A grant takes tokens from the pool
-//!   (before Redis replies) for its bucket to start with, as many as it has room for,
-//!   when it wants more than the grant gives; the pool expires one lease lifetime after
-//!   it last grew. So with `Ψ` the buckets' tokens plus the pool, `Ψ <= B` at every
-//!   instant: tokens between a drop and its credit, or between a hand-on and its arrival,
-//!   are in neither (an instance killed after dropping, or a lost reply, loses them).
+//! - **Dropped tokens are handed on, not minted.** A share that shrinks (given back
+//!   early, or a smaller grant) caps its bucket at the smaller burst first; the tokens
+//!   above it (exactly what the switch dropped, whatever decisions raced it) are reported
+//!   at the next round with an id. Redis credits them to a pool once per id (a retry
+//!   after a lost reply credits nothing more), only for a share it still counts and at
+//!   most by what the instance's counted burst shrank, and the pool keeps their burst:
+//!   the bursts any instance may spend plus the pool never exceed `B`. A grant takes
+//!   tokens from the pool (before Redis replies) for its bucket to start with, as many as
+//!   it has room for, when it wants more than the grant gives or the pool blocks its
+//!   burst (what still blocks it leaves the pool unspent: the pool never takes a
+//!   newcomer's burst); the pool expires one lease lifetime after it last grew (a pool
+//!   held at its cap grows no more, so it is dropped one lease lifetime later and rebuilt
+//!   from empty: conservative). So with `Ψ` the buckets' tokens plus the pool, `Ψ <= B`
+//!   at every instant: tokens between a drop and its credit, or between a hand-on and its
+//!   arrival, are in neither (an instance killed after dropping, or a lost reply, loses
+//!   them).
 //! - **Idle rate refills the pool, not more.** After each refresh Redis records the rate
-//!   no lease holds (`r` less every instance's larger of grant and hold), the time, and the
-//!   burst no lease holds (`B` less the bursts and the pool). Until the next refresh only
-//!   expiries change what is held (grants are made by the script alone), so that rate was
-//!   free all along: the next refresh adds it times the time since to the pool (carrying
-//!   the fraction of a token), capped at the recorded burst (bursts only shrink meanwhile).
-//!   So the buckets refill at the rates of the shares being spent and the pool at the rest:
-//!   `Ψ` grows by at most `r` per unit of time, and nothing else raises it. While Redis
-//!   learns after a loss nothing accrues.
+//!   no lease holds (`r` less every instance's larger of grant and hold), the time, and
+//!   the burst no lease holds (`B` less every instance's larger burst of grant and hold),
+//!   which caps the pool. Until the next refresh only expiries change what is held
+//!   (grants are made by the script alone), so that rate was free all along: the next
+//!   refresh adds it times the time since to the pool (carrying the fraction of a token),
+//!   capped at the recorded burst (bursts only shrink meanwhile); the recorded time is
+//!   the largest Redis's clock has shown, so a step back accrues nothing and no interval
+//!   twice. So the buckets refill at the rates of the shares being spent and the pool at
+//!   the rest: `Ψ` grows by at most `r` per unit of time, and nothing else raises it.
+//!   While Redis learns after a loss nothing accrues.
 //! - **The clock term.** An instance's local lease ends `ttl` after it *sent* the request
 //!   (its monotonic clock); Redis counts the grant until `ttl + grace` after it ran the
 //!   script (its clock), which is after the send. The local end precedes Redis's as long
