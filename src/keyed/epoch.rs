@@ -32,12 +32,14 @@
 //!   reads the current epoch with its shard read-locked (or in a reader section of it),
 //!   and uses it only until it lets the shard go; a switch publishes and retires with
 //!   every shard write-locked, each waiting out its readers, so no such read overlaps a
-//!   retirement. Everything else (the re-anchoring check before the lock, `policy()`,
-//!   the switch itself, a search for room across shards) pins the chain.
+//!   retirement (and an epoch is freed only after the shard is converted past it, under
+//!   its write lock, which waits out the same readers). Everything else (the
+//!   re-anchoring check before the lock, `policy()`, the switch itself, a search for
+//!   room across shards) pins the chain.
 //!
-//! The loom model `keyed_read` checks both on a reader racing two switches: a switch
-//! without its barrier, or a retirement that frees at once, has the reader read a freed
-//! epoch.
+//! The loom model `keyed_read` checks both on a reader racing two switches: a retirement
+//! that frees at once has the reader's pinned read read a freed epoch, and a switch that
+//! leaves a shard two epochs behind loses or mints tokens.
 
 use crate::bucket::reread_snapshot;
 use crate::epoch::{Chain, Freed, Next, Pinned};

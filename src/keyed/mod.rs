@@ -1129,6 +1129,9 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     #[cold]
     #[inline(never)]
     fn bring_all_up<V: Extra>(&self, t: &Table<K, V, S>) {
+        if mutant!(KEYED_SWITCH_LEAVES_SHARDS_BEHIND) {
+            return;
+        }
         for i in 0..t.shard_count() {
             let behind = {
                 let guard = t.read(i);
