@@ -17,6 +17,9 @@
 //! tokens on a frozen `ManualClock`, so that every call but a few lease trips is paid
 //! from the slot: the local path alone, the same count under valgrind whatever the
 //! timing; `leased_reject_16` is `leased_reject` on 16 slots, as on a 16-core machine);
+//! `keyed_admit` and `keyed_reject` decide on existing keys of a `KeyedLimiter` (1,024
+//! keys taken in turn, the map reconfigured once; admit: burst 1e6 refilling at 1
+//! token/s, so that no key is full and evicted; reject: the reject regime);
 //! `scoped_global` is a `ScopedLimiter` with
 //! only a global rule of the admit policy, paid by a request with no identity;
 //! `scoped_tenant` adds a tenant rule of the same policy and a request naming one tenant;
@@ -36,11 +39,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use governor::{DefaultDirectRateLimiter, NotUntil, RateLimiter};
+use tokengate::keyed::KeyedError;
 use tokengate::multi::Member;
 use tokengate::scope::{Request, TenantId, UserId};
 use tokengate::{
-    AcquireError, Bucket, Clock, CoarseClock, Decision, Inherit, LeasedBucket, LiveBucket,
-    ManualClock, Policy, QuantaClock, acquire_all,
+    AcquireError, Bucket, Clock, CoarseClock, Decision, Inherit, KeyedLimiter, LeasedBucket,
+    LiveBucket, ManualClock, Policy, QuantaClock, acquire_all,
 };
 
 mod common;
@@ -90,6 +94,12 @@ fn live_decide(bucket: &LiveBucket, cost: u64) -> Result<Decision, AcquireError>
     bucket.try_acquire(cost)
 }
 
+/// [`tg_decide`] on an existing key of a `KeyedLimiter`.
+#[inline(never)]
+fn keyed_decide(map: &KeyedLimiter<u64>, key: u64, cost: u64) -> Result<Decision, KeyedError> {
+    map.try_acquire(&key, cost)
+}
+
 /// governor's decision, as [`tg_decide`] is tokengate's.
 #[inline(never)]
 fn gov_decide(
@@ -127,6 +137,9 @@ fn interleaved(batches: usize, calls: &mut [&mut dyn FnMut()]) -> Vec<(f64, f64)
         })
         .collect()
 }
+
+/// Keys of `keyed_admit` and `keyed_reject`.
+const KEYED_KEYS: u64 = 1024;
 
 /// Users of `scoped_3_users`.
 const USERS: u64 = 100_000;
@@ -210,6 +223,24 @@ fn main() {
     let leased_reject_16 = LeasedBucket::with_config(reject(), QuantaClock::new(), sixteen)
         .expect("valid lease config");
     let _ = leased_reject_16.try_acquire(1);
+    // 1,024 keys, each in the map (the reject map's drained), reconfigured once; the
+    // cases cycle over them. The admitting map refills at 1 token/s from a burst of
+    // 1e6, so that no key is ever full (a full one is evicted when others come).
+    let keyed_policy = || Policy::new(1_000_000, 1.0).expect("valid policy");
+    let keyed_admit = KeyedLimiter::<u64>::new(keyed_policy(), 1 << 12).expect("valid map");
+    let keyed_reject = KeyedLimiter::<u64>::new(reject(), 1 << 12).expect("valid map");
+    keyed_admit.reconfigure(keyed_policy(), Inherit::AsIs);
+    keyed_reject.reconfigure(reject(), Inherit::AsIs);
+    for k in 0..KEYED_KEYS {
+        let _ = keyed_admit.try_acquire(&k, 1);
+        let _ = keyed_reject.try_acquire(&k, 1);
+    }
+    let keyed_next = std::cell::Cell::new(0u64);
+    let keyed_key = || {
+        let k = keyed_next.get();
+        keyed_next.set((k + 1) % KEYED_KEYS);
+        k
+    };
     let leased_slot_admit = LeasedBucket::with_clock(
         Policy::new(1 << 36, 1.0).expect("valid policy"),
         ManualClock::new(),
@@ -252,6 +283,18 @@ fn main() {
             "tg_admit",
             Box::new(|| {
                 let _ = black_box(tg_decide(black_box(&tg_admit), 1));
+            }),
+        ),
+        (
+            "keyed_admit",
+            Box::new(|| {
+                let _ = black_box(keyed_decide(black_box(&keyed_admit), keyed_key(), 1));
+            }),
+        ),
+        (
+            "keyed_reject",
+            Box::new(|| {
+                let _ = black_box(keyed_decide(black_box(&keyed_reject), keyed_key(), 1));
             }),
         ),
         (

@@ -9,9 +9,9 @@
 //!
 //! * [`Chain<T, Kept>`]: every epoch stays until the chain is dropped, each linked to the
 //!   one it replaced and to its successor. For limiters whose old epochs are still
-//!   referenced after the operation that read them returns (a keyed map's shards record
-//!   the epoch their words are in; a scoped limiter's reservations name the generation
-//!   they paid on). [`current`](Chain::current) is then a plain load.
+//!   referenced after the operation that read them returns (a scoped limiter's
+//!   reservations name the generation they paid on). [`current`](Chain::current) is then
+//!   a plain load.
 //! * [`Chain<T, Freed>`]: a replaced epoch is *retired* and freed once no operation can
 //!   still hold it. Operations read the current epoch through a [`Pinned`] guard; a
 //!   retired epoch is freed after every pin that may have loaded it has ended.
@@ -181,14 +181,8 @@ impl<T> Chain<T, Kept> {
         unsafe { &(*self.load()).value }
     }
 
-    /// Publishes `next` as the successor of `old`, the current epoch, and returns it.
-    /// `old` stays, linked to it.
-    pub(crate) fn publish(&self, old: &T, next: Next<T>) -> &T {
-        self.link(old, next, true);
-        self.current()
-    }
-
-    /// [`publish`](Chain::publish), and records `next` as `old`'s [`Successor`].
+    /// Publishes `next` as the successor of `old`, the current epoch, and returns it,
+    /// recording it as `old`'s [`Successor`]. `old` stays, linked to it.
     pub(crate) fn publish_linked(&self, old: &T, next: Next<T>) -> &T
     where
         T: Linked,
@@ -295,6 +289,24 @@ impl<T> Chain<T, Freed> {
     pub(crate) fn retired(&self) -> usize {
         self.retired.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+
+    /// The current epoch, unpinned: for a caller that excludes its retirement by other
+    /// means (a keyed map's shard lock, which every switch of the map write-locks before
+    /// it replaces the epoch).
+    ///
+    /// # Safety
+    ///
+    /// From before the call until the caller last uses the result, no
+    /// [`replace`](Chain::replace) of this chain runs: the caller holds something that
+    /// every replacement waits for before it publishes, and that orders the caller's
+    /// reads before it.
+    #[inline(always)]
+    pub(crate) unsafe fn current_excluded(&self) -> &T {
+        // SAFETY: the node loaded is current and stays current until the caller's
+        // exclusion ends (the caller's contract): it is retired, and so freed, only by a
+        // replacement after that.
+        unsafe { &(*self.load()).value }
+    }
 }
 
 impl<T, M> Drop for Chain<T, M> {
@@ -349,7 +361,7 @@ impl<T> Successor<T> {
     }
 }
 
-/// An epoch allocated ahead of its publication (`Chain::publish`, `Chain::replace`), so
+/// An epoch allocated ahead of its publication (`Chain::publish_linked`, `Chain::replace`), so
 /// that a switch allocates nothing between its seal and the publication.
 pub(crate) struct Next<T>(Box<Node<T>>);
 

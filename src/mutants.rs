@@ -102,6 +102,11 @@ pub static KEYED_SHARD_NOT_CONVERTED: Mutant = Mutant("KEYED_SHARD_NOT_CONVERTED
 /// the switch reading, and the conversion credits that time again.
 pub static KEYED_SWITCH_SKIPS_BARRIER: Mutant = Mutant("KEYED_SWITCH_SKIPS_BARRIER");
 
+/// A keyed map's switch that leaves the shards no operation met since the previous
+/// switch in the epoch before: they fall two epochs behind, and their words are converted
+/// from a policy they were never in (the one that could convert them is retired).
+pub static KEYED_SWITCH_LEAVES_SHARDS_BEHIND: Mutant = Mutant("KEYED_SWITCH_LEAVES_SHARDS_BEHIND");
+
 /// A retired epoch freed at the next retirement whether or not a pin that may hold it
 /// has ended: a reader racing the switch reads freed memory.
 pub static EPOCH_FREES_EARLY: Mutant = Mutant("EPOCH_FREES_EARLY");

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
-use tokengate::{Inherit, LeasedBucket, LiveBucket, Policy};
+use tokengate::{Inherit, KeyedLimiter, LeasedBucket, LiveBucket, Policy};
 
 /// Growth allowed over a whole run.
 const BOUND: usize = 16 << 20;
@@ -123,6 +123,32 @@ fn every_limiter_reconfigured_over_and_over_stays_flat() {
             assert!(b.available() >= 0.0);
         },
         LeasedBucket::retired_epochs,
+    );
+    // Keys in several shards (the deciding thread's and others, idle): each switch first
+    // converts the shards still in the epoch before, so none holds on to a retired one.
+    let map = KeyedLimiter::<u64>::builder(p[0], 1_000)
+        .shards(16)
+        .build()
+        .unwrap();
+    for k in 0..64 {
+        map.try_acquire(&k, 1).unwrap();
+    }
+    flat(
+        "KeyedLimiter",
+        map,
+        move |m, i| {
+            m.reconfigure(p[i % 2], Inherit::Proportional);
+        },
+        |m| {
+            for k in 0..4u64 {
+                if m.try_acquire(&k, 1).unwrap().is_admitted() {
+                    m.refund(&k, 1).unwrap();
+                }
+                assert!(m.available(&k) >= 0.0);
+            }
+            assert!(m.policy().capacity() >= 100);
+        },
+        KeyedLimiter::retired_epochs,
     );
 }
 

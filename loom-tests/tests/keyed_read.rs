@@ -1,7 +1,13 @@
 //! A keyed map's found key decided in a reader section (no lock) while a writer changes
 //! the same shard: a new key inserted (the table grown, its entries moved), a sweep that
 //! evicts the very key being decided, a policy switch converting the shard; two sections
-//! at once against an insert, and one section against two competing inserts.
+//! at once against an insert, and one section against two competing inserts; a found key
+//! and the map's policy read while two switches retire (and free) the epochs they read,
+//! with a retirement that frees at once (the pinned read then reads a freed epoch) and a
+//! switch that leaves a shard two epochs behind (its words converted from the wrong
+//! policy). A section's read of an epoch is ordered before its free twice over: by the
+//! barrier of the switch that retires it, and by the write lock of the conversion that
+//! takes the shard past it before the next switch can free it.
 //!
 //! Frozen clock, one shard, so every token is accounted for. Besides each model's
 //! exactness assertions, loom checks every access to the shard's data: a reader section
@@ -211,6 +217,72 @@ fn a_section_racing_two_inserts() -> impl Fn() + Sync + Send + 'static {
             );
         }
     }
+}
+
+/// Reader: takes 1 from key 1 (full, capacity 2) in a reader section, then reads the
+/// map's policy (pinned). Writer: two switches, `Additive` to capacities 3 and 4; the
+/// second retirement frees the first epoch whenever nothing can still read it. Each
+/// epoch's probe (a loom cell its drop writes) is read on every access to the epoch: a
+/// free that no synchronization orders after a read is reported, in a real run a read
+/// of freed memory. `freed` counts executions where an epoch was freed while the
+/// reader ran.
+fn decide_racing_two_retirements(freed: Tally) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        let map = map(2, 4);
+        assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || {
+                let admitted = map.try_acquire(&1, 1).unwrap().is_admitted();
+                let capacity = map.policy().capacity();
+                assert!(
+                    (2..=4).contains(&capacity),
+                    "read a freed epoch: {capacity}"
+                );
+                i64::from(admitted)
+            })
+        };
+        map.reconfigure(Policy::new(3, 1.0).unwrap(), Inherit::Additive);
+        map.reconfigure(Policy::new(4, 1.0).unwrap(), Inherit::Additive);
+        freed.hit_if(map.retired_epochs() < 2);
+        let net = reader.join().unwrap();
+        assert_eq!(net, 1, "an admission refused with tokens left");
+        assert_eq!(
+            map.available(&1) + net as f64,
+            4.0,
+            "tokens lost or minted across the switches: net taken {net}"
+        );
+    }
+}
+
+/// Not exhaustive: two whole switches (each pins, converts, locks, publishes, fences and
+/// retires) against a section and a pin make too many interleavings to finish; the
+/// bound explores every order a scheduler with two preemptions makes.
+const RETIRE: Model = Model {
+    name: "keyed read: found key and policy vs two retirements",
+    threads: 2,
+    preemption_bound: Some(2),
+};
+
+#[test]
+fn a_found_key_racing_two_retirements_never_reads_a_freed_epoch() {
+    let freed = Tally::new();
+    RETIRE.check(decide_racing_two_retirements(freed.clone()));
+    // Not vacuous: some executions free an epoch while the reader runs.
+    assert!(freed.get() > 0, "no execution freed an epoch");
+}
+
+#[test]
+fn a_switch_that_leaves_shards_behind_is_caught() {
+    let bug = &tokengate::mutants::KEYED_SWITCH_LEAVES_SHARDS_BEHIND;
+    let message = RETIRE.expect_violation(bug, decide_racing_two_retirements(Tally::new()));
+    assert!(message.contains("lost or minted"), "{message}");
+}
+
+#[test]
+fn a_keyed_retirement_that_frees_at_once_is_caught() {
+    let bug = &tokengate::mutants::EPOCH_FREES_EARLY;
+    assert_race(&RETIRE.expect_violation(bug, decide_racing_two_retirements(Tally::new())));
 }
 
 const INSERT: Model = Model::exhaustive("keyed read: found key vs insert (table grows)", 2);

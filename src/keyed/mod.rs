@@ -28,6 +28,7 @@ use crate::inherit::Inherit;
 use crate::policy::Policy;
 use crate::telemetry::{CounterCells, CounterRef, CounterSnapshot, StripedCounters};
 
+use crate::epoch::Pinned;
 pub(crate) use epoch::convert_between;
 use epoch::{Epochs, MapEpoch};
 pub(crate) use handle::{Handle, Held};
@@ -305,8 +306,12 @@ enum Guards<'a, K> {
 /// in and out ([`take`](Switch::take), [`put`](Switch::put)).
 pub(crate) struct Switch<'a, K, C: Clock, S> {
     map: &'a KeyedLimiter<K, C, S>,
-    // Dropped in order: the shards first, then the map's reconfiguration lock.
+    // Dropped in order: the shards first, then the pin, then the map's reconfiguration
+    // lock.
     shards: Guards<'a, K>,
+    /// Holds the epochs the switch reads (the one it replaces, and the one it publishes)
+    /// while it lasts.
+    pin: Pinned<'a, MapEpoch>,
     _one: std::sync::MutexGuard<'a, ()>,
 }
 
@@ -326,7 +331,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
     /// The map's current policy (the one its words are converted to while the barrier
     /// is held, until [`publish`](Switch::publish)).
     pub(crate) fn policy(&self) -> &Policy {
-        self.map.policy()
+        &self.map.epochs.current_while(&self.pin).policy
     }
 
     /// The map's key bound less its keys: how many keys [`put`](Switch::put) can add.
@@ -347,11 +352,11 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
     // One body for both tables: the bare one's extra is `()`.
     #[allow(clippy::unit_arg)]
     pub(crate) fn take(&mut self, key: &K) -> Option<(u64, Option<CounterCells>)> {
-        let epochs = &self.map.epochs;
+        let epoch = self.map.epochs.current_while(&self.pin);
         with_guards!(self, t, g => {
             let hash = t.hash_of(key);
             let i = t.shard_index(hash);
-            t.bring_up_to(i, &mut g[i], epochs, epochs.current());
+            t.bring_up_to(i, &mut g[i], epoch);
             t.remove(&mut g[i], hash, key)
                 .map(|e| (e.bucket.load(), e.extra.into_cells()))
         }, None)
@@ -363,11 +368,11 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> Switch<'_, K, C, S> {
     // One body for both tables: the bare one's extra is `()`.
     #[allow(clippy::unit_arg)]
     pub(crate) fn put(&mut self, key: K, word: u64, counts: Option<CounterCells>) -> bool {
-        let epochs = &self.map.epochs;
+        let epoch = self.map.epochs.current_while(&self.pin);
         with_guards!(self, t, g => {
             let hash = t.hash_of(&key);
             let i = t.shard_index(hash);
-            t.bring_up_to(i, &mut g[i], epochs, epochs.current());
+            t.bring_up_to(i, &mut g[i], epoch);
             t.put(i, &mut g[i], hash, key, word, Extra::from_cells(counts))
         }, false)
     }
@@ -559,7 +564,7 @@ pub struct KeyedLimiter<K, C: Clock = QuantaClock, S = KeyHasher> {
 impl<K, C: Clock + fmt::Debug, S> fmt::Debug for KeyedLimiter<K, C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
-            .field("policy", self.policy())
+            .field("policy", &self.policy())
             .field("len", &self.len())
             .field("max_keys", &self.max_keys())
             .field("overflow", &self.overflow)
@@ -719,7 +724,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     {
         // Read in the section or under the lock: a switch publishes with every shard
         // write-locked, each waiting out its sections.
-        let epoch = self.epochs.current();
+        // SAFETY: `shard` is read in a section or under the lock until this returns.
+        let epoch = unsafe { self.epochs.locked() };
         if shard.epoch != epoch.number {
             cold_path();
             return None;
@@ -813,7 +819,9 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         let shard: &'h table::Shard<K, V> = unsafe { &*std::ptr::from_ref(ptr.deref()) };
         // Read in the section: a switch publishes with every shard write-locked, each
         // waiting out its sections.
-        let epoch = self.epochs.current();
+        // SAFETY: in the section, held while `sections` is borrowed (`'h`), which the
+        // epoch's borrows (the handle's, the passes') cannot outlive.
+        let epoch = unsafe { self.epochs.locked() };
         if shard.epoch != epoch.number {
             cold_path();
             return None;
@@ -1041,9 +1049,14 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// before it goes to the new policy as it is (see
     /// [`LiveBucket::refund`](crate::LiveBucket::refund)).
     ///
+    /// Before its barrier, a switch converts the shards no operation met since the
+    /// previous switch (one at a time, under each one's write lock: the work the first
+    /// operation on each would have done), so that no shard is ever more than one policy
+    /// behind; the policy a switch replaces is freed once no operation can still read it
+    /// (memory stays flat however often the map is reconfigured).
+    ///
     /// Keys created from now on get the new policy; [`Eviction::Lossless`] evicts only
-    /// under start-full policies, so a switch to a start-empty policy stops it. Each
-    /// switch keeps a few hundred bytes until the map is dropped.
+    /// under start-full policies, so a switch to a start-empty policy stops it.
     ///
     /// The strategy applies to the keys the map holds at the switch. A key not in the
     /// map then, never seen or evicted (evicted keys were full), is a new key: it starts
@@ -1090,6 +1103,11 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A pass due now runs first, on the old policy (it may find the map idle).
         self.reanchor_if_due(self.clock.now_nanos());
+        // No shard left behind the current epoch: after the switch each is in the new
+        // epoch or in the one it replaces (all the new one converts from), so the epoch
+        // retired by the previous switch is needed no more (see `epoch`).
+        with_table!(&self.store, t => self.bring_all_up(t));
+        let pin = self.epochs.pin();
         // The barrier: with every shard locked, no operation is between reading the
         // epoch and writing a word, so each word of the old epoch was written before
         // the switch reading (see `epoch`).
@@ -1101,7 +1119,28 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         Switch {
             map: self,
             shards,
+            pin,
             _one: one,
+        }
+    }
+
+    /// Converts every shard in an older epoch than the current one, each under its write
+    /// lock in turn (what an operation meeting it would do).
+    #[cold]
+    #[inline(never)]
+    fn bring_all_up<V: Extra>(&self, t: &Table<K, V, S>) {
+        if mutant!(KEYED_SWITCH_LEAVES_SHARDS_BEHIND) {
+            return;
+        }
+        for i in 0..t.shard_count() {
+            let behind = {
+                let guard = t.read(i);
+                // SAFETY: compared under the shard's lock.
+                guard.epoch != unsafe { self.epochs.locked() }.number
+            };
+            if behind {
+                self.convert_shard(t, i);
+            }
         }
     }
 
@@ -1123,7 +1162,13 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
 
     /// How many times the map was reconfigured.
     pub fn reconfigurations(&self) -> u64 {
-        self.epochs.current().number
+        self.epochs.pin().number
+    }
+
+    /// Replaced epochs not yet freed (an operation may have held one when it was
+    /// replaced; the next reconfiguration or the drop frees it): a handful at most.
+    pub fn retired_epochs(&self) -> usize {
+        self.epochs.retired()
     }
 
     /// Evicts every bucket that has refilled to full (when the [`Eviction`] mode allows),
@@ -1137,7 +1182,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// maximum evicts what it needs. Calling it frees memory sooner.
     pub fn sweep(&self) -> SweepReport {
         self.epochs
-            .current()
+            .pin()
             .passes
             .run_now(&self.clock, |now, idle| self.pass(now, idle))
     }
@@ -1156,7 +1201,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn max_sweep_interval(&self) -> Duration {
-        sweep_interval(self.policy())
+        sweep_interval(&self.policy())
     }
 
     /// Runs the re-anchoring pass first if it is due at `now`: one relaxed load and a
@@ -1164,7 +1209,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     #[inline]
     fn reanchor_if_due(&self, now: u64) {
         self.epochs
-            .current()
+            .pin()
             .passes
             .check(now, &self.clock, |now, idle| {
                 self.pass(now, idle);
@@ -1184,7 +1229,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
                 let mut guard = t.write(i);
                 // Each shard in the epoch current when it is locked: converted first
                 // (an idle pass rewrites every word anyway).
-                let ctx = self.sweep_ctx(self.epochs.current(), now);
+                // SAFETY: `ctx` is used under the shard's write lock only.
+                let ctx = self.sweep_ctx(unsafe { self.epochs.locked() }, now);
                 report += if idle {
                     t.fill_shard(i, &mut guard, &ctx)
                 } else {
@@ -1226,7 +1272,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
     #[inline(never)]
     fn convert_shard<V: Extra>(&self, t: &Table<K, V, S>, i: usize) {
         let mut guard = t.write(i);
-        let ctx = self.sweep_ctx(self.epochs.current(), self.clock.now_nanos());
+        // SAFETY: `ctx` is used under the shard's write lock only.
+        let ctx = self.sweep_ctx(unsafe { self.epochs.locked() }, self.clock.now_nanos());
         t.bring_up(i, &mut guard, &ctx);
     }
 
@@ -1244,7 +1291,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
             {
                 let guard = t.read(i);
                 // Read under the lock: a switch publishes with every shard locked.
-                let epoch = self.epochs.current();
+                // SAFETY: used by `f`, under the lock.
+                let epoch = unsafe { self.epochs.locked() };
                 if guard.epoch == epoch.number {
                     let f = f.take().expect("called once: the loop returns after");
                     return f(epoch, &guard);
@@ -1373,7 +1421,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
             {
                 let guard = t.read(shard);
                 // Read under the lock: a switch publishes with every shard locked.
-                let epoch = self.epochs.current();
+                // SAFETY: used by `f`, under the lock.
+                let epoch = unsafe { self.epochs.locked() };
                 if guard.epoch == epoch.number {
                     if let Some(e) = guard.table.find(hash, |e| e.key.borrow() == key) {
                         return f(Slot::Bucket(self.handle(
@@ -1410,6 +1459,8 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut claimed = false;
+        // The search for room sweeps other shards with the lock of this one let go.
+        let pin = self.epochs.pin();
         loop {
             let mut guard = t.write(shard);
             if !valid() {
@@ -1419,7 +1470,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KeyedLimiter<K, C, S>
                 return f(Slot::Stale);
             }
             // The epoch current under the lock, the shard converted to it.
-            let epoch = self.epochs.current();
+            let epoch = self.epochs.current_while(&pin);
             let ctx = self.sweep_ctx(epoch, now);
             t.bring_up(shard, &mut guard, &ctx);
             match t.find_or_insert(shard, &mut guard, hash, key, &ctx, claimed) {
@@ -1513,8 +1564,8 @@ impl<K, C: Clock, S> KeyedLimiter<K, C, S> {
 
     /// The policy of every key's bucket (the current one, after a
     /// [`reconfigure`](KeyedLimiter::reconfigure)).
-    pub fn policy(&self) -> &Policy {
-        &self.epochs.current().policy
+    pub fn policy(&self) -> Policy {
+        self.epochs.pin().policy
     }
 
     /// The clock the map reads.

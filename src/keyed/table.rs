@@ -132,7 +132,8 @@ pub(crate) enum Found {
 
 /// What a sweep needs to know about the map.
 pub(crate) struct SweepCtx<'a> {
-    /// The map's epochs, and the one this sweep works in.
+    /// The map's epochs, and the one this sweep works in: pinned, or read under the
+    /// lock of the one shard the sweep works on.
     pub(crate) epochs: &'a Epochs,
     pub(crate) epoch: &'a MapEpoch,
     pub(crate) layout: &'a Layout,
@@ -552,29 +553,29 @@ impl<K, V, S> Table<K, V, S> {
     /// than `ctx`'s (another operation converted it after `ctx` was made), which `ctx`
     /// cannot read.
     pub(crate) fn bring_up(&self, i: usize, shard: &mut Shard<K, V>, ctx: &SweepCtx<'_>) -> bool {
-        self.bring_up_to(i, shard, ctx.epochs, ctx.epoch)
+        self.bring_up_to(i, shard, ctx.epoch)
     }
 
-    /// [`bring_up`](Table::bring_up) to epoch `epoch` of `epochs`.
-    pub(crate) fn bring_up_to(
-        &self,
-        i: usize,
-        shard: &mut Shard<K, V>,
-        epochs: &Epochs,
-        epoch: &MapEpoch,
-    ) -> bool {
+    /// [`bring_up`](Table::bring_up) to `epoch`, the map's current one. A shard is at
+    /// most one epoch behind it (a switch brings every shard to the epoch it replaces
+    /// before it publishes), so `epoch` holds all its words are converted from.
+    pub(crate) fn bring_up_to(&self, i: usize, shard: &mut Shard<K, V>, epoch: &MapEpoch) -> bool {
         if shard.epoch == epoch.number {
             return true;
         }
         if shard.epoch > epoch.number {
             return false;
         }
-        let steps = epochs.steps(shard.epoch, epoch);
+        debug_assert_eq!(
+            shard.epoch + 1,
+            epoch.number,
+            "a shard more than one epoch behind"
+        );
         for e in shard.table.iter_mut() {
             if mutant!(KEYED_SHARD_NOT_CONVERTED) {
                 break;
             }
-            e.bucket.set(super::epoch::convert(&steps, e.bucket.load()));
+            e.bucket.set(super::epoch::convert(epoch, e.bucket.load()));
         }
         shard.epoch = epoch.number;
         // Any bucket may now be full: the next search for room sweeps this shard.
@@ -755,7 +756,7 @@ impl<K: Hash + Eq, V: Extra, S: BuildHasher> Table<K, V, S> {
                     continue;
                 }
                 let mut guard = self.write(i);
-                if ctx.epochs.current().number != ctx.epoch.number {
+                if !ctx.epochs.is_current(ctx.epoch) {
                     // A switch since `ctx` was made (its eviction rule may have changed):
                     // no more sweeping on the old one.
                     break;
