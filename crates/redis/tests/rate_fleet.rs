@@ -1,9 +1,10 @@
 //! K instance processes share one budget by rate leases on a real Redis, under
-//! adversarial schedules: quiet then burst with one instance SIGSTOPped past its lease's
-//! expiry (it resumes with a full bucket of a share that was handed on), demand shifting
-//! from instance to instance, demand falling and rising again (a share given back early
-//! and taken by a starved instance asking early), an instance SIGKILLed, and a Redis
-//! restart.
+//! adversarial schedules: quiet then burst with the instance holding the largest share
+//! SIGSTOPped past its lease's expiry (it resumes, its first reply from Redis lost, with a
+//! full bucket of a share that was handed on meanwhile: its rate and burst to the
+//! others, its idle rate to the pool), demand shifting from instance to instance, demand
+//! falling and rising again (a share given back early and taken by a starved instance
+//! asking early), an instance SIGKILLed, and a Redis restart.
 //!
 //! Each child records every admission as [wall clock before the decision, wall clock
 //! after] and prints it at once; the parent checks every window of 10 ms, 100 ms, 1 s and
@@ -15,7 +16,8 @@
 mod common;
 
 use std::process::Child;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::spawn;
@@ -52,7 +54,8 @@ fn env_u64(name: &str) -> u64 {
 
 /// The child's entry point: ignored in a plain run, started by the scenarios below.
 /// `TG_PHASES` is its schedule from the start time: `ms:kind,...`, kind `h` (hot: decide
-/// as fast as possible), `l` (light: one decision per 200 ms per thread) or `i` (idle).
+/// as fast as possible), `m` (medium: one decision per 5 ms per thread), `l` (light: one
+/// decision per 200 ms per thread) or `i` (idle).
 #[test]
 #[ignore = "a rate-lease child, started by the rate fleet tests"]
 fn rate_child() {
@@ -107,6 +110,7 @@ fn rate_child() {
                                 continue;
                             }
                             'l' => std::thread::sleep(Duration::from_millis(200)),
+                            'm' => std::thread::sleep(Duration::from_millis(5)),
                             _ => {}
                         }
                         let before = common::wall_ns();
@@ -134,8 +138,22 @@ fn run(
     name: &str,
     start_state: &str,
     ttl_ms: u64,
+    budget: (u64, u64),
+    phases: &[String],
+    faults: impl FnOnce(&mut common::Server, &mut [Child], u64),
+) -> (u64, Vec<Vec<(u64, u64)>>) {
+    run_with(name, start_state, ttl_ms, budget, phases, None, faults)
+}
+
+/// [`run`], with child `lossy.0` talking to Redis through a [`common::lossy_proxy`]
+/// armed by `lossy.1`.
+fn run_with(
+    name: &str,
+    start_state: &str,
+    ttl_ms: u64,
     (cap, rate): (u64, u64),
     phases: &[String],
+    lossy: Option<(usize, Arc<AtomicBool>)>,
     faults: impl FnOnce(&mut common::Server, &mut [Child], u64),
 ) -> (u64, Vec<Vec<(u64, u64)>>) {
     let _one = ONE_AT_A_TIME
@@ -153,11 +171,19 @@ fn run(
         })
         .max()
         .unwrap();
+    let proxied = lossy.map(|(i, arm)| (i, common::lossy_proxy(server.port(), arm)));
     let envs: Vec<Vec<(String, String)>> = phases
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
             [
-                ("TG_URL", server.url()),
+                (
+                    "TG_URL",
+                    match proxied {
+                        Some((j, port)) if j == i => format!("redis://127.0.0.1:{port}/"),
+                        _ => server.url(),
+                    },
+                ),
                 ("TG_NS", ns.clone()),
                 ("TG_CAP", cap.to_string()),
                 ("TG_RATE", rate.to_string()),
@@ -193,29 +219,48 @@ fn run(
     (start, per_child)
 }
 
-/// Six instances idle for 1.25 s (their buckets fill with the whole burst split among
-/// them); instance 0 is SIGSTOPped at 0.5 s with its bucket full, past its lease's expiry,
-/// while the others take over its share and fill it; at 1.25 s it resumes and everyone
-/// bursts. The resumed instance must not spend the tokens of its expired share.
+/// At r = 1000/s and B = 200 (a bucket fills in a fraction of a second): instance 0
+/// spends about 400/s for 1.2 s while the others idle, so it holds the largest share
+/// (about 500/s, burst about 90) and, spending under it, a full bucket; it is SIGSTOPped
+/// at 1.2 s for 0.9 s, past its lease's expiry, while Redis hands its share on (the
+/// others' bursts grow to fill B with the pool, and they fill them); at 2.1 s it resumes
+/// and everyone bursts for 0.5 s. The reply to its first round after the resume is lost
+/// (it talks to Redis through a proxy that drops it), so for a refresh period it learns
+/// nothing from Redis: its own clock must end the expired lease. Its tokens are on top
+/// of a budget already handed on: if it spent them, the windows from its resume would
+/// exceed `B + r*T`.
 #[test]
 fn quiet_then_burst_with_an_instance_stopped_past_its_expiry() {
-    let phases = vec![sched(&[(1250, 'i'), (750, 'h')]); 6];
-    let (_, per_child) = run(
+    let mut phases = vec![sched(&[(2100, 'i'), (500, 'h')]); 6];
+    phases[0] = sched(&[(1200, 'm'), (900, 'i'), (500, 'h')]);
+    let arm = Arc::new(AtomicBool::new(false));
+    let (start, per_child) = run_with(
         "rate-quiet-stop",
         "full",
         400,
-        (B, RATE),
+        (B, 1000),
         &phases,
+        Some((0, arm.clone())),
         |_, children, start| {
-            spawn::sleep_until(start + ms(500) * 1_000_000);
+            spawn::sleep_until(start + ms(1200) * 1_000_000);
             spawn::signal(&children[0], "-STOP");
-            spawn::sleep_until(start + ms(1250) * 1_000_000);
+            spawn::sleep_until(start + ms(2100) * 1_000_000);
+            arm.store(true, Ordering::SeqCst);
             spawn::signal(&children[0], "-CONT");
         },
     );
     assert!(
         per_child.iter().all(|a| !a.is_empty()),
         "an instance never admitted"
+    );
+    // Instance 0 was busy before its stop (it held the largest share).
+    let before = per_child[0]
+        .iter()
+        .filter(|a| a.0 < start + ms(1200) * 1_000_000)
+        .count();
+    assert!(
+        before > 50,
+        "instance 0 was not busy before its stop: {before}"
     );
 }
 
