@@ -288,16 +288,22 @@ fn a_held_request_races_a_switch_exhaustively() {
     Model::exhaustive(SWITCH.name, 3).check(held_racing_a_switch());
 }
 
-/// Each of the three held models, run with `bug` switched on, reports a causality
-/// violation (an access to a shard's data that no synchronization orders against a
-/// writer's).
+/// Each of the three held models, run with `bug` switched on, reports an access to a
+/// shard's data that no synchronization orders against a writer's: a causality
+/// violation, or (when loom meets the overlap while the writer's access is still open)
+/// a read of a cell being written, or the reverse.
 fn caught_by_each_held_model(bug: &'static tokengate::mutants::Mutant) {
     for message in [
         INSERT.expect_violation(bug, held_racing_an_insert()),
         SWEEP.expect_violation(bug, held_racing_a_sweep(Tally::new())),
         SWITCH.expect_violation(bug, held_racing_a_switch()),
     ] {
-        assert!(message.contains("Causality violation"), "{message}");
+        assert!(
+            message.contains("Causality violation")
+                || message.contains("currently reading from cell")
+                || message.contains("currently writing to cell"),
+            "{message}"
+        );
     }
 }
 
