@@ -20,8 +20,9 @@
 //! ```text
 //! cargo bench -p tokengate-tower --bench layer
 //! cargo bench -p tokengate-tower --bench layer -- '1_thread'   # one thread only
-//! # instructions per call, whatever the machine's load (n calls minus 0 calls, over n):
-//! LAYER_CALLS=tokengate_per_ip_quiet:20000 valgrind --tool=callgrind target/release/deps/layer-*
+//! # instructions per call, whatever the machine's load (the n calls alone, over n):
+//! LAYER_CALLS=tokengate_per_ip_quiet:20000 valgrind --tool=callgrind \
+//!     --toggle-collect='layer::repeat*' target/release/deps/layer-*
 //! # every case that way, then the goals' ratios (and criterion's, from its last run):
 //! crates/tower/benches/ratios.sh
 //! ```
@@ -327,7 +328,7 @@ fn layer(c: &mut Criterion) {
 
 /// `LAYER_CALLS=case:n`: calls case `case` `n` times after one first call, and exits;
 /// for an instruction count that the machine's load does not move
-/// (`valgrind --tool=callgrind`, `n` and 0 calls: the difference over `n`).
+/// (`valgrind --tool=callgrind --toggle-collect='layer::repeat*'`: over `n`).
 fn count(spec: &str) {
     let (name, n) = spec.split_once(':').expect("LAYER_CALLS=case:n");
     let n: u64 = n.parse().expect("a number of calls");
@@ -339,9 +340,9 @@ fn count(spec: &str) {
                 found = true;
                 let mut svc = $svc;
                 black_box(call(&mut svc, peer));
-                for _ in 0..n {
+                repeat(n, || {
                     black_box(call(&mut svc, peer));
-                }
+                });
             }
         }};
     }
@@ -352,14 +353,24 @@ fn count(spec: &str) {
                 found = true;
                 let $s = ();
                 let _ = black_box($body);
-                for _ in 0..n {
+                repeat(n, || {
                     let _ = black_box($body);
-                }
+                });
             }
         }};
     }
     engine_cases!(engine_one, engine());
     assert!(found, "no case {name}");
+}
+
+/// Runs `f` `n` times: the one function whose instructions `ratios.sh` counts
+/// (`--toggle-collect`), so that building the service, the clock's calibration and the
+/// first call (a new key, the thread's first pin) are left out.
+#[inline(never)]
+fn repeat(n: u64, mut f: impl FnMut()) {
+    for _ in 0..n {
+        f();
+    }
 }
 
 criterion_group!(benches, layer);

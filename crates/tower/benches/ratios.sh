@@ -5,8 +5,9 @@
 #   crates/tower/benches/ratios.sh            # N=20000 calls per case
 #   N=100000 crates/tower/benches/ratios.sh
 #
-# Each case runs twice under callgrind, with N calls and with 0 (each after one first
-# call): (Ir(N) - Ir(0)) / N is its instructions per call. The goals:
+# Each case runs once under callgrind, counting only the N calls (the bench's `repeat`,
+# after the service is built, the clock calibrated and one first call made): Ir / N is
+# its instructions per call. The goals:
 #   (a) the layer's own cost per admitted request (the case minus `bare`) over
 #       tower_governor's, global and per IP: at most 1.0 (headers off; with them on,
 #       reported);
@@ -21,9 +22,9 @@ bin=$(ls -t target/release/deps/layer-* | grep -v '\.d$' | head -1)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-ir() { # case calls -> total instructions
+ir() { # case calls -> instructions of the calls
     LAYER_CALLS="$1:$2" valgrind --tool=callgrind --callgrind-out-file="$out/cg" \
-        "$bin" >/dev/null 2>&1
+        --toggle-collect='layer::repeat*' "$bin" >/dev/null 2>&1
     awk '/^summary:/ {print $2}' "$out/cg"
 }
 
@@ -36,8 +37,7 @@ engine_acquire_all_2"
 printf '%-28s %12s %12s\n' case 'Ir per call' 'minus bare'
 for c in $cases; do
     a=$(ir "$c" "$N")
-    b=$(ir "$c" 0)
-    per[$c]=$(awk -v a="$a" -v b="$b" -v n="$N" 'BEGIN { printf "%.0f", (a - b) / n }')
+    per[$c]=$(awk -v a="$a" -v n="$N" 'BEGIN { printf "%.0f", a / n }')
     own=""
     if [ "$c" != bare ] && [ "${c#engine_}" = "$c" ]; then
         own=$((per[$c] - per[bare]))
