@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use tokengate::scope::{ClientId, Scope};
 use tokengate::{ManualClock, Policy};
 use tokengate_config::{Config, MemoryBound, RuleConfig};
 
@@ -139,6 +140,7 @@ pub(crate) fn report(config: &Config, file: &str) -> (String, usize) {
             policy_report(&mut s, i, p);
         }
     }
+    warnings += overrides_report(&mut s, config);
     if !config.classes.is_empty() {
         let _ = writeln!(s, "\nclasses");
         for class in &config.classes {
@@ -159,6 +161,31 @@ pub(crate) fn report(config: &Config, file: &str) -> (String, usize) {
     }
     let _ = writeln!(s, "\n{warnings} warning{}", plural(warnings));
     (s, warnings)
+}
+
+/// A warning for each override keyed by a client address: a [`ClientId`] is the keyed
+/// hash of an address under a per-process secret (the HTTP layer's), so a number written
+/// in a file matches no client the layer will ever see; returns how many.
+fn overrides_report(s: &mut String, config: &Config) -> usize {
+    let clients: Vec<&Scope> = config
+        .overrides
+        .keys()
+        .filter(|scope| matches!(scope, Scope::Client(ClientId(_))))
+        .collect();
+    if clients.is_empty() {
+        return 0;
+    }
+    let _ = writeln!(s, "\noverrides");
+    for scope in &clients {
+        let _ = writeln!(
+            s,
+            "  warning: {scope}: a client id is the keyed hash of an address under a \
+             per-process secret (the HTTP layer's), so no request will ever carry this \
+             one; the override is never applied (give the client a key of its own, such \
+             as an API key, to override it)"
+        );
+    }
+    clients.len()
 }
 
 /// One rule's section; returns its number of warnings.

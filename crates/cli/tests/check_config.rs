@@ -264,3 +264,30 @@ fn a_secret_in_the_redis_section_is_refused_without_being_printed() {
         "{stderr}"
     );
 }
+
+/// An override keyed by a client address names a keyed hash no request will carry: a
+/// warning, counted (and refused with `--deny-warnings`); other kinds' overrides are not.
+#[test]
+fn a_client_override_is_warned_as_never_applied() {
+    let text = "[[rule]]\nname = \"ip\"\nscope = \"client\"\npolicies = [\"20/s burst 100\"]\n\
+                [tier.gold]\npolicies = [\"200/s burst 1000\"]\n\
+                [[override]]\nscope = \"client\"\nkey = 42\ntier = \"gold\"\n";
+    let (out, stdout, stderr) = check(&file("client-override.toml", text), &[]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("warning: client:42: a client id is the keyed hash of an address"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\n1 warning\n"), "{stdout}");
+    let (out, _, stderr) = check(
+        &file("client-override-deny.toml", text),
+        &["--deny-warnings"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr.contains("1 warning (--deny-warnings)"), "{stderr}");
+
+    let tenant = text.replace("\"client\"", "\"tenant\"");
+    let (out, stdout, stderr) = check(&file("tenant-override.toml", &tenant), &[]);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("\n0 warnings\n"), "{stdout}");
+}
