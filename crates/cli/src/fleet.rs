@@ -170,7 +170,7 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
     let Some(path) = args.sweep_chart.clone() else {
         return once(&args, args.lease, mode, out).map(drop);
     };
-    let mut file = crate::open_output(&path)?;
+    let file = crate::open_output(&path)?;
     let mut points = Vec::new();
     for lease in [1, 5, 10, 50, 100] {
         let r = once(&args, lease, mode, out)?;
@@ -184,8 +184,7 @@ pub fn run(args: Args, out: &mut Out<impl Write>) -> Result<(), String> {
         ))?;
     }
     let svg = draw(&args, &points)?;
-    file.write_all(svg.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    crate::write_output(file, &path, &svg)?;
     out.print(&format!("chart: {}\n", path.display()))
 }
 
@@ -213,7 +212,7 @@ fn compare_sweep(
             args.refill
         ));
     }
-    let mut file = crate::open_output(path)?;
+    let file = crate::open_output(path)?;
     let ks: Vec<usize> = args.sweep_k.iter().map(|&k| k as usize).collect();
     let demands: Vec<compare::Demand> = args
         .sweep_demand
@@ -251,8 +250,7 @@ fn compare_sweep(
             args.capacity, args.refill, args.ttl_ms
         ),
     )?;
-    file.write_all(svg.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    crate::write_output(file, path, &svg)?;
     out.print(&format!("chart: {}\n", path.display()))
 }
 

@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -130,22 +130,67 @@ impl<W: Write> Out<W> {
     }
 }
 
-/// Opens an output file for writing before any work is done, creating its directory,
-/// so that a bad path fails at once rather than after a long run; the message names the
-/// path.
-fn open_output(path: &Path) -> Result<File, String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+/// An output file written whole or not at all: opened before any work is done (a bad
+/// path fails at once rather than after a long run), written to a temporary file beside
+/// it, and renamed over it only when finished ([`write_output`]), so that a run stopped
+/// half-way leaves the file as it was (the temporary one is removed when this is dropped
+/// unfinished).
+pub(crate) struct Output {
+    file: Option<File>,
+    partial: PathBuf,
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            let _ = std::fs::remove_file(&self.partial);
+        }
+    }
+}
+
+/// Opens `path` as an [`Output`], creating its directory; the message names the path.
+fn open_output(path: &Path) -> Result<Output, String> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
     }
-    File::create(path).map_err(|e| format!("cannot open {} for writing: {e}", path.display()))
+    let name = path
+        .file_name()
+        .filter(|_| !std::fs::metadata(path).is_ok_and(|m| m.is_dir()));
+    let Some(name) = name else {
+        return Err(format!(
+            "cannot open {} for writing: a directory",
+            path.display()
+        ));
+    };
+    let mut partial_name = std::ffi::OsString::from(".");
+    partial_name.push(name);
+    partial_name.push(format!(".partial-{}", std::process::id()));
+    let partial = dir.map_or_else(|| PathBuf::from(&partial_name), |d| d.join(&partial_name));
+    let file = File::create(&partial)
+        .map_err(|e| format!("cannot open {} for writing: {e}", path.display()))?;
+    Ok(Output {
+        file: Some(file),
+        partial,
+    })
 }
 
-/// Writes a finished output file opened by [`open_output`].
-fn write_output(mut file: File, path: &Path, contents: &str) -> Result<(), String> {
-    file.write_all(contents.as_bytes())
+/// Writes a finished output file opened by [`open_output`], and puts it in place.
+fn write_output(mut output: Output, path: &Path, contents: &str) -> Result<(), String> {
+    let mut file = output.file.take().expect("an output is written once");
+    let written = file
+        .write_all(contents.as_bytes())
         .and_then(|()| file.flush())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .and_then(|()| {
+            drop(file);
+            std::fs::rename(&output.partial, path)
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&output.partial);
+        return Err(format!("cannot write {}: {e}", path.display()));
+    }
+    Ok(())
 }
 
 /// Parses a whole number in `min..=max` for the option that sets `what`, counted in
@@ -487,5 +532,28 @@ mod tests {
             }
         }
         assert!(Engine::Governor.visit(Regime::Keyed, Once).is_err());
+    }
+
+    /// An output file is replaced only when written whole: one dropped unfinished (a run
+    /// that failed or was stopped) leaves the earlier file and no temporary one.
+    #[test]
+    fn an_output_file_is_replaced_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("tokengate-output-{}", std::process::id()));
+        let path = dir.join("chart.svg");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&path, "earlier").unwrap();
+        let entries = || std::fs::read_dir(&dir).unwrap().count();
+
+        let unfinished = open_output(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "earlier");
+        drop(unfinished);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "earlier");
+        assert_eq!(entries(), 1, "the temporary file was left behind");
+
+        let finished = open_output(&path).unwrap();
+        write_output(finished, &path, "new").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        assert_eq!(entries(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
