@@ -383,6 +383,71 @@ pub fn ticks_per_token(layout: &tokengate::state::Layout) -> u64 {
     (1u64 << layout.frac_bits()).div_ceil(layout.refill_per_tick())
 }
 
+/// A policy of `capacity` tokens refilled at one a second: the models' frozen clocks
+/// never refill it.
+pub fn policy(capacity: u64) -> tokengate::Policy {
+    tokengate::Policy::new(capacity, 1.0).unwrap()
+}
+
+/// Spawns `f` on a loom thread with a stack large enough for a scoped request (its
+/// decision and member lists live on the stack: more than a loom thread's default holds).
+pub fn spawn_scoped<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> loom::thread::JoinHandle<T> {
+    loom::thread::Builder::new()
+        .stack_size(4 << 20)
+        .spawn(f)
+        .unwrap()
+}
+
+/// Runs a scoped model's body on a thread of [`spawn_scoped`]'s (the model's main thread
+/// has loom's default stack).
+pub fn run_scoped(f: impl FnOnce() + Send + 'static) {
+    spawn_scoped(f).join().unwrap();
+}
+
+/// The scoped limiter of the scoped models: a frozen [`Forward`] clock, and a fixed
+/// hasher (the model must be deterministic).
+pub type Scoped = tokengate::scope::ScopedLimiter<
+    Forward,
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
+>;
+
+/// A [`Scoped`] limiter of users holding `users` tokens each (one shard of at most 8
+/// keys), with a global bucket of `global` tokens when there is one, and one work class,
+/// "one", costing 1: users 1 to 3 in their map, full. Three users fill the shard's first
+/// allocation, so a fourth grows it (every entry moves).
+pub fn users_limiter(global: Option<u64>, users: u64) -> loom::sync::Arc<Scoped> {
+    use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, UserId, WorkClass};
+    let mut rules = RuleSet::new();
+    if let Some(global) = global {
+        rules = rules.rule(ScopeKind::Global, Rule::new(policy(global)));
+    }
+    let limiter = loom::sync::Arc::new(
+        rules
+            .rule(
+                ScopeKind::User,
+                Rule::new(policy(users)).max_keys(8).shards(1),
+            )
+            .class(WorkClass::new("one", 1))
+            .build_with(Forward::new(), Default::default())
+            .unwrap(),
+    );
+    let one = limiter.class("one").unwrap();
+    for u in 1..=3 {
+        let d = limiter
+            .try_acquire(&Request::new().user(UserId(u)), one)
+            .unwrap();
+        limiter.refund(&d.charge().unwrap());
+    }
+    limiter
+}
+
+/// The tokens `limiter` holds in `scope`.
+pub fn left(limiter: &Scoped, scope: tokengate::scope::Scope) -> f64 {
+    limiter.available(&scope).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
