@@ -383,6 +383,60 @@ pub fn ticks_per_token(layout: &tokengate::state::Layout) -> u64 {
     (1u64 << layout.frac_bits()).div_ceil(layout.refill_per_tick())
 }
 
+/// Spawns `f` on a loom thread of its own, with its own handle of `shared` (cloned here,
+/// before the spawn, as a model would write it out).
+pub fn spawn_with<S, T>(
+    shared: &loom::sync::Arc<S>,
+    f: impl FnOnce(&S) -> T + Send + 'static,
+) -> loom::thread::JoinHandle<T>
+where
+    S: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let shared = shared.clone();
+    loom::thread::spawn(move || f(&shared))
+}
+
+/// A keyed map as the keyed models use it: `u64` keys, one shard, a frozen [`Forward`]
+/// clock, at most `max_keys` keys of `capacity` tokens (refilled at one a second).
+pub fn keyed_map(
+    capacity: u64,
+    max_keys: usize,
+) -> loom::sync::Arc<tokengate::KeyedLimiter<u64, Forward>> {
+    loom::sync::Arc::new(
+        tokengate::KeyedLimiter::builder(policy(capacity), max_keys)
+            .clock(Forward::new()) // frozen
+            .shards(1)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A [`keyed_map`] of `capacity` per key (at most 4 keys) with key 1 in it, full: the
+/// scaffold of the models of a switch racing the key's admissions.
+pub fn keyed_map_with_key_one(
+    capacity: u64,
+) -> loom::sync::Arc<tokengate::KeyedLimiter<u64, Forward>> {
+    let map = keyed_map(capacity, 4);
+    assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
+    map
+}
+
+/// Asserts that key 1 of `map` holds `capacity` less `net`, what the model's threads took
+/// from it net: no token lost or minted `at` a switch (the message names where).
+pub fn assert_key_one_conserved(
+    map: &tokengate::KeyedLimiter<u64, Forward>,
+    net: i64,
+    capacity: f64,
+    at: &str,
+) {
+    assert_eq!(
+        map.available(&1) + net as f64,
+        capacity,
+        "tokens lost or minted {at}: net taken {net}"
+    );
+}
+
 /// A policy of `capacity` tokens refilled at one a second: the models' frozen clocks
 /// never refill it.
 pub fn policy(capacity: u64) -> tokengate::Policy {
