@@ -308,15 +308,10 @@ mod on {
 
 #[cfg(not(feature = "redis"))]
 mod off {
-    use std::sync::Arc;
-
-    use http::{Request, Response};
-    use tokengate::scope::{ClassId, ScopeDecision, ScopeKind};
+    use tokengate::scope::{ClassId, ScopeKind};
     use tokengate::{Clock, ScopedLimiter};
-    use tower_service::Service;
 
-    use crate::layer::{LayerError, Shared};
-    use crate::service::{After, ResponseFuture};
+    use crate::layer::LayerError;
 
     /// No remote scope without the `redis` feature.
     #[derive(Clone, Debug)]
@@ -350,18 +345,11 @@ mod off {
         }
     }
 
-    pub(crate) fn admitted<S, C, ReqBody, ResBody>(
-        planned: Planned,
-        _: &mut S,
-        _: &Arc<Shared<C>>,
-        _: Request<ReqBody>,
-        _: Option<&ScopeDecision<'_>>,
-        _: Option<Box<After<C>>>,
-    ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        C: Clock,
-    {
+    /// Never called: there is no [`Planned`] to pass. Generic over what the caller
+    /// passes on (the service, the layer's state, the request, the decision and the
+    /// admission's after-hook) and over the future it returns, so that the remote
+    /// scope's wiring is written once, in the `redis` build.
+    pub(crate) fn admitted<S, L, Q, D, A, F>(planned: Planned, _: S, _: L, _: Q, _: D, _: A) -> F {
         match planned {}
     }
 }
