@@ -502,6 +502,40 @@ pub fn left(limiter: &Scoped, scope: tokengate::scope::Scope) -> f64 {
     limiter.available(&scope).unwrap()
 }
 
+/// The writer's side of the held-insert models, with `reader` (two held requests for
+/// user 1, of two tokens) running: a request of class `one` for user 4, new, whose
+/// insertion grows the user shard's table (every entry moves); then both admissions,
+/// the insertion and the balances `expected` exact.
+pub fn insert_user_4_racing<R>(
+    limiter: &Scoped,
+    one: tokengate::scope::ClassId,
+    reader: loom::thread::JoinHandle<R>,
+    expected: &[(tokengate::scope::Scope, f64)],
+) where
+    R: PartialEq<[bool; 2]> + std::fmt::Debug,
+{
+    use tokengate::scope::{Request, ScopeKind, UserId};
+    let w = Request::new().user(UserId(4));
+    let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
+    let admitted = reader.join().unwrap();
+    assert_eq!(admitted, [true, true], "a held request's admission lost");
+    assert!(inserted, "the new key's request refused");
+    assert_eq!(limiter.len(ScopeKind::User), 4);
+    assert_left(limiter, expected);
+}
+
+/// Asserts that `limiter` holds exactly what `expected` says of each scope, in that order:
+/// no token lost or minted on it.
+pub fn assert_left(limiter: &Scoped, expected: &[(tokengate::scope::Scope, f64)]) {
+    for &(scope, expected) in expected {
+        assert_eq!(
+            left(limiter, scope),
+            expected,
+            "tokens lost or minted on {scope}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,8 @@
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{
-    Forward, Model, Scoped as Limiter, Tally, left, policy, run_scoped, spawn_scoped, users_limiter,
+    Forward, Model, Scoped as Limiter, Tally, assert_left, insert_user_4_racing, left, policy,
+    run_scoped, spawn_scoped, users_limiter,
 };
 use tokengate::Inherit;
 use tokengate::scope::*;
@@ -95,18 +96,15 @@ fn held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
             assert_eq!(admitted, [true, true], "a held request's admission lost");
             assert!(inserted, "the new key's request refused");
             assert_eq!(limiter.len(ScopeKind::Tenant), 4);
-            for (scope, expected) in [
-                (Scope::Tenant(TenantId(1)), 0.0),
-                (Scope::User(UserId(1)), 0.0),
-                (Scope::Tenant(TenantId(4)), 1.0),
-                (Scope::User(UserId(2)), 1.0),
-            ] {
-                assert_eq!(
-                    left(&limiter, scope),
-                    expected,
-                    "tokens lost or minted on {scope}"
-                );
-            }
+            assert_left(
+                &limiter,
+                &[
+                    (Scope::Tenant(TenantId(1)), 0.0),
+                    (Scope::User(UserId(1)), 0.0),
+                    (Scope::Tenant(TenantId(4)), 1.0),
+                    (Scope::User(UserId(2)), 1.0),
+                ],
+            );
         })
     }
 }
@@ -319,20 +317,8 @@ fn one_held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
                         .collect::<Vec<bool>>()
                 })
             };
-            let w = Request::new().user(UserId(4));
-            let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
-            let admitted = reader.join().unwrap();
-            assert_eq!(admitted, [true, true], "a held request's admission lost");
-            assert!(inserted, "the new key's request refused");
-            assert_eq!(limiter.len(ScopeKind::User), 4);
-            for (scope, expected) in [(Scope::User(UserId(1)), 0.0), (Scope::User(UserId(4)), 1.0)]
-            {
-                assert_eq!(
-                    left(&limiter, scope),
-                    expected,
-                    "tokens lost or minted on {scope}"
-                );
-            }
+            let expected = [(Scope::User(UserId(1)), 0.0), (Scope::User(UserId(4)), 1.0)];
+            insert_user_4_racing(&limiter, one, reader, &expected);
         })
     }
 }

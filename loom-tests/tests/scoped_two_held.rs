@@ -10,7 +10,9 @@
 //! writer that does not wait for the held section) are each caught.
 #![cfg(loom)]
 
-use loom_tests::{Model, Scoped as Limiter, left, run_scoped, spawn_scoped, users_limiter};
+use loom_tests::{
+    Model, Scoped as Limiter, insert_user_4_racing, left, run_scoped, spawn_scoped, users_limiter,
+};
 use tokengate::scope::*;
 
 /// The verdict of one request for `user`: admitted, and the scope named if refused.
@@ -82,23 +84,12 @@ fn racing_an_insert() -> impl Fn() + Sync + Send + 'static {
                 spawn_scoped(move || [verdict(&limiter, 1).0, verdict(&limiter, 1).0])
             };
             let one = limiter.class("one").unwrap();
-            let w = Request::new().user(UserId(4));
-            let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
-            let admitted = reader.join().unwrap();
-            assert_eq!(admitted, [true, true], "a held request's admission lost");
-            assert!(inserted, "the new key's request refused");
-            assert_eq!(limiter.len(ScopeKind::User), 4);
-            for (scope, expected) in [
+            let expected = [
                 (Scope::Global, 5.0),
                 (Scope::User(UserId(1)), 0.0),
                 (Scope::User(UserId(4)), 1.0),
-            ] {
-                assert_eq!(
-                    left(&limiter, scope),
-                    expected,
-                    "tokens lost or minted on {scope}"
-                );
-            }
+            ];
+            insert_user_4_racing(&limiter, one, reader, &expected);
         })
     }
 }
