@@ -308,8 +308,7 @@ mod on {
 
 #[cfg(not(feature = "redis"))]
 mod off {
-    use tokengate::scope::{ClassId, ScopeKind};
-    use tokengate::{Clock, ScopedLimiter};
+    use tokengate::scope::ScopeKind;
 
     use crate::layer::LayerError;
 
@@ -320,27 +319,18 @@ mod off {
     /// Never made.
     pub(crate) enum Planned {}
 
+    /// Never called (there is no scope to call them on): they take what the layer
+    /// passes whatever its type, so only the `redis` build spells out the signatures.
     impl RemoteScope {
         pub(crate) fn kind(&self) -> ScopeKind {
             match *self {}
         }
 
-        pub(crate) fn check<C: Clock>(
-            &self,
-            _: &ScopedLimiter<C>,
-            _: impl Iterator<Item = ClassId>,
-            _: bool,
-            _: bool,
-        ) -> Result<(), LayerError> {
+        pub(crate) fn check<L, I>(&self, _: L, _: I, _: bool, _: bool) -> Result<(), LayerError> {
             match *self {}
         }
 
-        pub(crate) fn plan<C: Clock>(
-            &self,
-            _: &ScopedLimiter<C>,
-            _: &tokengate::scope::Request,
-            _: ClassId,
-        ) -> Option<Planned> {
+        pub(crate) fn plan<L, Q, K>(&self, _: L, _: Q, _: K) -> Option<Planned> {
             match *self {}
         }
     }
