@@ -383,6 +383,159 @@ pub fn ticks_per_token(layout: &tokengate::state::Layout) -> u64 {
     (1u64 << layout.frac_bits()).div_ceil(layout.refill_per_tick())
 }
 
+/// Spawns `f` on a loom thread of its own, with its own handle of `shared` (cloned here,
+/// before the spawn, as a model would write it out).
+pub fn spawn_with<S, T>(
+    shared: &loom::sync::Arc<S>,
+    f: impl FnOnce(&S) -> T + Send + 'static,
+) -> loom::thread::JoinHandle<T>
+where
+    S: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let shared = shared.clone();
+    loom::thread::spawn(move || f(&shared))
+}
+
+/// A keyed map as the keyed models use it: `u64` keys, one shard, a frozen [`Forward`]
+/// clock, at most `max_keys` keys of `capacity` tokens (refilled at one a second).
+pub fn keyed_map(
+    capacity: u64,
+    max_keys: usize,
+) -> loom::sync::Arc<tokengate::KeyedLimiter<u64, Forward>> {
+    loom::sync::Arc::new(
+        tokengate::KeyedLimiter::builder(policy(capacity), max_keys)
+            .clock(Forward::new()) // frozen
+            .shards(1)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A [`keyed_map`] of `capacity` per key (at most 4 keys) with key 1 in it, full: the
+/// scaffold of the models of a switch racing the key's admissions.
+pub fn keyed_map_with_key_one(
+    capacity: u64,
+) -> loom::sync::Arc<tokengate::KeyedLimiter<u64, Forward>> {
+    let map = keyed_map(capacity, 4);
+    assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
+    map
+}
+
+/// Asserts that key 1 of `map` holds `capacity` less `net`, what the model's threads took
+/// from it net: no token lost or minted `at` a switch (the message names where).
+pub fn assert_key_one_conserved(
+    map: &tokengate::KeyedLimiter<u64, Forward>,
+    net: i64,
+    capacity: f64,
+    at: &str,
+) {
+    assert_eq!(
+        map.available(&1) + net as f64,
+        capacity,
+        "tokens lost or minted {at}: net taken {net}"
+    );
+}
+
+/// A policy of `capacity` tokens refilled at one a second: the models' frozen clocks
+/// never refill it.
+pub fn policy(capacity: u64) -> tokengate::Policy {
+    tokengate::Policy::new(capacity, 1.0).unwrap()
+}
+
+/// Spawns `f` on a loom thread with a stack large enough for a scoped request (its
+/// decision and member lists live on the stack: more than a loom thread's default holds).
+pub fn spawn_scoped<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> loom::thread::JoinHandle<T> {
+    loom::thread::Builder::new()
+        .stack_size(4 << 20)
+        .spawn(f)
+        .unwrap()
+}
+
+/// Runs a scoped model's body on a thread of [`spawn_scoped`]'s (the model's main thread
+/// has loom's default stack).
+pub fn run_scoped(f: impl FnOnce() + Send + 'static) {
+    spawn_scoped(f).join().unwrap();
+}
+
+/// The scoped limiter of the scoped models: a frozen [`Forward`] clock, and a fixed
+/// hasher (the model must be deterministic).
+pub type Scoped = tokengate::scope::ScopedLimiter<
+    Forward,
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
+>;
+
+/// A [`Scoped`] limiter of users holding `users` tokens each (one shard of at most 8
+/// keys), with a global bucket of `global` tokens when there is one, and one work class,
+/// "one", costing 1: users 1 to 3 in their map, full. Three users fill the shard's first
+/// allocation, so a fourth grows it (every entry moves).
+pub fn users_limiter(global: Option<u64>, users: u64) -> loom::sync::Arc<Scoped> {
+    use tokengate::scope::{Request, Rule, RuleSet, ScopeKind, UserId, WorkClass};
+    let mut rules = RuleSet::new();
+    if let Some(global) = global {
+        rules = rules.rule(ScopeKind::Global, Rule::new(policy(global)));
+    }
+    let limiter = loom::sync::Arc::new(
+        rules
+            .rule(
+                ScopeKind::User,
+                Rule::new(policy(users)).max_keys(8).shards(1),
+            )
+            .class(WorkClass::new("one", 1))
+            .build_with(Forward::new(), Default::default())
+            .unwrap(),
+    );
+    let one = limiter.class("one").unwrap();
+    for u in 1..=3 {
+        let d = limiter
+            .try_acquire(&Request::new().user(UserId(u)), one)
+            .unwrap();
+        limiter.refund(&d.charge().unwrap());
+    }
+    limiter
+}
+
+/// The tokens `limiter` holds in `scope`.
+pub fn left(limiter: &Scoped, scope: tokengate::scope::Scope) -> f64 {
+    limiter.available(&scope).unwrap()
+}
+
+/// The writer's side of the held-insert models, with `reader` (two held requests for
+/// user 1, of two tokens) running: a request of class `one` for user 4, new, whose
+/// insertion grows the user shard's table (every entry moves); then both admissions,
+/// the insertion and the balances `expected` exact.
+pub fn insert_user_4_racing<R>(
+    limiter: &Scoped,
+    one: tokengate::scope::ClassId,
+    reader: loom::thread::JoinHandle<R>,
+    expected: &[(tokengate::scope::Scope, f64)],
+) where
+    R: PartialEq<[bool; 2]> + std::fmt::Debug,
+{
+    use tokengate::scope::{Request, ScopeKind, UserId};
+    let w = Request::new().user(UserId(4));
+    let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
+    let admitted = reader.join().unwrap();
+    assert_eq!(admitted, [true, true], "a held request's admission lost");
+    assert!(inserted, "the new key's request refused");
+    assert_eq!(limiter.len(ScopeKind::User), 4);
+    assert_left(limiter, expected);
+}
+
+/// Asserts that `limiter` holds exactly what `expected` says of each scope, in that order:
+/// no token lost or minted on it.
+pub fn assert_left(limiter: &Scoped, expected: &[(tokengate::scope::Scope, f64)]) {
+    for &(scope, expected) in expected {
+        assert_eq!(
+            left(limiter, scope),
+            expected,
+            "tokens lost or minted on {scope}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

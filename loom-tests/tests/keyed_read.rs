@@ -18,26 +18,18 @@
 #![cfg(loom)]
 
 use loom::sync::Arc;
-use loom::thread;
-use loom_tests::{ByParity, Forward, Model, Tally};
+use loom_tests::{
+    ByParity, Forward, Model, Tally, assert_key_one_conserved, keyed_map, keyed_map_with_key_one,
+    spawn_with,
+};
 use tokengate::{Inherit, KeyedLimiter, Policy};
 
 type Map = KeyedLimiter<u64, Forward>;
 
-fn map(capacity: u64, max_keys: usize) -> Arc<Map> {
-    Arc::new(
-        KeyedLimiter::builder(Policy::new(capacity, 1.0).unwrap(), max_keys)
-            .clock(Forward::new()) // frozen
-            .shards(1)
-            .build()
-            .unwrap(),
-    )
-}
-
 /// A map of capacity 2 per key holding keys 1 to 3, full: they fill its table's first
 /// allocation, so the next insertion grows it (every entry moves).
 fn three_keys() -> Arc<Map> {
-    let map = map(2, 8);
+    let map = keyed_map(2, 8);
     for k in 1..=3 {
         assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
     }
@@ -50,12 +42,9 @@ fn three_keys() -> Arc<Map> {
 fn decide_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
         let map = three_keys();
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || {
-                [map.try_acquire(&1, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
-            })
-        };
+        let reader = spawn_with(&map, |map| {
+            [map.try_acquire(&1, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
+        });
         let inserted = map.try_acquire(&4, 1).unwrap().is_admitted();
         let admitted = reader.join().unwrap();
         assert_eq!(admitted, [true, true], "a found key's admission lost");
@@ -74,12 +63,8 @@ fn decide_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
 /// the bucket.)
 fn decide_racing_an_eviction(evicted: Tally) -> impl Fn() + Sync + Send + 'static {
     move || {
-        let map = map(2, 4);
-        assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || map.try_acquire(&1, 1).unwrap().is_admitted())
-        };
+        let map = keyed_map_with_key_one(2);
+        let reader = spawn_with(&map, |map| map.try_acquire(&1, 1).unwrap().is_admitted());
         let report = map.sweep();
         let admitted = reader.join().unwrap();
         assert!(admitted, "the key's admission lost");
@@ -97,25 +82,17 @@ fn decide_racing_an_eviction(evicted: Tally) -> impl Fn() + Sync + Send + 'stati
 /// `Additive` (one token more). The key ends with 3 less what the reader took.
 fn decide_racing_a_switch() -> impl Fn() + Sync + Send + 'static {
     || {
-        let map = map(2, 4);
-        assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || {
-                [map.try_acquire(&1, 1), map.try_acquire(&1, 1)]
-                    .map(|d| i64::from(d.unwrap().is_admitted()))
-                    .iter()
-                    .sum::<i64>()
-            })
-        };
+        let map = keyed_map_with_key_one(2);
+        let reader = spawn_with(&map, |map| {
+            [map.try_acquire(&1, 1), map.try_acquire(&1, 1)]
+                .map(|d| i64::from(d.unwrap().is_admitted()))
+                .iter()
+                .sum::<i64>()
+        });
         map.reconfigure(Policy::new(3, 1.0).unwrap(), Inherit::Additive);
         let net = reader.join().unwrap();
         assert_eq!(net, 2, "an admission refused with tokens left");
-        assert_eq!(
-            map.available(&1) + net as f64,
-            3.0,
-            "tokens lost or minted at the switch: net taken {net}"
-        );
+        assert_key_one_conserved(&map, net, 3.0, "at the switch");
     }
 }
 
@@ -137,12 +114,9 @@ fn decide_in_two_shards_racing_an_insert() -> impl Fn() + Sync + Send + 'static 
         for k in [1, 2] {
             assert!(map.try_acquire(&k, 0).unwrap().is_admitted());
         }
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || {
-                [map.try_acquire(&2, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
-            })
-        };
+        let reader = spawn_with(&map, |map| {
+            [map.try_acquire(&2, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
+        });
         let inserted = map.try_acquire(&4, 1).unwrap().is_admitted();
         let admitted = reader.join().unwrap();
         assert_eq!(admitted, [true, true], "a found key's admission lost");
@@ -165,14 +139,8 @@ fn decide_in_two_shards_racing_an_insert() -> impl Fn() + Sync + Send + 'static 
 fn two_sections_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
         let map = three_keys();
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || map.try_acquire(&1, 1).unwrap().is_admitted())
-        };
-        let writer = {
-            let map = map.clone();
-            thread::spawn(move || map.try_acquire(&4, 1).unwrap().is_admitted())
-        };
+        let reader = spawn_with(&map, |map| map.try_acquire(&1, 1).unwrap().is_admitted());
+        let writer = spawn_with(&map, |map| map.try_acquire(&4, 1).unwrap().is_admitted());
         let mine = map.try_acquire(&1, 1).unwrap().is_admitted();
         let theirs = reader.join().unwrap();
         let inserted = writer.join().unwrap();
@@ -193,16 +161,10 @@ fn two_sections_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
 fn a_section_racing_two_inserts() -> impl Fn() + Sync + Send + 'static {
     || {
         let map = three_keys();
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || {
-                [map.try_acquire(&1, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
-            })
-        };
-        let writer = {
-            let map = map.clone();
-            thread::spawn(move || map.try_acquire(&5, 1).unwrap().is_admitted())
-        };
+        let reader = spawn_with(&map, |map| {
+            [map.try_acquire(&1, 1), map.try_acquire(&1, 1)].map(|d| d.unwrap().is_admitted())
+        });
+        let writer = spawn_with(&map, |map| map.try_acquire(&5, 1).unwrap().is_admitted());
         let four = map.try_acquire(&4, 1).unwrap().is_admitted();
         let admitted = reader.join().unwrap();
         let five = writer.join().unwrap();
@@ -228,30 +190,22 @@ fn a_section_racing_two_inserts() -> impl Fn() + Sync + Send + 'static {
 /// reader ran.
 fn decide_racing_two_retirements(freed: Tally) -> impl Fn() + Sync + Send + 'static {
     move || {
-        let map = map(2, 4);
-        assert!(map.try_acquire(&1, 0).unwrap().is_admitted());
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || {
-                let admitted = map.try_acquire(&1, 1).unwrap().is_admitted();
-                let capacity = map.policy().capacity();
-                assert!(
-                    (2..=4).contains(&capacity),
-                    "read a freed epoch: {capacity}"
-                );
-                i64::from(admitted)
-            })
-        };
+        let map = keyed_map_with_key_one(2);
+        let reader = spawn_with(&map, |map| {
+            let admitted = map.try_acquire(&1, 1).unwrap().is_admitted();
+            let capacity = map.policy().capacity();
+            assert!(
+                (2..=4).contains(&capacity),
+                "read a freed epoch: {capacity}"
+            );
+            i64::from(admitted)
+        });
         map.reconfigure(Policy::new(3, 1.0).unwrap(), Inherit::Additive);
         map.reconfigure(Policy::new(4, 1.0).unwrap(), Inherit::Additive);
         freed.hit_if(map.retired_epochs() < 2);
         let net = reader.join().unwrap();
         assert_eq!(net, 1, "an admission refused with tokens left");
-        assert_eq!(
-            map.available(&1) + net as f64,
-            4.0,
-            "tokens lost or minted across the switches: net taken {net}"
-        );
+        assert_key_one_conserved(&map, net, 4.0, "across the switches");
     }
 }
 

@@ -8,8 +8,9 @@
 #![cfg(loom)]
 
 use loom::sync::Arc;
-use loom::thread;
-use loom_tests::{Forward, Model, Tally};
+use loom_tests::{
+    Forward, Model, Tally, assert_key_one_conserved, keyed_map_with_key_one, spawn_with,
+};
 use tokengate::{Inherit, LiveBucket, Policy};
 
 /// Thread A: take 1, give it back if admitted, take 1 again. Thread B: take 1. Thread
@@ -26,29 +27,24 @@ fn reconfigure_racing(
     let after_switch = after_switch.clone();
     move || {
         let bucket = Arc::new(LiveBucket::with_clock(from, Forward::new())); // frozen
-        let a = {
-            let bucket = bucket.clone();
-            thread::spawn(move || {
-                let mut net = 0i64;
-                if bucket.try_acquire(1).unwrap().is_admitted() {
-                    net += 1;
-                    bucket.refund(1).unwrap();
-                    net -= 1;
-                }
-                if bucket.try_acquire(1).unwrap().is_admitted() {
-                    net += 1;
-                }
-                net
-            })
-        };
-        let b = (threads > 3).then(|| {
-            let bucket = bucket.clone();
-            thread::spawn(move || i64::from(bucket.try_acquire(1).unwrap().is_admitted()))
+        let a = spawn_with(&bucket, |bucket| {
+            let mut net = 0i64;
+            if bucket.try_acquire(1).unwrap().is_admitted() {
+                net += 1;
+                bucket.refund(1).unwrap();
+                net -= 1;
+            }
+            if bucket.try_acquire(1).unwrap().is_admitted() {
+                net += 1;
+            }
+            net
         });
-        let s = {
-            let bucket = bucket.clone();
-            thread::spawn(move || bucket.reconfigure(to, how))
-        };
+        let b = (threads > 3).then(|| {
+            spawn_with(&bucket, |bucket| {
+                i64::from(bucket.try_acquire(1).unwrap().is_admitted())
+            })
+        });
+        let s = spawn_with(&bucket, move |bucket| bucket.reconfigure(to, how));
         let net = a.join().unwrap() + b.map_or(0, |b| b.join().unwrap());
         let switch = s.join().unwrap();
         let left = bucket.available();
@@ -106,8 +102,7 @@ fn two_switches_racing_an_admission_apply_one_after_the_other() {
         ));
         let switches: Vec<_> = [3, 5]
             .map(|c| {
-                let bucket = bucket.clone();
-                thread::spawn(move || {
+                spawn_with(&bucket, move |bucket| {
                     bucket.reconfigure(Policy::new(c, 1.0).unwrap(), Inherit::Additive)
                 })
             })
@@ -184,43 +179,27 @@ fn a_switch_that_does_not_seal_is_caught() {
 /// operations around the switch would leave it (`Additive` from capacity 2 to 3: one
 /// token more, never capped).
 fn keyed_switch_racing_admissions() -> impl Fn() + Sync + Send + 'static {
-    use tokengate::KeyedLimiter;
     || {
-        let map = Arc::new(
-            KeyedLimiter::<u64, _>::builder(Policy::new(2, 1.0).unwrap(), 4)
-                .clock(Forward::new())
-                .shards(1)
-                .build()
-                .unwrap(),
-        );
-        map.try_acquire(&1, 0).unwrap(); // the key exists, full
-        let a = {
-            let map = map.clone();
-            thread::spawn(move || {
-                let mut net = 0i64;
-                if map.try_acquire(&1, 1).unwrap().is_admitted() {
-                    net += 1;
-                    map.refund(&1, 1).unwrap();
-                    net -= 1;
-                }
-                if map.try_acquire(&1, 1).unwrap().is_admitted() {
-                    net += 1;
-                }
-                net
-            })
-        };
-        let s = {
-            let map = map.clone();
-            thread::spawn(move || map.reconfigure(Policy::new(3, 1.0).unwrap(), Inherit::Additive))
-        };
+        let map = keyed_map_with_key_one(2); // the key exists, full
+        let a = spawn_with(&map, |map| {
+            let mut net = 0i64;
+            if map.try_acquire(&1, 1).unwrap().is_admitted() {
+                net += 1;
+                map.refund(&1, 1).unwrap();
+                net -= 1;
+            }
+            if map.try_acquire(&1, 1).unwrap().is_admitted() {
+                net += 1;
+            }
+            net
+        });
+        let s = spawn_with(&map, |map| {
+            map.reconfigure(Policy::new(3, 1.0).unwrap(), Inherit::Additive)
+        });
         let net = a.join().unwrap();
         s.join().unwrap();
         assert_eq!(map.policy().capacity(), 3);
-        assert_eq!(
-            map.available(&1) + net as f64,
-            3.0,
-            "tokens lost or minted at the switch: net taken {net}"
-        );
+        assert_key_one_conserved(&map, net, 3.0, "at the switch");
     }
 }
 
@@ -267,14 +246,8 @@ fn keyed_switch_racing_a_clock_advance() -> impl Fn() + Sync + Send + 'static {
                 .unwrap(),
         );
         assert!(map.try_acquire(&1, 1).unwrap().is_admitted()); // drained
-        let a = {
-            let map = map.clone();
-            thread::spawn(move || map.try_acquire(&1, 1).unwrap().is_admitted())
-        };
-        let s = {
-            let map = map.clone();
-            thread::spawn(move || map.reconfigure(policy, Inherit::AsIs))
-        };
+        let a = spawn_with(&map, |map| map.try_acquire(&1, 1).unwrap().is_admitted());
+        let s = spawn_with(&map, move |map| map.reconfigure(policy, Inherit::AsIs));
         clock.advance(Duration::from_micros(3));
         let admitted = a.join().unwrap();
         s.join().unwrap();

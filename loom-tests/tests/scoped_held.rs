@@ -11,32 +11,14 @@
 //! writing flag) are caught by each model.
 #![cfg(loom)]
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::BuildHasherDefault;
-
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{Forward, Model, Tally};
+use loom_tests::{
+    Forward, Model, Scoped as Limiter, Tally, assert_left, insert_user_4_racing, left, policy,
+    run_scoped, spawn_scoped, users_limiter,
+};
+use tokengate::Inherit;
 use tokengate::scope::*;
-use tokengate::{Inherit, Policy};
-
-type Limiter = ScopedLimiter<Forward, BuildHasherDefault<DefaultHasher>>;
-
-/// As in `scoped_reconfigure`: a scoped request's lists live on the stack, more than a
-/// loom thread's default holds.
-fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    thread::Builder::new().stack_size(4 << 20).spawn(f).unwrap()
-}
-
-/// Runs a model's body on a thread of its own (the model's main thread has loom's
-/// default stack).
-fn run(f: impl FnOnce() + Send + 'static) {
-    spawn(f).join().unwrap();
-}
-
-fn p(capacity: u64) -> Policy {
-    Policy::new(capacity, 1.0).unwrap()
-}
 
 /// Tenants and users of `capacity` tokens (a fixed hasher: the model must be
 /// deterministic), one shard each.
@@ -49,14 +31,14 @@ fn rules_of(tenants: u64, users: u64) -> RuleSet {
     RuleSet::new()
         .rule(
             ScopeKind::Tenant,
-            Rule::new(p(tenants))
+            Rule::new(policy(tenants))
                 .max_keys(8)
                 .shards(1)
                 .inherit(Inherit::Additive),
         )
         .rule(
             ScopeKind::User,
-            Rule::new(p(users))
+            Rule::new(policy(users))
                 .max_keys(8)
                 .shards(1)
                 .inherit(Inherit::Additive),
@@ -73,7 +55,7 @@ fn limiter() -> Arc<Limiter> {
 fn limiter_of(rules: RuleSet) -> Arc<Limiter> {
     let limiter = Arc::new(
         rules
-            .build_with(Forward::new(), BuildHasherDefault::default())
+            .build_with(Forward::new(), Default::default())
             .unwrap(),
     );
     let one = limiter.class("one").unwrap();
@@ -90,7 +72,7 @@ fn limiter_of(rules: RuleSet) -> Arc<Limiter> {
 /// maps); whether each was admitted.
 fn reader(limiter: &Arc<Limiter>, times: usize) -> thread::JoinHandle<Vec<bool>> {
     let limiter = limiter.clone();
-    spawn(move || {
+    spawn_scoped(move || {
         let one = limiter.class("one").unwrap();
         let r = Request::new().tenant(TenantId(1)).user(UserId(1));
         (0..times)
@@ -99,16 +81,12 @@ fn reader(limiter: &Arc<Limiter>, times: usize) -> thread::JoinHandle<Vec<bool>>
     })
 }
 
-fn left(limiter: &Limiter, scope: Scope) -> f64 {
-    limiter.available(&scope).unwrap()
-}
-
 /// Reader: pays tenant 1 and user 1 twice (capacity 2 each), held. Writer: a request for
 /// tenant 4, new, and user 2, whose insertion grows the tenant shard's table (every
 /// entry moves). Every admission and every balance exact.
 fn held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
-        run(move || {
+        run_scoped(move || {
             let limiter = limiter();
             let one = limiter.class("one").unwrap();
             let reader = reader(&limiter, 2);
@@ -118,18 +96,15 @@ fn held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
             assert_eq!(admitted, [true, true], "a held request's admission lost");
             assert!(inserted, "the new key's request refused");
             assert_eq!(limiter.len(ScopeKind::Tenant), 4);
-            for (scope, expected) in [
-                (Scope::Tenant(TenantId(1)), 0.0),
-                (Scope::User(UserId(1)), 0.0),
-                (Scope::Tenant(TenantId(4)), 1.0),
-                (Scope::User(UserId(2)), 1.0),
-            ] {
-                assert_eq!(
-                    left(&limiter, scope),
-                    expected,
-                    "tokens lost or minted on {scope}"
-                );
-            }
+            assert_left(
+                &limiter,
+                &[
+                    (Scope::Tenant(TenantId(1)), 0.0),
+                    (Scope::User(UserId(1)), 0.0),
+                    (Scope::Tenant(TenantId(4)), 1.0),
+                    (Scope::User(UserId(2)), 1.0),
+                ],
+            );
         })
     }
 }
@@ -141,7 +116,7 @@ fn held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
 fn held_racing_a_sweep(evicted: Tally) -> impl Fn() + Sync + Send + 'static {
     move || {
         let evicted = evicted.clone();
-        run(move || {
+        run_scoped(move || {
             let limiter = limiter();
             let reader = reader(&limiter, 1);
             let report = limiter.sweep();
@@ -164,7 +139,7 @@ fn held_racing_a_sweep(evicted: Tally) -> impl Fn() + Sync + Send + 'static {
 /// what the reader took, and it took the same from each.
 fn held_racing_a_switch() -> impl Fn() + Sync + Send + 'static {
     || {
-        run(move || {
+        run_scoped(move || {
             let limiter = limiter();
             let reader = reader(&limiter, 2);
             limiter.reconfigure(rules(3)).unwrap();
@@ -189,7 +164,7 @@ fn held_racing_a_switch() -> impl Fn() + Sync + Send + 'static {
 fn two_held_racing_for_one_token(lost_race: Tally) -> impl Fn() + Sync + Send + 'static {
     move || {
         let lost_race = lost_race.clone();
-        run(move || {
+        run_scoped(move || {
             let limiter = limiter_of(rules_of(2, 1));
             let one = limiter.class("one").unwrap();
             // Admitted; the scope named when refused; whether user 1's bucket refused.
@@ -203,7 +178,7 @@ fn two_held_racing_for_one_token(lost_race: Tally) -> impl Fn() + Sync + Send + 
             };
             let other = {
                 let limiter = limiter.clone();
-                spawn(move || pay(&limiter, 1))
+                spawn_scoped(move || pay(&limiter, 1))
             };
             let mine = pay(&limiter, 2);
             let theirs = other.join().unwrap();
@@ -330,44 +305,20 @@ fn a_held_section_that_skips_the_writing_flag_is_caught() {
 /// admissions and every balance exact.
 fn one_held_racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
-        run(move || {
-            let limiter = Arc::new(
-                RuleSet::new()
-                    .rule(ScopeKind::User, Rule::new(p(2)).max_keys(8).shards(1))
-                    .class(WorkClass::new("one", 1))
-                    .build_with(Forward::new(), BuildHasherDefault::default())
-                    .unwrap(),
-            );
+        run_scoped(move || {
+            let limiter = users_limiter(None, 2);
             let one = limiter.class("one").unwrap();
-            for u in 1..=3 {
-                let d = limiter
-                    .try_acquire(&Request::new().user(UserId(u)), one)
-                    .unwrap();
-                limiter.refund(&d.charge().unwrap());
-            }
             let reader = {
                 let limiter = limiter.clone();
-                spawn(move || {
+                spawn_scoped(move || {
                     let r = Request::new().user(UserId(1));
                     (0..2)
                         .map(|_| limiter.try_acquire_verdict(&r, one).unwrap().is_admitted())
                         .collect::<Vec<bool>>()
                 })
             };
-            let w = Request::new().user(UserId(4));
-            let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
-            let admitted = reader.join().unwrap();
-            assert_eq!(admitted, [true, true], "a held request's admission lost");
-            assert!(inserted, "the new key's request refused");
-            assert_eq!(limiter.len(ScopeKind::User), 4);
-            for (scope, expected) in [(Scope::User(UserId(1)), 0.0), (Scope::User(UserId(4)), 1.0)]
-            {
-                assert_eq!(
-                    left(&limiter, scope),
-                    expected,
-                    "tokens lost or minted on {scope}"
-                );
-            }
+            let expected = [(Scope::User(UserId(1)), 0.0), (Scope::User(UserId(4)), 1.0)];
+            insert_user_4_racing(&limiter, one, reader, &expected);
         })
     }
 }

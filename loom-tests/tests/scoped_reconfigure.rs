@@ -12,20 +12,9 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 
 use loom::sync::Arc;
-use loom::thread;
-use loom_tests::{Forward, Model, Tally};
+use loom_tests::{Forward, Model, Tally, policy, spawn_scoped};
+use tokengate::Inherit;
 use tokengate::scope::*;
-use tokengate::{Inherit, Policy};
-
-/// Spawns `f` on a thread with a stack large enough for a scoped request (its decision
-/// and member lists live on the stack: more than a loom thread's default holds).
-fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    thread::Builder::new().stack_size(4 << 20).spawn(f).unwrap()
-}
-
-fn p(capacity: u64) -> Policy {
-    Policy::new(capacity, 1.0).unwrap()
-}
 
 /// The global rule: one limit per capacity of `caps`, paid together by every request
 /// (with two, a request meets the seal of one word after taking the other, and gives
@@ -35,7 +24,7 @@ fn global_limits(caps: &[u64]) -> RuleSet {
     RuleSet::new()
         .rule(
             ScopeKind::Global,
-            Rule::with_policies(caps.iter().map(|&c| p(c)).collect())
+            Rule::with_policies(caps.iter().map(|&c| policy(c)).collect())
                 .unwrap()
                 .inherit(Inherit::AsIs),
         )
@@ -53,7 +42,7 @@ fn global_switch_racing_requests(
     let after_switch = after_switch.clone();
     move || {
         let after_switch = after_switch.clone();
-        spawn(move || model_global(before, after, &after_switch))
+        spawn_scoped(move || model_global(before, after, &after_switch))
             .join()
             .unwrap();
     }
@@ -68,7 +57,7 @@ fn model_global(before: &[u64], after: &'static [u64], after_switch: &Tally) {
         );
         let a = {
             let limiter = limiter.clone();
-            spawn(move || {
+            spawn_scoped(move || {
                 let one = limiter.class("one").unwrap();
                 let r = Request::new();
                 let mut net = 0i64;
@@ -86,7 +75,7 @@ fn model_global(before: &[u64], after: &'static [u64], after_switch: &Tally) {
         };
         let s = {
             let limiter = limiter.clone();
-            spawn(move || limiter.reconfigure(global_limits(after)).unwrap())
+            spawn_scoped(move || limiter.reconfigure(global_limits(after)).unwrap())
         };
         let net = a.join().unwrap();
         let switch = s.join().unwrap();
@@ -171,11 +160,11 @@ fn a_request_holding_a_map_lock_is_decided_wholly_on_one_generation() {
         RuleSet::new()
             .rule(
                 ScopeKind::Global,
-                Rule::new(p(global)).inherit(Inherit::AsIs),
+                Rule::new(policy(global)).inherit(Inherit::AsIs),
             )
             .rule(
                 ScopeKind::Tenant,
-                Rule::new(p(tenant))
+                Rule::new(policy(tenant))
                     .max_keys(4)
                     .shards(1)
                     .inherit(Inherit::AsIs),
@@ -183,7 +172,7 @@ fn a_request_holding_a_map_lock_is_decided_wholly_on_one_generation() {
             .class(WorkClass::new("one", 1))
     };
     let model = move || {
-        spawn(move || {
+        spawn_scoped(move || {
             // A fixed hasher: the model must be deterministic.
             let hasher = BuildHasherDefault::<DefaultHasher>::default();
             let limiter = Arc::new(set(2, 2).build_with(Forward::new(), hasher).unwrap());
@@ -193,11 +182,11 @@ fn a_request_holding_a_map_lock_is_decided_wholly_on_one_generation() {
             assert!(limiter.try_acquire(&r, one).unwrap().is_admitted());
             let a = {
                 let limiter = limiter.clone();
-                spawn(move || i64::from(limiter.try_acquire(&r, one).unwrap().is_admitted()))
+                spawn_scoped(move || i64::from(limiter.try_acquire(&r, one).unwrap().is_admitted()))
             };
             let s = {
                 let limiter = limiter.clone();
-                spawn(move || limiter.reconfigure(set(4, 3)).unwrap())
+                spawn_scoped(move || limiter.reconfigure(set(4, 3)).unwrap())
             };
             let net = 1 + a.join().unwrap();
             let switch = s.join().unwrap();
@@ -227,9 +216,12 @@ fn tier_move_racing_a_give_back_and_a_request() {
         let s = RuleSet::new()
             .rule(
                 ScopeKind::Tenant,
-                Rule::new(p(2)).max_keys(4).shards(1).inherit(Inherit::AsIs),
+                Rule::new(policy(2))
+                    .max_keys(4)
+                    .shards(1)
+                    .inherit(Inherit::AsIs),
             )
-            .tier("gold", vec![p(3)])
+            .tier("gold", vec![policy(3)])
             .class(WorkClass::new("one", 1));
         if gold {
             s.override_key(Scope::Tenant(TenantId(1)), "gold")
@@ -237,7 +229,7 @@ fn tier_move_racing_a_give_back_and_a_request() {
             s
         }
     };
-    spawn(move || {
+    spawn_scoped(move || {
         // A fixed hasher: the model must be deterministic.
         let hasher = BuildHasherDefault::<DefaultHasher>::default();
         let limiter = Arc::new(set(false).build_with(Forward::new(), hasher).unwrap());
@@ -246,14 +238,14 @@ fn tier_move_racing_a_give_back_and_a_request() {
         let charge = limiter.try_acquire(&r, one).unwrap().charge().unwrap();
         let a = {
             let limiter = limiter.clone();
-            spawn(move || {
+            spawn_scoped(move || {
                 limiter.refund(&charge);
                 i64::from(limiter.try_acquire(&r, one).unwrap().is_admitted())
             })
         };
         let s = {
             let limiter = limiter.clone();
-            spawn(move || limiter.reconfigure(set(true)).unwrap())
+            spawn_scoped(move || limiter.reconfigure(set(true)).unwrap())
         };
         let net = a.join().unwrap();
         s.join().unwrap();
@@ -300,9 +292,12 @@ fn tier_layout_refilled_racing_a_give_back_and_a_request() {
         let s = RuleSet::new()
             .rule(
                 ScopeKind::Tenant,
-                Rule::new(p(2)).max_keys(4).shards(1).inherit(Inherit::AsIs),
+                Rule::new(policy(2))
+                    .max_keys(4)
+                    .shards(1)
+                    .inherit(Inherit::AsIs),
             )
-            .tier("gold", vec![p(2)])
+            .tier("gold", vec![policy(2)])
             .class(WorkClass::new("one", 1));
         if gold {
             s.override_key(Scope::Tenant(TenantId(1)), "gold")
@@ -310,7 +305,7 @@ fn tier_layout_refilled_racing_a_give_back_and_a_request() {
             s
         }
     };
-    spawn(move || {
+    spawn_scoped(move || {
         let hasher = BuildHasherDefault::<DefaultHasher>::default();
         let limiter = Arc::new(set(true).build_with(Forward::new(), hasher).unwrap());
         let one = limiter.class("one").unwrap();
@@ -320,14 +315,14 @@ fn tier_layout_refilled_racing_a_give_back_and_a_request() {
         limiter.reconfigure(set(false)).unwrap();
         let a = {
             let limiter = limiter.clone();
-            spawn(move || {
+            spawn_scoped(move || {
                 limiter.refund(&charge);
                 i64::from(limiter.try_acquire(&r, one).unwrap().is_admitted())
             })
         };
         let s = {
             let limiter = limiter.clone();
-            spawn(move || limiter.reconfigure(set(true)).unwrap())
+            spawn_scoped(move || limiter.reconfigure(set(true)).unwrap())
         };
         let net = a.join().unwrap();
         s.join().unwrap();

@@ -10,54 +10,10 @@
 //! writer that does not wait for the held section) are each caught.
 #![cfg(loom)]
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::BuildHasherDefault;
-
-use loom::sync::Arc;
-use loom::thread;
-use loom_tests::{Forward, Model};
-use tokengate::Policy;
+use loom_tests::{
+    Model, Scoped as Limiter, insert_user_4_racing, left, run_scoped, spawn_scoped, users_limiter,
+};
 use tokengate::scope::*;
-
-type Limiter = ScopedLimiter<Forward, BuildHasherDefault<DefaultHasher>>;
-
-/// A scoped request's lists live on the stack, more than a loom thread's default holds.
-fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    thread::Builder::new().stack_size(4 << 20).spawn(f).unwrap()
-}
-
-fn run(f: impl FnOnce() + Send + 'static) {
-    spawn(f).join().unwrap();
-}
-
-fn p(capacity: u64) -> Policy {
-    Policy::new(capacity, 1.0).unwrap()
-}
-
-/// A global bucket of `global` tokens and users of `users` (one shard, a fixed hasher),
-/// users 1 to 3 in their map, full.
-fn limiter(global: u64, users: u64) -> Arc<Limiter> {
-    let limiter = Arc::new(
-        RuleSet::new()
-            .rule(ScopeKind::Global, Rule::new(p(global)))
-            .rule(ScopeKind::User, Rule::new(p(users)).max_keys(8).shards(1))
-            .class(WorkClass::new("one", 1))
-            .build_with(Forward::new(), BuildHasherDefault::default())
-            .unwrap(),
-    );
-    let one = limiter.class("one").unwrap();
-    for u in 1..=3 {
-        let d = limiter
-            .try_acquire(&Request::new().user(UserId(u)), one)
-            .unwrap();
-        limiter.refund(&d.charge().unwrap());
-    }
-    limiter
-}
-
-fn left(limiter: &Limiter, scope: Scope) -> f64 {
-    limiter.available(&scope).unwrap()
-}
 
 /// The verdict of one request for `user`: admitted, and the scope named if refused.
 fn verdict(limiter: &Limiter, user: u64) -> (bool, Option<Scope>) {
@@ -67,60 +23,50 @@ fn verdict(limiter: &Limiter, user: u64) -> (bool, Option<Scope>) {
     (v.is_admitted(), v.refused_scope(&r))
 }
 
-/// Two requests, for users 1 and 2 (two tokens each), race for the global scope's one
-/// token: exactly one is admitted, the other is refused by the global scope, and only
-/// the admitted request's user paid.
-fn racing_for_the_global_token() -> impl Fn() + Sync + Send + 'static {
-    || {
-        run(move || {
-            let limiter = limiter(1, 2);
+/// Two requests race for the one token of the global scope or of user 1, on a global
+/// bucket of `global` tokens and users of `users`, where one of the two is 1:
+/// - `global` 1: the requests are for users 1 and 2 (two tokens each);
+/// - `users` 1: both are for user 1, with the global scope holding three.
+///
+/// Exactly one is admitted, the other is refused by the bucket of the last token, and
+/// the other buckets the two paid (the users, or the global scope) lost only the
+/// admitted request's token: a refused request that had taken one gave it back.
+fn racing_for_the_last_token(global: u64, users: u64) -> impl Fn() + Sync + Send + 'static {
+    // The bucket of the last token, the user of this thread's request, the other buckets
+    // paid and what they hold once the admitted request paid them.
+    let (last, mine, others, kept, what) = if global == 1 {
+        let users_paid: &[Scope] = &[Scope::User(UserId(1)), Scope::User(UserId(2))];
+        (Scope::Global, 2, users_paid, 2 * users - 1, "a user token")
+    } else {
+        assert_eq!(users, 1, "one of the two buckets holds the last token");
+        (
+            Scope::User(UserId(1)),
+            1,
+            &[Scope::Global][..],
+            global - 1,
+            "its global token",
+        )
+    };
+    move || {
+        run_scoped(move || {
+            let limiter = users_limiter(Some(global), users);
             let other = {
                 let limiter = limiter.clone();
-                spawn(move || verdict(&limiter, 1))
+                spawn_scoped(move || verdict(&limiter, 1))
             };
-            let mine = verdict(&limiter, 2);
+            let mine = verdict(&limiter, mine);
             let theirs = other.join().unwrap();
             assert!(
                 mine.0 != theirs.0,
                 "all or nothing: not exactly one admitted: {mine:?} {theirs:?}"
             );
             let refused = if mine.0 { theirs } else { mine };
-            assert_eq!(refused.1, Some(Scope::Global));
-            assert_eq!(left(&limiter, Scope::Global), 0.0);
-            let users =
-                left(&limiter, Scope::User(UserId(1))) + left(&limiter, Scope::User(UserId(2)));
+            assert_eq!(refused.1, Some(last));
+            assert_eq!(left(&limiter, last), 0.0);
+            let others: f64 = others.iter().map(|&s| left(&limiter, s)).sum();
             assert_eq!(
-                users, 3.0,
-                "conservation: the refused request kept a user token"
-            );
-        })
-    }
-}
-
-/// Two requests for user 1 (one token) race with the global scope holding three:
-/// exactly one is admitted, the other is refused by user 1, and if it had taken its
-/// global token it gave it back.
-fn racing_for_the_users_token() -> impl Fn() + Sync + Send + 'static {
-    || {
-        run(move || {
-            let limiter = limiter(3, 1);
-            let other = {
-                let limiter = limiter.clone();
-                spawn(move || verdict(&limiter, 1))
-            };
-            let mine = verdict(&limiter, 1);
-            let theirs = other.join().unwrap();
-            assert!(
-                mine.0 != theirs.0,
-                "all or nothing: not exactly one admitted: {mine:?} {theirs:?}"
-            );
-            let refused = if mine.0 { theirs } else { mine };
-            assert_eq!(refused.1, Some(Scope::User(UserId(1))));
-            assert_eq!(left(&limiter, Scope::User(UserId(1))), 0.0);
-            assert_eq!(
-                left(&limiter, Scope::Global),
-                2.0,
-                "conservation: the refused request kept its global token"
+                others, kept as f64,
+                "conservation: the refused request kept {what}"
             );
         })
     }
@@ -131,30 +77,19 @@ fn racing_for_the_users_token() -> impl Fn() + Sync + Send + 'static {
 /// grows the table and moves every entry. Every admission and balance exact.
 fn racing_an_insert() -> impl Fn() + Sync + Send + 'static {
     || {
-        run(move || {
-            let limiter = limiter(8, 2);
+        run_scoped(move || {
+            let limiter = users_limiter(Some(8), 2);
             let reader = {
                 let limiter = limiter.clone();
-                spawn(move || [verdict(&limiter, 1).0, verdict(&limiter, 1).0])
+                spawn_scoped(move || [verdict(&limiter, 1).0, verdict(&limiter, 1).0])
             };
             let one = limiter.class("one").unwrap();
-            let w = Request::new().user(UserId(4));
-            let inserted = limiter.try_acquire(&w, one).unwrap().is_admitted();
-            let admitted = reader.join().unwrap();
-            assert_eq!(admitted, [true, true], "a held request's admission lost");
-            assert!(inserted, "the new key's request refused");
-            assert_eq!(limiter.len(ScopeKind::User), 4);
-            for (scope, expected) in [
+            let expected = [
                 (Scope::Global, 5.0),
                 (Scope::User(UserId(1)), 0.0),
                 (Scope::User(UserId(4)), 1.0),
-            ] {
-                assert_eq!(
-                    left(&limiter, scope),
-                    expected,
-                    "tokens lost or minted on {scope}"
-                );
-            }
+            ];
+            insert_user_4_racing(&limiter, one, reader, &expected);
         })
     }
 }
@@ -165,12 +100,12 @@ const INSERT: Model = Model::exhaustive("two-bucket verdicts racing an insert", 
 
 #[test]
 fn two_bucket_verdicts_for_the_last_global_token_are_all_or_nothing() {
-    GLOBAL.check(racing_for_the_global_token());
+    GLOBAL.check(racing_for_the_last_token(1, 2));
 }
 
 #[test]
 fn two_bucket_verdicts_for_a_users_last_token_are_all_or_nothing() {
-    USER.check(racing_for_the_users_token());
+    USER.check(racing_for_the_last_token(3, 1));
 }
 
 #[test]
@@ -182,7 +117,7 @@ fn a_two_bucket_verdict_races_an_insert_exactly() {
 fn a_two_bucket_rollback_that_keeps_the_global_token_is_caught() {
     let message = USER.expect_violation(
         &tokengate::mutants::ROLLBACK_SKIPS_REFUND,
-        racing_for_the_users_token(),
+        racing_for_the_last_token(3, 1),
     );
     assert!(message.contains("conservation"), "{message}");
 }
@@ -192,11 +127,11 @@ fn a_two_bucket_take_stored_without_a_compare_and_swap_is_caught() {
     for message in [
         GLOBAL.expect_violation(
             &tokengate::mutants::PLANNED_TAKE_STORES_BLIND,
-            racing_for_the_global_token(),
+            racing_for_the_last_token(1, 2),
         ),
         USER.expect_violation(
             &tokengate::mutants::PLANNED_TAKE_STORES_BLIND,
-            racing_for_the_users_token(),
+            racing_for_the_last_token(3, 1),
         ),
     ] {
         assert!(message.contains("all or nothing"), "{message}");

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::{Barrier, Mutex};
 use std::time::Duration;
 
-use common::cluster::{Cluster, Group, config, fleet, fleets, with_wait};
+use common::cluster::{Cluster, config, fleet, fleets_without_and_with_wait};
 use tokengate::scope::{ApiKeyId, RemoteScopes, Scope, ScopeKind, TenantId, UserId};
 use tokengate_redis::{
     PoolConfig, RedisScopeKinds, RedisScopes, RemotePolicy, StrictAdmitted, StrictRefused,
@@ -165,11 +165,7 @@ fn the_fleet_stays_within_its_bound_while_the_slots_it_uses_move() {
         || {
             for &slot in &slots {
                 let from = c.primary_of(slot);
-                let to = c
-                    .live()
-                    .into_iter()
-                    .find(|&p| p != from && c.is_primary(p))
-                    .unwrap();
+                let to = c.other_primary(from);
                 moved += c.migrate_slot(slot, from, to, Duration::from_millis(200));
                 c.wait_ok(Duration::from_secs(10));
                 assert_eq!(c.primary_of(slot), to);
@@ -219,18 +215,9 @@ fn a_forced_failover_stays_within_the_lost_grant_term_and_with_wait_within_b_plu
         let scopes = scopes_on_one_primary(&c, &ns, 2);
         let primary = c.primary_of(c.slot(&format!("tg:{{{ns}:{}}}", scopes[0])));
         let replica = c.replica_of(primary);
-        let (plain, waiting) = (with_wait(false), with_wait(true));
-        let groups = [
-            Group {
-                scopes: &scopes[..1],
-                tune: &plain,
-            },
-            Group {
-                scopes: &scopes[1..],
-                tune: &waiting,
-            },
-        ];
-        let runs = fleets(&url, &ns, &groups, (4, 2, common::runs(3000, 4000)), || {
+        let scopes: &[String; 2] = scopes[..].try_into().unwrap();
+        let sizes = (4, 2, common::runs(3000, 4000));
+        let runs = fleets_without_and_with_wait(&url, &ns, scopes, sizes, || {
             c.failover_force(replica);
             common::wait_until(
                 "the old primary never became a replica",
@@ -512,11 +499,7 @@ fn ask_and_moved_are_followed_within_the_call_and_the_round() {
     // The prefetch that followed the decisions is done before the slot moves.
     std::thread::sleep(Duration::from_millis(200));
     let from = c.primary_of(slot);
-    let to = c
-        .live()
-        .into_iter()
-        .find(|&p| p != from && c.is_primary(p))
-        .unwrap();
+    let to = c.other_primary(from);
     // Mid-migration, every key moved: the source answers ASK for the strict key, which
     // the call follows (ASKING, then the take on the target).
     c.open_migration(slot, from, to);

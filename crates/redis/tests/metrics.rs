@@ -14,8 +14,8 @@ use tokengate_redis::series::{
     GRANTS, RETRIES, ROUND_TRIP_SECONDS, ROUND_TRIPS, TIMEOUTS, UNSETTLED_TOKENS,
 };
 use tokengate_redis::{
-    Admitted, AsyncRedisScopes, FailMode, PoolConfig, RedisPool, RedisScopes, RemotePolicy,
-    StrictAdmitted,
+    Admitted, AsyncRedisScopes, FailMode, PoolConfig, RedisPool, RedisScopes, RemoteBucket,
+    RemotePolicy, StrictAdmitted,
 };
 
 /// The recorder of this test binary, installed at the first call (its tests share it).
@@ -47,20 +47,42 @@ fn value(rendered: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
-fn config(server: &common::Server, test: &str) -> PoolConfig {
-    PoolConfig::new(server.url(), common::namespace(test))
+/// Asserts that every one of `series` has its `# HELP` line in `shown`.
+fn assert_described(shown: &str, series: &[&str]) {
+    for series in series {
+        assert!(
+            shown.contains(&format!("# HELP {series} ")),
+            "{series} undescribed: {shown}"
+        );
+    }
+}
+
+/// A client of the server at `url` in a namespace of its own, quick to time out and to
+/// probe, admitting by `FailOpen` while the server is unreachable.
+fn config(url: String, test: &str) -> PoolConfig {
+    PoolConfig::new(url, common::namespace(test))
         .exchange_timeout(Duration::from_millis(30))
         .connect_timeout(Duration::from_millis(30))
         .probe_backoff(Duration::from_millis(10), Duration::from_millis(40))
         .fail_mode(FailMode::FailOpen)
 }
 
+/// Waits (up to 5 s) for the bucket's first admission on a lease.
+fn first_lease(bucket: &RemoteBucket) {
+    common::wait_until(
+        "no lease paid",
+        Duration::from_secs(5),
+        || bucket.try_acquire(1) == Ok(Admitted::Leased),
+        || std::thread::sleep(Duration::from_millis(1)),
+    );
+}
+
 #[test]
 fn round_trips_grants_breaker_transitions_and_fail_mode_admissions_are_counted() {
     let handle = recorder();
     let mut server = common::Server::start();
-    let pool = RedisPool::connect(config(&server, "m-pool")).unwrap();
-    let scopes = RedisScopes::connect(config(&server, "m-strict")).unwrap();
+    let pool = RedisPool::connect(config(server.url(), "m-pool")).unwrap();
+    let scopes = RedisScopes::connect(config(server.url(), "m-strict")).unwrap();
     let bucket = pool
         .bucket("g", RemotePolicy::new(1000, 100.0).unwrap())
         .unwrap();
@@ -70,12 +92,7 @@ fn round_trips_grants_breaker_transitions_and_fail_mode_admissions_are_counted()
 
     // Round trips and grants.
     let pool_ok = [r#"client="pool""#, r#"outcome="ok""#];
-    common::wait_until(
-        "no lease paid",
-        Duration::from_secs(5),
-        || bucket.try_acquire(1) == Ok(Admitted::Leased),
-        || std::thread::sleep(Duration::from_millis(1)),
-    );
+    first_lease(&bucket);
     assert_eq!(
         scopes.try_acquire("t", &[(&tenant, "a", 1)]),
         Ok(StrictAdmitted::Taken)
@@ -108,12 +125,10 @@ fn round_trips_grants_breaker_transitions_and_fail_mode_admissions_are_counted()
         "{shown}"
     );
     assert_eq!(value(&shown, BREAKER_OPEN, &[]), 0.0, "{shown}");
-    for series in [ROUND_TRIPS, ROUND_TRIP_SECONDS, GRANTS, GRANT_TOKENS] {
-        assert!(
-            shown.contains(&format!("# HELP {series} ")),
-            "{series} undescribed: {shown}"
-        );
-    }
+    assert_described(
+        &shown,
+        &[ROUND_TRIPS, ROUND_TRIP_SECONDS, GRANTS, GRANT_TOKENS],
+    );
 
     // The server stops: both breakers open, and FailOpen admits (counted once each).
     server.stop();
@@ -167,12 +182,10 @@ fn round_trips_grants_breaker_transitions_and_fail_mode_admissions_are_counted()
             "{shown}"
         );
     }
-    for series in [BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS] {
-        assert!(
-            shown.contains(&format!("# HELP {series} ")),
-            "{series} undescribed: {shown}"
-        );
-    }
+    assert_described(
+        &shown,
+        &[BREAKER_OPEN, BREAKER_TRANSITIONS, FAIL_MODE_ADMISSIONS],
+    );
 
     // It comes back: the pool's breaker closes (three good rounds), counted once.
     server.ensure_running();
@@ -226,12 +239,7 @@ fn a_lost_reply_is_counted_as_a_retry_and_its_grant_as_replayed() {
     let bucket = pool
         .bucket("g", RemotePolicy::new(1_000_000, 100_000.0).unwrap())
         .unwrap();
-    common::wait_until(
-        "no lease paid",
-        Duration::from_secs(5),
-        || bucket.try_acquire(1) == Ok(Admitted::Leased),
-        || std::thread::sleep(Duration::from_millis(1)),
-    );
+    first_lease(&bucket);
     // Lose replies (of rounds that granted, sooner or later) until a replay is counted.
     common::wait_until(
         "no retry and replayed grant counted",
@@ -264,11 +272,7 @@ fn the_async_strict_client_counts_round_trips_timeouts_breaker_and_fail_mode() {
         .enable_all()
         .build()
         .unwrap();
-    let config = PoolConfig::new(proxy.url(), common::namespace("m-async"))
-        .exchange_timeout(Duration::from_millis(30))
-        .connect_timeout(Duration::from_millis(30))
-        .probe_backoff(Duration::from_millis(10), Duration::from_millis(40))
-        .fail_mode(FailMode::FailOpen);
+    let config = config(proxy.url(), "m-async");
     let client = [r#"client="strict_async""#];
     rt.block_on(async {
         let scopes = AsyncRedisScopes::connect(config).await.unwrap();
@@ -294,7 +298,7 @@ fn the_async_strict_client_counts_round_trips_timeouts_breaker_and_fail_mode() {
         assert_eq!(ask().await, Ok(StrictAdmitted::FailOpen));
         let shown = handle.render();
         assert!(value(&shown, TIMEOUTS, &client) >= 1.0, "{shown}");
-        assert!(shown.contains(&format!("# HELP {TIMEOUTS} ")), "{shown}");
+        assert_described(&shown, &[TIMEOUTS]);
         let failed = [client[0], r#"outcome="failed""#];
         assert_eq!(value(&shown, ROUND_TRIPS, &failed), 3.0, "{shown}");
         assert_eq!(value(&shown, BREAKER_OPEN, &client), 1.0, "{shown}");
@@ -352,12 +356,7 @@ fn leases_expired_unspent_are_counted_and_unsettled_until_settled() {
     let bucket = pool
         .bucket("g", RemotePolicy::new(1000, 0.001).unwrap())
         .unwrap();
-    common::wait_until(
-        "no lease paid",
-        Duration::from_secs(5),
-        || bucket.try_acquire(1) == Ok(Admitted::Leased),
-        || std::thread::sleep(Duration::from_millis(1)),
-    );
+    first_lease(&bucket);
     for _ in 0..3 {
         assert_eq!(bucket.try_acquire(1), Ok(Admitted::Leased));
     }
@@ -389,12 +388,7 @@ fn leases_expired_unspent_are_counted_and_unsettled_until_settled() {
         "{shown}"
     );
     assert_eq!(value(&shown, UNSETTLED_TOKENS, &[]), unspent, "{shown}");
-    for series in [EXPIRED_UNSPENT_TOKENS, UNSETTLED_TOKENS] {
-        assert!(
-            shown.contains(&format!("# HELP {series} ")),
-            "{series} undescribed: {shown}"
-        );
-    }
+    assert_described(&shown, &[EXPIRED_UNSPENT_TOKENS, UNSETTLED_TOKENS]);
 
     // Redis answers again: the settlement goes through and nothing is left unsettled;
     // the expired tokens were counted once.

@@ -56,6 +56,39 @@ impl Fleet {
             .unwrap()
     }
 
+    /// `c`'s refresh wanting `want` at `at` and Redis's reply, which has not reached `c`
+    /// (or never will: a lost reply).
+    fn request(&mut self, c: &mut Client, want: u64, at: u64) -> RateReply {
+        let ask = c.ask(want, at);
+        self.ask(&ask, at)
+    }
+
+    /// [`request`](Self::request), its reply on its way to `c` (delivered by
+    /// [`Client::deliver`], or lost).
+    fn send(&mut self, c: &mut Client, want: u64, at: u64) -> RateReply {
+        let reply = self.request(c, want, at);
+        c.pending = Some((reply, c.seq, at));
+        reply
+    }
+
+    /// [`send`](Self::send), the reply delivered at once.
+    fn round(&mut self, c: &mut Client, want: u64, at: u64) -> RateReply {
+        let reply = self.send(c, want, at);
+        c.deliver();
+        reply
+    }
+
+    /// `c` leaves at `at`, reporting that it spends nothing (it takes nothing, and the call
+    /// only brings the pool up to date): the pool's tokens then.
+    fn leave(&mut self, c: &mut Client, at: u64) -> u64 {
+        let mut ask = c.ask(0, at);
+        ask.has = None;
+        ask.leave = true;
+        let reply = self.ask(&ask, at);
+        assert!(reply.granted && reply.rate_milli == 0, "{reply:?}");
+        self.pool(at)
+    }
+
     /// The tokens in the pool of dropped tokens at `now_us` (none past its expiry).
     fn pool(&mut self, now_us: u64) -> u64 {
         let (pool, pexp): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
@@ -105,6 +138,13 @@ struct Client {
 }
 
 impl Client {
+    fn named(id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            ..Client::default()
+        }
+    }
+
     fn spending(&self, now: u64) -> Option<(u64, u64, u64, u64)> {
         self.has.filter(|h| h.3 > now)
     }
@@ -233,12 +273,7 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
         let mut f = Fleet::new("rate-cap", Start::Full);
         let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
         let k = 2 + (seed as usize % 5);
-        let mut clients: Vec<Client> = (0..k)
-            .map(|i| Client {
-                id: format!("c{i}"),
-                ..Client::default()
-            })
-            .collect();
+        let mut clients: Vec<Client> = (0..k).map(|i| Client::named(&format!("c{i}"))).collect();
         let mut now = 1_000_000_000u64;
         let mut granted = 0u64;
         let mut handed = 0u64;
@@ -318,19 +353,11 @@ fn shares_any_client_may_spend_never_exceed_the_cap() {
 #[test]
 fn equal_demands_get_equal_shares_and_a_newcomer_starts_at_once() {
     let mut f = Fleet::new("rate-fair", Start::Full);
-    let mut clients: Vec<Client> = (0..4)
-        .map(|i| Client {
-            id: format!("c{i}"),
-            ..Client::default()
-        })
-        .collect();
+    let mut clients: Vec<Client> = (0..4).map(|i| Client::named(&format!("c{i}"))).collect();
     let mut now = 1_000_000_000u64;
     for _ in 0..4 {
         for c in &mut clients {
-            let ask = c.ask(R_MILLI, now);
-            let reply = f.ask(&ask, now);
-            c.pending = Some((reply, ask.seq, now));
-            c.deliver();
+            f.round(c, R_MILLI, now);
         }
         now += 10_000;
     }
@@ -341,12 +368,8 @@ fn equal_demands_get_equal_shares_and_a_newcomer_starts_at_once() {
         // Two tokens for each of the four and for a newcomer, the rest in proportion.
         assert_eq!(b, 2 + (B - 2 * 5) * fair / R_MILLI, "burst share");
     }
-    let mut newcomer = Client {
-        id: "new".into(),
-        ..Client::default()
-    };
-    let ask = newcomer.ask(R_MILLI, now);
-    let reply = f.ask(&ask, now);
+    let mut newcomer = Client::named("new");
+    let reply = f.request(&mut newcomer, R_MILLI, now);
     assert!(
         reply.rate_milli >= f.min_milli && reply.burst >= 1,
         "{reply:?}"
@@ -359,76 +382,49 @@ fn equal_demands_get_equal_shares_and_a_newcomer_starts_at_once() {
 #[test]
 fn a_shrunk_share_moves_only_after_acknowledgement_or_expiry() {
     let mut f = Fleet::new("rate-ack", Start::Full);
-    let mut a = Client {
-        id: "a".into(),
-        ..Client::default()
-    };
-    let mut b = Client {
-        id: "b".into(),
-        ..Client::default()
-    };
+    let mut a = Client::named("a");
+    let mut b = Client::named("b");
     let mut now = 1_000_000_000u64;
     // a alone wants everything: it gets all but the reserve.
     for _ in 0..2 {
-        let ask = a.ask(R_MILLI, now);
-        let reply = f.ask(&ask, now);
-        a.pending = Some((reply, ask.seq, now));
-        a.deliver();
+        f.round(&mut a, R_MILLI, now);
         now += 1000;
     }
     let big = a.has.unwrap().1;
     assert_eq!(big, R_MILLI - f.min_milli);
     // b arrives wanting everything: only the reserve is free.
-    let ask = b.ask(R_MILLI, now);
-    let first = f.ask(&ask, now);
+    let first = f.send(&mut b, R_MILLI, now);
     assert_eq!(first.rate_milli, f.min_milli);
     // a refreshes: its target halves, but a may spend the big share until it hears.
-    let ask = a.ask(R_MILLI, now);
-    let shrink = f.ask(&ask, now);
+    let shrink = f.send(&mut a, R_MILLI, now);
     assert!(shrink.rate_milli < big);
-    a.pending = Some((shrink, ask.seq, now));
-    b.pending = Some((first, b.seq, now));
     b.deliver();
-    let ask = b.ask(R_MILLI, now + 1000);
-    let before_ack = f.ask(&ask, now + 1000);
+    let before_ack = f.round(&mut b, R_MILLI, now + 1000);
     assert_eq!(
         before_ack.rate_milli, f.min_milli,
         "a's share moved before a acknowledged it"
     );
-    b.pending = Some((before_ack, ask.seq, now + 1000));
-    b.deliver();
     // a hears and acknowledges: the difference is free at once.
     a.deliver();
-    let ask = a.ask(R_MILLI, now + 2000);
-    let _ = f.ask(&ask, now + 2000);
-    let ask = b.ask(R_MILLI, now + 3000);
-    let after_ack = f.ask(&ask, now + 3000);
+    f.request(&mut a, R_MILLI, now + 2000);
+    let after_ack = f.request(&mut b, R_MILLI, now + 3000);
     assert!(
         after_ack.rate_milli > before_ack.rate_milli,
         "{after_ack:?}"
     );
     // Had a never heard, its big share would move only after its expiry.
     let mut f2 = Fleet::new("rate-expiry", Start::Full);
-    let mut a2 = Client {
-        id: "a".into(),
-        ..Client::default()
-    };
-    let mut b2 = Client {
-        id: "b".into(),
-        ..Client::default()
-    };
+    let mut a2 = Client::named("a");
+    let mut b2 = Client::named("b");
     let t0 = 1_000_000_000u64;
-    let ask = a2.ask(R_MILLI, t0);
-    let g = f2.ask(&ask, t0);
-    a2.pending = Some((g, ask.seq, t0));
-    a2.deliver();
-    let ask = a2.ask(0, t0 + 1000); // a2 goes idle; the reply is lost
-    let _ = f2.ask(&ask, t0 + 1000);
-    let ask = b2.ask(R_MILLI, t0 + 2000);
-    assert_eq!(f2.ask(&ask, t0 + 2000).rate_milli, f2.min_milli);
+    f2.round(&mut a2, R_MILLI, t0);
+    f2.request(&mut a2, 0, t0 + 1000); // a2 goes idle; the reply is lost
+    assert_eq!(
+        f2.request(&mut b2, R_MILLI, t0 + 2000).rate_milli,
+        f2.min_milli
+    );
     let late = t0 + 1000 + TTL_US + GRACE_US; // a2's grants expired
-    let ask = b2.ask(R_MILLI, late);
-    let reply = f2.ask(&ask, late);
+    let reply = f2.request(&mut b2, R_MILLI, late);
     assert_eq!(reply.rate_milli, R_MILLI - f2.min_milli, "{reply:?}");
 }
 
@@ -436,10 +432,7 @@ fn a_shrunk_share_moves_only_after_acknowledgement_or_expiry() {
 #[test]
 fn a_stale_request_changes_nothing() {
     let mut f = Fleet::new("rate-stale", Start::Full);
-    let mut a = Client {
-        id: "a".into(),
-        ..Client::default()
-    };
+    let mut a = Client::named("a");
     let now = 1_000_000_000u64;
     let ask = a.ask(R_MILLI, now);
     assert!(f.ask(&ask, now).granted);
@@ -487,27 +480,12 @@ fn after_a_loss_nobody_gets_more_than_it_spends_for_one_lifetime() {
 #[test]
 fn dropped_tokens_are_credited_once_and_handed_on() {
     let mut f = Fleet::new("rate-pool", Start::Full);
-    let mut a = Client {
-        id: "a".into(),
-        ..Client::default()
-    };
-    let mut b = Client {
-        id: "b".into(),
-        ..Client::default()
-    };
+    let mut a = Client::named("a");
+    let mut b = Client::named("b");
     let now = 1_000_000_000u64;
-    let round = |f: &mut Fleet, c: &mut Client, want: u64, at: u64, deliver: bool| {
-        let ask = c.ask(want, at);
-        let reply = f.ask(&ask, at);
-        c.pending = Some((reply, ask.seq, at));
-        if deliver {
-            c.deliver();
-        }
-        reply
-    };
-    round(&mut f, &mut a, R_MILLI, now, true);
-    round(&mut f, &mut a, R_MILLI, now + 1, true);
-    round(&mut f, &mut b, R_MILLI, now + 2, true);
+    f.round(&mut a, R_MILLI, now);
+    f.round(&mut a, R_MILLI, now + 1);
+    f.round(&mut b, R_MILLI, now + 2);
     let (_, big_r, big, _) = a.has.unwrap();
     assert!(big > 100, "{big}");
     // a's demand falls: it shrinks its bucket to 20 (dropping what is above) and reports;
@@ -519,15 +497,15 @@ fn dropped_tokens_are_credited_once_and_handed_on() {
     a.tokens = 20;
     // (It asks for less than it spends: the grants' bursts stay under 20, so what Redis
     // counts it holding is the 20 it reports.)
-    round(&mut f, &mut a, big_r / 20, now + 10, false);
+    f.send(&mut a, big_r / 20, now + 10);
     assert_eq!(f.pool(now + 10), big - 20);
     // The retry carries the same drop and credits nothing more; a larger claim under a
     // new id is capped at what its counted burst shrank since (nothing).
-    round(&mut f, &mut a, big_r / 20, now + 20, false);
+    f.send(&mut a, big_r / 20, now + 20);
     assert_eq!(f.pool(now + 20), big - 20, "a drop was credited twice");
     a.drop_ids += 1;
     a.dropped = Some((a.drop_ids, big));
-    round(&mut f, &mut a, big_r / 20, now + 30, false);
+    f.send(&mut a, big_r / 20, now + 30);
     assert_eq!(
         f.pool(now + 30),
         big - 20,
@@ -536,7 +514,7 @@ fn dropped_tokens_are_credited_once_and_handed_on() {
     // b, its bucket full of its small share, asks for everything: its grant adds what its
     // bucket has room for from the pool.
     b.tokens = b.has.unwrap().2;
-    let reply = round(&mut f, &mut b, R_MILLI, now + 40, true);
+    let reply = f.round(&mut b, R_MILLI, now + 40);
     assert!(
         reply.handed > 100 && reply.handed + b.tokens <= reply.burst,
         "{reply:?}"
@@ -553,27 +531,14 @@ fn dropped_tokens_are_credited_once_and_handed_on() {
 #[test]
 fn idle_rate_accrues_to_the_pool_and_is_handed_on() {
     let mut f = Fleet::new("rate-accrue", Start::Full);
-    let mut a = Client {
-        id: "a".into(),
-        ..Client::default()
-    };
-    let mut b = Client {
-        id: "b".into(),
-        ..Client::default()
-    };
+    let mut a = Client::named("a");
+    let mut b = Client::named("b");
     let now = 1_000_000_000u64;
-    let round = |f: &mut Fleet, c: &mut Client, want: u64, at: u64| {
-        let ask = c.ask(want, at);
-        let reply = f.ask(&ask, at);
-        c.pending = Some((reply, ask.seq, at));
-        c.deliver();
-        reply
-    };
     // a and b both want everything: each half of r less the reserve; only the reserve
     // (r/64) is idle.
     for t in 0..3 {
-        round(&mut f, &mut a, R_MILLI, now + t);
-        round(&mut f, &mut b, R_MILLI, now + t);
+        f.round(&mut a, R_MILLI, now + t);
+        f.round(&mut b, R_MILLI, now + t);
     }
     let (_, ra, ba, _) = a.has.unwrap();
     let (_, rb, bb, _) = b.has.unwrap();
@@ -584,12 +549,12 @@ fn idle_rate_accrues_to_the_pool_and_is_handed_on() {
     let h = a.has.as_mut().unwrap();
     h.1 = ra / 10;
     h.2 = ba / 10;
-    round(&mut f, &mut a, ra / 10, now + 10);
+    f.round(&mut a, ra / 10, now + 10);
     let free = R_MILLI - a.has.unwrap().1 - rb;
     // 100 ms later: the pool holds what the idle rate refilled (at most: a's own next
     // grant may have been clamped), capped by the burst nobody holds.
     let t = now + 10 + 100_000;
-    round(&mut f, &mut a, ra / 10, t);
+    f.round(&mut a, ra / 10, t);
     let pool = f.pool(t);
     let refilled = free * 100_000 / 1_000_000_000;
     let unheld = B - a.has.unwrap().2 - bb;
@@ -604,7 +569,7 @@ fn idle_rate_accrues_to_the_pool_and_is_handed_on() {
     assert!(pool > 0);
     // b, its bucket empty and wanting more than it gets, starts its next grant with them.
     b.tokens = 0;
-    let reply = round(&mut f, &mut b, R_MILLI, t + 1);
+    let reply = f.round(&mut b, R_MILLI, t + 1);
     assert_eq!(reply.handed, pool.min(reply.burst), "{reply:?}");
 }
 
@@ -618,17 +583,11 @@ fn a_newcomer_starts_at_once_beside_a_full_pool() {
         let mut f = Fleet::new(name, Start::Full);
         // A reserve of r/8 (12.5 tokens/s) refills the pool faster than it expires.
         f.min_milli = R_MILLI / 8;
-        let mut a = Client {
-            id: "a".into(),
-            ..Client::default()
-        };
+        let mut a = Client::named("a");
         let mut now = 1_000_000_000u64;
         let mut full = false;
         for _ in 0..40 {
-            let ask = a.ask(0, now);
-            let reply = f.ask(&ask, now);
-            a.pending = Some((reply, ask.seq, now));
-            a.deliver();
+            f.round(&mut a, 0, now);
             let (_, _, ba, _) = a.has.unwrap();
             if f.pool(now) == B - ba {
                 full = true;
@@ -637,13 +596,9 @@ fn a_newcomer_starts_at_once_beside_a_full_pool() {
             now += TTL_US / 2;
         }
         assert!(full, "{name}: the pool never filled ({})", f.pool(now));
-        let mut newcomer = Client {
-            id: "new".into(),
-            ..Client::default()
-        };
+        let mut newcomer = Client::named("new");
         now += 1;
-        let ask = newcomer.ask(want, now);
-        let reply = f.ask(&ask, now);
+        let reply = f.request(&mut newcomer, want, now);
         assert!(
             reply.rate_milli > 0 && reply.burst > 0,
             "{name}: a newcomer beside a full pool ({}) got {reply:?}",
@@ -652,38 +607,37 @@ fn a_newcomer_starts_at_once_beside_a_full_pool() {
     }
 }
 
+/// When the instance of [`idle_fleet`] left.
+const LEFT_AT: u64 = 1_000_000_001;
+
+/// `ms` milliseconds after the instance of [`idle_fleet`] left.
+fn at(ms: u64) -> u64 {
+    LEFT_AT + ms * 1000
+}
+
+/// A fleet whose one instance, `a`, was granted a share and left 1 µs later, reporting
+/// that it spends nothing: all of r is idle from then on. Its later calls (leaving again,
+/// [`Fleet::leave`]) take nothing and only bring the pool up to date.
+fn idle_fleet(test: &str) -> (Fleet, Client) {
+    let mut f = Fleet::new(test, Start::Full);
+    let mut a = Client::named("a");
+    assert!(f.request(&mut a, R_MILLI, LEFT_AT - 1).rate_milli > 0);
+    f.leave(&mut a, LEFT_AT);
+    (f, a)
+}
+
 /// Redis's clock steps back: the idle rate accrues over the time it passed once, never
 /// twice (the recorded time does not step back with it).
 #[test]
 fn a_clock_step_back_accrues_no_interval_twice() {
-    let mut f = Fleet::new("rate-stepback", Start::Full);
-    let mut a = Client {
-        id: "a".into(),
-        ..Client::default()
-    };
-    let t0 = 1_000_000_000u64;
-    let ask = a.ask(R_MILLI, t0);
-    let reply = f.ask(&ask, t0);
-    assert!(reply.rate_milli > 0);
-    // a leaves, reporting it spends nothing: all of r is idle from here on. Its later
-    // calls (leaving again) take nothing and only bring the pool up to date.
-    let mut probe = |f: &mut Fleet, at: u64| {
-        let mut ask = a.ask(0, at);
-        ask.has = None;
-        ask.leave = true;
-        let reply = f.ask(&ask, at);
-        assert!(reply.granted && reply.rate_milli == 0, "{reply:?}");
-        f.pool(at)
-    };
-    probe(&mut f, t0 + 1);
-    let at = |ms: u64| t0 + 1 + ms * 1000;
+    let (mut f, mut a) = idle_fleet("rate-stepback");
     // 100 ms idle at r = 100 tokens/s: 10 tokens.
-    assert_eq!(probe(&mut f, at(100)), 10);
+    assert_eq!(f.leave(&mut a, at(100)), 10);
     // The clock steps back 50 ms: nothing accrues.
-    assert_eq!(probe(&mut f, at(50)), 10);
+    assert_eq!(f.leave(&mut a, at(50)), 10);
     // 150 ms after the start, 50 ms after the largest time seen: 15 tokens in all, at
     // most the idle rate over the time that passed.
-    let pool = probe(&mut f, at(150));
+    let pool = f.leave(&mut a, at(150));
     assert!(
         pool <= 15,
         "after a clock step back the pool holds {pool} tokens, more than the 15 the idle rate refilled in 150 ms"
@@ -696,23 +650,7 @@ fn a_clock_step_back_accrues_no_interval_twice() {
 /// granted meanwhile), records them, and accrual resumes from there.
 #[test]
 fn a_state_without_idle_rate_fields_accrues_nothing_on_first_contact() {
-    let mut f = Fleet::new("rate-upgrade", Start::Full);
-    let mut a = Client {
-        id: "a".into(),
-        ..Client::default()
-    };
-    let t0 = 1_000_000_000u64;
-    let ask = a.ask(R_MILLI, t0);
-    assert!(f.ask(&ask, t0).rate_milli > 0);
-    let mut probe = |f: &mut Fleet, at: u64| {
-        let mut ask = a.ask(0, at);
-        ask.has = None;
-        ask.leave = true;
-        let reply = f.ask(&ask, at);
-        assert!(reply.granted && reply.rate_milli == 0, "{reply:?}");
-        f.pool(at)
-    };
-    probe(&mut f, t0 + 1);
+    let (mut f, mut a) = idle_fleet("rate-upgrade");
     // What an older version leaves: ep, learn, pool, pexp only.
     let _: () = redis::cmd("HDEL")
         .arg(&f.keys.state)
@@ -722,7 +660,6 @@ fn a_state_without_idle_rate_fields_accrues_nothing_on_first_contact() {
         .arg("pfrac")
         .query(&mut f.con)
         .unwrap();
-    let at = |ms: u64| t0 + 1 + ms * 1000;
-    assert_eq!(probe(&mut f, at(100)), 0, "accrued on first contact");
-    assert_eq!(probe(&mut f, at(150)), 5);
+    assert_eq!(f.leave(&mut a, at(100)), 0, "accrued on first contact");
+    assert_eq!(f.leave(&mut a, at(150)), 5);
 }

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{Group, Sentinels, config, fleets, with_wait};
+use common::cluster::{Sentinels, config, fleets_without_and_with_wait};
 use tokengate_redis::{PoolError, RedisPool, RedisScopes, RemotePolicy, StrictAdmitted};
 
 fn state_ts(port: u16, key: &str) -> Option<u64> {
@@ -51,19 +51,8 @@ fn the_fleet_finds_its_primary_through_sentinel_and_follows_a_sentinel_failover(
         let ns = common::namespace("sentinel");
         let scopes = ["global".to_owned(), "waited".to_owned()];
         let keys = scopes.each_ref().map(|sc| format!("tg:{{{ns}:{sc}}}"));
-        let (plain, waiting) = (with_wait(false), with_wait(true));
-        let groups = [
-            Group {
-                scopes: &scopes[..1],
-                tune: &plain,
-            },
-            Group {
-                scopes: &scopes[1..],
-                tune: &waiting,
-            },
-        ];
         let mut before = [None, None];
-        let runs = fleets(&url, &ns, &groups, (3, 2, 4000), || {
+        let runs = fleets_without_and_with_wait(&url, &ns, &scopes, (3, 2, 4000), || {
             before = keys.each_ref().map(|k| state_ts(old, k));
             s.failover();
         });

@@ -308,15 +308,9 @@ mod on {
 
 #[cfg(not(feature = "redis"))]
 mod off {
-    use std::sync::Arc;
+    use tokengate::scope::ScopeKind;
 
-    use http::{Request, Response};
-    use tokengate::scope::{ClassId, ScopeDecision, ScopeKind};
-    use tokengate::{Clock, ScopedLimiter};
-    use tower_service::Service;
-
-    use crate::layer::{LayerError, Shared};
-    use crate::service::{After, ResponseFuture};
+    use crate::layer::LayerError;
 
     /// No remote scope without the `redis` feature.
     #[derive(Clone, Debug)]
@@ -325,43 +319,27 @@ mod off {
     /// Never made.
     pub(crate) enum Planned {}
 
+    /// Never called (there is no scope to call them on): they take what the layer
+    /// passes whatever its type, so only the `redis` build spells out the signatures.
     impl RemoteScope {
         pub(crate) fn kind(&self) -> ScopeKind {
             match *self {}
         }
 
-        pub(crate) fn check<C: Clock>(
-            &self,
-            _: &ScopedLimiter<C>,
-            _: impl Iterator<Item = ClassId>,
-            _: bool,
-            _: bool,
-        ) -> Result<(), LayerError> {
+        pub(crate) fn check<L, I>(&self, _: L, _: I, _: bool, _: bool) -> Result<(), LayerError> {
             match *self {}
         }
 
-        pub(crate) fn plan<C: Clock>(
-            &self,
-            _: &ScopedLimiter<C>,
-            _: &tokengate::scope::Request,
-            _: ClassId,
-        ) -> Option<Planned> {
+        pub(crate) fn plan<L, Q, K>(&self, _: L, _: Q, _: K) -> Option<Planned> {
             match *self {}
         }
     }
 
-    pub(crate) fn admitted<S, C, ReqBody, ResBody>(
-        planned: Planned,
-        _: &mut S,
-        _: &Arc<Shared<C>>,
-        _: Request<ReqBody>,
-        _: Option<&ScopeDecision<'_>>,
-        _: Option<Box<After<C>>>,
-    ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        C: Clock,
-    {
+    /// Never called: there is no [`Planned`] to pass. Generic over what the caller
+    /// passes on (the service, the layer's state, the request, the decision and the
+    /// admission's after-hook) and over the future it returns, so that the remote
+    /// scope's wiring is written once, in the `redis` build.
+    pub(crate) fn admitted<S, L, Q, D, A, F>(planned: Planned, _: S, _: L, _: Q, _: D, _: A) -> F {
         match planned {}
     }
 }

@@ -223,6 +223,14 @@ impl Cluster {
             .expect("every slot is served")
     }
 
+    /// A running primary other than the one on `port`.
+    pub fn other_primary(&self, port: u16) -> u16 {
+        self.live()
+            .into_iter()
+            .find(|&p| p != port && self.is_primary(p))
+            .expect("another primary")
+    }
+
     /// The port of `primary`'s replica, once it is attached (within 10 s).
     pub fn replica_of(&self, primary: u16) -> u16 {
         for _ in 0..500 {
@@ -688,6 +696,30 @@ impl Run {
             );
         }
     }
+}
+
+/// [`fleets`] of two groups through one fault, each on its own bucket: instances on
+/// `scopes[0]` that do not wait for a replica and instances on `scopes[1]` that do
+/// ([`with_wait`]); their runs in that order.
+pub fn fleets_without_and_with_wait(
+    url: &str,
+    ns: &str,
+    scopes: &[String; 2],
+    sizes: (usize, usize, u64),
+    fault: impl FnOnce(),
+) -> Vec<Run> {
+    let (plain, waiting) = (with_wait(false), with_wait(true));
+    let groups = [
+        Group {
+            scopes: &scopes[..1],
+            tune: &plain,
+        },
+        Group {
+            scopes: &scopes[1..],
+            tune: &waiting,
+        },
+    ];
+    fleets(url, ns, &groups, sizes, fault)
 }
 
 /// `cfg` waiting for one replica's acknowledgement (20 ms) when `wait`.
