@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::mem::MaybeUninit;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Decision;
@@ -86,34 +85,35 @@ impl PolicySet {
     }
 }
 
-/// One generation's policies: its number and its [`PolicySet`], shared with the other
-/// generations whose set is equal (a switch back to policies the limiter had recently
-/// keeps no second copy: see `generation::Shared`).
-#[derive(Debug, PartialEq)]
-pub(crate) struct Policies {
-    /// The number of the generation these are (a decision's charge says which policies
-    /// it paid under).
+/// A decision's policies: its generation's [`PolicySet`] (in the limiter's store of
+/// configurations, which keeps each distinct one for the limiter's life) and the
+/// generation's number (a decision's charge says which configuration it paid under).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Policies<'a> {
+    /// The number of the generation these are.
     pub(crate) generation: u64,
-    set: Arc<PolicySet>,
+    set: &'a PolicySet,
 }
 
-impl Policies {
-    pub(crate) fn new(generation: u64, set: Arc<PolicySet>) -> Policies {
+impl<'a> Policies<'a> {
+    #[inline(always)]
+    pub(crate) fn new(generation: u64, set: &'a PolicySet) -> Policies<'a> {
         Policies { generation, set }
     }
 
-    /// The set, shared.
-    pub(crate) fn set(&self) -> &Arc<PolicySet> {
-        &self.set
+    /// The set, for as long as the limiter is borrowed.
+    #[inline(always)]
+    pub(crate) fn set(self) -> &'a PolicySet {
+        self.set
     }
 }
 
-impl std::ops::Deref for Policies {
+impl std::ops::Deref for Policies<'_> {
     type Target = PolicySet;
 
     #[inline(always)]
     fn deref(&self) -> &PolicySet {
-        &self.set
+        self.set
     }
 }
 
@@ -156,7 +156,7 @@ pub(crate) enum Refused {
 /// The outcome of [`ScopedLimiter::try_acquire`](crate::ScopedLimiter::try_acquire):
 /// every scope's cost taken, or none.
 ///
-/// A small `Copy` value (240 bytes on 64-bit targets, 88 of them the [`Request`], none
+/// A small `Copy` value (248 bytes on 64-bit targets, 88 of them the [`Request`], none
 /// written for a kind the request does not pay): each scope's
 /// own [`Decision`] is kept as its balance and tick lead (and its tier, for an
 /// overridden key), and rebuilt from the scope's policy when [`decision`](ScopeDecision::decision) or
@@ -197,7 +197,7 @@ pub struct ScopeDecision<'a> {
     retry_after_nanos: u64,
     /// The class's cost per kind (a kind outside `paid` paid nothing, whatever it says).
     costs: &'a PerKind<u64>,
-    pub(super) policies: &'a Policies,
+    pub(super) policies: Policies<'a>,
     /// Each kind's local tier (0: its rule's policies).
     tiers: PerKind<u8>,
     /// The kinds the request paid (or was refused in).
@@ -217,7 +217,7 @@ impl<'a> ScopeDecision<'a> {
     pub(crate) fn new(
         request: &Request,
         costs: &'a PerKind<u64>,
-        policies: &'a Policies,
+        policies: Policies<'a>,
     ) -> ScopeDecision<'a> {
         ScopeDecision {
             request: *request,
@@ -241,7 +241,7 @@ impl<'a> ScopeDecision<'a> {
     pub(crate) fn alone(
         request: &Request,
         costs: &'a PerKind<u64>,
-        policies: &'a Policies,
+        policies: Policies<'a>,
         k: usize,
         d: &Decision,
         retry_after: Option<Duration>,
@@ -270,7 +270,7 @@ impl<'a> ScopeDecision<'a> {
     pub(crate) fn paid_in(
         request: &Request,
         costs: &'a PerKind<u64>,
-        policies: &'a Policies,
+        policies: Policies<'a>,
         tiers: PerKind<u8>,
         paid: KindSet,
     ) -> ScopeDecision<'a> {
@@ -494,7 +494,7 @@ impl<'a> ScopeDecision<'a> {
     /// when charged there, the refusing limit's for the refusing kind, else the first.
     fn policy_of(&self, k: usize) -> Option<&'a Policy> {
         policy_in(
-            self.policies,
+            self.policies.set(),
             k,
             *self.tiers.get(k)?,
             self.overflow & bit(k) != 0,
@@ -520,7 +520,7 @@ impl<'a> ScopeDecision<'a> {
 
     /// The policies kind `k`'s key is held to: its tier's or its rule's.
     fn kind_policies(&self, k: usize) -> Option<&'a KindPolicies> {
-        self.policies.get(k, *self.tiers.get(k)?)
+        self.policies.set().get(k, *self.tiers.get(k)?)
     }
 
     /// Kind `k`'s bucket decision, if it decided.
@@ -601,7 +601,7 @@ pub struct ScopeVerdict<'a> {
     lead_nanos: i64,
     /// The tightest scope's cost (the refusing scope's for a refusal).
     cost: u64,
-    policies: &'a Policies,
+    policies: &'a PolicySet,
 }
 
 impl<'a> ScopeVerdict<'a> {
@@ -612,7 +612,7 @@ impl<'a> ScopeVerdict<'a> {
     /// without the decision.
     #[inline(always)]
     pub(crate) fn alone(
-        policies: &'a Policies,
+        policies: Policies<'a>,
         k: usize,
         tier: u8,
         cost: u64,
@@ -641,7 +641,7 @@ impl<'a> ScopeVerdict<'a> {
             balance,
             lead_nanos,
             cost,
-            policies,
+            policies: policies.set(),
         }
     }
 
@@ -652,7 +652,7 @@ impl<'a> ScopeVerdict<'a> {
     /// equals, first in [`ScopeKind`] order).
     #[inline(always)]
     pub(crate) fn admitted_two(
-        policies: &'a Policies,
+        policies: Policies<'a>,
         global: (u64, &Decision),
         (k, tier, cost, d): (usize, u8, u64, &Decision),
     ) -> ScopeVerdict<'a> {
@@ -696,7 +696,7 @@ impl<'a> ScopeVerdict<'a> {
             balance,
             lead_nanos,
             cost,
-            policies,
+            policies: policies.set(),
         }
     }
 
@@ -733,7 +733,7 @@ impl<'a> ScopeVerdict<'a> {
 
     /// The verdict of a request that paid nothing (no scope charged).
     #[inline]
-    pub(crate) fn nothing(policies: &'a Policies) -> ScopeVerdict<'a> {
+    pub(crate) fn nothing(policies: Policies<'a>) -> ScopeVerdict<'a> {
         ScopeVerdict {
             refused: None,
             tightest: None,
@@ -744,7 +744,7 @@ impl<'a> ScopeVerdict<'a> {
             balance: 0,
             lead_nanos: 0,
             cost: 0,
-            policies,
+            policies: policies.set(),
         }
     }
 
@@ -845,7 +845,7 @@ impl<'a> ScopeVerdict<'a> {
 /// else the first.
 #[inline]
 fn policy_in(
-    policies: &Policies,
+    policies: &PolicySet,
     k: usize,
     tier: u8,
     overflow: bool,
@@ -875,7 +875,7 @@ impl<'a> ScopeDecision<'a> {
             balance: 0,
             lead_nanos: 0,
             cost: 0,
-            policies: self.policies,
+            policies: self.policies.set(),
         };
         let mut decided = self.decided;
         let mut fewest = u64::MAX;
@@ -1181,8 +1181,8 @@ mod tests {
     }
 
     #[test]
-    fn a_decision_is_240_bytes_and_its_request_88() {
+    fn a_decision_is_248_bytes_and_its_request_88() {
         assert_eq!(std::mem::size_of::<Request>(), 88);
-        assert_eq!(std::mem::size_of::<ScopeDecision<'_>>(), 240);
+        assert_eq!(std::mem::size_of::<ScopeDecision<'_>>(), 248);
     }
 }

@@ -33,7 +33,6 @@
 
 use std::hash::BuildHasher;
 use std::mem::MaybeUninit;
-use std::ptr;
 use std::time::Duration;
 
 use super::decision::{KindSet, Policies};
@@ -110,14 +109,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[inline(always)]
     pub(super) fn pay_held<'s, O: Outcome<'s>>(
         &'s self,
-        g: &'s Generation,
+        g: &Generation,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
     ) -> Result<O, ScopeError> {
         let mut out = MaybeUninit::uninit();
-        self.pay_held_into(g, costs, request, class, paid, &mut out);
+        self.pay_held_into(g, costs, policies, request, class, paid, &mut out);
         // SAFETY: `pay_held_into` writes `out` before it returns, on every path.
         unsafe { out.assume_init() }
     }
@@ -127,10 +127,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// `out` is where the caller returns it from: in the builds measured, the compiler
     /// passes the caller's own return place, and nothing is copied after the call.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn pay_held_into<'s, O: Outcome<'s>>(
         &'s self,
-        g: &'s Generation,
+        g: &Generation,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
@@ -149,7 +151,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
         // With a section held, no switch can publish until it ends; one may have
         // published before the first was entered.
-        if !all_held || !ptr::eq(self.generation(), g) {
+        if !all_held || !self.generations.is_current(g) {
             cold_path();
             // The locked path takes the shards' locks: the sections end first.
             drop(sections);
@@ -173,7 +175,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .iter()
             .fold(0u64, |t, e| t | u64::from(e.tier) << (8 * e.kind.index()));
         let attempt = request.attempt;
-        let policies = &g.policies;
         // The admission, written where it is returned ahead of the takes, each bucket's
         // part as the bucket is taken: not gathered here and copied there at the end
         // (measured: BENCHMARKS.md, "Scoped path: the decision written where it is
@@ -290,8 +291,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[inline(never)]
     pub(super) fn pay_one_held<'s>(
         &'s self,
-        g: &'s Generation,
+        g: &Generation,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
@@ -301,7 +303,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             list: Inline::new(),
         };
         let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
-        if !all_held || !ptr::eq(self.generation(), g) {
+        if !all_held || !self.generations.is_current(g) {
             cold_path();
             drop(sections);
             return self.pay_scopes(request, class).map(|d| d.verdict());
@@ -324,13 +326,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         match e.handle.take_at(cost, now) {
             Ok(d) if d.is_admitted() => {
                 e.handle.counters.record(true, cost, request.attempt);
-                Ok(ScopeVerdict::alone(&g.policies, k, e.tier, cost, &d, None))
+                Ok(ScopeVerdict::alone(policies, k, e.tier, cost, &d, None))
             }
             Ok(d) => {
                 let wait = e.handle.wait_at(cost, now);
                 e.handle.counters.record(false, cost, request.attempt);
                 Ok(ScopeVerdict::alone(
-                    &g.policies,
+                    policies,
                     k,
                     e.tier,
                     cost,
@@ -356,10 +358,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// path (a new key, a writer on the shard, several limits, a pass due, a switch, a
     /// sealed word) goes there here too, nothing taken.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn pay_two_held<'s>(
         &'s self,
-        g: &'s Generation,
+        g: &Generation,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
@@ -370,7 +374,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             list: Inline::new(),
         };
         let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
-        if !all_held || !ptr::eq(self.generation(), g) {
+        if !all_held || !self.generations.is_current(g) {
             cold_path();
             drop(sections);
             return self.pay_scopes(request, class).map(|d| d.verdict());
@@ -402,7 +406,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 let base = Base {
                     request,
                     costs,
-                    policies: &g.policies,
+                    policies,
                     tiers: u64::from(e.tier) << (8 * k),
                     paid: paid | KindSet::from(true),
                 };
@@ -466,7 +470,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         counters.record(true, global_cost, request.attempt);
         e.handle.counters.record(true, cost, request.attempt);
         Ok(ScopeVerdict::admitted_two(
-            &g.policies,
+            policies,
             (global_cost, &global_decision),
             (k, e.tier, cost, &decision),
         ))
@@ -542,7 +546,7 @@ pub(super) trait Outcome<'s>: Sized {
     fn admission(
         request: &Request,
         costs: &'s PerKind<u64>,
-        policies: &'s Policies,
+        policies: Policies<'s>,
         tiers: u64,
         paid: KindSet,
     ) -> Self;
@@ -560,7 +564,7 @@ impl<'s> Outcome<'s> for ScopeDecision<'s> {
     fn admission(
         request: &Request,
         costs: &'s PerKind<u64>,
-        policies: &'s Policies,
+        policies: Policies<'s>,
         tiers: u64,
         paid: KindSet,
     ) -> Self {
@@ -583,7 +587,7 @@ impl<'s> Outcome<'s> for ScopeVerdict<'s> {
     fn admission(
         _request: &Request,
         _costs: &'s PerKind<u64>,
-        policies: &'s Policies,
+        policies: Policies<'s>,
         _tiers: u64,
         _paid: KindSet,
     ) -> Self {
@@ -606,7 +610,7 @@ impl<'s> Outcome<'s> for ScopeVerdict<'s> {
 struct Base<'r, 's> {
     request: &'r Request,
     costs: &'s PerKind<u64>,
-    policies: &'s Policies,
+    policies: Policies<'s>,
     /// Byte `k`: kind `k`'s local tier.
     tiers: u64,
     paid: KindSet,
