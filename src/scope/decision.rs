@@ -87,18 +87,33 @@ impl PolicySet {
 
 /// A decision's policies: its generation's [`PolicySet`] (in the limiter's store of
 /// configurations, which keeps each distinct one for the limiter's life) and the
-/// generation's number (a decision's charge says which configuration it paid under).
+/// generation's [`Tag`] (a decision's charge says which configuration it paid under).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Policies<'a> {
-    /// The number of the generation these are.
-    pub(crate) generation: u64,
+    /// The tag of the generation these are.
+    pub(crate) generation: Tag,
     set: &'a PolicySet,
+}
+
+/// A generation's number modulo 2^32: what a decision and its charge keep of it (four
+/// bytes a decision had as padding). A give-back looks its generation up among the
+/// few kept behind the current one, which no two generations 2^32 switches apart ever
+/// are together.
+pub(crate) type Tag = u32;
+
+/// The [`Tag`] of generation `number`.
+#[inline(always)]
+pub(crate) const fn tag(number: u64) -> Tag {
+    number as Tag
 }
 
 impl<'a> Policies<'a> {
     #[inline(always)]
     pub(crate) fn new(generation: u64, set: &'a PolicySet) -> Policies<'a> {
-        Policies { generation, set }
+        Policies {
+            generation: tag(generation),
+            set,
+        }
     }
 
     /// The set, for as long as the limiter is borrowed.
@@ -156,7 +171,7 @@ pub(crate) enum Refused {
 /// The outcome of [`ScopedLimiter::try_acquire`](crate::ScopedLimiter::try_acquire):
 /// every scope's cost taken, or none.
 ///
-/// A small `Copy` value (248 bytes on 64-bit targets, 88 of them the [`Request`], none
+/// A small `Copy` value (240 bytes on 64-bit targets, 88 of them the [`Request`], none
 /// written for a kind the request does not pay): each scope's
 /// own [`Decision`] is kept as its balance and tick lead (and its tier, for an
 /// overridden key), and rebuilt from the scope's policy when [`decision`](ScopeDecision::decision) or
@@ -197,7 +212,9 @@ pub struct ScopeDecision<'a> {
     retry_after_nanos: u64,
     /// The class's cost per kind (a kind outside `paid` paid nothing, whatever it says).
     costs: &'a PerKind<u64>,
-    pub(super) policies: Policies<'a>,
+    pub(super) policies: &'a PolicySet,
+    /// The tag of the generation it was decided on.
+    pub(super) generation: Tag,
     /// Each kind's local tier (0: its rule's policies).
     tiers: PerKind<u8>,
     /// The kinds the request paid (or was refused in).
@@ -224,7 +241,8 @@ impl<'a> ScopeDecision<'a> {
             parts: [const { MaybeUninit::uninit() }; ScopeKind::COUNT],
             retry_after_nanos: 0,
             costs,
-            policies,
+            policies: policies.set(),
+            generation: policies.generation,
             tiers: [0; ScopeKind::COUNT],
             paid: 0,
             overflow: 0,
@@ -254,7 +272,8 @@ impl<'a> ScopeDecision<'a> {
             retry_after_nanos: retry_after
                 .map_or(0, |r| u64::try_from(r.as_nanos()).unwrap_or(u64::MAX)),
             costs,
-            policies,
+            policies: policies.set(),
+            generation: policies.generation,
             tiers: [0; ScopeKind::COUNT],
             paid: bit(k),
             overflow: 0,
@@ -494,7 +513,7 @@ impl<'a> ScopeDecision<'a> {
     /// when charged there, the refusing limit's for the refusing kind, else the first.
     fn policy_of(&self, k: usize) -> Option<&'a Policy> {
         policy_in(
-            self.policies.set(),
+            self.policies,
             k,
             *self.tiers.get(k)?,
             self.overflow & bit(k) != 0,
@@ -520,7 +539,7 @@ impl<'a> ScopeDecision<'a> {
 
     /// The policies kind `k`'s key is held to: its tier's or its rule's.
     fn kind_policies(&self, k: usize) -> Option<&'a KindPolicies> {
-        self.policies.set().get(k, *self.tiers.get(k)?)
+        self.policies.get(k, *self.tiers.get(k)?)
     }
 
     /// Kind `k`'s bucket decision, if it decided.
@@ -875,7 +894,7 @@ impl<'a> ScopeDecision<'a> {
             balance: 0,
             lead_nanos: 0,
             cost: 0,
-            policies: self.policies.set(),
+            policies: self.policies,
         };
         let mut decided = self.decided;
         let mut fewest = u64::MAX;
@@ -1181,8 +1200,8 @@ mod tests {
     }
 
     #[test]
-    fn a_decision_is_248_bytes_and_its_request_88() {
+    fn a_decision_is_240_bytes_and_its_request_88() {
         assert_eq!(std::mem::size_of::<Request>(), 88);
-        assert_eq!(std::mem::size_of::<ScopeDecision<'_>>(), 248);
+        assert_eq!(std::mem::size_of::<ScopeDecision<'_>>(), 240);
     }
 }

@@ -37,7 +37,7 @@ use crate::epoch::{Chain, Freed, Held, Kept, Linked, Next, Pinned, Successor};
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::multi::{Member, Planned, Prepared, sealed};
-use crate::scope::decision::{Policies, PolicySet};
+use crate::scope::decision::{self, Policies, PolicySet, Tag};
 use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::maps::TableRef;
 use crate::scope::rules::WorkClass;
@@ -196,9 +196,7 @@ impl Generations {
             classes: classes.into_boxed_slice(),
         });
         let configs = Chain::new(Arc::clone(&config));
-        let held = configs
-            .find(|_| true)
-            .expect("a chain has its first epoch");
+        let held = configs.find(|_| true).expect("a chain has its first epoch");
         Generations {
             chain: Chain::freeing_keeping(first(ConfigRef { config, held }), KEPT_GENERATIONS),
             configs,
@@ -273,18 +271,20 @@ impl Generations {
         self.chain.replace_linked(old, next);
     }
 
-    /// Generation `number`, if it is `current` (pinned) or one of the generations kept
-    /// behind it.
+    /// The generation tagged `tag`, if it is `current` (pinned) or one of the
+    /// generations kept behind it.
     pub(super) fn find<'a>(
         &'a self,
         current: &'a Pinned<'_, Generation>,
-        number: u64,
+        tag: Tag,
     ) -> Option<&'a Generation> {
-        self.chain
-            .kept(current)
-            .take_while(|g| g.number >= number)
-            .find(|g| g.number == number)
-            .inspect(|g| g.touch())
+        let back = decision::tag(current.number).wrapping_sub(tag);
+        if u64::from(back) > KEPT_GENERATIONS {
+            return None;
+        }
+        let g = self.chain.kept(current).nth(back as usize)?;
+        g.touch();
+        Some(g)
     }
 
     /// How many generations the limiter has had, the current one included.

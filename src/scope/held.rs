@@ -44,6 +44,7 @@ use super::rules::{ClassId, Request};
 use super::{Payer, ScopeDecision, ScopeError, ScopeVerdict, ScopedLimiter};
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::epoch::Pinned;
 use crate::hint::cold_path;
 use crate::keyed::{Handle, Held, Sections};
 use crate::multi::{Prepared, sealed::Sealed};
@@ -109,7 +110,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[inline(always)]
     pub(super) fn pay_held<'s, O: Outcome<'s>>(
         &'s self,
-        g: &Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         policies: Policies<'s>,
         request: &Request,
@@ -130,7 +131,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[allow(clippy::too_many_arguments)]
     fn pay_held_into<'s, O: Outcome<'s>>(
         &'s self,
-        g: &Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         policies: Policies<'s>,
         request: &Request,
@@ -138,6 +139,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         paid: KindSet,
         out: &mut MaybeUninit<Result<O, ScopeError>>,
     ) {
+        // Held until this call returns: the caller hands its pin over, so that nothing
+        // follows the call there (the outcome is written in place).
+        let pinned = g;
+        let g: &Generation = &pinned;
         macro_rules! ret {
             ($e:expr) => {{
                 out.write($e);
@@ -291,13 +296,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[inline(never)]
     pub(super) fn pay_one_held<'s>(
         &'s self,
-        g: &Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
+        // Held until this call returns: the caller hands its pin over, so that nothing
+        // follows the call there (the outcome is written in place).
+        let pinned = g;
+        let g: &Generation = &pinned;
         let sections = Sections::<KEYED_KINDS>::new();
         let mut held = HeldKinds {
             list: Inline::new(),
@@ -361,7 +370,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn pay_two_held<'s>(
         &'s self,
-        g: &Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         policies: Policies<'s>,
         request: &Request,
@@ -369,6 +378,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         paid: KindSet,
         counters: CounterRef<'s>,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
+        // Held until this call returns: the caller hands its pin over, so that nothing
+        // follows the call there (the outcome is written in place).
+        let pinned = g;
+        let g: &Generation = &pinned;
         let sections = Sections::<KEYED_KINDS>::new();
         let mut held = HeldKinds {
             list: Inline::new(),

@@ -650,7 +650,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         );
                     }
                     // Keys already in their maps, held in reader sections.
-                    return self.pay_held(&g, costs, policies, request, class, paid);
+                    return self.pay_held(g, costs, policies, request, class, paid);
                 }
             }
         }
@@ -711,17 +711,16 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                                         .as_ref()
                                         .map_or(CounterRef::Off, CounterRef::Striped);
                                     return self.pay_two_held(
-                                        &g, costs, policies, request, class, paid, counters,
+                                        g, costs, policies, request, class, paid, counters,
                                     );
                                 }
                             }
                             _ => {
-                                return self
-                                    .pay_one_held(&g, costs, policies, request, class, paid);
+                                return self.pay_one_held(g, costs, policies, request, class, paid);
                             }
                         }
                     }
-                    return self.pay_held(&g, costs, policies, request, class, paid);
+                    return self.pay_held(g, costs, policies, request, class, paid);
                 }
             }
         }
@@ -851,7 +850,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     ///
     /// Each outcome is built in one expression where it is returned
     /// ([`ScopeDecision::alone`]), so that a caller returning it in turn writes the
-    /// 248-byte decision once, in its own caller's place, and the global bucket is
+    /// 240-byte decision once, in its own caller's place, and the global bucket is
     /// taken from by its kind (the payer's `match` behind a call passes the payer
     /// through memory).
     ///
@@ -860,8 +859,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// `out(None)` when the global scope charges nothing, else `out(Some((decision,
     /// retry_after)))`, `retry_after` present for a refusal.
     #[inline(always)]
-    fn decide_global<'s, R>(
-        &'s self,
+    fn decide_global<R>(
+        &self,
         g: &Generation,
         costs: &PerKind<u64>,
         request: &Request,

@@ -12,6 +12,7 @@ use crate::keyed::{Handle, Slot};
 use crate::owned::{OwnedReservation, Place, Reservable, reserve_on, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
+use crate::scope::decision::{Tag, tag};
 use crate::scope::generation::{Generation, carried, refund_global};
 use crate::scope::kind::PerKind;
 use crate::scope::maps::KindSlots;
@@ -45,9 +46,9 @@ use crate::scope::{
 pub struct Charge {
     request: Request,
     costs: PerKind<u64>,
-    /// The limiter's configuration it was paid under: a refund after a reconfiguration
-    /// gives back what the switch's strategy makes of it.
-    generation: u64,
+    /// The limiter's configuration it was paid under (its generation's tag): a refund
+    /// after a reconfiguration gives back what the switch's strategy makes of it.
+    generation: Tag,
 }
 
 impl Charge {
@@ -73,7 +74,7 @@ impl ScopeDecision<'_> {
         Some(Charge {
             request: self.request,
             costs: std::array::from_fn(|k| self.own_cost(k)),
-            generation: self.policies.generation,
+            generation: self.generation,
         })
     }
 }
@@ -417,7 +418,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             let charge = Charge {
                 request: *request,
                 costs: self.paid_costs(&g, &costs, request),
-                generation: g.number,
+                generation: tag(g.number),
             };
             return Ok(OwnedReservation::new(
                 Arc::clone(self),
