@@ -2,10 +2,11 @@
 //! its refund racing two switches never read a freed generation.
 //!
 //! Under loom a limiter keeps one replaced generation linked behind the current one (16
-//! otherwise), so the second switch retires the first generation, freed once no request
-//! can still hold it. Thread A pays 1 on the global scope and refunds it: the refund
-//! finds the generation it paid on among those kept (and converts the cost through the
-//! switches since), or gives nothing back when it is gone. Each generation's probe (a
+//! otherwise), so the second switch retires the first generation, and the third frees it
+//! when no request can still hold it. The main thread pays 1 on the global scope, then
+//! thread A refunds it while the main thread switches three times: the refund finds the
+//! generation it paid on among those kept (and converts the cost through the switches
+//! since), or gives nothing back when it is gone. Each generation's probe (a
 //! loom cell its drop writes) is read on every pin and every find: a free that no
 //! synchronization orders after a read is reported, in a real run a read of freed
 //! memory. Time stands still and every switch is `AsIs` to a larger capacity, so every
@@ -32,10 +33,10 @@ fn global(capacity: u64) -> RuleSet {
         .class(WorkClass::new("one", 1))
 }
 
-/// Thread A: pay 1, refund it. The main thread: switch capacity 2 to 3, then to 4
-/// (`AsIs`: the balance carried as it is). `freed` counts executions where the first
-/// generation was freed by the second switch (no request held it then).
-fn refund_racing_two_retirements(freed: &Tally) -> impl Fn() + Sync + Send + 'static {
+/// The main thread pays 1, then switches capacity 2 to 3, 4 and 5 (`AsIs`: the balance
+/// carried as it is) while thread A refunds the payment. `freed` counts executions
+/// where the third switch freed the first generation.
+fn refund_racing_three_switches(freed: &Tally) -> impl Fn() + Sync + Send + 'static {
     let freed = freed.clone();
     move || {
         let freed = freed.clone();
@@ -45,36 +46,38 @@ fn refund_racing_two_retirements(freed: &Tally) -> impl Fn() + Sync + Send + 'st
 
 fn model(freed: &Tally) {
     let limiter = Arc::new(global(2).build_with_clock(Forward::new()).unwrap());
+    let one = limiter.class("one").unwrap();
+    let d = limiter.try_acquire(&Request::new(), one).unwrap();
+    assert!(d.is_admitted(), "a full bucket refused");
+    let charge = d.charge().unwrap();
     let a = {
         let limiter = limiter.clone();
-        spawn(move || {
-            let one = limiter.class("one").unwrap();
-            let d = limiter.try_acquire(&Request::new(), one).unwrap();
-            assert!(d.is_admitted(), "a full bucket refused");
-            limiter.refund(&d.charge().unwrap());
-        })
+        spawn(move || limiter.refund(&charge))
     };
     limiter.reconfigure(global(3)).unwrap();
     limiter.reconfigure(global(4)).unwrap();
-    freed.hit_if(limiter.retired_generations() == 0);
+    limiter.reconfigure(global(5)).unwrap();
+    // The second generation waits for the third switch's own pin.
+    freed.hit_if(limiter.retired_generations() == 1);
     a.join().unwrap();
-    assert_eq!(limiter.generations(), 3);
+    assert_eq!(limiter.generations(), 4);
     let left = limiter.available(&Scope::Global).unwrap();
-    // 2: the refund found its generation; 1: it was paid on the first, two switches
-    // before the refund, and got nothing back (never more than was taken).
+    // 2: the refund found its generation; 1: it came two switches or more after the
+    // payment, the generation was gone, and it gave nothing back (never more than was
+    // taken).
     assert!(
         left == 2.0 || left == 1.0,
         "tokens lost or minted across the switches: {left} left"
     );
 }
 
-/// Not exhaustive: two whole switches (each pins, seals, converts, publishes, fences
-/// and retires) against a request and a refund make too many interleavings to finish;
-/// the bound explores every order a scheduler with two preemptions makes.
+/// Not exhaustive: three whole switches (each pins, seals, converts, publishes, fences
+/// and retires) against a refund make too many interleavings to finish; the bound
+/// explores every order a scheduler with three preemptions makes.
 const RETIRE: Model = Model {
-    name: "scoped retire: request and refund vs two retirements",
+    name: "scoped retire: refund vs three switches",
     threads: 3,
-    preemption_bound: Some(2),
+    preemption_bound: Some(3),
 };
 
 fn assert_freed_read(message: &str) {
@@ -85,9 +88,9 @@ fn assert_freed_read(message: &str) {
 }
 
 #[test]
-fn a_refund_racing_two_retirements_never_reads_a_freed_generation() {
+fn a_refund_racing_three_switches_never_reads_a_freed_generation() {
     let freed = Tally::new();
-    RETIRE.check(refund_racing_two_retirements(&freed));
+    RETIRE.check(refund_racing_three_switches(&freed));
     // Not vacuous: some executions free the first generation.
     assert!(freed.get() > 0, "no execution freed a generation");
 }
@@ -95,11 +98,11 @@ fn a_refund_racing_two_retirements_never_reads_a_freed_generation() {
 #[test]
 fn a_window_that_retires_a_generation_too_early_is_caught() {
     let bug = &tokengate::mutants::EPOCH_WINDOW_SHORT;
-    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_two_retirements(&Tally::new())));
+    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_three_switches(&Tally::new())));
 }
 
 #[test]
 fn a_scoped_retirement_that_frees_at_once_is_caught() {
     let bug = &tokengate::mutants::EPOCH_FREES_EARLY;
-    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_two_retirements(&Tally::new())));
+    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_three_switches(&Tally::new())));
 }

@@ -16,14 +16,33 @@
 //!   gives back what it took elsewhere, and starts again on the new generation.
 //!
 //! Either way a decision reads one generation's classes and policies, and its buckets
-//! are that generation's. Generations are kept until the limiter is dropped (a request
-//! may still hold a replaced one, a decision borrows its policies and class costs, and a
-//! charge names the one it paid on, to be refunded through every switch since): a
-//! `Chain<Generation, Kept>`. What a generation keeps is small: its policy set and
-//! classes are shared with the other generations that have equal ones (a switch back to
-//! one of the latest 16 distinct configurations copies neither: [`Shared`]), and its
-//! tier tables are the kinds' (one per distinct layout: see `maps`); its own are its
-//! number, links and global words.
+//! are that generation's.
+//!
+//! # What is kept, and for how long
+//!
+//! Generations live in a freeing chain (`Chain<Generation, Freed>`, `src/epoch.rs`):
+//! every operation pins the current one once (a request, a refund, a read) and reads
+//! nothing of it after the pin ends. The current generation and the
+//! [`KEPT_GENERATIONS`] (16) it replaced last stay linked behind it; a switch retires
+//! the one that leaves that window, freed once no pin can still hold it. So:
+//!
+//! * a decision does not borrow from its generation: its policies and class costs are
+//!   read from the limiter's store of configurations ([`Generations::intern`]), which
+//!   keeps each distinct set of policies and classes once, until the limiter is
+//!   dropped (a switch to one it had before reuses it). Memory grows with the distinct
+//!   configurations a limiter has had, not with its switches; tier tables are the
+//!   kinds' (one per distinct layout: see `maps`). A decision names its generation by
+//!   a 32-bit tag;
+//! * a charge or reservation paid on a generation still in the window is given back
+//!   through every switch since ([`carried`]: each switch's strategy, the key's tier in
+//!   each generation); one paid earlier than that gives nothing back (its generation,
+//!   and what the switches made of the cost, are gone): less than the bound allows,
+//!   never more;
+//! * a request that finds a global word sealed waits for the successor
+//!   ([`Generations::await_successor`]) and starts again on the current generation; a
+//!   give-back that finds one sealed follows the successor links, within its pin (each
+//!   successor was published after the pinned generation was loaded, so its
+//!   retirement waits for that pin).
 
 use std::mem::MaybeUninit;
 use std::ptr;

@@ -253,6 +253,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Counters are not changed (the request was admitted). Scopes of remote kinds
     /// ([`Rule::remote`](crate::scope::Rule::remote)) are given back through the store's
     /// [`give_back`](crate::scope::RemoteScopes::give_back), in one call.
+    ///
+    /// After reconfigurations, each local scope gets what the switches' strategies made
+    /// of its cost, when the charge was paid at most 16 reconfigurations ago (the
+    /// limiter keeps that many replaced configurations); an older charge gives the local
+    /// scopes nothing back (never more than the bound allows).
     pub fn refund(&self, charge: &Charge) {
         let r = &charge.request;
         let c = &charge.costs;
@@ -334,7 +339,8 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     /// no reservation was made on that bucket after it, nothing where one was (the queued
     /// holders keep their times); a scope that had the tokens at once gets them back as a
     /// [`refund`](ScopedLimiter::refund). After a reconfiguration, each scope gets the
-    /// refund of its cost. [`consume`](OwnedReservation::consume) returns the
+    /// refund of its cost (nothing, for a reservation made more than 16
+    /// reconfigurations ago: see [`refund`](ScopedLimiter::refund)). [`consume`](OwnedReservation::consume) returns the
     /// [`Charge`]. Reservations count as admissions in the scopes' counters.
     ///
     /// # Errors
