@@ -1,10 +1,10 @@
 //! A scoped limiter frees the generations its reconfigurations replace: a request and
-//! its refund racing two switches never read a freed generation.
+//! its refund racing four switches never read a freed generation.
 //!
-//! Under loom a limiter keeps one replaced generation linked behind the current one (16
-//! otherwise), so the second switch retires the first generation, and the third frees it
+//! Under loom a limiter keeps two replaced generations linked behind the current one (16
+//! otherwise), so the third switch retires the first generation, and the fourth frees it
 //! when no request can still hold it. The main thread pays 1 on the global scope, then
-//! thread A refunds it while the main thread switches three times: the refund finds the
+//! thread A refunds it while the main thread switches four times: the refund finds the
 //! generation it paid on among those kept (and converts the cost through the switches
 //! since), or gives nothing back when it is gone. Each generation's probe (a
 //! loom cell its drop writes) is read on every pin and every find: a free that no
@@ -33,10 +33,10 @@ fn global(capacity: u64) -> RuleSet {
         .class(WorkClass::new("one", 1))
 }
 
-/// The main thread pays 1, then switches capacity 2 to 3, 4 and 5 (`AsIs`: the balance
-/// carried as it is) while thread A refunds the payment. `freed` counts executions
-/// where the third switch freed the first generation.
-fn refund_racing_three_switches(freed: &Tally) -> impl Fn() + Sync + Send + 'static {
+/// The main thread pays 1, then switches capacity 2 to 3, 4, 5 and 6 (`AsIs`: the
+/// balance carried as it is) while thread A refunds the payment. `freed` counts
+/// executions where the fourth switch freed the first generation.
+fn refund_racing_four_switches(freed: &Tally) -> impl Fn() + Sync + Send + 'static {
     let freed = freed.clone();
     move || {
         let freed = freed.clone();
@@ -57,12 +57,13 @@ fn model(freed: &Tally) {
     limiter.reconfigure(global(3)).unwrap();
     limiter.reconfigure(global(4)).unwrap();
     limiter.reconfigure(global(5)).unwrap();
-    // The second generation waits for the third switch's own pin.
+    limiter.reconfigure(global(6)).unwrap();
+    // The second generation waits for the fourth switch's own pin.
     freed.hit_if(limiter.retired_generations() == 1);
     a.join().unwrap();
-    assert_eq!(limiter.generations(), 4);
+    assert_eq!(limiter.generations(), 5);
     let left = limiter.available(&Scope::Global).unwrap();
-    // 2: the refund found its generation; 1: it came two switches or more after the
+    // 2: the refund found its generation; 1: it came three switches or more after the
     // payment, the generation was gone, and it gave nothing back (never more than was
     // taken).
     assert!(
@@ -71,12 +72,12 @@ fn model(freed: &Tally) {
     );
 }
 
-/// Not exhaustive: three whole switches (each pins, seals, converts, publishes, fences
+/// Not exhaustive: four whole switches (each pins, seals, converts, publishes, fences
 /// and retires) against a refund make too many interleavings to finish; the bound
-/// explores every order a scheduler with three preemptions makes (28,149
-/// executions, 4 s).
+/// explores every order a scheduler with three preemptions makes (209,108
+/// executions, 30 s).
 const RETIRE: Model = Model {
-    name: "scoped retire: refund vs three switches",
+    name: "scoped retire: refund vs four switches",
     threads: 3,
     preemption_bound: Some(3),
 };
@@ -89,9 +90,9 @@ fn assert_freed_read(message: &str) {
 }
 
 #[test]
-fn a_refund_racing_three_switches_never_reads_a_freed_generation() {
+fn a_refund_racing_four_switches_never_reads_a_freed_generation() {
     let freed = Tally::new();
-    RETIRE.check(refund_racing_three_switches(&freed));
+    RETIRE.check(refund_racing_four_switches(&freed));
     // Not vacuous: some executions free the first generation.
     assert!(freed.get() > 0, "no execution freed a generation");
 }
@@ -99,11 +100,11 @@ fn a_refund_racing_three_switches_never_reads_a_freed_generation() {
 #[test]
 fn a_window_that_retires_a_generation_too_early_is_caught() {
     let bug = &tokengate::mutants::EPOCH_WINDOW_SHORT;
-    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_three_switches(&Tally::new())));
+    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_four_switches(&Tally::new())));
 }
 
 #[test]
 fn a_scoped_retirement_that_frees_at_once_is_caught() {
     let bug = &tokengate::mutants::EPOCH_FREES_EARLY;
-    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_three_switches(&Tally::new())));
+    assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_four_switches(&Tally::new())));
 }
