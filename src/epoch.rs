@@ -88,6 +88,11 @@ pub(crate) enum Freed {}
 /// ([`Freed`]).
 pub(crate) struct Chain<T, M> {
     current: AtomicPtr<Node<T>>,
+    /// [`Freed`]: how many replaced epochs stay linked behind the current one (`prev`)
+    /// before they are retired ([`Chain::freeing_keeping`]); every one for [`Kept`].
+    window: u64,
+    /// Unique in the process: what a [`Held`] names its chain by.
+    id: u64,
     /// [`Freed`]: epochs replaced and not yet freed, each with the pins it waits for.
     retired: Mutex<Vec<Retired<T>>>,
     mode: PhantomData<M>,
@@ -102,8 +107,12 @@ unsafe impl<T: Send + Sync, M> Send for Chain<T, M> {}
 unsafe impl<T: Send + Sync, M> Sync for Chain<T, M> {}
 
 impl<T, M> Chain<T, M> {
-    fn with_first(first: T) -> Chain<T, M> {
+    fn with_first(first: T, window: u64) -> Chain<T, M> {
+        // A std atomic in a `static` (loom's cannot be one); 2^64 chains never wrap it.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Chain {
+            window,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             current: AtomicPtr::new(Box::into_raw(Box::new(Node {
                 value: first,
                 number: 0,
@@ -112,6 +121,15 @@ impl<T, M> Chain<T, M> {
             retired: Mutex::new(Vec::new()),
             mode: PhantomData,
         }
+    }
+
+    /// How many `prev` links behind the current epoch are kept: the window (one fewer
+    /// under the mutant `EPOCH_WINDOW_SHORT`, whose walks still go the whole window).
+    fn links(&self) -> u64 {
+        if mutant!(EPOCH_WINDOW_SHORT) {
+            return self.window.saturating_sub(1);
+        }
+        self.window
     }
 
     /// The current node. Not dereferenced here: a [`Freed`] chain only dereferences it
@@ -143,7 +161,7 @@ impl<T, M> Chain<T, M> {
     /// Links `next` after `old` (the current node: callers serialize, a sealed epoch is
     /// replaced once) and publishes it. Allocates nothing: a switch publishes a few
     /// instructions after its seal.
-    fn link(&self, old: &T, next: Next<T>, keep: bool) -> *mut Node<T> {
+    fn link(&self, old: &T, next: Next<T>) -> *mut Node<T> {
         let old = ptr::from_ref(old).cast::<Node<T>>().cast_mut();
         // A node of this chain: what makes the casts here and in `Successor` sound.
         assert_eq!(old, self.load(), "only the current epoch is replaced");
@@ -151,7 +169,7 @@ impl<T, M> Chain<T, M> {
         // SAFETY: `old` is a node of this chain (the caller holds it: `&T` from it),
         // live while that reference is.
         next.number = unsafe { (*old).number } + 1;
-        if keep {
+        if self.window > 0 {
             next.prev = old;
         }
         let node = Box::into_raw(next);
@@ -170,7 +188,7 @@ impl<T, M> Chain<T, M> {
 impl<T> Chain<T, Kept> {
     /// A chain whose first epoch is `first`, keeping every epoch until it is dropped.
     pub(crate) fn new(first: T) -> Chain<T, Kept> {
-        Chain::with_first(first)
+        Chain::with_first(first, u64::MAX)
     }
 
     /// The current epoch.
@@ -181,16 +199,43 @@ impl<T> Chain<T, Kept> {
         unsafe { &(*self.load()).value }
     }
 
-    /// Publishes `next` as the successor of `old`, the current epoch, and returns it,
-    /// recording it as `old`'s [`Successor`]. `old` stays, linked to it.
-    pub(crate) fn publish_linked(&self, old: &T, next: Next<T>) -> &T
-    where
-        T: Linked,
-    {
-        self.link(old, next, true);
+    /// Publishes `value` after the current epoch (callers serialize) and returns it, held.
+    pub(crate) fn push(&self, value: T) -> Held<T> {
+        self.link(self.current(), Next::new(value));
         let node = self.load();
-        old.successor().0.store(node, Ordering::Release);
-        self.current()
+        Held {
+            node: node.cast_const(),
+            chain: self.id,
+        }
+    }
+
+    /// The first epoch, newest first, for which `pred` holds, held.
+    pub(crate) fn find(&self, pred: impl Fn(&T) -> bool) -> Option<Held<T>> {
+        let mut p = self.load().cast_const();
+        // SAFETY: as in `iter`.
+        while let Some(node) = unsafe { p.as_ref() } {
+            if pred(&node.value) {
+                return Some(Held {
+                    node: p,
+                    chain: self.id,
+                });
+            }
+            p = node.prev;
+        }
+        None
+    }
+
+    /// The epoch `held` names, for as long as the chain is borrowed.
+    ///
+    /// # Panics
+    ///
+    /// When `held` is of another chain.
+    #[inline(always)]
+    pub(crate) fn get(&self, held: Held<T>) -> &T {
+        assert!(held.chain == self.id, "an epoch of another chain");
+        // SAFETY: `held` names a node of this chain (its id is the chain's, unique in the
+        // process), which lives until the chain is dropped: `&self` excludes that.
+        unsafe { &(*held.node).value }
     }
 
     /// The epochs, newest first.
@@ -210,7 +255,15 @@ impl<T> Chain<T, Freed> {
     /// A chain whose first epoch is `first`, freeing each epoch once it is replaced and
     /// no pin holds it.
     pub(crate) fn freeing(first: T) -> Chain<T, Freed> {
-        Chain::with_first(first)
+        Chain::with_first(first, 0)
+    }
+
+    /// A chain whose first epoch is `first`, keeping the `window` latest replaced epochs
+    /// linked behind the current one ([`kept`](Chain::kept)) and freeing each older one
+    /// once no pin holds it: the chain holds at most `window + 1` epochs, and those
+    /// retired and still pinned.
+    pub(crate) fn freeing_keeping(first: T, window: u64) -> Chain<T, Freed> {
+        Chain::with_first(first, window)
     }
 
     /// The current epoch, held until the guard is dropped (pins nest, and may end in any
@@ -256,7 +309,64 @@ impl<T> Chain<T, Freed> {
     /// caller) and retires `old`: freed by a later retirement, or the chain's drop, once
     /// no pin can still hold it.
     pub(crate) fn replace(&self, old: &Pinned<'_, T>, next: Next<T>) {
-        let old = self.link(old, next, false);
+        let old = self.link(old, next);
+        self.retire(old);
+    }
+
+    /// [`replace`](Chain::replace), recording `next` as `old`'s [`Successor`], and
+    /// retiring the epoch that falls out of the window ([`freeing_keeping`]
+    /// (Chain::freeing_keeping)): `old` itself for a window of 0, else the one `window`
+    /// replacements older, which stays linked to its successor until it is freed (a
+    /// successor link is only followed from an epoch held under a pin, which its
+    /// retirement waits for).
+    pub(crate) fn replace_linked(&self, old: &Pinned<'_, T>, next: Next<T>)
+    where
+        T: Linked,
+    {
+        let replaced = self.link(old, next);
+        let node = self.load();
+        old.successor().0.store(node, Ordering::Release);
+        // The epoch `window + 1` replacements behind the new one, if the chain has had
+        // it: every link walked is of an epoch in the window (not retired: callers
+        // serialize, and only this retires).
+        let mut out = replaced;
+        for _ in 0..self.links() {
+            // SAFETY: `out` is in the window (see above), live until retired here.
+            out = unsafe { (*out).prev };
+            if out.is_null() {
+                return;
+            }
+        }
+        // The last kept epoch's link to it is left as it is: no walk reaches it
+        // (`kept` stops `window` epochs behind the epoch it starts from).
+        self.retire(out);
+    }
+
+    /// The epoch `held` (the current one when pinned) and the replaced epochs still
+    /// linked behind it, newest first: at most the chain's window of them. Each
+    /// replaced one was retired, if at all, after `held` was loaded, so the retirement
+    /// waits for the pin it was loaded under.
+    pub(crate) fn kept<'a>(&'a self, held: &'a Pinned<'_, T>) -> impl Iterator<Item = &'a T> {
+        let mut p = ptr::from_ref(held.node).cast_mut();
+        let oldest = held.node.number.saturating_sub(self.window);
+        std::iter::from_fn(move || {
+            // SAFETY: `p` is null or an epoch no older than `window` replacements behind
+            // `held`, the current epoch when loaded under the pin `held` keeps: not
+            // retired before that load (a replacement retires only epochs outside the
+            // window), so not freed before the pin ends.
+            let node = unsafe { p.as_ref() }?;
+            p = if node.number > oldest {
+                node.prev
+            } else {
+                ptr::null_mut()
+            };
+            Some(&node.value)
+        })
+    }
+
+    /// Adds `old`, replaced, to the retired epochs, and frees every retired epoch no pin
+    /// can still hold.
+    fn retire(&self, old: *mut Node<T>) {
         let waits = pins_to_wait_for();
         let mut ready = Vec::new();
         {
@@ -324,16 +434,45 @@ impl<T, M> Drop for Chain<T, M> {
             drop(unsafe { Box::from_raw(r.node) });
         }
         let mut p = self.load();
+        let mut links = self.links();
         while !p.is_null() {
             // SAFETY: each node came from `Box::into_raw` and is reachable once, from
-            // `current` or from its successor's `prev`.
+            // `current` or from its successor's `prev`, within the window (the epoch a
+            // window's last `prev` names was retired, and freed above).
             let node = unsafe { Box::from_raw(p) };
-            p = node.prev;
+            p = if links == 0 {
+                ptr::null_mut()
+            } else {
+                node.prev
+            };
+            links = links.saturating_sub(1);
         }
     }
 }
 
-/// An epoch of a [`Kept`] chain that knows its successor ([`Chain::publish_linked`]).
+/// An epoch of a [`Kept`] chain, named by its address and its chain: read back through
+/// the chain ([`Chain::get`]), for as long as the chain is borrowed. For a value that
+/// lives elsewhere (in an epoch of another chain) but borrows from this one.
+pub(crate) struct Held<T> {
+    node: *const Node<T>,
+    chain: u64,
+}
+
+impl<T> Clone for Held<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Held<T> {}
+
+// SAFETY: a `Held` is an address and a number; it reads the node only through its chain
+// (`Chain::get`), which shares it as `&T` (`T: Sync`).
+unsafe impl<T: Sync> Send for Held<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for Held<T> {}
+
+/// An epoch of a chain that knows its successor ([`Chain::replace_linked`]).
 ///
 /// # Safety
 ///
@@ -343,7 +482,8 @@ pub(crate) unsafe trait Linked: Sized {
     fn successor(&self) -> &Successor<Self>;
 }
 
-/// The epoch that replaced one of a [`Kept`] chain, set when it is published.
+/// The epoch that replaced one of a chain, set when it is published
+/// ([`Chain::replace_linked`]).
 pub(crate) struct Successor<T>(AtomicPtr<Node<T>>);
 
 impl<T> Successor<T> {
@@ -354,9 +494,13 @@ impl<T> Successor<T> {
     /// The successor, once published.
     #[inline]
     pub(crate) fn get(&self) -> Option<&T> {
-        // SAFETY: set only by `publish_linked` on the current node of a kept chain (the
-        // one that holds `self`: `Linked`'s contract), to the node it published: it lives as long as that
-        // chain, which outlives every borrow of its nodes, `self` included.
+        // SAFETY: set only by `replace_linked` on the current node of a chain (the one
+        // that holds `self`: `Linked`'s contract), to the node it published. A freed
+        // chain's `&T` is borrowed under a
+        // pin taken before an epoch was loaded while current, and is that epoch or one
+        // reached from it by `kept` and successor links: every epoch so reached was
+        // either in the window behind it or published after it when it was loaded, so
+        // its retirement, if any, came after the pin began and waits for it to end.
         unsafe { self.0.load(Ordering::Acquire).as_ref() }.map(|n| &n.value)
     }
 }

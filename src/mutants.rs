@@ -111,6 +111,11 @@ pub static KEYED_SWITCH_LEAVES_SHARDS_BEHIND: Mutant = Mutant("KEYED_SWITCH_LEAV
 /// has ended: a reader racing the switch reads freed memory.
 pub static EPOCH_FREES_EARLY: Mutant = Mutant("EPOCH_FREES_EARLY");
 
+/// A freeing chain that keeps replaced epochs linked behind the current one (a scoped
+/// limiter's generations, for refunds across switches) retires each one replacement too
+/// early: a walk of the window reaches an epoch retired, and freed, while it is pinned.
+pub static EPOCH_WINDOW_SHORT: Mutant = Mutant("EPOCH_WINDOW_SHORT");
+
 /// Whether `bug` is switched on for the calling thread.
 pub fn on(bug: &Mutant) -> bool {
     ENABLED.with(|enabled| ptr::eq(enabled.get(), bug))

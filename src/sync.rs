@@ -174,6 +174,37 @@ pub(crate) fn thread_index() -> usize {
         .unwrap_or(0)
 }
 
+/// Under loom, a cell each access to an epoch reads and its drop writes.
+#[cfg(loom)]
+pub(crate) struct Probe(loom::cell::UnsafeCell<u64>);
+
+// SAFETY: shared, the cell is only read; its one write is the drop's (`&mut`), which loom
+// checks against every read.
+#[cfg(loom)]
+unsafe impl Sync for Probe {}
+
+#[cfg(loom)]
+impl Probe {
+    pub(crate) fn new() -> Probe {
+        Probe(loom::cell::UnsafeCell::new(0))
+    }
+
+    pub(crate) fn read(&self) {
+        // SAFETY: only the drop writes the cell; loom checks that it happens after.
+        let freed = self.0.with(|p| unsafe { *p });
+        assert_eq!(freed, 0, "read a freed epoch");
+    }
+}
+
+#[cfg(loom)]
+impl Drop for Probe {
+    fn drop(&mut self) {
+        // SAFETY: `&mut`: loom reports a write that no synchronization orders after a
+        // read.
+        self.0.with_mut(|p| unsafe { *p = 1 });
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::thread_index;

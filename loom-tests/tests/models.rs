@@ -21,6 +21,7 @@ mod multi;
 mod refund;
 mod scoped_held;
 mod scoped_reconfigure;
+mod scoped_retire;
 mod scoped_two_held;
 mod stale_now;
 mod step_back;

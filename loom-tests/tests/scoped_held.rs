@@ -232,7 +232,9 @@ const SWEEP: Model = Model::exhaustive("scoped held: two sections vs a sweep", 3
 /// Bounded: exhaustive, the switch's barrier over both maps makes 709,903 executions
 /// (about five minutes, `a_held_request_races_a_switch_exhaustively`); five preemptions
 /// cover every order of the reader's sections, takes and exits against the switch's
-/// steps that a scheduler preempting five times makes (19,096 executions, 6 s).
+/// steps that a scheduler preempting five times makes (19,096 executions, 6 s, before
+/// a scoped request pinned its generation; 201,968 executions, 237 s on two busy cores
+/// since: the pin's store, fence and end are three more steps per request).
 const SWITCH: Model = Model {
     name: "scoped held: two sections vs a switch",
     threads: 3,

@@ -66,7 +66,7 @@ pub(crate) struct MapEpoch {
     /// Under loom: read on every access to the epoch, written by its drop, so that the
     /// model reports a free that no synchronization orders after a read.
     #[cfg(loom)]
-    probe: Probe,
+    probe: crate::sync::Probe,
 }
 
 impl MapEpoch {
@@ -81,7 +81,7 @@ impl MapEpoch {
             evict,
             passes: Passes::new(policy.layout(), created),
             #[cfg(loom)]
-            probe: Probe::new(),
+            probe: crate::sync::Probe::new(),
         }
     }
 
@@ -160,7 +160,7 @@ impl Epochs {
             evict,
             passes,
             #[cfg(loom)]
-            probe: Probe::new(),
+            probe: crate::sync::Probe::new(),
         });
         self.chain.replace(&old, next);
     }
@@ -201,35 +201,4 @@ pub(crate) fn convert_between(
         inherit,
         to.starts_full(),
     )
-}
-
-/// Under loom, a cell each access to an epoch reads and its drop writes.
-#[cfg(loom)]
-struct Probe(loom::cell::UnsafeCell<u64>);
-
-// SAFETY: shared, the cell is only read; its one write is the drop's (`&mut`), which loom
-// checks against every read.
-#[cfg(loom)]
-unsafe impl Sync for Probe {}
-
-#[cfg(loom)]
-impl Probe {
-    fn new() -> Probe {
-        Probe(loom::cell::UnsafeCell::new(0))
-    }
-
-    fn read(&self) {
-        // SAFETY: only the drop writes the cell; loom checks that it happens after.
-        let freed = self.0.with(|p| unsafe { *p });
-        assert_eq!(freed, 0, "read a freed keyed epoch");
-    }
-}
-
-#[cfg(loom)]
-impl Drop for Probe {
-    fn drop(&mut self) {
-        // SAFETY: `&mut`: loom reports a write that no synchronization orders after a
-        // read.
-        self.0.with_mut(|p| unsafe { *p = 1 });
-    }
 }

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::mem::MaybeUninit;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::Decision;
@@ -86,34 +85,50 @@ impl PolicySet {
     }
 }
 
-/// One generation's policies: its number and its [`PolicySet`], shared with the other
-/// generations whose set is equal (a switch back to policies the limiter had recently
-/// keeps no second copy: see `generation::Shared`).
-#[derive(Debug, PartialEq)]
-pub(crate) struct Policies {
-    /// The number of the generation these are (a decision's charge says which policies
-    /// it paid under).
-    pub(crate) generation: u64,
-    set: Arc<PolicySet>,
+/// A decision's policies: its generation's [`PolicySet`] (in the limiter's store of
+/// configurations, which keeps each distinct one for the limiter's life) and the
+/// generation's [`Tag`] (a decision's charge says which configuration it paid under).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Policies<'a> {
+    /// The tag of the generation these are.
+    pub(crate) generation: Tag,
+    set: &'a PolicySet,
 }
 
-impl Policies {
-    pub(crate) fn new(generation: u64, set: Arc<PolicySet>) -> Policies {
-        Policies { generation, set }
+/// A generation's number modulo 2^32: what a decision and its charge keep of it (four
+/// bytes a decision had as padding). A give-back looks its generation up among the
+/// few kept behind the current one, which no two generations 2^32 switches apart ever
+/// are together.
+pub(crate) type Tag = u32;
+
+/// The [`Tag`] of generation `number`.
+#[inline(always)]
+pub(crate) const fn tag(number: u64) -> Tag {
+    number as Tag
+}
+
+impl<'a> Policies<'a> {
+    #[inline(always)]
+    pub(crate) fn new(generation: u64, set: &'a PolicySet) -> Policies<'a> {
+        Policies {
+            generation: tag(generation),
+            set,
+        }
     }
 
-    /// The set, shared.
-    pub(crate) fn set(&self) -> &Arc<PolicySet> {
-        &self.set
+    /// The set, for as long as the limiter is borrowed.
+    #[inline(always)]
+    pub(crate) fn set(self) -> &'a PolicySet {
+        self.set
     }
 }
 
-impl std::ops::Deref for Policies {
+impl std::ops::Deref for Policies<'_> {
     type Target = PolicySet;
 
     #[inline(always)]
     fn deref(&self) -> &PolicySet {
-        &self.set
+        self.set
     }
 }
 
@@ -197,7 +212,9 @@ pub struct ScopeDecision<'a> {
     retry_after_nanos: u64,
     /// The class's cost per kind (a kind outside `paid` paid nothing, whatever it says).
     costs: &'a PerKind<u64>,
-    pub(super) policies: &'a Policies,
+    pub(super) policies: &'a PolicySet,
+    /// The tag of the generation it was decided on.
+    pub(super) generation: Tag,
     /// Each kind's local tier (0: its rule's policies).
     tiers: PerKind<u8>,
     /// The kinds the request paid (or was refused in).
@@ -217,14 +234,15 @@ impl<'a> ScopeDecision<'a> {
     pub(crate) fn new(
         request: &Request,
         costs: &'a PerKind<u64>,
-        policies: &'a Policies,
+        policies: Policies<'a>,
     ) -> ScopeDecision<'a> {
         ScopeDecision {
             request: *request,
             parts: [const { MaybeUninit::uninit() }; ScopeKind::COUNT],
             retry_after_nanos: 0,
             costs,
-            policies,
+            policies: policies.set(),
+            generation: policies.generation,
             tiers: [0; ScopeKind::COUNT],
             paid: 0,
             overflow: 0,
@@ -241,7 +259,7 @@ impl<'a> ScopeDecision<'a> {
     pub(crate) fn alone(
         request: &Request,
         costs: &'a PerKind<u64>,
-        policies: &'a Policies,
+        policies: Policies<'a>,
         k: usize,
         d: &Decision,
         retry_after: Option<Duration>,
@@ -254,7 +272,8 @@ impl<'a> ScopeDecision<'a> {
             retry_after_nanos: retry_after
                 .map_or(0, |r| u64::try_from(r.as_nanos()).unwrap_or(u64::MAX)),
             costs,
-            policies,
+            policies: policies.set(),
+            generation: policies.generation,
             tiers: [0; ScopeKind::COUNT],
             paid: bit(k),
             overflow: 0,
@@ -270,7 +289,7 @@ impl<'a> ScopeDecision<'a> {
     pub(crate) fn paid_in(
         request: &Request,
         costs: &'a PerKind<u64>,
-        policies: &'a Policies,
+        policies: Policies<'a>,
         tiers: PerKind<u8>,
         paid: KindSet,
     ) -> ScopeDecision<'a> {
@@ -601,7 +620,7 @@ pub struct ScopeVerdict<'a> {
     lead_nanos: i64,
     /// The tightest scope's cost (the refusing scope's for a refusal).
     cost: u64,
-    policies: &'a Policies,
+    policies: &'a PolicySet,
 }
 
 impl<'a> ScopeVerdict<'a> {
@@ -612,7 +631,7 @@ impl<'a> ScopeVerdict<'a> {
     /// without the decision.
     #[inline(always)]
     pub(crate) fn alone(
-        policies: &'a Policies,
+        policies: Policies<'a>,
         k: usize,
         tier: u8,
         cost: u64,
@@ -641,7 +660,7 @@ impl<'a> ScopeVerdict<'a> {
             balance,
             lead_nanos,
             cost,
-            policies,
+            policies: policies.set(),
         }
     }
 
@@ -652,7 +671,7 @@ impl<'a> ScopeVerdict<'a> {
     /// equals, first in [`ScopeKind`] order).
     #[inline(always)]
     pub(crate) fn admitted_two(
-        policies: &'a Policies,
+        policies: Policies<'a>,
         global: (u64, &Decision),
         (k, tier, cost, d): (usize, u8, u64, &Decision),
     ) -> ScopeVerdict<'a> {
@@ -696,7 +715,7 @@ impl<'a> ScopeVerdict<'a> {
             balance,
             lead_nanos,
             cost,
-            policies,
+            policies: policies.set(),
         }
     }
 
@@ -733,7 +752,7 @@ impl<'a> ScopeVerdict<'a> {
 
     /// The verdict of a request that paid nothing (no scope charged).
     #[inline]
-    pub(crate) fn nothing(policies: &'a Policies) -> ScopeVerdict<'a> {
+    pub(crate) fn nothing(policies: Policies<'a>) -> ScopeVerdict<'a> {
         ScopeVerdict {
             refused: None,
             tightest: None,
@@ -744,7 +763,7 @@ impl<'a> ScopeVerdict<'a> {
             balance: 0,
             lead_nanos: 0,
             cost: 0,
-            policies,
+            policies: policies.set(),
         }
     }
 
@@ -845,7 +864,7 @@ impl<'a> ScopeVerdict<'a> {
 /// else the first.
 #[inline]
 fn policy_in(
-    policies: &Policies,
+    policies: &PolicySet,
     k: usize,
     tier: u8,
     overflow: bool,

@@ -16,28 +16,47 @@
 //!   gives back what it took elsewhere, and starts again on the new generation.
 //!
 //! Either way a decision reads one generation's classes and policies, and its buckets
-//! are that generation's. Generations are kept until the limiter is dropped (a request
-//! may still hold a replaced one, a decision borrows its policies and class costs, and a
-//! charge names the one it paid on, to be refunded through every switch since): a
-//! `Chain<Generation, Kept>`. What a generation keeps is small: its policy set and
-//! classes are shared with the other generations that have equal ones (a switch back to
-//! one of the latest 16 distinct configurations copies neither: [`Shared`]), and its
-//! tier tables are the kinds' (one per distinct layout: see `maps`); its own are its
-//! number, links and global words.
+//! are that generation's.
+//!
+//! # What is kept, and for how long
+//!
+//! Generations live in a freeing chain (`Chain<Generation, Freed>`, `src/epoch.rs`):
+//! every operation pins the current one once (a request, a refund, a read) and reads
+//! nothing of it after the pin ends. The current generation and the
+//! [`KEPT_GENERATIONS`] (16) it replaced last stay linked behind it; a switch retires
+//! the one that leaves that window, freed once no pin can still hold it. So:
+//!
+//! * a decision does not borrow from its generation: its policies and class costs are
+//!   read from the limiter's store of configurations ([`Generations::intern`]), which
+//!   keeps each distinct set of policies and classes once, until the limiter is
+//!   dropped (a switch to one it had before reuses it). Memory grows with the distinct
+//!   configurations a limiter has had, not with its switches; tier tables are the
+//!   kinds' (one per distinct layout: see `maps`). A decision names its generation by
+//!   a 32-bit tag;
+//! * a charge or reservation paid on a generation still in the window is given back
+//!   through every switch since ([`carried`]: each switch's strategy, the key's tier in
+//!   each generation); one paid earlier than that gives nothing back (its generation,
+//!   and what the switches made of the cost, are gone): less than the bound allows,
+//!   never more;
+//! * a request that finds a global word sealed waits for the successor
+//!   ([`Generations::await_successor`]) and starts again on the current generation; a
+//!   give-back that finds one sealed follows the successor links, within its pin (each
+//!   successor was published after the pinned generation was loaded, so its
+//!   retirement waits for that pin).
 
 use std::mem::MaybeUninit;
 use std::ptr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
 use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
-use crate::epoch::{Chain, Kept, Linked, Next, Successor};
+use crate::epoch::{Chain, Freed, Held, Kept, Linked, Next, Pinned, Successor};
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::multi::{Member, Planned, Prepared, sealed};
-use crate::scope::decision::{Policies, PolicySet};
+use crate::scope::decision::{self, Policies, PolicySet, Tag};
 use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::maps::TableRef;
 use crate::scope::rules::WorkClass;
@@ -51,9 +70,9 @@ pub(super) struct Generation {
     /// The plain global scope's words, one per policy of its rule, in its order (empty
     /// when the global scope has no rule or is leased: see `leased_epoch`).
     pub(super) words: Box<[Core<Sealable>]>,
-    /// Shared with the generations whose classes are equal ([`Shared`]).
-    pub(super) classes: Arc<[WorkClass]>,
-    pub(super) policies: Policies,
+    /// Its classes and policies, in the limiter's store of configurations
+    /// ([`Generations::intern`]).
+    config: ConfigRef,
     /// Whether the global scope has one bucket: a request paying no keyed scope then
     /// pays it directly, without the multi-bucket path.
     pub(super) global_single: bool,
@@ -67,6 +86,26 @@ pub(super) struct Generation {
     pub(super) leased_epoch: usize,
     /// The generation that replaced this one, once published.
     next: Successor<Generation>,
+    /// Under loom: read on every pin of the generation, written by its drop, so that the
+    /// model reports a free that no synchronization orders after a read.
+    #[cfg(loom)]
+    probe: crate::sync::Probe,
+}
+
+/// A configuration's classes and policy set: what a decision borrows, for the
+/// limiter's life.
+#[derive(Debug, PartialEq)]
+pub(super) struct Config {
+    pub(super) policies: PolicySet,
+    pub(super) classes: Box<[WorkClass]>,
+}
+
+/// A generation's [`Config`]: shared with the store (for reads while the generation is
+/// held), and named in it (for borrows as long as the limiter's).
+#[derive(Clone)]
+pub(super) struct ConfigRef {
+    config: Arc<Config>,
+    held: Held<Arc<Config>>,
 }
 
 // SAFETY: `next` is a field of the generation.
@@ -80,8 +119,7 @@ impl Generation {
     pub(super) fn new(
         number: u64,
         words: Box<[Core<Sealable>]>,
-        classes: Arc<[WorkClass]>,
-        policies: Policies,
+        config: ConfigRef,
         global_single: bool,
         inherit: PerKind<Inherit>,
         tables: PerKind<TableRef>,
@@ -89,14 +127,34 @@ impl Generation {
         Generation {
             number,
             words,
-            classes,
-            policies,
+            config,
             global_single,
             inherit,
             tables,
             leased_epoch: 0,
             next: Successor::new(),
+            #[cfg(loom)]
+            probe: crate::sync::Probe::new(),
         }
+    }
+
+    /// Its policy set.
+    #[inline(always)]
+    pub(super) fn policies(&self) -> &PolicySet {
+        &self.config.config.policies
+    }
+
+    /// Its classes.
+    #[inline(always)]
+    pub(super) fn classes(&self) -> &[WorkClass] {
+        &self.config.config.classes
+    }
+
+    /// Reports the access to the model (nothing outside loom).
+    #[inline(always)]
+    fn touch(&self) {
+        #[cfg(loom)]
+        self.probe.read();
     }
 
     /// Whether a reconfiguration has sealed one of this generation's words and has
@@ -122,43 +180,100 @@ impl Generation {
     }
 }
 
-/// The chain of a limiter's generations: the current one, each holding the one it
-/// replaced.
+/// How many replaced generations stay linked behind the current one, for a refund or a
+/// cancelled reservation paid on one of them to be converted through every switch since
+/// (older ones are freed once no request holds them; a give-back paid on one gives
+/// nothing back).
+pub(super) const KEPT_GENERATIONS: u64 = if cfg!(loom) {
+    // Three switches retire a generation in a model; a give-back two switches after its
+    // payment (the scoped models' most) still finds its generation.
+    2
+} else {
+    16
+};
+
+/// The chain of a limiter's generations: the current one and the
+/// [`KEPT_GENERATIONS`] it replaced last, each linked to its successor; and the store of
+/// the configurations they had.
 pub(super) struct Generations {
-    chain: Chain<Generation, Kept>,
-    /// The policy sets and classes of the latest generations, for a reconfiguration to
-    /// share instead of copying.
-    shared: Mutex<Shared>,
+    chain: Chain<Generation, Freed>,
+    /// Every distinct configuration the limiter has had, kept until it is dropped:
+    /// decisions borrow their policies and class costs from here, for the limiter's
+    /// life. A switch to a configuration it had before reuses that one's.
+    configs: Chain<Arc<Config>, Kept>,
 }
 
 impl Generations {
-    pub(super) fn new(first: Generation) -> Generations {
-        let mut shared = Shared::default();
-        shared.sets.push(Arc::clone(first.policies.set()));
-        shared.classes.push(Arc::clone(&first.classes));
+    /// The chain of the first generation, `first` made with the configuration of
+    /// `policies` and `classes`.
+    pub(super) fn new(
+        policies: PolicySet,
+        classes: Vec<WorkClass>,
+        first: impl FnOnce(ConfigRef) -> Generation,
+    ) -> Generations {
+        let config = Arc::new(Config {
+            policies,
+            classes: classes.into_boxed_slice(),
+        });
+        let configs = Chain::new(Arc::clone(&config));
+        let held = configs.find(|_| true).expect("a chain has its first epoch");
         Generations {
-            chain: Chain::new(first),
-            shared: Mutex::new(shared),
+            chain: Chain::freeing_keeping(first(ConfigRef { config, held }), KEPT_GENERATIONS),
+            configs,
         }
     }
 
-    /// `set` as a new generation holds it: one of the latest distinct sets when equal to
-    /// it (not copied again), else `set` itself, remembered as the latest.
-    pub(super) fn share_policies(&self, set: PolicySet) -> Arc<PolicySet> {
-        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        Shared::share(&mut shared.sets, set, |a, b| **a == *b, Arc::new)
+    /// The configuration of `policies` and `classes` as a new generation holds it: the
+    /// stored one when the limiter had it before, else a new one, stored. Callers
+    /// serialize (the limiter's reconfiguration lock).
+    pub(super) fn intern(&self, policies: PolicySet, classes: Vec<WorkClass>) -> ConfigRef {
+        let found = self
+            .configs
+            .find(|c| c.policies == policies && *c.classes == classes[..]);
+        let held = found.unwrap_or_else(|| {
+            self.configs.push(Arc::new(Config {
+                policies,
+                classes: classes.into_boxed_slice(),
+            }))
+        });
+        ConfigRef {
+            config: Arc::clone(self.configs.get(held)),
+            held,
+        }
     }
 
-    /// As [`share_policies`](Generations::share_policies), for the classes.
-    pub(super) fn share_classes(&self, classes: Vec<WorkClass>) -> Arc<[WorkClass]> {
-        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        Shared::share(&mut shared.classes, classes, |a, b| **a == b[..], Arc::from)
-    }
-
-    /// The current generation.
+    /// `g`'s configuration, for as long as the limiter is borrowed.
     #[inline(always)]
-    pub(super) fn current(&self) -> &Generation {
-        self.chain.current()
+    pub(super) fn config(&self, g: &Generation) -> &Config {
+        self.configs.get(g.config.held)
+    }
+
+    /// `g`'s policies as its decisions hold them, for as long as the limiter is borrowed.
+    #[inline(always)]
+    pub(super) fn policies(&self, g: &Generation) -> Policies<'_> {
+        Policies::new(g.number, &self.config(g).policies)
+    }
+
+    /// The current generation, held until the guard is dropped.
+    #[inline(always)]
+    pub(super) fn pin(&self) -> Pinned<'_, Generation> {
+        let g = self.chain.pin();
+        g.touch();
+        g
+    }
+
+    /// Whether `g` (held) is the current generation.
+    #[inline(always)]
+    pub(super) fn is_current(&self, g: &Generation) -> bool {
+        self.chain.is_current(g)
+    }
+
+    /// The current generation, while the caller holds `held` (pinned).
+    #[inline]
+    pub(super) fn current_while<'a>(&'a self, held: &'a Generation) -> &'a Generation {
+        let g = self.chain.current_while(held);
+        g.touch();
+        g
     }
 
     /// Waits until `g` is replaced, or until no switch is sealing it any more (one that
@@ -170,56 +285,41 @@ impl Generations {
     }
 
     /// Publishes `next` after the current generation `old` (whose words the caller
-    /// sealed). Callers serialize (the limiter's reconfiguration lock).
-    pub(super) fn publish(&self, old: &Generation, next: Next<Generation>) {
-        self.chain.publish_linked(old, next);
+    /// sealed), retiring the one that leaves the window. Callers serialize (the
+    /// limiter's reconfiguration lock).
+    pub(super) fn publish(&self, old: &Pinned<'_, Generation>, next: Next<Generation>) {
+        self.chain.replace_linked(old, next);
     }
 
-    /// Generation `number`, if the limiter has had it.
-    pub(super) fn find(&self, number: u64) -> Option<&Generation> {
-        self.chain
-            .iter()
-            .take_while(|g| g.number >= number)
-            .find(|g| g.number == number)
+    /// The generation tagged `tag`, if it is `current` (pinned) or one of the
+    /// generations kept behind it.
+    pub(super) fn find<'a>(
+        &'a self,
+        current: &'a Pinned<'_, Generation>,
+        tag: Tag,
+    ) -> Option<&'a Generation> {
+        let back = decision::tag(current.number).wrapping_sub(tag);
+        if u64::from(back) > KEPT_GENERATIONS {
+            return None;
+        }
+        let g = self.chain.kept(current).nth(back as usize)?;
+        g.touch();
+        Some(g)
     }
 
-    /// How many generations the limiter has had (each kept until it is dropped).
+    /// How many generations the limiter has had, the current one included.
     pub(super) fn count(&self) -> usize {
         usize::try_from(self.chain.count()).unwrap_or(usize::MAX)
     }
-}
 
-/// The most distinct policy sets (and class lists) a limiter remembers to share.
-const SHARED: usize = 16;
+    /// Generations replaced, out of the window, and not yet freed (a pin may hold them).
+    pub(super) fn retired(&self) -> usize {
+        self.chain.retired()
+    }
 
-/// The distinct policy sets and class lists of a limiter's latest generations, latest
-/// last: a reconfiguration to a configuration it had recently (a reload that flips
-/// between two) shares that configuration's instead of keeping another copy. Each is
-/// immutable and freed once neither a generation nor this list holds it.
-#[derive(Default)]
-pub(super) struct Shared {
-    sets: Vec<Arc<PolicySet>>,
-    classes: Vec<Arc<[WorkClass]>>,
-}
-
-impl Shared {
-    /// The entry of `list` equal to `value` (moved to the end), or `value` made one and
-    /// pushed, the oldest dropped past [`SHARED`].
-    fn share<T: ?Sized, V>(
-        list: &mut Vec<Arc<T>>,
-        value: V,
-        eq: impl Fn(&Arc<T>, &V) -> bool,
-        make: impl FnOnce(V) -> Arc<T>,
-    ) -> Arc<T> {
-        let arc = match list.iter().position(|a| eq(a, &value)) {
-            Some(i) => list.remove(i),
-            None => make(value),
-        };
-        list.push(Arc::clone(&arc));
-        if list.len() > SHARED {
-            list.remove(0);
-        }
-        arc
+    /// Distinct configurations stored.
+    pub(super) fn configs(&self) -> usize {
+        self.configs.iter().count()
     }
 }
 
@@ -240,7 +340,7 @@ fn carry_hop(
     cost: u64,
 ) -> u64 {
     let policy = |g: &Generation, tier| {
-        g.policies
+        g.policies()
             .get(k, tier)
             .and_then(|p| p.as_slice().get(limit).copied())
     };

@@ -33,7 +33,6 @@
 
 use std::hash::BuildHasher;
 use std::mem::MaybeUninit;
-use std::ptr;
 use std::time::Duration;
 
 use super::decision::{KindSet, Policies};
@@ -45,6 +44,7 @@ use super::rules::{ClassId, Request};
 use super::{Payer, ScopeDecision, ScopeError, ScopeVerdict, ScopedLimiter};
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::epoch::Pinned;
 use crate::hint::cold_path;
 use crate::keyed::{Handle, Held, Sections};
 use crate::multi::{Prepared, sealed::Sealed};
@@ -110,14 +110,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[inline(always)]
     pub(super) fn pay_held<'s, O: Outcome<'s>>(
         &'s self,
-        g: &'s Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
     ) -> Result<O, ScopeError> {
         let mut out = MaybeUninit::uninit();
-        self.pay_held_into(g, costs, request, class, paid, &mut out);
+        self.pay_held_into(g, costs, policies, request, class, paid, &mut out);
         // SAFETY: `pay_held_into` writes `out` before it returns, on every path.
         unsafe { out.assume_init() }
     }
@@ -127,15 +128,21 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// `out` is where the caller returns it from: in the builds measured, the compiler
     /// passes the caller's own return place, and nothing is copied after the call.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn pay_held_into<'s, O: Outcome<'s>>(
         &'s self,
-        g: &'s Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
         out: &mut MaybeUninit<Result<O, ScopeError>>,
     ) {
+        // Held until this call returns: the caller hands its pin over, so that nothing
+        // follows the call there (the outcome is written in place).
+        let pinned = g;
+        let g: &Generation = &pinned;
         macro_rules! ret {
             ($e:expr) => {{
                 out.write($e);
@@ -149,7 +156,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
         // With a section held, no switch can publish until it ends; one may have
         // published before the first was entered.
-        if !all_held || !ptr::eq(self.generation(), g) {
+        if !all_held || !self.generations.is_current(g) {
             cold_path();
             // The locked path takes the shards' locks: the sections end first.
             drop(sections);
@@ -173,7 +180,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .iter()
             .fold(0u64, |t, e| t | u64::from(e.tier) << (8 * e.kind.index()));
         let attempt = request.attempt;
-        let policies = &g.policies;
         // The admission, written where it is returned ahead of the takes, each bucket's
         // part as the bucket is taken: not gathered here and copied there at the end
         // (measured: BENCHMARKS.md, "Scoped path: the decision written where it is
@@ -290,18 +296,23 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     #[inline(never)]
     pub(super) fn pay_one_held<'s>(
         &'s self,
-        g: &'s Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
+        // Held until this call returns: the caller hands its pin over, so that nothing
+        // follows the call there (the outcome is written in place).
+        let pinned = g;
+        let g: &Generation = &pinned;
         let sections = Sections::<KEYED_KINDS>::new();
         let mut held = HeldKinds {
             list: Inline::new(),
         };
         let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
-        if !all_held || !ptr::eq(self.generation(), g) {
+        if !all_held || !self.generations.is_current(g) {
             cold_path();
             drop(sections);
             return self.pay_scopes(request, class).map(|d| d.verdict());
@@ -324,13 +335,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         match e.handle.take_at(cost, now) {
             Ok(d) if d.is_admitted() => {
                 e.handle.counters.record(true, cost, request.attempt);
-                Ok(ScopeVerdict::alone(&g.policies, k, e.tier, cost, &d, None))
+                Ok(ScopeVerdict::alone(policies, k, e.tier, cost, &d, None))
             }
             Ok(d) => {
                 let wait = e.handle.wait_at(cost, now);
                 e.handle.counters.record(false, cost, request.attempt);
                 Ok(ScopeVerdict::alone(
-                    &g.policies,
+                    policies,
                     k,
                     e.tier,
                     cost,
@@ -356,21 +367,27 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// path (a new key, a writer on the shard, several limits, a pass due, a switch, a
     /// sealed word) goes there here too, nothing taken.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn pay_two_held<'s>(
         &'s self,
-        g: &'s Generation,
+        g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
+        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
         counters: CounterRef<'s>,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
+        // Held until this call returns: the caller hands its pin over, so that nothing
+        // follows the call there (the outcome is written in place).
+        let pinned = g;
+        let g: &Generation = &pinned;
         let sections = Sections::<KEYED_KINDS>::new();
         let mut held = HeldKinds {
             list: Inline::new(),
         };
         let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
-        if !all_held || !ptr::eq(self.generation(), g) {
+        if !all_held || !self.generations.is_current(g) {
             cold_path();
             drop(sections);
             return self.pay_scopes(request, class).map(|d| d.verdict());
@@ -402,7 +419,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 let base = Base {
                     request,
                     costs,
-                    policies: &g.policies,
+                    policies,
                     tiers: u64::from(e.tier) << (8 * k),
                     paid: paid | KindSet::from(true),
                 };
@@ -466,7 +483,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         counters.record(true, global_cost, request.attempt);
         e.handle.counters.record(true, cost, request.attempt);
         Ok(ScopeVerdict::admitted_two(
-            &g.policies,
+            policies,
             (global_cost, &global_decision),
             (k, e.tier, cost, &decision),
         ))
@@ -542,7 +559,7 @@ pub(super) trait Outcome<'s>: Sized {
     fn admission(
         request: &Request,
         costs: &'s PerKind<u64>,
-        policies: &'s Policies,
+        policies: Policies<'s>,
         tiers: u64,
         paid: KindSet,
     ) -> Self;
@@ -560,7 +577,7 @@ impl<'s> Outcome<'s> for ScopeDecision<'s> {
     fn admission(
         request: &Request,
         costs: &'s PerKind<u64>,
-        policies: &'s Policies,
+        policies: Policies<'s>,
         tiers: u64,
         paid: KindSet,
     ) -> Self {
@@ -583,7 +600,7 @@ impl<'s> Outcome<'s> for ScopeVerdict<'s> {
     fn admission(
         _request: &Request,
         _costs: &'s PerKind<u64>,
-        policies: &'s Policies,
+        policies: Policies<'s>,
         _tiers: u64,
         _paid: KindSet,
     ) -> Self {
@@ -606,7 +623,7 @@ impl<'s> Outcome<'s> for ScopeVerdict<'s> {
 struct Base<'r, 's> {
     request: &'r Request,
     costs: &'s PerKind<u64>,
-    policies: &'s Policies,
+    policies: Policies<'s>,
     /// Byte `k`: kind `k`'s local tier.
     tiers: u64,
     paid: KindSet,

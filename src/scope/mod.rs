@@ -54,6 +54,7 @@ use std::time::Duration;
 use crate::bucket::{Core, Sealable};
 use crate::clock::{Clock, Monotonic, QuantaClock};
 use crate::decision::Decision;
+use crate::epoch::Pinned;
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::keyed::{Handle, KeyHasher, Overflow, Slot, SweepReport, sweep_interval};
@@ -130,7 +131,7 @@ impl<C: Clock> Member for Payer<'_, C> {
             Payer::Word(h) => Member::capacity(h),
             Payer::Global(g) => Member::capacity(g),
             Payer::Leased(b, g, _) => g
-                .policies
+                .policies()
                 .get(ScopeKind::Global.index(), 0)
                 .map_or_else(|| Member::capacity(*b), |p| p.policy().capacity()),
         }
@@ -286,13 +287,14 @@ pub struct ScopedLimiter<C: Clock = QuantaClock, S = KeyHasher> {
 
 impl<C: Clock + fmt::Debug, S> fmt::Debug for ScopedLimiter<C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = self.generation();
         f.debug_struct("ScopedLimiter")
             .field("clock", &self.clock)
-            .field("policies", &self.generation().policies)
+            .field("policies", g.policies())
             .field("global_leased", &self.global_is_leased())
             .field("remote_kinds", &self.remote.as_ref().map_or(0, |r| r.kinds))
-            .field("classes", &self.generation().classes)
-            .field("reconfigurations", &self.generation().number)
+            .field("classes", &g.classes())
+            .field("reconfigurations", &g.number)
             .finish()
     }
 }
@@ -397,24 +399,28 @@ impl RuleSet {
             maps.get(k)
                 .map_or_else(Default::default, |m| m.first_table())
         });
-        let mut first = Generation::new(
-            0,
-            words,
-            Arc::from(self.classes),
-            Policies::new(0, Arc::new(policies)),
-            global_single,
-            [Inherit::AsIs; ScopeKind::COUNT],
-            tables,
-        );
-        if let Some(b) = global.as_ref().and_then(|g| g.leased.as_ref()) {
-            first.leased_epoch = b.epoch_id();
-        }
+        let leased_epoch = global
+            .as_ref()
+            .and_then(|g| g.leased.as_ref())
+            .map_or(0, LeasedBucket::epoch_id);
+        let generations = Generations::new(policies, self.classes, |config| {
+            let mut first = Generation::new(
+                0,
+                words,
+                config,
+                global_single,
+                [Inherit::AsIs; ScopeKind::COUNT],
+                tables,
+            );
+            first.leased_epoch = leased_epoch;
+            first
+        });
         Ok(ScopedLimiter {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             remote,
             global,
             maps,
-            generations: Generations::new(first),
+            generations,
             clock: guard,
             shape,
             switching: std::sync::Mutex::new(()),
@@ -521,10 +527,11 @@ impl<C: Clock, S> ScopedLimiter<C, S> {
         self.global.as_ref()?.leased.as_ref()
     }
 
-    /// The current generation: what requests are decided with now.
+    /// The current generation: what requests are decided with now, held (pinned)
+    /// until the guard is dropped.
     #[inline(always)]
-    fn generation(&self) -> &Generation {
-        self.generations.current()
+    fn generation(&self) -> Pinned<'_, Generation> {
+        self.generations.pin()
     }
 
     /// The global scope's counters, when it has a rule that keeps them.
@@ -558,7 +565,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// this limiter. A reconfiguration keeps the classes' names and order, so a class
     /// stays valid across it (with the cost the current configuration gives it).
     pub fn class(&self, name: &str) -> Option<ClassId> {
-        self.generation()
+        self.generations
+            .config(&self.generation())
             .classes
             .iter()
             .position(|c| c.name() == name)
@@ -574,7 +582,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if id.limiter != self.id {
             return None;
         }
-        self.generation().classes.get(id.index as usize)
+        self.generations
+            .config(&self.generation())
+            .classes
+            .get(id.index as usize)
     }
 
     /// Takes `class`'s cost from every scope `request` pays, or from none.
@@ -619,25 +630,27 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // request to (it took nothing here). See `held` for the second.
         if class.limiter == self.id && self.remote.is_none() {
             let g = self.generation();
-            if let Some(work) = g.classes.get(class.index as usize) {
+            let config = self.generations.config(&g);
+            if let Some(work) = config.classes.get(class.index as usize) {
                 let costs = work.costs();
                 if g.global_single {
                     let paid = self.maps.paid_in(request, work.charged());
+                    let policies = Policies::new(g.number, &config.policies);
                     if paid == 0 {
-                        let now = self.now_on(g);
+                        let now = self.now_on(&g);
                         // A sealed global word took nothing: the request starts again
                         // on `pay_scopes`' loop.
                         return self.decide_global(
-                            g,
+                            &g,
                             costs,
                             request,
                             now,
-                            |d| global_decision(request, costs, &g.policies, d),
+                            |d| global_decision(request, costs, policies, d),
                             || self.pay_scopes(request, class),
                         );
                     }
                     // Keys already in their maps, held in reader sections.
-                    return self.pay_held(g, costs, request, class, paid);
+                    return self.pay_held(g, costs, policies, request, class, paid);
                 }
             }
         }
@@ -666,22 +679,24 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // The paths of `try_acquire`, the verdict made where the decision would be.
         if class.limiter == self.id && self.remote.is_none() {
             let g = self.generation();
-            if let Some(work) = g.classes.get(class.index as usize) {
+            let config = self.generations.config(&g);
+            if let Some(work) = config.classes.get(class.index as usize) {
                 let costs = work.costs();
                 if g.global_single {
                     let paid = self.maps.paid_in(request, work.charged());
+                    let policies = Policies::new(g.number, &config.policies);
                     if paid == 0 {
-                        let now = self.now_on(g);
+                        let now = self.now_on(&g);
                         let k = ScopeKind::Global.index();
                         return self.decide_global(
-                            g,
+                            &g,
                             costs,
                             request,
                             now,
                             |d| match d {
-                                None => ScopeVerdict::nothing(&g.policies),
+                                None => ScopeVerdict::nothing(policies),
                                 Some((d, wait)) => {
-                                    ScopeVerdict::alone(&g.policies, k, 0, costs[k], d, wait)
+                                    ScopeVerdict::alone(policies, k, 0, costs[k], d, wait)
                                 }
                             },
                             || self.pay_scopes(request, class).map(|d| d.verdict()),
@@ -695,14 +710,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                                         .counters
                                         .as_ref()
                                         .map_or(CounterRef::Off, CounterRef::Striped);
-                                    return self
-                                        .pay_two_held(g, costs, request, class, paid, counters);
+                                    return self.pay_two_held(
+                                        g, costs, policies, request, class, paid, counters,
+                                    );
                                 }
                             }
-                            _ => return self.pay_one_held(g, costs, request, class, paid),
+                            _ => {
+                                return self.pay_one_held(g, costs, policies, request, class, paid);
+                            }
                         }
                     }
-                    return self.pay_held(g, costs, request, class, paid);
+                    return self.pay_held(g, costs, policies, request, class, paid);
                 }
             }
         }
@@ -739,9 +757,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let mut spins = 0u32;
         loop {
             let g = self.generation();
-            let Some(work) = g.classes.get(class.index as usize) else {
+            let config = self.generations.config(&g);
+            let Some(work) = config.classes.get(class.index as usize) else {
                 return Err(ScopeError::UnknownClass(class));
             };
+            let policies = Policies::new(g.number, &config.policies);
             let class_costs = work.costs();
             let skipped;
             let costs = if skip.is_empty() {
@@ -754,38 +774,38 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 skipped = c;
                 &skipped
             };
-            let now = self.now_on(g);
+            let now = self.now_on(&g);
             let decision =
                 if !alone_tried && g.global_single && !self.maps.pays_keyed(request, costs) {
                     self.decide_global(
-                        g,
+                        &g,
                         costs,
                         request,
                         now,
-                        |d| global_decision(request, class_costs, &g.policies, d),
+                        |d| global_decision(request, class_costs, policies, d),
                         || Err(RETRY),
                     )
                 } else {
                     // Nested in ScopeKind order: the lock order of the `ScopedLimiter` docs.
                     self.maps.with_slots(
-                        g,
-                        &|| std::ptr::eq(self.generation(), g),
+                        &g,
+                        &|| self.generations.is_current(&g),
                         request,
                         costs,
                         now,
                         |slots| {
                             // With a map's lock held the generation cannot change (a switch holds
                             // every map's barrier); with none held it may have.
-                            if !std::ptr::eq(self.generation(), g) {
+                            if !self.generations.is_current(&g) {
                                 return Err(RETRY);
                             }
-                            self.decide(g, slots, class_costs, costs, request, now)
+                            self.decide(&g, slots, class_costs, costs, request, now)
                         },
                     )
                 };
             if let Err(ScopeError::Acquire { error, .. }) = &decision {
                 if is_sealed(error) {
-                    self.generations.await_successor(g);
+                    self.generations.await_successor(&g);
                     // A leased global bucket switched before its generation is
                     // published: the request starts again until it is.
                     crate::sync::spin(&mut spins);
@@ -839,9 +859,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// `out(None)` when the global scope charges nothing, else `out(Some((decision,
     /// retry_after)))`, `retry_after` present for a refusal.
     #[inline(always)]
-    fn decide_global<'s, R>(
-        &'s self,
-        g: &'s Generation,
+    fn decide_global<R>(
+        &self,
+        g: &Generation,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
@@ -881,14 +901,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// finds it well behind reads the clock again), counts, and builds the decision.
     fn decide<'s>(
         &'s self,
-        g: &'s Generation,
+        g: &Generation,
         slots: Held<'_, '_, C>,
         class_costs: &'s PerKind<u64>,
         costs: &PerKind<u64>,
         request: &Request,
         now: u64,
     ) -> Result<ScopeDecision<'s>, ScopeError> {
-        let mut decision = ScopeDecision::new(request, class_costs, &g.policies);
+        let mut decision = ScopeDecision::new(request, class_costs, self.generations.policies(g));
         // The buckets paid, in kind then limit order (the order a refusal is named in),
         // each with its kind and limit at the same position of `at`: only what the
         // request pays is written.
@@ -920,7 +940,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     Some(Slot::Full { max_keys }) => {
                         // Refused before any bucket is touched.
                         debug_assert_eq!(
-                            g.policies.get(k, tier).map(|p| p.max_keys),
+                            g.policies().get(k, tier).map(|p| p.max_keys),
                             Some(max_keys)
                         );
                         self.key_limit_counts(g, ScopeKind::ALL[k], costs[k], request);
@@ -1030,7 +1050,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// A kind whose rule has no shared overflow bucket (its map options, which a
     /// reconfiguration keeps, say so in every generation) is not looked up.
     fn is_overflow(&self, g: &Generation, k: usize, h: &Payer<'_, C>) -> bool {
-        g.policies.rules[k]
+        g.policies().rules[k]
             .as_ref()
             .is_some_and(|p| p.overflow.is_some())
             && self
@@ -1056,8 +1076,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let m = self.map(kind)?;
         loop {
             let g = self.generation();
-            let r = read(m, g);
-            if std::ptr::eq(self.generation(), g) {
+            let r = read(m, &g);
+            if self.generations.is_current(&g) {
                 return Some(r);
             }
         }
@@ -1091,7 +1111,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
-                m.for_each_counters(self.generation(), &mut f);
+                m.for_each_counters(&self.generation(), &mut f);
             }
         }
     }
@@ -1100,7 +1120,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// scope, which is never evicted).
     pub fn evicted_counters(&self, kind: ScopeKind) -> CounterSnapshot {
         self.map(kind)
-            .map(|m| m.evicted(self.generation()))
+            .map(|m| m.evicted(&self.generation()))
             .unwrap_or_default()
     }
 
@@ -1108,7 +1128,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// [`Refusal::KeyLimit`], or charged to the kind's overflow bucket.
     pub fn overflow_counters(&self, kind: ScopeKind) -> CounterSnapshot {
         self.map(kind)
-            .map(|m| m.overflowed(self.generation()))
+            .map(|m| m.overflowed(&self.generation()))
             .unwrap_or_default()
     }
 
@@ -1117,7 +1137,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if kind == ScopeKind::Global {
             return usize::from(self.global.is_some());
         }
-        self.map(kind).map_or(0, |m| m.len(self.generation()))
+        self.map(kind).map_or(0, |m| m.len(&self.generation()))
     }
 
     /// Tokens `scope`'s bucket of limit `limit` (the index of its policy in the rule's
@@ -1165,7 +1185,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             let core = g.words.get(limit)?;
             match core.available(&self.clock) {
                 Ok(tokens) => return Some(tokens),
-                Err(_) => self.generations.await_successor(g),
+                Err(_) => self.generations.await_successor(&g),
             }
         }
     }
@@ -1176,7 +1196,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// and a leased global bucket run their own.
     #[inline(always)]
     pub(crate) fn now(&self) -> u64 {
-        self.now_on(self.generation())
+        self.now_on(&self.generation())
     }
 
     /// [`now`](ScopedLimiter::now) running `g`'s passes (a pass on a sealed word writes
@@ -1202,7 +1222,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             b.reclaim();
             b.reanchor();
         }
-        for core in self.generation().words.iter() {
+        let g = self.generation();
+        for core in g.words.iter() {
             let now = self.clock.now_nanos();
             // A word sealed meanwhile is left to its switch.
             let _sealed = core
@@ -1211,7 +1232,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         }
         for kind in ScopeKind::ALL {
             if let Some(m) = self.map(kind) {
-                report += m.sweep(self.generation());
+                report += m.sweep(&g);
             }
         }
         report
@@ -1225,7 +1246,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .is_some()
             .then(|| {
                 self.generation()
-                    .policies
+                    .policies()
                     .get(ScopeKind::Global.index(), 0)
                     .map(|p| {
                         p.as_slice()
@@ -1237,7 +1258,10 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             .flatten();
         ScopeKind::ALL
             .into_iter()
-            .filter_map(|k| self.map(k).map(|m| m.max_sweep_interval(self.generation())))
+            .filter_map(|k| {
+                self.map(k)
+                    .map(|m| m.max_sweep_interval(&self.generation()))
+            })
             .chain(global)
             .min()
             .unwrap_or(Duration::MAX)
@@ -1269,7 +1293,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                     if word != crate::state::SEALED {
                         return Some(word);
                     }
-                    self.generations.await_successor(g);
+                    self.generations.await_successor(&g);
                 },
             },
             _ => self.read_keyed(|m, g| m.stored_word(g, scope), scope.kind())?,
@@ -1284,7 +1308,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
 fn global_decision<'s>(
     request: &Request,
     costs: &'s PerKind<u64>,
-    policies: &'s Policies,
+    policies: Policies<'s>,
     d: Option<(&Decision, Option<Duration>)>,
 ) -> ScopeDecision<'s> {
     match d {

@@ -13,7 +13,7 @@ use crate::leased::LeaseConfig;
 use crate::live::{Reconfigured, Unseal, convert_sealed};
 use crate::policy::Policy;
 use crate::scope::ScopedLimiter;
-use crate::scope::decision::{Policies, PolicySet};
+use crate::scope::decision::PolicySet;
 use crate::scope::generation::Generation;
 use crate::scope::kind::{PerKind, ScopeKind};
 use crate::scope::rules::{MAX_POLICIES_PER_RULE, Reshape, Rule, RuleError, RuleSet};
@@ -263,9 +263,9 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         let same_tiers = ScopeKind::ALL.into_iter().all(|kind| {
             self.maps
                 .switchable(kind)
-                .is_none_or(|m| m.same_tiers(old, &tiers[kind.index()]))
+                .is_none_or(|m| m.same_tiers(&old, &tiers[kind.index()]))
         });
-        if same_tiers && **old.policies.set() == policies && *old.classes == rules.classes[..] {
+        if same_tiers && *old.policies() == policies && *old.classes() == rules.classes[..] {
             // Nothing to switch: no bucket changes, and no generation is kept for it.
             return Ok(ScopeReconfigured {
                 global: Vec::new(),
@@ -280,13 +280,11 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             .unwrap_or_default();
         // Allocated before the barrier and the seals: between the seals and the
         // publication, only arithmetic.
-        let policies = Policies::new(old.number + 1, self.generations.share_policies(policies));
-        let classes = self.generations.share_classes(rules.classes);
+        let config = self.generations.intern(policies, rules.classes);
         let mut next = crate::epoch::Next::new(Generation::new(
             old.number + 1,
             Box::new([]),
-            classes,
-            policies,
+            config,
             old.global_single,
             inherit,
             old.tables,
@@ -302,7 +300,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         let mut held = Vec::new();
         for kind in ScopeKind::ALL {
             if let Some(m) = self.maps.switchable(kind) {
-                held.push((kind, m.begin_switch(old, &tiers[kind.index()])?));
+                held.push((kind, m.begin_switch(&old, &tiers[kind.index()])?));
             }
         }
         for (kind, s) in &mut held {
@@ -364,22 +362,22 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         // everything that may fail or unwind (the leased switch reads a clock): the
         // moves empty the old maps, and cannot be undone.
         for (kind, s) in &mut held {
-            if let Some(rule) = next.policies.rules[kind.index()].as_ref() {
+            if let Some(rule) = next.policies().rules[kind.index()].as_ref() {
                 s.move_keys(rule, inherit[kind.index()], now);
             }
         }
-        self.generations.publish(old, next);
+        self.generations.publish(&old, next);
         for unseal in unseals {
             std::mem::forget(unseal);
         }
         // The maps' new policies from the same reading, while every barrier is still
         // held; each lets its own go once switched. Nothing from here reads a clock.
-        let current = self.generation();
+        let current = self.generations.current_while(&old);
         let mut maps = 0;
         for (kind, s) in held {
             let k = kind.index();
-            if let Some(rule) = current.policies.rules[k].as_ref() {
-                maps += s.finish(rule, &current.policies.tiers[k], inherit[k], now);
+            if let Some(rule) = current.policies().rules[k].as_ref() {
+                maps += s.finish(rule, &current.policies().tiers[k], inherit[k], now);
             }
         }
         Ok(ScopeReconfigured {
@@ -417,9 +415,25 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
         self.generation().number
     }
 
-    /// The configurations this limiter has had, the current one included: each is kept
-    /// until the limiter is dropped.
+    /// The configurations this limiter has had, the current one included. Only the
+    /// current one and the 16 it replaced last are kept (a refund paid on one of them
+    /// is converted through every switch since; one paid earlier gives nothing back),
+    /// and each distinct set of policies and classes the limiter has had.
     pub fn generations(&self) -> usize {
         self.generations.count()
+    }
+
+    /// Generations replaced and no longer kept that a request may still hold, not yet
+    /// freed (for tests and diagnostics): a handful at most.
+    #[doc(hidden)]
+    pub fn retired_generations(&self) -> usize {
+        self.generations.retired()
+    }
+
+    /// The distinct configurations (policies and classes) the limiter has had, each
+    /// kept until it is dropped (for tests and diagnostics).
+    #[doc(hidden)]
+    pub fn stored_configurations(&self) -> usize {
+        self.generations.configs()
     }
 }

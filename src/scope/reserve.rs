@@ -12,6 +12,7 @@ use crate::keyed::{Handle, Slot};
 use crate::owned::{OwnedReservation, Place, Reservable, reserve_on, sealed};
 use crate::policy::Policy;
 use crate::reservation::{Limits, ReserveError};
+use crate::scope::decision::{Tag, tag};
 use crate::scope::generation::{Generation, carried, refund_global};
 use crate::scope::kind::PerKind;
 use crate::scope::maps::KindSlots;
@@ -45,9 +46,9 @@ use crate::scope::{
 pub struct Charge {
     request: Request,
     costs: PerKind<u64>,
-    /// The limiter's configuration it was paid under: a refund after a reconfiguration
-    /// gives back what the switch's strategy makes of it.
-    generation: u64,
+    /// The limiter's configuration it was paid under (its generation's tag): a refund
+    /// after a reconfiguration gives back what the switch's strategy makes of it.
+    generation: Tag,
 }
 
 impl Charge {
@@ -73,7 +74,7 @@ impl ScopeDecision<'_> {
         Some(Charge {
             request: self.request,
             costs: std::array::from_fn(|k| self.own_cost(k)),
-            generation: self.policies.generation,
+            generation: self.generation,
         })
     }
 }
@@ -162,9 +163,11 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Reservable for ScopedLimiter<C, S> 
     fn give_back(&self, charge: &Charge, places: &Places) {
         let r = &charge.request;
         let c = &charge.costs;
-        let Some(paid) = self.generations.find(charge.generation) else {
-            // Every generation is kept: not expected. Refund, as after a switch.
-            self.refund(charge);
+        let current = self.generation();
+        let Some(paid) = self.generations.find(&current, charge.generation) else {
+            // Reserved more than `KEPT_GENERATIONS` switches ago: the generation is
+            // gone, and with it what each switch since made of the cost. Nothing is
+            // given back (less than the bound allows, never more).
             return;
         };
         let cost = c[ScopeKind::Global.index()];
@@ -185,7 +188,13 @@ impl<C: Clock, S: BuildHasher + Send + Sync> Reservable for ScopedLimiter<C, S> 
             {
                 let at = k * MAX_POLICIES_PER_RULE;
                 let places = &places.keyed[at..at + MAX_POLICIES_PER_RULE];
-                m.cancel(paid, &|| self.generation(), &scope, cost, places);
+                m.cancel(
+                    paid,
+                    &|| self.generations.current_while(&current),
+                    &scope,
+                    cost,
+                    places,
+                );
             }
         }
     }
@@ -195,7 +204,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// The policy of `kind`'s buckets, if it has a rule (its first, for a rule with
     /// several: see [`policies`](ScopedLimiter::policies)).
     pub fn policy(&self, kind: ScopeKind) -> Option<&Policy> {
-        self.generation().policies.rules[kind.index()]
+        self.generations.config(&self.generation()).policies.rules[kind.index()]
             .as_ref()
             .map(|p| p.policy())
     }
@@ -203,7 +212,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Every policy of `kind`'s rule, in its order, if it has a rule (what keys
     /// without an override are held to: see [`policies_for`](ScopedLimiter::policies_for)).
     pub fn policies(&self, kind: ScopeKind) -> Option<&[Policy]> {
-        self.generation().policies.rules[kind.index()]
+        self.generations.config(&self.generation()).policies.rules[kind.index()]
             .as_ref()
             .map(|p| p.as_slice())
     }
@@ -228,10 +237,14 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let kind = scope.kind();
         let g = self.generation();
         let tier = match self.maps.get(kind) {
-            Some(m) => m.tier_of(g, scope)?,
+            Some(m) => m.tier_of(&g, scope)?,
             None => 0,
         };
-        g.policies.get(kind.index(), tier).map(|p| p.as_slice())
+        self.generations
+            .config(&g)
+            .policies
+            .get(kind.index(), tier)
+            .map(|p| p.as_slice())
     }
 
     /// Gives every scope of `charge` its cost back, with the exact refund of
@@ -240,30 +253,40 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// Counters are not changed (the request was admitted). Scopes of remote kinds
     /// ([`Rule::remote`](crate::scope::Rule::remote)) are given back through the store's
     /// [`give_back`](crate::scope::RemoteScopes::give_back), in one call.
+    ///
+    /// After reconfigurations, each local scope gets what the switches' strategies made
+    /// of its cost, when the charge was paid at most 16 reconfigurations ago (the
+    /// limiter keeps that many replaced configurations); an older charge gives the local
+    /// scopes nothing back (never more than the bound allows).
     pub fn refund(&self, charge: &Charge) {
         let r = &charge.request;
         let c = &charge.costs;
         let current = self.generation();
-        // The configuration it was paid under (the current one if it is not found,
-        // which cannot happen: every generation is kept).
-        let paid = self.generations.find(charge.generation).unwrap_or(current);
+        // The configuration it was paid under: when it is gone (paid more than
+        // `KEPT_GENERATIONS` switches ago), so is what each switch since made of the
+        // cost, and the local scopes get nothing back (less than the bound allows,
+        // never more).
+        let Some(paid) = self.generations.find(&current, charge.generation) else {
+            self.give_back_remote(r, c);
+            return;
+        };
         let cost = c[ScopeKind::Global.index()];
         if cost > 0 {
             if let Some(b) = self.leased() {
-                let cost = carried(paid, current, ScopeKind::Global.index(), &|_| 0, 0, cost);
+                let cost = carried(paid, &current, ScopeKind::Global.index(), &|_| 0, 0, cost);
                 let _ = b.refund(cost.min(b.policy().capacity()));
             } else {
-                let now = self.now_on(current);
+                let now = self.now_on(&current);
                 for limit in 0..current.words.len() {
                     let cost = carried(
                         paid,
-                        current,
+                        &current,
                         ScopeKind::Global.index(),
                         &|_| 0,
                         limit,
                         cost,
                     );
-                    refund_global(current, limit, &self.clock, cost, now);
+                    refund_global(&current, limit, &self.clock, cost, now);
                 }
             }
         }
@@ -273,7 +296,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             if let (Some(m), Some(scope), true) =
                 (self.maps.get(kind), Scope::of(r, kind), cost > 0)
             {
-                m.refund(paid, &|| self.generation(), &scope, cost);
+                m.refund(
+                    paid,
+                    &|| self.generations.current_while(&current),
+                    &scope,
+                    cost,
+                );
             }
         }
         self.give_back_remote(r, c);
@@ -311,7 +339,8 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     /// no reservation was made on that bucket after it, nothing where one was (the queued
     /// holders keep their times); a scope that had the tokens at once gets them back as a
     /// [`refund`](ScopedLimiter::refund). After a reconfiguration, each scope gets the
-    /// refund of its cost. [`consume`](OwnedReservation::consume) returns the
+    /// refund of its cost (nothing, for a reservation made more than 16
+    /// reconfigurations ago: see [`refund`](ScopedLimiter::refund)). [`consume`](OwnedReservation::consume) returns the
     /// [`Charge`]. Reservations count as admissions in the scopes' counters.
     ///
     /// # Errors
@@ -360,7 +389,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
         }
         loop {
             let g = self.generation();
-            let Some(work) = g.classes.get(class.index as usize) else {
+            let Some(work) = g.classes().get(class.index as usize) else {
                 return Err(ScopeReserveError::UnknownClass(class));
             };
             let costs = *work.costs();
@@ -370,32 +399,32 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             if let Some(scope) = self.pays_remote(request, &costs) {
                 return Err(ScopeReserveError::RemoteScope { scope });
             }
-            let now = self.now_on(g);
+            let now = self.now_on(&g);
             let reserved = self.maps.with_slots(
-                g,
-                &|| std::ptr::eq(self.generation(), g),
+                &g,
+                &|| self.generations.is_current(&g),
                 request,
                 &costs,
                 now,
                 |slots| {
                     // With a map's lock held the generation cannot change; with none it may.
-                    if !std::ptr::eq(self.generation(), g) {
+                    if !self.generations.is_current(&g) {
                         return Err(Retry);
                     }
-                    self.reserve_slots(g, slots, &costs, request, now, max_wait)
+                    self.reserve_slots(&g, slots, &costs, request, now, max_wait)
                 },
             );
             let (ready_at, places) = match reserved {
                 Ok(r) => r?,
                 Err(Retry) => {
-                    self.generations.await_successor(g);
+                    self.generations.await_successor(&g);
                     continue;
                 }
             };
             let charge = Charge {
                 request: *request,
-                costs: self.paid_costs(g, &costs, request),
-                generation: g.number,
+                costs: self.paid_costs(&g, &costs, request),
+                generation: tag(g.number),
             };
             return Ok(OwnedReservation::new(
                 Arc::clone(self),
@@ -412,7 +441,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
     fn paid_costs(&self, g: &Generation, costs: &PerKind<u64>, request: &Request) -> PerKind<u64> {
         let mut paid = [0; ScopeKind::COUNT];
         for k in ScopeKind::ALL {
-            let has_rule = g.policies.rules[k.index()].is_some();
+            let has_rule = g.policies().rules[k.index()].is_some();
             if has_rule && Scope::of(request, k).is_some() {
                 paid[k.index()] = costs[k.index()];
             }
@@ -478,7 +507,7 @@ impl<C: Clock, S: BuildHasher + Send + Sync> ScopedLimiter<C, S> {
             }
         };
         let horizon = |k: usize, tier: u8, l: usize| {
-            g.policies
+            g.policies()
                 .get(k, tier)
                 .and_then(|p| p.as_slice().get(l))
                 .map_or(Duration::ZERO, |p| p.max_reservation())

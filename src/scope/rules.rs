@@ -463,8 +463,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// of a rule set given none, or the one it was given), `None` when it has several:
     /// what a caller uses when nothing names a class.
     pub fn sole_class(&self) -> Option<ClassId> {
-        let classes = &self.generation().classes;
-        (classes.len() == 1).then_some(ClassId {
+        let classes = self.generation().classes().len();
+        (classes == 1).then_some(ClassId {
             limiter: self.id,
             index: 0,
         })

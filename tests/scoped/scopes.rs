@@ -527,7 +527,8 @@ fn counted(policy: Policy) -> Rule {
 #[test]
 fn a_scope_decision_is_small() {
     // The request (88 bytes), each kind's balance and tick lead (16 bytes each), the
-    // retry time, two references and four bytes of flags: no whole `Decision` per kind.
+    // retry time, two references, a few bytes of flags and the generation it paid on
+    // (four bytes): no whole `Decision` per kind.
     let size = std::mem::size_of::<tokengate::scope::ScopeDecision<'static>>();
     assert!(size <= 240, "ScopeDecision takes {size} bytes");
 }
