@@ -195,17 +195,20 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// Rules and tiers whose policies do not change keep their buckets untouched,
     /// whatever their strategy (a reload that changed a comment refills nothing); a rule
     /// set equal to the running one switches nothing. Concurrent reconfigurations are
-    /// applied one after the other. Each keeps its configuration until the limiter is
-    /// dropped (a request may still hold it, and a charge paid on it be refunded later):
-    /// its number, links and global words, and its policies and classes unless equal to
-    /// those of one of the latest 16 distinct configurations, which it then shares (about
-    /// 6 KiB for a switch to policies the limiter did not have recently). A switch that
-    /// changes a kind's tiers to a layout (tiers and overridden keys) the kind never had
-    /// lays out a new tier table, kept too (about 8 KiB for one overridden key, 73 KiB
-    /// for 1,000 keys in 4 tiers of 2 limits); one back to a layout it had fills that
-    /// table's emptied maps again. A service flipping between a few configurations keeps
-    /// about a kilobyte per switch, mostly the maps' policy epochs; one pushing new
-    /// layouts often should build a new limiter now and then. The remote store given with `rules`,
+    /// applied one after the other. A replaced generation (its number, links and global
+    /// words) stays linked for the next 16 switches, so that a charge paid on it is
+    /// converted through every switch since; a charge or reservation paid more than 16
+    /// switches before its give-back gives nothing back (less than the bound allows,
+    /// never more; a charge keeps its generation's number modulo 2^32, so one kept
+    /// unrefunded across 2^32 switches could be taken for a recent one's). Older generations are freed once no request can still hold them.
+    /// What is kept until the limiter is dropped is each distinct configuration's
+    /// policies and classes (about 6 KiB for a switch to policies the limiter never had;
+    /// a switch back to one it had shares it) and each distinct tier layout's table
+    /// (tiers and overridden keys: about 8 KiB for one overridden key, 73 KiB for 1,000
+    /// keys in 4 tiers of 2 limits; one back to a layout it had fills that table's
+    /// emptied maps again). A service flipping between a few configurations keeps a flat
+    /// amount however often it switches; one pushing configurations it never had before,
+    /// over and over, grows by theirs and should build a new limiter now and then. The remote store given with `rules`,
     /// if any, is not used: the limiter keeps the store it was built with.
     ///
     /// ```
