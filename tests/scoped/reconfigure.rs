@@ -526,6 +526,11 @@ fn racing_requests_refunds_and_switches_neither_lose_nor_mint_tokens() {
     let global_net = AtomicI64::new(0);
     let tenant_net: Vec<AtomicI64> = (0..tenants).map(|_| AtomicI64::new(0)).collect();
     let switched = AtomicBool::new(false);
+    // A give-back more than 16 switches after its payment may give nothing back (the
+    // limiter keeps that many replaced configurations): such refunds are counted here,
+    // whose tokens may be missing (never extra).
+    let global_unsure = AtomicI64::new(0);
+    let tenant_unsure: Vec<AtomicI64> = (0..tenants).map(|_| AtomicI64::new(0)).collect();
     // Every tenant's key exists before the first switch (a key made later starts full
     // at the policy then current): paid once and given back.
     let one = limiter.class("one").unwrap();
@@ -540,6 +545,7 @@ fn racing_requests_refunds_and_switches_neither_lose_nor_mint_tokens() {
         for t in 0..3u64 {
             let (limiter, global_net, tenant_net, switched) =
                 (&limiter, &global_net, &tenant_net, &switched);
+            let (global_unsure, tenant_unsure) = (&global_unsure, &tenant_unsure);
             s.spawn(move || {
                 let one = limiter.class("one").unwrap();
                 let two = limiter.class("two").unwrap();
@@ -557,6 +563,7 @@ fn racing_requests_refunds_and_switches_neither_lose_nor_mint_tokens() {
                     if let Some(k) = tenant {
                         r = r.tenant(TenantId(k));
                     }
+                    let paid_after = limiter.reconfigurations();
                     let d = limiter.try_acquire(&r, class).unwrap();
                     if !d.is_admitted() {
                         continue;
@@ -572,6 +579,12 @@ fn racing_requests_refunds_and_switches_neither_lose_nor_mint_tokens() {
                         if let Some(k) = tenant {
                             tenant_net[k as usize].fetch_sub(cost, Ordering::Relaxed);
                         }
+                        if limiter.reconfigurations() - paid_after > 16 {
+                            global_unsure.fetch_add(cost, Ordering::Relaxed);
+                            if let Some(k) = tenant {
+                                tenant_unsure[k as usize].fetch_add(cost, Ordering::Relaxed);
+                            }
+                        }
                     }
                 }
             });
@@ -584,20 +597,29 @@ fn racing_requests_refunds_and_switches_neither_lose_nor_mint_tokens() {
             switched.store(true, Ordering::Relaxed);
         });
     });
+    // Exact but for the refunds that came too late: none minted, none lost in the window.
+    let within = |accounted: i64, start: i64, unsure: i64, what: &str| {
+        assert!(
+            (start - unsure..=start).contains(&accounted),
+            "{what}: {accounted} accounted for, {start} at the start, {unsure} refunded late"
+        );
+    };
+    let unsure = global_unsure.load(Ordering::Relaxed);
     let global_left = limiter.available(&Scope::Global).unwrap();
     assert_eq!(global_left.fract(), 0.0);
-    assert_eq!(global_net.load(Ordering::Relaxed) + global_left as i64, 600);
+    let net = global_net.load(Ordering::Relaxed);
+    within(net + global_left as i64, 600, unsure, "global limit 0");
     let second = limiter.available_in(&Scope::Global, 1).unwrap();
-    assert_eq!(global_net.load(Ordering::Relaxed) + second as i64, 900);
+    within(net + second as i64, 900, unsure, "global limit 1");
     for (k, net) in tenant_net.iter().enumerate() {
         let left = limiter
             .available(&Scope::Tenant(TenantId(k as u64)))
             .unwrap();
-        assert_eq!(
+        within(
             net.load(Ordering::Relaxed) + left as i64,
             100,
-            "tenant {k}: net {}, left {left}",
-            net.load(Ordering::Relaxed),
+            tenant_unsure[k].load(Ordering::Relaxed),
+            &format!("tenant {k}"),
         );
     }
     assert_eq!(limiter.reconfigurations(), 2_000);
