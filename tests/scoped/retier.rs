@@ -338,21 +338,29 @@ fn requests_and_give_backs_racing_moves_neither_lose_nor_mint_tokens() {
     let limiter = Arc::new(set(0).build_with_clock(clock).unwrap());
     let one = limiter.class("one").unwrap();
     let net = Arc::new(AtomicI64::new(0));
+    // Refunds made more than 16 moves after their payment, which may give nothing back
+    // (the limiter keeps that many replaced configurations): tokens that may be missing.
+    let late = Arc::new(AtomicI64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..2u64)
         .map(|w| {
             let (limiter, net, stop) = (Arc::clone(&limiter), Arc::clone(&net), Arc::clone(&stop));
+            let late = Arc::clone(&late);
             std::thread::spawn(move || {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) || i < 20_000 {
                     let t = (i * 7 + w * 3) % 8;
                     let r = Request::new().tenant(TenantId(t));
+                    let paid_after = limiter.reconfigurations();
                     let d = limiter.try_acquire(&r, one).unwrap();
                     if let Some(c) = d.charge() {
                         if i.is_multiple_of(64) {
                             net.fetch_add(1, Ordering::Relaxed);
                         } else {
                             limiter.refund(&c);
+                            if limiter.reconfigurations() - paid_after > 16 {
+                                late.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
                     i += 1;
@@ -367,11 +375,15 @@ fn requests_and_give_backs_racing_moves_neither_lose_nor_mint_tokens() {
     for w in workers {
         w.join().unwrap();
     }
+    // Exact but for the refunds that came too late: none minted, none lost in the window.
     let left: f64 = (0..8).map(|t| limiter.available(&tenant(t)).unwrap()).sum();
-    assert_eq!(
+    let (accounted, late) = (
         left + net.load(Ordering::Relaxed) as f64,
-        800.0,
-        "tokens lost or minted across the moves ({left} left)"
+        late.load(Ordering::Relaxed),
+    );
+    assert!(
+        accounted <= 800.0 && accounted >= 800.0 - late as f64,
+        "tokens lost or minted across the moves ({left} left, {accounted} accounted for, {late} refunded late)"
     );
     assert_eq!(limiter.reconfigurations(), 300);
 }
