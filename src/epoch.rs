@@ -91,8 +91,6 @@ pub(crate) struct Chain<T, M> {
     /// [`Freed`]: how many replaced epochs stay linked behind the current one (`prev`)
     /// before they are retired ([`Chain::freeing_keeping`]); every one for [`Kept`].
     window: u64,
-    /// Unique in the process: what a [`Held`] names its chain by.
-    id: u64,
     /// [`Freed`]: epochs replaced and not yet freed, each with the pins it waits for.
     retired: Mutex<Vec<Retired<T>>>,
     mode: PhantomData<M>,
@@ -108,11 +106,8 @@ unsafe impl<T: Send + Sync, M> Sync for Chain<T, M> {}
 
 impl<T, M> Chain<T, M> {
     fn with_first(first: T, window: u64) -> Chain<T, M> {
-        // A std atomic in a `static` (loom's cannot be one); 2^64 chains never wrap it.
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Chain {
             window,
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             current: AtomicPtr::new(Box::into_raw(Box::new(Node {
                 value: first,
                 number: 0,
@@ -202,10 +197,8 @@ impl<T> Chain<T, Kept> {
     /// Publishes `value` after the current epoch (callers serialize) and returns it, held.
     pub(crate) fn push(&self, value: T) -> Held<T> {
         self.link(self.current(), Next::new(value));
-        let node = self.load();
         Held {
-            node: node.cast_const(),
-            chain: self.id,
+            node: self.load().cast_const(),
         }
     }
 
@@ -215,27 +208,11 @@ impl<T> Chain<T, Kept> {
         // SAFETY: as in `iter`.
         while let Some(node) = unsafe { p.as_ref() } {
             if pred(&node.value) {
-                return Some(Held {
-                    node: p,
-                    chain: self.id,
-                });
+                return Some(Held { node: p });
             }
             p = node.prev;
         }
         None
-    }
-
-    /// The epoch `held` names, for as long as the chain is borrowed.
-    ///
-    /// # Panics
-    ///
-    /// When `held` is of another chain.
-    #[inline(always)]
-    pub(crate) fn get(&self, held: Held<T>) -> &T {
-        assert!(held.chain == self.id, "an epoch of another chain");
-        // SAFETY: `held` names a node of this chain (its id is the chain's, unique in the
-        // process), which lives until the chain is dropped: `&self` excludes that.
-        unsafe { &(*held.node).value }
     }
 
     /// The epochs, newest first.
@@ -450,12 +427,26 @@ impl<T, M> Drop for Chain<T, M> {
     }
 }
 
-/// An epoch of a [`Kept`] chain, named by its address and its chain: read back through
-/// the chain ([`Chain::get`]), for as long as the chain is borrowed. For a value that
-/// lives elsewhere (in an epoch of another chain) but borrows from this one.
+/// An epoch of a [`Kept`] chain, named by its address: for a value that lives
+/// elsewhere (in an epoch of another chain) but borrows from this one, read back
+/// ([`get`](Held::get)) for as long as the chain that made it lives.
 pub(crate) struct Held<T> {
     node: *const Node<T>,
-    chain: u64,
+}
+
+impl<T> Held<T> {
+    /// The epoch, for `'a`.
+    ///
+    /// # Safety
+    ///
+    /// The chain that made `self` ([`Chain::push`], [`Chain::find`]) is not dropped
+    /// during `'a`: a kept chain's epochs live until it is.
+    #[inline(always)]
+    pub(crate) unsafe fn get<'a>(self) -> &'a T {
+        // SAFETY: a node of a kept chain, live until the chain is dropped, which the
+        // caller excludes for `'a`.
+        unsafe { &(*self.node).value }
+    }
 }
 
 impl<T> Clone for Held<T> {
@@ -466,8 +457,7 @@ impl<T> Clone for Held<T> {
 
 impl<T> Copy for Held<T> {}
 
-// SAFETY: a `Held` is an address and a number; it reads the node only through its chain
-// (`Chain::get`), which shares it as `&T` (`T: Sync`).
+// SAFETY: a `Held` is an address; it shares the node only as `&T` (`T: Sync`).
 unsafe impl<T: Sync> Send for Held<T> {}
 // SAFETY: as above.
 unsafe impl<T: Sync> Sync for Held<T> {}

@@ -46,7 +46,6 @@
 
 use std::mem::MaybeUninit;
 use std::ptr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
@@ -100,12 +99,23 @@ pub(super) struct Config {
     pub(super) classes: Box<[WorkClass]>,
 }
 
-/// A generation's [`Config`]: shared with the store (for reads while the generation is
-/// held), and named in it (for borrows as long as the limiter's).
-#[derive(Clone)]
-pub(super) struct ConfigRef {
-    config: Arc<Config>,
-    held: Held<Arc<Config>>,
+/// A generation's [`Config`], in the store of the limiter's configurations.
+#[derive(Clone, Copy)]
+pub(super) struct ConfigRef(Held<Config>);
+
+impl ConfigRef {
+    /// The configuration, for as long as `owner` (a generation, or the limiter's
+    /// [`Generations`]) is borrowed.
+    #[inline(always)]
+    fn get<T>(self, owner: &T) -> &Config {
+        let _ = owner;
+        // SAFETY: a `ConfigRef` is made only by a `Generations` from its own store
+        // (`new`, `intern`) and held only by that `Generations`' generations (or the
+        // one a switch is building), so `owner` is borrowed from that `Generations`: its
+        // store, which is dropped after its chain of generations (field order), lives
+        // while `owner` is borrowed.
+        unsafe { self.0.get() }
+    }
 }
 
 // SAFETY: `next` is a field of the generation.
@@ -141,13 +151,13 @@ impl Generation {
     /// Its policy set.
     #[inline(always)]
     pub(super) fn policies(&self) -> &PolicySet {
-        &self.config.config.policies
+        &self.config.get(self).policies
     }
 
     /// Its classes.
     #[inline(always)]
     pub(super) fn classes(&self) -> &[WorkClass] {
-        &self.config.config.classes
+        &self.config.get(self).classes
     }
 
     /// Reports the access to the model (nothing outside loom).
@@ -196,11 +206,12 @@ pub(super) const KEPT_GENERATIONS: u64 = if cfg!(loom) {
 /// [`KEPT_GENERATIONS`] it replaced last, each linked to its successor; and the store of
 /// the configurations they had.
 pub(super) struct Generations {
+    /// Dropped before `configs`, from which its generations borrow.
     chain: Chain<Generation, Freed>,
     /// Every distinct configuration the limiter has had, kept until it is dropped:
     /// decisions borrow their policies and class costs from here, for the limiter's
     /// life. A switch to a configuration it had before reuses that one's.
-    configs: Chain<Arc<Config>, Kept>,
+    configs: Chain<Config, Kept>,
 }
 
 impl Generations {
@@ -211,14 +222,13 @@ impl Generations {
         classes: Vec<WorkClass>,
         first: impl FnOnce(ConfigRef) -> Generation,
     ) -> Generations {
-        let config = Arc::new(Config {
+        let configs = Chain::new(Config {
             policies,
             classes: classes.into_boxed_slice(),
         });
-        let configs = Chain::new(Arc::clone(&config));
-        let held = configs.find(|_| true).expect("a chain has its first epoch");
+        let config = ConfigRef(configs.find(|_| true).expect("a chain has its first epoch"));
         Generations {
-            chain: Chain::freeing_keeping(first(ConfigRef { config, held }), KEPT_GENERATIONS),
+            chain: Chain::freeing_keeping(first(config), KEPT_GENERATIONS),
             configs,
         }
     }
@@ -230,22 +240,18 @@ impl Generations {
         let found = self
             .configs
             .find(|c| c.policies == policies && *c.classes == classes[..]);
-        let held = found.unwrap_or_else(|| {
-            self.configs.push(Arc::new(Config {
+        ConfigRef(found.unwrap_or_else(|| {
+            self.configs.push(Config {
                 policies,
                 classes: classes.into_boxed_slice(),
-            }))
-        });
-        ConfigRef {
-            config: Arc::clone(self.configs.get(held)),
-            held,
-        }
+            })
+        }))
     }
 
     /// `g`'s configuration, for as long as the limiter is borrowed.
     #[inline(always)]
     pub(super) fn config(&self, g: &Generation) -> &Config {
-        self.configs.get(g.config.held)
+        g.config.get(self)
     }
 
     /// `g`'s policies as its decisions hold them, for as long as the limiter is borrowed.
@@ -260,6 +266,16 @@ impl Generations {
         let g = self.chain.pin();
         g.touch();
         g
+    }
+
+    /// [`pin`](Generations::pin), or `None` (having done nothing) when the calling
+    /// thread has not pinned yet: for a hot path, which then starts again on a path
+    /// that pins with [`pin`](Generations::pin).
+    #[inline(always)]
+    pub(super) fn try_pin(&self) -> Option<Pinned<'_, Generation>> {
+        let g = self.chain.try_pin()?;
+        g.touch();
+        Some(g)
     }
 
     /// Whether `g` (held) is the current generation.

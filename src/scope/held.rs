@@ -49,7 +49,7 @@ use crate::hint::cold_path;
 use crate::keyed::{Handle, Held, Sections};
 use crate::multi::{Prepared, sealed::Sealed};
 use crate::pass::Passes;
-use crate::telemetry::{Attempt, CounterRef};
+use crate::telemetry::Attempt;
 
 /// One keyed kind's bucket held in a reader section: what the request pays there.
 pub(super) struct Keyed<'h, C> {
@@ -61,7 +61,18 @@ pub(super) struct Keyed<'h, C> {
     tier: u8,
 }
 
-impl<C> Keyed<'_, C> {
+impl<'h, C> Keyed<'h, C> {
+    /// Kind `kind`'s bucket, held, of a key of local tier `tier`.
+    #[inline(always)]
+    pub(super) fn new(kind: ScopeKind, tier: u8, held: Held<'h, C>) -> Keyed<'h, C> {
+        Keyed {
+            handle: held.handle,
+            passes: held.passes(),
+            kind,
+            tier,
+        }
+    }
+
     /// What the request pays this bucket, of the class's `costs`.
     #[inline(always)]
     fn cost(&self, costs: &PerKind<u64>) -> u64 {
@@ -87,12 +98,7 @@ impl<'h, C> HeldKinds<'h, C> {
     /// Lists kind `kind`'s bucket, held, of a key of local tier `tier`.
     #[inline(always)]
     pub(super) fn push(&mut self, kind: ScopeKind, tier: u8, held: Held<'h, C>) {
-        self.list.push(Keyed {
-            handle: held.handle,
-            passes: held.passes(),
-            kind,
-            tier,
-        });
+        self.list.push(Keyed::new(kind, tier, held));
     }
 }
 
@@ -112,13 +118,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         &'s self,
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
-        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
     ) -> Result<O, ScopeError> {
         let mut out = MaybeUninit::uninit();
-        self.pay_held_into(g, costs, policies, request, class, paid, &mut out);
+        self.pay_held_into(g, costs, request, class, paid, &mut out);
         // SAFETY: `pay_held_into` writes `out` before it returns, on every path.
         unsafe { out.assume_init() }
     }
@@ -133,7 +138,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         &'s self,
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
-        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
@@ -143,6 +147,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // follows the call there (the outcome is written in place).
         let pinned = g;
         let g: &Generation = &pinned;
+        let policies = self.generations.policies(g);
         macro_rules! ret {
             ($e:expr) => {{
                 out.write($e);
@@ -298,7 +303,6 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         &'s self,
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
-        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
@@ -307,22 +311,20 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // follows the call there (the outcome is written in place).
         let pinned = g;
         let g: &Generation = &pinned;
-        let sections = Sections::<KEYED_KINDS>::new();
-        let mut held = HeldKinds {
-            list: Inline::new(),
-        };
-        let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
-        if !all_held || !self.generations.is_current(g) {
+        let policies = self.generations.policies(g);
+        let sections = Sections::<1>::new();
+        let held = self.maps.hold_one(g, request, paid, &sections, || {
+            // With the section held, no switch can publish until it ends; one may
+            // have published before it was entered.
+            self.generations.is_current(g)
+        });
+        let Some(e) = held else {
             cold_path();
             drop(sections);
             return self.pay_scopes(request, class).map(|d| d.verdict());
-        }
+        };
+        let e = &e;
         let now = self.now_on(g);
-        let [e] = held.list.as_slice() else {
-            cold_path();
-            drop(sections);
-            return self.pay_scopes(request, class).map(|d| d.verdict());
-        };
         // A map's pass locks every shard: it runs on the locked path.
         if e.passes.is_due(now) {
             cold_path();
@@ -372,31 +374,30 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         &'s self,
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
-        policies: Policies<'s>,
         request: &Request,
         class: ClassId,
         paid: KindSet,
-        counters: CounterRef<'s>,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
         // Held until this call returns: the caller hands its pin over, so that nothing
         // follows the call there (the outcome is written in place).
         let pinned = g;
         let g: &Generation = &pinned;
-        let sections = Sections::<KEYED_KINDS>::new();
-        let mut held = HeldKinds {
-            list: Inline::new(),
-        };
-        let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
-        if !all_held || !self.generations.is_current(g) {
+        let policies = self.generations.policies(g);
+        let sections = Sections::<1>::new();
+        let held = self.maps.hold_one(g, request, paid, &sections, || {
+            // With the section held, no switch can publish until it ends; one may
+            // have published before it was entered.
+            self.generations.is_current(g)
+        });
+        let Some(e) = held else {
             cold_path();
             drop(sections);
             return self.pay_scopes(request, class).map(|d| d.verdict());
-        }
+        };
+        let e = &e;
         let now = self.now_on(g);
-        let (Some(w), [e]) = (
-            GlobalWord::new(g, 0, &self.clock, counters),
-            held.list.as_slice(),
-        ) else {
+        let counters = self.global_counters();
+        let Some(w) = GlobalWord::new(g, 0, &self.clock, counters) else {
             cold_path();
             drop(sections);
             return self.pay_scopes(request, class).map(|d| d.verdict());

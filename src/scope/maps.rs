@@ -17,7 +17,7 @@ use crate::owned::Place;
 use crate::policy::Policy;
 use crate::scope::decision::{KindPolicies, KindSet, bit};
 use crate::scope::generation::{Generation, carried};
-use crate::scope::held::HeldKinds;
+use crate::scope::held::{HeldKinds, Keyed};
 use crate::scope::kind::{
     ApiKeyId, ClientId, PerKind, RouteId, Scope, ScopeKind, TenantId, UserId, with_keyed_kinds,
 };
@@ -1222,6 +1222,62 @@ macro_rules! define_maps {
                 }
                 )*
                 true
+            }
+
+            /// [`hold`](KeyedMaps::hold) for a request that pays one keyed kind (`paid`
+            /// has one bit): its bucket, held in a reader section that `sections`
+            /// keeps, with its key's local tier; `None` where `hold` gives `false`, or
+            /// when `valid()`, called once the section is held, is false. The
+            /// one kind is found at once, not tested for in turn with the others, and
+            /// nothing is listed.
+            #[inline(always)]
+            #[allow(non_snake_case)]
+            pub(super) fn hold_one<'h>(
+                &'h self,
+                g: &Generation,
+                request: &Request,
+                paid: KindSet,
+                sections: &'h Sections<'h, 1>,
+                valid: impl FnOnce() -> bool,
+            ) -> Option<Keyed<'h, C>> {
+                debug_assert!(paid.is_power_of_two(), "one kind paid");
+                let kind = paid.trailing_zeros() as usize;
+                $(
+                if kind == ScopeKind::$kind.index() {
+                    let key = match ($(request.$field,)+) {
+                        ($(Some($field),)+) => ($($field,)+),
+                        #[allow(unreachable_patterns)]
+                        _ => {
+                            cold_path();
+                            return None;
+                        }
+                    };
+                    let Some(m) = self.$kind.as_ref() else {
+                        cold_path();
+                        return None;
+                    };
+                    let (tier, limits) = m.limits_of(g, &key);
+                    if !limits.extra.is_empty() {
+                        cold_path();
+                        return None;
+                    }
+                    let Some(at) = limits.map.announce(&key, sections) else {
+                        cold_path();
+                        return None;
+                    };
+                    let fenced = sections.fence();
+                    let Some(h) = limits.map.hold(&key, at, &fenced, sections) else {
+                        cold_path();
+                        return None;
+                    };
+                    if !valid() {
+                        cold_path();
+                        return None;
+                    }
+                    return Some(Keyed::new(ScopeKind::$kind, tier, h));
+                }
+                )*
+                None
             }
 
             /// Runs `f` with the slots of every keyed kind `request` pays (at `costs`)

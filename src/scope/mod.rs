@@ -627,16 +627,19 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // that pays the global scope alone, or keys already in their maps, is decided
         // here: without the keyed kinds' nest (whose set-up a compiler hoists above its
         // branches), its locks, and the retry loop, which a sealed word sends the
-        // request to (it took nothing here). See `held` for the second.
+        // request to (it took nothing here). See `held` for the second. A thread's
+        // first pin (which registers it) is taken on `pay_scopes`' path.
         if class.limiter == self.id && self.remote.is_none() {
-            let g = self.generation();
+            let Some(g) = self.generations.try_pin() else {
+                return self.pay_scopes(request, class);
+            };
             let config = self.generations.config(&g);
             if let Some(work) = config.classes.get(class.index as usize) {
                 let costs = work.costs();
                 if g.global_single {
                     let paid = self.maps.paid_in(request, work.charged());
-                    let policies = Policies::new(g.number, &config.policies);
                     if paid == 0 {
+                        let policies = Policies::new(g.number, &config.policies);
                         let now = self.now_on(&g);
                         // A sealed global word took nothing: the request starts again
                         // on `pay_scopes`' loop.
@@ -650,7 +653,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         );
                     }
                     // Keys already in their maps, held in reader sections.
-                    return self.pay_held(g, costs, policies, request, class, paid);
+                    return self.pay_held(g, costs, request, class, paid);
                 }
             }
         }
@@ -678,14 +681,16 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     ) -> Result<ScopeVerdict<'_>, ScopeError> {
         // The paths of `try_acquire`, the verdict made where the decision would be.
         if class.limiter == self.id && self.remote.is_none() {
-            let g = self.generation();
+            let Some(g) = self.generations.try_pin() else {
+                return self.pay_scopes(request, class).map(|d| d.verdict());
+            };
             let config = self.generations.config(&g);
             if let Some(work) = config.classes.get(class.index as usize) {
                 let costs = work.costs();
                 if g.global_single {
                     let paid = self.maps.paid_in(request, work.charged());
-                    let policies = Policies::new(g.number, &config.policies);
                     if paid == 0 {
+                        let policies = Policies::new(g.number, &config.policies);
                         let now = self.now_on(&g);
                         let k = ScopeKind::Global.index();
                         return self.decide_global(
@@ -706,21 +711,15 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         match &self.global {
                             Some(global) if costs[ScopeKind::Global.index()] != 0 => {
                                 if global.leased.is_none() {
-                                    let counters = global
-                                        .counters
-                                        .as_ref()
-                                        .map_or(CounterRef::Off, CounterRef::Striped);
-                                    return self.pay_two_held(
-                                        g, costs, policies, request, class, paid, counters,
-                                    );
+                                    return self.pay_two_held(g, costs, request, class, paid);
                                 }
                             }
                             _ => {
-                                return self.pay_one_held(g, costs, policies, request, class, paid);
+                                return self.pay_one_held(g, costs, request, class, paid);
                             }
                         }
                     }
-                    return self.pay_held(g, costs, policies, request, class, paid);
+                    return self.pay_held(g, costs, request, class, paid);
                 }
             }
         }
