@@ -158,7 +158,18 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let mut held = HeldKinds {
             list: Inline::new(),
         };
-        let all_held = self.maps.hold(g, request, paid, &sections, &mut held);
+        // One kind is found at once; several are each tested for.
+        let all_held = if paid.is_power_of_two() {
+            match self.maps.hold_one(g, request, paid, &sections, || true) {
+                Some(keyed) => {
+                    held.list.push(keyed);
+                    true
+                }
+                None => false,
+            }
+        } else {
+            self.maps.hold(g, request, paid, &sections, &mut held)
+        };
         // With a section held, no switch can publish until it ends; one may have
         // published before the first was entered.
         if !all_held || !self.generations.is_current(g) {

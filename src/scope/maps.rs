@@ -1232,12 +1232,12 @@ macro_rules! define_maps {
             /// nothing is listed.
             #[inline(always)]
             #[allow(non_snake_case)]
-            pub(super) fn hold_one<'h>(
+            pub(super) fn hold_one<'h, const N: usize>(
                 &'h self,
                 g: &Generation,
                 request: &Request,
                 paid: KindSet,
-                sections: &'h Sections<'h, 1>,
+                sections: &'h Sections<'h, N>,
                 valid: impl FnOnce() -> bool,
             ) -> Option<Keyed<'h, C>> {
                 debug_assert!(paid.is_power_of_two(), "one kind paid");

@@ -453,6 +453,49 @@ fn a_refund_after_a_switch_gives_back_what_the_strategy_made_of_the_cost() {
     }
 }
 
+/// A give-back is converted through every switch since its payment while its
+/// generation is among the 16 kept behind the current one, and gives nothing back once
+/// it is not: at 16 switches after the payment, exactly; at 17, nothing (less than the
+/// bound allows, never more).
+#[test]
+fn a_refund_is_converted_through_sixteen_switches_and_gives_nothing_after_seventeen() {
+    let set = |capacity: u64| {
+        RuleSet::new()
+            .rule(
+                ScopeKind::Global,
+                Rule::new(p(capacity, 1.0)).inherit(Inherit::Proportional),
+            )
+            .class(WorkClass::new("ten", 10))
+    };
+    for (switches, refunded) in [(16, true), (17, false)] {
+        let limiter = set(100).build_with_clock(ManualClock::new()).unwrap();
+        let ten = limiter.class("ten").unwrap();
+        let charge = limiter
+            .try_acquire(&Request::new(), ten)
+            .unwrap()
+            .charge()
+            .unwrap();
+        // 90 of 100, then doubled and halved in turn: 90 or 180.
+        for i in 0..switches {
+            limiter
+                .reconfigure(set(if i % 2 == 0 { 200 } else { 100 }))
+                .unwrap();
+        }
+        let before = if switches % 2 == 0 { 90.0 } else { 180.0 };
+        assert_eq!(limiter.available(&Scope::Global), Some(before));
+        limiter.refund(&charge);
+        // 10 of 100 is 10 of 100 again after an even number of switches, 20 of 200 after
+        // an odd one.
+        let back = if switches % 2 == 0 { 10.0 } else { 20.0 };
+        let after = if refunded { before + back } else { before };
+        assert_eq!(
+            limiter.available(&Scope::Global),
+            Some(after),
+            "a refund {switches} switches after its payment"
+        );
+    }
+}
+
 #[test]
 fn a_reservation_dropped_into_debt_after_a_switch_mints_nothing_in_the_new_buckets() {
     let set = |global: u64| {
