@@ -194,12 +194,10 @@ impl<T> Chain<T, Kept> {
         unsafe { &(*self.load()).value }
     }
 
-    /// Publishes `value` after the current epoch (callers serialize) and returns it, held.
-    pub(crate) fn push(&self, value: T) -> Held<T> {
-        self.link(self.current(), Next::new(value));
-        Held {
-            node: self.load().cast_const(),
-        }
+    /// Publishes `next` after the current epoch (callers serialize): named before by
+    /// [`Next::held`]. Allocates nothing.
+    pub(crate) fn push(&self, next: Next<T>) {
+        self.link(self.current(), next);
     }
 
     /// The first epoch, newest first, for which `pred` holds, held.
@@ -286,6 +284,8 @@ impl<T> Chain<T, Freed> {
     /// caller) and retires `old`: freed by a later retirement, or the chain's drop, once
     /// no pin can still hold it.
     pub(crate) fn replace(&self, old: &Pinned<'_, T>, next: Next<T>) {
+        // A windowed chain keeps its replaced epochs linked: `replace_linked`.
+        debug_assert_eq!(self.window, 0, "replace on a chain with a window");
         let old = self.link(old, next);
         self.retire(old);
     }
@@ -296,7 +296,11 @@ impl<T> Chain<T, Freed> {
     /// replacements older, which stays linked to its successor until it is freed (a
     /// successor link is only followed from an epoch held under a pin, which its
     /// retirement waits for).
-    pub(crate) fn replace_linked(&self, old: &Pinned<'_, T>, next: Next<T>)
+    ///
+    /// The retirement (a `membarrier`, a walk of the pin records, a lock, the frees)
+    /// is made when the guard returned is dropped: a caller holding what requests wait
+    /// on lets it go first.
+    pub(crate) fn replace_linked(&self, old: &Pinned<'_, T>, next: Next<T>) -> Retiring<'_, T>
     where
         T: Linked,
     {
@@ -311,12 +315,15 @@ impl<T> Chain<T, Freed> {
             // SAFETY: `out` is in the window (see above), live until retired here.
             out = unsafe { (*out).prev };
             if out.is_null() {
-                return;
+                break;
             }
         }
         // The last kept epoch's link to it is left as it is: no walk reaches it
         // (`kept` stops `window` epochs behind the epoch it starts from).
-        self.retire(out);
+        Retiring {
+            chain: self,
+            node: out,
+        }
     }
 
     /// The epoch `held` (the current one when pinned) and the replaced epochs still
@@ -427,6 +434,24 @@ impl<T, M> Drop for Chain<T, M> {
     }
 }
 
+/// An epoch of a [`Freed`] chain that [`Chain::replace_linked`] took out of the window,
+/// retired when the guard is dropped (on every path, unwinding included), or nothing.
+#[must_use = "the epoch is retired when the guard is dropped"]
+pub(crate) struct Retiring<'a, T> {
+    chain: &'a Chain<T, Freed>,
+    /// Null when no epoch left the window.
+    node: *mut Node<T>,
+}
+
+impl<T> Drop for Retiring<'_, T> {
+    fn drop(&mut self) {
+        if !self.node.is_null() {
+            // Unlinked from every walk (out of the window), and retired once: here.
+            self.chain.retire(self.node);
+        }
+    }
+}
+
 /// An epoch of a [`Kept`] chain, named by its address: for a value that lives
 /// elsewhere (in an epoch of another chain) but borrows from this one, read back
 /// ([`get`](Held::get)) for as long as the chain that made it lives.
@@ -439,12 +464,12 @@ impl<T> Held<T> {
     ///
     /// # Safety
     ///
-    /// The chain that made `self` ([`Chain::push`], [`Chain::find`]) is not dropped
-    /// during `'a`: a kept chain's epochs live until it is.
+    /// The epoch lives during `'a`: the chain that holds it ([`Chain::find`], or
+    /// [`Chain::push`] of the [`Next`] that named it) is not dropped then (a kept
+    /// chain's epochs live until it is), or, not pushed yet, its [`Next`] is not.
     #[inline(always)]
     pub(crate) unsafe fn get<'a>(self) -> &'a T {
-        // SAFETY: a node of a kept chain, live until the chain is dropped, which the
-        // caller excludes for `'a`.
+        // SAFETY: a live node for `'a` (the caller's contract).
         unsafe { &(*self.node).value }
     }
 }
@@ -500,6 +525,14 @@ impl<T> Successor<T> {
 pub(crate) struct Next<T>(Box<Node<T>>);
 
 impl<T> Next<T> {
+    /// The epoch as a kept chain holds it once [`pushed`](Chain::push): its node is
+    /// allocated now and stays where it is.
+    pub(crate) fn held(&self) -> Held<T> {
+        Held {
+            node: ptr::from_ref(&*self.0),
+        }
+    }
+
     pub(crate) fn new(value: T) -> Next<T> {
         Next(Box::new(Node {
             value,

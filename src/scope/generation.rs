@@ -51,7 +51,7 @@ use std::time::Duration;
 use crate::bucket::{Core, SEALED_ERROR, Sealable, Sealed};
 use crate::clock::{Clock, Monotonic};
 use crate::decision::Decision;
-use crate::epoch::{Chain, Freed, Held, Kept, Linked, Next, Pinned, Successor};
+use crate::epoch::{Chain, Freed, Held, Kept, Linked, Next, Pinned, Retiring, Successor};
 use crate::error::AcquireError;
 use crate::inherit::Inherit;
 use crate::multi::{Member, Planned, Prepared, sealed};
@@ -109,11 +109,14 @@ impl ConfigRef {
     #[inline(always)]
     fn get<T>(self, owner: &T) -> &Config {
         let _ = owner;
-        // SAFETY: a `ConfigRef` is made only by a `Generations` from its own store
-        // (`new`, `intern`) and held only by that `Generations`' generations (or the
-        // one a switch is building), so `owner` is borrowed from that `Generations`: its
-        // store, which is dropped after its chain of generations (field order), lives
-        // while `owner` is borrowed.
+        // SAFETY: a `ConfigRef` is made only by a `Generations` (`new`, `intern`), of a
+        // configuration in its store or of one that `intern` allocated for the one
+        // generation that holds it, stored when that generation is published (and
+        // dropped, unread, after it when a switch fails). It is held only by that
+        // `Generations`' generations (or the one a switch is building), so `owner` is
+        // borrowed from that `Generations`, whose store is dropped after its chain of
+        // generations (field order): the configuration lives while `owner` is
+        // borrowed.
         unsafe { self.0.get() }
     }
 }
@@ -234,18 +237,26 @@ impl Generations {
     }
 
     /// The configuration of `policies` and `classes` as a new generation holds it: the
-    /// stored one when the limiter had it before, else a new one, stored. Callers
-    /// serialize (the limiter's reconfiguration lock).
-    pub(super) fn intern(&self, policies: PolicySet, classes: Vec<WorkClass>) -> ConfigRef {
-        let found = self
+    /// stored one when the limiter had it before, else a new one, allocated here and
+    /// stored only when the generation is published ([`publish`](Generations::publish)
+    /// takes it): a switch refused after this stores nothing. Callers serialize (the
+    /// limiter's reconfiguration lock).
+    pub(super) fn intern(
+        &self,
+        policies: PolicySet,
+        classes: Vec<WorkClass>,
+    ) -> (ConfigRef, Option<Next<Config>>) {
+        if let Some(found) = self
             .configs
-            .find(|c| c.policies == policies && *c.classes == classes[..]);
-        ConfigRef(found.unwrap_or_else(|| {
-            self.configs.push(Config {
-                policies,
-                classes: classes.into_boxed_slice(),
-            })
-        }))
+            .find(|c| c.policies == policies && *c.classes == classes[..])
+        {
+            return (ConfigRef(found), None);
+        }
+        let next = Next::new(Config {
+            policies,
+            classes: classes.into_boxed_slice(),
+        });
+        (ConfigRef(next.held()), Some(next))
     }
 
     /// `g`'s configuration, for as long as the limiter is borrowed.
@@ -301,10 +312,20 @@ impl Generations {
     }
 
     /// Publishes `next` after the current generation `old` (whose words the caller
-    /// sealed), retiring the one that leaves the window. Callers serialize (the
-    /// limiter's reconfiguration lock).
-    pub(super) fn publish(&self, old: &Pinned<'_, Generation>, next: Next<Generation>) {
-        self.chain.replace_linked(old, next);
+    /// sealed), storing its configuration first when it is new (`config`, from
+    /// [`intern`](Generations::intern)). The generation that leaves the window is
+    /// retired when the guard returned is dropped. Callers serialize (the limiter's
+    /// reconfiguration lock). Allocates nothing.
+    pub(super) fn publish(
+        &self,
+        old: &Pinned<'_, Generation>,
+        next: Next<Generation>,
+        config: Option<Next<Config>>,
+    ) -> Retiring<'_, Generation> {
+        if let Some(config) = config {
+            self.configs.push(config);
+        }
+        self.chain.replace_linked(old, next)
     }
 
     /// The generation tagged `tag`, if it is `current` (pinned) or one of the

@@ -283,7 +283,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
             .unwrap_or_default();
         // Allocated before the barrier and the seals: between the seals and the
         // publication, only arithmetic.
-        let config = self.generations.intern(policies, rules.classes);
+        let (config, new_config) = self.generations.intern(policies, rules.classes);
         let mut next = crate::epoch::Next::new(Generation::new(
             old.number + 1,
             Box::new([]),
@@ -369,7 +369,7 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
                 s.move_keys(rule, inherit[kind.index()], now);
             }
         }
-        self.generations.publish(&old, next);
+        let retiring = self.generations.publish(&old, next, new_config);
         for unseal in unseals {
             std::mem::forget(unseal);
         }
@@ -383,10 +383,15 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
                 maps += s.finish(rule, &current.policies().tiers[k], inherit[k], now);
             }
         }
+        let reconfigurations = current.number;
+        // The generation that left the window is retired once no request waits on a
+        // barrier, and after this thread's own pin ends (which it need not wait for).
+        drop(old);
+        drop(retiring);
         Ok(ScopeReconfigured {
             global: report,
             maps,
-            reconfigurations: current.number,
+            reconfigurations,
         })
     }
 

@@ -264,6 +264,20 @@ fn keys_leaving_tiers_must_fit_the_rules_map_or_nothing_changes() {
         })
     );
     assert_eq!(limiter.reconfigurations(), 0);
+    // Refused with policies the limiter never had: they are not stored either.
+    let other = RuleSet::new()
+        .rule(
+            ScopeKind::Tenant,
+            Rule::new(p(12, 1.0)).max_keys(2).inherit(Inherit::AsIs),
+        )
+        .tier("gold", vec![p(100, 10.0)])
+        .tier("silver", vec![p(50, 5.0)])
+        .class(WorkClass::new("one", 1));
+    assert!(matches!(
+        limiter.reconfigure(other),
+        Err(RuleError::Reshape(Reshape::TierRoom { .. }))
+    ));
+    assert_eq!(limiter.stored_configurations(), 1);
     assert_eq!([1, 2, 9].map(|t| limiter.stored_word(&tenant(t))), before);
     assert_eq!(limiter.available(&tenant(9)), Some(70.0));
     assert_eq!(limiter.policies_for(&tenant(9)).unwrap()[0].capacity(), 100);
