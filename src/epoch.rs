@@ -160,14 +160,16 @@ impl<T, M> Chain<T, M> {
         let old = ptr::from_ref(old).cast::<Node<T>>().cast_mut();
         // A node of this chain: what makes the casts here and in `Successor` sound.
         assert_eq!(old, self.load(), "only the current epoch is replaced");
-        let mut next = next.0;
+        let node = next.into_raw();
         // SAFETY: `old` is a node of this chain (the caller holds it: `&T` from it),
-        // live while that reference is.
-        next.number = unsafe { (*old).number } + 1;
-        if self.window > 0 {
-            next.prev = old;
+        // live while that reference is; `node` is the `Next`'s own, not shared yet (a
+        // `Held` that named it reads only its value, after the publication).
+        unsafe {
+            (*node).number = (*old).number + 1;
+            if self.window > 0 {
+                (*node).prev = old;
+            }
         }
-        let node = Box::into_raw(next);
         self.current.store(node, Ordering::Release);
         old
     }
@@ -520,25 +522,43 @@ impl<T> Successor<T> {
     }
 }
 
-/// An epoch allocated ahead of its publication (`Chain::publish_linked`, `Chain::replace`), so
-/// that a switch allocates nothing between its seal and the publication.
-pub(crate) struct Next<T>(Box<Node<T>>);
+/// An epoch allocated ahead of its publication ([`Chain::replace`],
+/// [`Chain::replace_linked`], [`Chain::push`]), so that a switch allocates nothing
+/// between its seal and the publication. Its node is allocated once and handed to the
+/// chain as the same pointer (never moved as a `Box`), so that the address
+/// [`held`](Next::held) names before the push stays valid after it.
+pub(crate) struct Next<T>(ptr::NonNull<Node<T>>);
 
 impl<T> Next<T> {
     /// The epoch as a kept chain holds it once [`pushed`](Chain::push): its node is
     /// allocated now and stays where it is.
     pub(crate) fn held(&self) -> Held<T> {
         Held {
-            node: ptr::from_ref(&*self.0),
+            node: self.0.as_ptr().cast_const(),
         }
     }
 
     pub(crate) fn new(value: T) -> Next<T> {
-        Next(Box::new(Node {
+        Next(ptr::NonNull::from(Box::leak(Box::new(Node {
             value,
             number: 0,
             prev: ptr::null_mut(),
-        }))
+        }))))
+    }
+
+    /// The node, for the chain that takes it (which frees it from then on).
+    fn into_raw(self) -> *mut Node<T> {
+        let node = self.0.as_ptr();
+        std::mem::forget(self);
+        node
+    }
+}
+
+impl<T> Drop for Next<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new` as a `Box`, and not handed to a chain (`into_raw`
+        // forgets the `Next`).
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
     }
 }
 
@@ -546,13 +566,15 @@ impl<T> Deref for Next<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        &self.0.value
+        // SAFETY: the `Next` owns its node until it is handed to a chain.
+        unsafe { &self.0.as_ref().value }
     }
 }
 
 impl<T> std::ops::DerefMut for Next<T> {
     fn deref_mut(&mut self) -> &mut T {
-        &mut self.0.value
+        // SAFETY: as above, borrowed mutably through the `Next`.
+        unsafe { &mut self.0.as_mut().value }
     }
 }
 

@@ -259,13 +259,22 @@ impl Generations {
         (ConfigRef(next.held()), Some(next))
     }
 
-    /// `g`'s configuration, for as long as the limiter is borrowed.
+    /// `g`'s configuration, for as long as the limiter is borrowed. `g` is one of this
+    /// limiter's published generations (pinned from its chain): its configuration is
+    /// then in this store, which lives as long as the limiter. Not checked but in debug
+    /// builds (a look-up on every request).
     #[inline(always)]
     pub(super) fn config(&self, g: &Generation) -> &Config {
-        g.config.get(self)
+        let config = g.config.get(self);
+        debug_assert!(
+            self.configs.iter().any(|c| std::ptr::eq(c, config)),
+            "a generation of another limiter"
+        );
+        config
     }
 
-    /// `g`'s policies as its decisions hold them, for as long as the limiter is borrowed.
+    /// `g`'s policies as its decisions hold them, for as long as the limiter is borrowed
+    /// (`g` as for [`config`](Generations::config)).
     #[inline(always)]
     pub(super) fn policies(&self, g: &Generation) -> Policies<'_> {
         Policies::new(g.number, &self.config(g).policies)

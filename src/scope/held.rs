@@ -2,7 +2,8 @@
 //!
 //! Most requests of a running service name keys already in their maps. For those, on a
 //! limiter with no remote store and a global scope of one bucket, each keyed bucket the
-//! request pays is found in a reader section of its shard ([`KeyedMaps::hold`]), the
+//! request pays is found in a reader section of its shard ([`KeyedMaps::hold`], or
+//! [`KeyedMaps::hold_one`] for a request paying one keyed kind), the
 //! sections entered in kind order (the lock order of the [`ScopedLimiter`] docs) around
 //! one fence they share, and the buckets are paid all or none in that order, at one
 //! clock reading. Every other request (a new key, a writer on a shard, a rule with
@@ -30,6 +31,7 @@
 //!   has every earlier one given back, and the request goes to the locked path.
 //!
 //! [`KeyedMaps::hold`]: super::maps::KeyedMaps::hold
+//! [`KeyedMaps::hold_one`]: super::maps::KeyedMaps::hold_one
 
 use std::hash::BuildHasher;
 use std::mem::MaybeUninit;
