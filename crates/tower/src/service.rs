@@ -2,9 +2,10 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -52,42 +53,62 @@ pin_project! {
     /// The response future of [`RateLimit`].
     pub struct ResponseFuture<F, B, E, C: Clock> {
         #[pin]
-        state: State<F, B, E, C>,
+        state: State<F, B, E>,
+        clock: PhantomData<fn() -> C>,
     }
 }
 
 pin_project! {
     // One enum, no state beside it: an admission without fields or refund is the inner
-    // future alone, polled through and dropped with nothing else to check.
+    // future alone, polled through and dropped with nothing else to check. Three states,
+    // so that telling the admission's from the others is one comparison: what an
+    // admission with fields or a refund does to its response is in a boxed future
+    // (`Waiting`), as is a delay's or a remote scope's wait; the future stays small to
+    // move.
     #[project = StateProj]
-    enum State<F, B, E, C: Clock> {
+    enum State<F, B, E> {
         Inner { #[pin] fut: F },
-        // Boxed: only an admission with fields or a refund has one, and the future
-        // stays small to move.
-        After { #[pin] fut: F, after: Option<Box<After<C>>> },
         Ready { response: Option<Response<B>> },
         Waiting { fut: BoxFuture<B, E> },
     }
 }
 
 impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
-    /// A response future that runs `fut` (the remote scope's wait, then the service).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn boxed(fut: BoxFuture<B, E>) -> Self {
+    #[inline(always)]
+    fn new(state: State<F, B, E>) -> Self {
         ResponseFuture {
-            state: State::Waiting { fut },
+            state,
+            clock: PhantomData,
         }
     }
 
+    /// A response future that runs `fut` (the remote scope's wait, then the service).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn boxed(fut: BoxFuture<B, E>) -> Self {
+        Self::new(State::Waiting { fut })
+    }
+}
+
+impl<F, B, E, C> ResponseFuture<F, B, E, C>
+where
+    F: Future<Output = Result<Response<B>, E>> + Send + 'static,
+    B: Send + 'static,
+    E: Send + 'static,
+    C: Clock + Send + Sync + 'static,
+{
     /// The inner service's future, with what the admission does to its response.
     #[inline(always)]
-    fn inner(fut: F, after: Option<Box<After<C>>>) -> Self {
-        ResponseFuture {
-            state: match after {
-                None => State::Inner { fut },
-                after => State::After { fut, after },
+    fn inner(fut: F, after: Option<After<C>>) -> Self {
+        Self::new(match after {
+            None => State::Inner { fut },
+            Some(after) => State::Waiting {
+                fut: Box::pin(async move {
+                    let mut response = fut.await?;
+                    after.apply(&mut response);
+                    Ok(response)
+                }),
             },
-        }
+        })
     }
 }
 
@@ -135,23 +156,15 @@ where
 
 /// [`ResponseFuture::poll`] in every state but `Inner`.
 #[inline(never)]
-fn poll_other<F, B, E, C>(
-    state: StateProj<'_, F, B, E, C>,
+fn poll_other<F, B, E>(
+    state: StateProj<'_, F, B, E>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Response<B>, E>>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    C: Clock,
 {
     match state {
         StateProj::Inner { fut } => fut.poll(cx),
-        StateProj::After { fut, after } => {
-            let mut response = ready!(fut.poll(cx))?;
-            if let Some(after) = after.take() {
-                (*after).apply(&mut response);
-            }
-            Poll::Ready(Ok(response))
-        }
         StateProj::Ready { response } => Poll::Ready(Ok(response
             .take()
             .expect("ResponseFuture polled after completion"))),
@@ -223,11 +236,9 @@ where
                 // here).
                 if v.is_admitted() && !s.admitted_fields {
                     near_limit(s, v);
-                    return ResponseFuture {
-                        state: State::Inner {
-                            fut: self.inner.call(req),
-                        },
-                    };
+                    return ResponseFuture::new(State::Inner {
+                        fut: self.inner.call(req),
+                    });
                 }
             }
             return on_verdict(
@@ -308,7 +319,7 @@ where
         Ok(v) if v.is_admitted() => {
             near_limit(s, &v);
             let after = if s.admitted_fields {
-                admitted_alone(s, &v).map(Box::new)
+                admitted_alone(s, &v)
             } else {
                 None
             };
@@ -468,10 +479,10 @@ where
         near_limit(s, v);
         let after = match decision {
             Some(d) if s.admitted_fields || options.refund.is_some() => {
-                Some(Box::new(admitted(shared, d, options)))
+                Some(admitted(shared, d, options))
             }
             // One scope kind has a quota: its fields are the tightest scope's.
-            None if s.admitted_fields => admitted_alone(s, v).map(Box::new),
+            None if s.admitted_fields => admitted_alone(s, v),
             _ => None,
         };
         if let Some(planned) = s
@@ -517,13 +528,17 @@ fn near_limit<C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) {
 }
 
 #[inline(always)]
-fn call_inner<S, C: Clock, ReqBody, ResBody>(
+fn call_inner<S, C, ReqBody, ResBody>(
     inner: &mut S,
     req: Request<ReqBody>,
-    after: Option<Box<After<C>>>,
+    after: Option<After<C>>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Send + 'static,
+    C: Clock + Send + Sync + 'static,
 {
     ResponseFuture::inner(inner.call(req), after)
 }
@@ -560,9 +575,7 @@ where
         }
         Ok(response)
     };
-    ResponseFuture {
-        state: State::Waiting { fut: Box::pin(fut) },
-    }
+    ResponseFuture::new(State::Waiting { fut: Box::pin(fut) })
 }
 
 /// Counts a delayed request dropped before its time.
@@ -583,11 +596,9 @@ impl<C: Clock> Drop for CancelWatch<C> {
 }
 
 fn ready<F, B, E, C: Clock>(response: Response<B>) -> ResponseFuture<F, B, E, C> {
-    ResponseFuture {
-        state: State::Ready {
-            response: Some(response),
-        },
-    }
+    ResponseFuture::new(State::Ready {
+        response: Some(response),
+    })
 }
 
 /// 503 with `Retry-After` ([`retry_after_seconds`]) and a problem-details
