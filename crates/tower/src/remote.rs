@@ -233,7 +233,7 @@ mod on {
         shared: &Arc<Shared<C>>,
         req: Request<ReqBody>,
         decision: Option<&ScopeDecision<'_>>,
-        after: Option<After<C>>,
+        after: Option<Box<After<C>>>,
     ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -298,7 +298,7 @@ mod on {
             }
             let mut response = inner.call(req).await?;
             if let Some(after) = after {
-                after.apply(&mut response);
+                (*after).apply(&mut response);
             }
             Ok(response)
         };

@@ -2,10 +2,9 @@
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -54,17 +53,16 @@ pin_project! {
     pub struct ResponseFuture<F, B, E, C: Clock> {
         #[pin]
         state: State<F, B, E>,
-        clock: PhantomData<fn() -> C>,
+        // What an admission with fields or a refund does to the inner future's
+        // response (boxed: the future stays small to move); `None` for every other.
+        after: Option<Box<After<C>>>,
     }
 }
 
 pin_project! {
-    // One enum, no state beside it: an admission without fields or refund is the inner
-    // future alone, polled through and dropped with nothing else to check. Three states,
-    // so that telling the admission's from the others is one comparison: what an
-    // admission with fields or a refund does to its response is in a boxed future
-    // (`Waiting`), as is a delay's or a remote scope's wait; the future stays small to
-    // move.
+    // Three states, so that telling the admission's from the others is one comparison;
+    // an admission without fields or refund is the inner future and an empty `after`,
+    // polled through with nothing else to do.
     #[project = StateProj]
     enum State<F, B, E> {
         Inner { #[pin] fut: F },
@@ -76,10 +74,7 @@ pin_project! {
 impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
     #[inline(always)]
     fn new(state: State<F, B, E>) -> Self {
-        ResponseFuture {
-            state,
-            clock: PhantomData,
-        }
+        ResponseFuture { state, after: None }
     }
 
     /// A response future that runs `fut` (the remote scope's wait, then the service).
@@ -87,28 +82,14 @@ impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
     pub(crate) fn boxed(fut: BoxFuture<B, E>) -> Self {
         Self::new(State::Waiting { fut })
     }
-}
 
-impl<F, B, E, C> ResponseFuture<F, B, E, C>
-where
-    F: Future<Output = Result<Response<B>, E>> + Send + 'static,
-    B: Send + 'static,
-    E: Send + 'static,
-    C: Clock + Send + Sync + 'static,
-{
     /// The inner service's future, with what the admission does to its response.
     #[inline(always)]
-    fn inner(fut: F, after: Option<After<C>>) -> Self {
-        Self::new(match after {
-            None => State::Inner { fut },
-            Some(after) => State::Waiting {
-                fut: Box::pin(async move {
-                    let mut response = fut.await?;
-                    after.apply(&mut response);
-                    Ok(response)
-                }),
-            },
-        })
+    fn inner(fut: F, after: Option<Box<After<C>>>) -> Self {
+        ResponseFuture {
+            state: State::Inner { fut },
+            after,
+        }
     }
 }
 
@@ -144,27 +125,36 @@ where
     type Output = Result<Response<B>, E>;
 
     // The admission's path (the inner future alone) inline where the future is polled;
-    // every other state out of line.
+    // every other state, and an admission's `after`, out of line.
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner { fut } => fut.poll(cx),
-            state => poll_other(state, cx),
+        let this = self.project();
+        match this.state.project() {
+            StateProj::Inner { fut } if this.after.is_none() => fut.poll(cx),
+            state => poll_other(state, this.after, cx),
         }
     }
 }
 
-/// [`ResponseFuture::poll`] in every state but `Inner`.
+/// [`ResponseFuture::poll`] in every state but `Inner` without `after`.
 #[inline(never)]
-fn poll_other<F, B, E>(
+fn poll_other<F, B, E, C>(
     state: StateProj<'_, F, B, E>,
+    after: &mut Option<Box<After<C>>>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Response<B>, E>>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    C: Clock,
 {
     match state {
-        StateProj::Inner { fut } => fut.poll(cx),
+        StateProj::Inner { fut } => {
+            let mut response = ready!(fut.poll(cx))?;
+            if let Some(after) = after.take() {
+                (*after).apply(&mut response);
+            }
+            Poll::Ready(Ok(response))
+        }
         StateProj::Ready { response } => Poll::Ready(Ok(response
             .take()
             .expect("ResponseFuture polled after completion"))),
@@ -319,7 +309,7 @@ where
         Ok(v) if v.is_admitted() => {
             near_limit(s, &v);
             let after = if s.admitted_fields {
-                admitted_alone(s, &v)
+                admitted_alone(s, &v).map(Box::new)
             } else {
                 None
             };
@@ -479,10 +469,10 @@ where
         near_limit(s, v);
         let after = match decision {
             Some(d) if s.admitted_fields || options.refund.is_some() => {
-                Some(admitted(shared, d, options))
+                Some(Box::new(admitted(shared, d, options)))
             }
             // One scope kind has a quota: its fields are the tightest scope's.
-            None if s.admitted_fields => admitted_alone(s, v),
+            None if s.admitted_fields => admitted_alone(s, v).map(Box::new),
             _ => None,
         };
         if let Some(planned) = s
@@ -531,7 +521,7 @@ fn near_limit<C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) {
 fn call_inner<S, C, ReqBody, ResBody>(
     inner: &mut S,
     req: Request<ReqBody>,
-    after: Option<After<C>>,
+    after: Option<Box<After<C>>>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
