@@ -77,6 +77,9 @@ enum Source {
 pub(crate) struct KeyHasher {
     k0: u64,
     k1: u64,
+    /// SipHash's state after its initialization under `(k0, k1)`, for the addresses'
+    /// hash ([`sip13`]), which starts from it.
+    init: [u64; 4],
 }
 
 impl fmt::Debug for KeyHasher {
@@ -93,10 +96,10 @@ impl KeyHasher {
         PROCESS
             .get_or_init(|| {
                 let (a, b) = (RandomState::new(), RandomState::new());
-                KeyHasher {
-                    k0: a.hash_one(0x746f_6b65_6e67_6174_u64),
-                    k1: b.hash_one(0x6b65_795f_7365_6372_u64),
-                }
+                KeyHasher::new(
+                    a.hash_one(0x746f_6b65_6e67_6174_u64),
+                    b.hash_one(0x6b65_795f_7365_6372_u64),
+                )
             })
             .clone()
     }
@@ -104,9 +107,22 @@ impl KeyHasher {
     /// A hasher with a given secret (the same in every process given it).
     pub(crate) fn with_secret(secret: [u8; 16]) -> KeyHasher {
         let (a, b) = secret.split_at(8);
+        KeyHasher::new(
+            u64::from_le_bytes(a.try_into().expect("8 bytes")),
+            u64::from_le_bytes(b.try_into().expect("8 bytes")),
+        )
+    }
+
+    fn new(k0: u64, k1: u64) -> KeyHasher {
         KeyHasher {
-            k0: u64::from_le_bytes(a.try_into().expect("8 bytes")),
-            k1: u64::from_le_bytes(b.try_into().expect("8 bytes")),
+            k0,
+            k1,
+            init: [
+                k0 ^ 0x736f_6d65_7073_6575,
+                k1 ^ 0x646f_7261_6e64_6f6d,
+                k0 ^ 0x6c79_6765_6e65_7261,
+                k1 ^ 0x7465_6462_7974_6573,
+            ],
         }
     }
 
@@ -130,15 +146,16 @@ impl KeyHasher {
     /// (5 bytes for IPv4, 17 for IPv6), under the same secret as every other key's, on a
     /// message of its own domain. Written out for these two lengths ([`sip13`]): one
     /// compression round and the finalization for IPv4, three and the finalization for
-    /// IPv6, with no streaming state and no tail read byte by byte (the same function
-    /// as `SipHasher13` of the message: tested).
-    #[inline]
+    /// IPv6, from the state initialized once per hasher, with no streaming state and no
+    /// tail read byte by byte (the same function as `SipHasher13` of the message:
+    /// tested).
+    #[inline(always)]
     pub(crate) fn addr(&self, ip: IpAddr) -> u64 {
         match ip {
             IpAddr::V4(v4) => {
                 // Bytes 0-4 of the message, then its length in the top byte.
                 let m = u64::from(ADDR_V4) | u64::from(v4.to_bits().swap_bytes()) << 8;
-                sip13(self.k0, self.k1, &[], m | 5 << 56)
+                sip13(self.init, [m | 5 << 56])
             }
             IpAddr::V6(v6) => {
                 let o = v6.octets();
@@ -148,22 +165,36 @@ impl KeyHasher {
                 m[23] = 17;
                 let word =
                     |i: usize| u64::from_le_bytes(m[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-                sip13(self.k0, self.k1, &[word(0), word(1)], word(2))
+                sip13(self.init, [word(0), word(1), word(2)])
             }
         }
     }
+
+    /// The id of a peer address for [`KeyPlan::Peer`]: [`addr`](Self::addr) of the
+    /// address made canonical ([`canonical`]) and masked to its prefix ([`mask`]), the
+    /// IPv4 mask applied to the message's bytes as they are (tested against the three
+    /// steps).
+    #[inline(always)]
+    pub(crate) fn peer(&self, ip: IpAddr, masks: &PeerMasks) -> u64 {
+        let v4 = match ip {
+            IpAddr::V4(v4) => v4,
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => v4,
+                None => return self.addr(IpAddr::V6((v6.to_bits() & masks.v6).into())),
+            },
+        };
+        let bytes = u32::from_le_bytes(v4.octets()) & masks.v4;
+        sip13(
+            self.init,
+            [u64::from(ADDR_V4) | u64::from(bytes) << 8 | 5 << 56],
+        )
+    }
 }
 
-/// SipHash-1-3 under `(k0, k1)` of a message given as its whole little-endian words
-/// `blocks` and its `last` word (the tail bytes, the message's length in the top byte).
+/// SipHash-1-3 from the initialized state `v` of a message given as its little-endian
+/// words, the last one holding the tail bytes and the message's length in its top byte.
 #[inline(always)]
-fn sip13(k0: u64, k1: u64, blocks: &[u64], last: u64) -> u64 {
-    let mut v = [
-        k0 ^ 0x736f_6d65_7073_6575,
-        k1 ^ 0x646f_7261_6e64_6f6d,
-        k0 ^ 0x6c79_6765_6e65_7261,
-        k1 ^ 0x7465_6462_7974_6573,
-    ];
+fn sip13<const N: usize>(mut v: [u64; 4], words: [u64; N]) -> u64 {
     #[inline(always)]
     fn round(v: &mut [u64; 4]) {
         v[0] = v[0].wrapping_add(v[1]);
@@ -177,7 +208,7 @@ fn sip13(k0: u64, k1: u64, blocks: &[u64], last: u64) -> u64 {
         v[1] = v[1].rotate_left(17) ^ v[2];
         v[2] = v[2].rotate_left(32);
     }
-    for &b in blocks.iter().chain([&last]) {
+    for b in words {
         v[3] ^= b;
         round(&mut v);
         v[0] ^= b;
@@ -369,6 +400,66 @@ impl Key {
     }
 }
 
+/// How a request's keys are taken, decided when the layer is built.
+#[derive(Clone, Copy, Debug)]
+#[repr(u8)]
+pub(crate) enum KeyPlan {
+    /// No key is configured.
+    None,
+    /// One key, the client's address, and no trusted proxy: the peer address is the
+    /// client's, masked to its prefix and hashed ([`KeyHasher::peer`]), with no field
+    /// read (what [`Key::extract`] does for it, without the walk over the keys).
+    Peer { kind: ScopeKind, masks: PeerMasks },
+    /// Any other set of keys: each one's [`Key::extract`] in kind order.
+    Keys,
+}
+
+impl KeyPlan {
+    /// The plan for the configured keys `keyed` behind `proxies`.
+    pub(crate) fn new(keyed: &[(ScopeKind, Key)], proxies: &Proxies) -> KeyPlan {
+        match keyed {
+            [] => KeyPlan::None,
+            [
+                (
+                    kind,
+                    Key {
+                        source:
+                            Source::ClientIp {
+                                v4_prefix,
+                                v6_prefix,
+                            },
+                        ..
+                    },
+                ),
+            ] if proxies.nets.is_empty() => KeyPlan::Peer {
+                kind: *kind,
+                masks: PeerMasks::new(*v4_prefix, *v6_prefix),
+            },
+            _ => KeyPlan::Keys,
+        }
+    }
+}
+
+/// A client-address key's prefixes as masks, made once: the IPv4 one in the order of
+/// the address's bytes in memory (network order, read as a little-endian word, as the
+/// hashed message holds them), the IPv6 one on the address's integer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerMasks {
+    v4: u32,
+    v6: u128,
+}
+
+impl PeerMasks {
+    pub(crate) fn new(v4_prefix: u8, v6_prefix: u8) -> PeerMasks {
+        let v4 = u32::MAX.checked_shl(32u32.saturating_sub(u32::from(v4_prefix)));
+        let v6 = u128::MAX.checked_shl(128u32.saturating_sub(u32::from(v6_prefix)));
+        PeerMasks {
+            v4: v4.unwrap_or(0).swap_bytes(),
+            v6: v6.unwrap_or(0),
+        }
+    }
+}
+
 /// Puts `id`, the key of `kind` taken from a request's head, in `request`; `false` for
 /// a kind no [`Key`] gives (the global scope has no key; the route and tenant-route
 /// scopes come from the matched route). No `_` arm: a new scope kind does not compile
@@ -391,7 +482,7 @@ pub(crate) fn takes_key(kind: ScopeKind) -> bool {
 }
 
 /// The peer address the server put in the request extensions.
-#[inline]
+#[inline(always)]
 pub(crate) fn peer_ip(ext: &Extensions) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(ci) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
@@ -474,5 +565,33 @@ mod tests {
         }
         let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
         assert_ne!(s.addr(v4), s.addr(mapped), "the domains differ by family");
+    }
+
+    #[test]
+    fn a_peer_id_is_the_address_made_canonical_masked_and_hashed() {
+        let s = KeyHasher::with_secret(*b"0123456789abcdef");
+        let ips: Vec<IpAddr> = [
+            "192.0.2.7",
+            "255.1.128.0",
+            "0.0.0.0",
+            "::ffff:192.0.2.7",
+            "::ffff:255.1.128.1",
+            "2001:db8::7",
+            "ff00:1::8000:1",
+            "::1",
+            "::",
+        ]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+        for ip in ips {
+            for v4 in [0, 1, 7, 8, 9, 16, 24, 31, 32, 33, 255] {
+                for v6 in [0, 1, 48, 56, 64, 127, 128, 129, 255] {
+                    let masks = PeerMasks::new(v4, v6);
+                    let expected = s.addr(mask(canonical(ip), v4.min(32), v6.min(128)));
+                    assert_eq!(s.peer(ip, &masks), expected, "{ip} /{v4} /{v6}");
+                }
+            }
+        }
     }
 }

@@ -12,7 +12,7 @@ use tokengate::{Clock, Policy, QuantaClock, ScopedLimiter};
 use tower_layer::Layer;
 
 use crate::ip::{Forwarding, IpNet, Proxies};
-use crate::key::{Key, KeyHasher, takes_key};
+use crate::key::{Key, KeyHasher, KeyPlan, takes_key};
 use crate::remote::RemoteScope;
 use crate::response::{Body, MissingKey, Quotas, Refused, problem_missing, problem_refused};
 use crate::route::{Route, StatusPredicate};
@@ -104,6 +104,8 @@ pub(crate) struct Shared<C: Clock> {
     pub(crate) keys: PerKind<Option<Key>>,
     /// The kinds given a key, with it, in kind order (`keys` without the empty ones).
     pub(crate) keyed: Box<[(ScopeKind, Key)]>,
+    /// How a request's keys are taken (from `keyed` and `proxies`).
+    pub(crate) key_plan: KeyPlan,
     /// The routes in the order added.
     pub(crate) routes: Vec<CompiledRoute>,
     /// The route of every request that matches none of `routes` (its `id` is `None`
@@ -706,15 +708,17 @@ impl<C: Clock> RateLimitLayerBuilder<C> {
         for r in routes.iter_mut().chain([&mut fallback]) {
             r.whole = whole_decision || r.options.refund.is_some();
         }
-        let keyed = ScopeKind::ALL
+        let keyed: Box<[(ScopeKind, Key)]> = ScopeKind::ALL
             .into_iter()
             .filter_map(|kind| self.keys[kind].clone().map(|key| (kind, key)))
             .collect();
+        let key_plan = KeyPlan::new(&keyed, &self.proxies);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
                 keys: self.keys,
                 keyed,
+                key_plan,
                 routes,
                 fallback,
                 proxies: self.proxies,

@@ -89,6 +89,10 @@ pub fn problem_missing(m: &MissingKey) -> (StatusCode, Body) {
 /// and no allocation per response.
 pub(crate) struct Quotas {
     pub(crate) by_kind: PerKind<Option<Quota>>,
+    /// Per kind, the tokens left below which an admission is near its limit (below a
+    /// tenth of the quota: `remaining * 10 < quota` is `remaining < ceil(quota / 10)`);
+    /// 0 for a kind without a quota.
+    pub(crate) near: PerKind<u64>,
     /// Indexed by a [`KindMask`].
     policy_fields: [OnceLock<Option<HeaderValue>>; KINDS_SETS],
 }
@@ -110,8 +114,14 @@ const fn kind_bit(kind: ScopeKind) -> KindMask {
 
 impl Quotas {
     pub(crate) fn new(by_kind: PerKind<Option<Quota>>) -> Quotas {
+        let near = std::array::from_fn(|k| {
+            by_kind[k]
+                .as_ref()
+                .map_or(0, |q: &Quota| q.quota().div_ceil(10))
+        });
         Quotas {
             by_kind,
+            near,
             policy_fields: std::array::from_fn(|_| OnceLock::new()),
         }
     }

@@ -18,8 +18,8 @@ use tokengate::scope::{
 use tokengate::{Clock, QuantaClock, ScopedLimiter};
 use tower_service::Service;
 
-use crate::key::{Head, KeyError, set_key_id};
-use crate::layer::{Options, Shared};
+use crate::key::{Head, KeyError, KeyPlan, peer_ip, set_key_id};
+use crate::layer::{CompiledRoute, Options, Shared};
 use crate::response::{Fields, Item, MissingKey, PROBLEM_JSON, Refused, retry_after_seconds};
 use crate::route::StatusPredicate;
 
@@ -52,41 +52,43 @@ pin_project! {
     /// The response future of [`RateLimit`].
     pub struct ResponseFuture<F, B, E, C: Clock> {
         #[pin]
-        state: State<F, B, E, C>,
+        state: State<F, B, E>,
+        // What an admission with fields or a refund does to the inner future's
+        // response (boxed: the future stays small to move); `None` for every other.
+        after: Option<Box<After<C>>>,
     }
 }
 
 pin_project! {
-    // One enum, no state beside it: an admission without fields or refund is the inner
-    // future alone, polled through and dropped with nothing else to check.
+    // Three states, so that telling the admission's from the others is one comparison;
+    // an admission without fields or refund is the inner future and an empty `after`,
+    // polled through with nothing else to do.
     #[project = StateProj]
-    enum State<F, B, E, C: Clock> {
+    enum State<F, B, E> {
         Inner { #[pin] fut: F },
-        // Boxed: only an admission with fields or a refund has one, and the future
-        // stays small to move.
-        After { #[pin] fut: F, after: Option<Box<After<C>>> },
         Ready { response: Option<Response<B>> },
         Waiting { fut: BoxFuture<B, E> },
     }
 }
 
 impl<F, B, E, C: Clock> ResponseFuture<F, B, E, C> {
+    #[inline(always)]
+    fn new(state: State<F, B, E>) -> Self {
+        ResponseFuture { state, after: None }
+    }
+
     /// A response future that runs `fut` (the remote scope's wait, then the service).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn boxed(fut: BoxFuture<B, E>) -> Self {
-        ResponseFuture {
-            state: State::Waiting { fut },
-        }
+        Self::new(State::Waiting { fut })
     }
 
     /// The inner service's future, with what the admission does to its response.
     #[inline(always)]
     fn inner(fut: F, after: Option<Box<After<C>>>) -> Self {
         ResponseFuture {
-            state: match after {
-                None => State::Inner { fut },
-                after => State::After { fut, after },
-            },
+            state: State::Inner { fut },
+            after,
         }
     }
 }
@@ -122,22 +124,41 @@ where
 {
     type Output = Result<Response<B>, E>;
 
-    #[inline]
+    // The admission's path (the inner future alone) inline where the future is polled;
+    // every other state, and an admission's `after`, out of line.
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner { fut } => fut.poll(cx),
-            StateProj::After { fut, after } => {
-                let mut response = ready!(fut.poll(cx))?;
-                if let Some(after) = after.take() {
-                    (*after).apply(&mut response);
-                }
-                Poll::Ready(Ok(response))
-            }
-            StateProj::Ready { response } => Poll::Ready(Ok(response
-                .take()
-                .expect("ResponseFuture polled after completion"))),
-            StateProj::Waiting { fut } => fut.as_mut().poll(cx),
+        let this = self.project();
+        match this.state.project() {
+            StateProj::Inner { fut } if this.after.is_none() => fut.poll(cx),
+            state => poll_other(state, this.after, cx),
         }
+    }
+}
+
+/// [`ResponseFuture::poll`] in every state but `Inner` without `after`.
+#[inline(never)]
+fn poll_other<F, B, E, C>(
+    state: StateProj<'_, F, B, E>,
+    after: &mut Option<Box<After<C>>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<B>, E>>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    C: Clock,
+{
+    match state {
+        StateProj::Inner { fut } => {
+            let mut response = ready!(fut.poll(cx))?;
+            if let Some(after) = after.take() {
+                (*after).apply(&mut response);
+            }
+            Poll::Ready(Ok(response))
+        }
+        StateProj::Ready { response } => Poll::Ready(Ok(response
+            .take()
+            .expect("ResponseFuture polled after completion"))),
+        StateProj::Waiting { fut } => fut.as_mut().poll(cx),
     }
 }
 
@@ -154,10 +175,15 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody, S::Error, C>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
+    // Inline where the service is called: the common admission (no route list, the
+    // small verdict, no admitted fields) is this function alone, the request moved once,
+    // into the inner service; everything else is out of line.
+    #[inline(always)]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let s = &*self.shared;
         // No route listed (the one-line constructors): every request is the fallback's,
@@ -165,112 +191,190 @@ where
         let matched = if s.routes.is_empty() {
             &s.fallback
         } else {
-            s.routes
-                .iter()
-                .find(|r| r.route.matches(req.method(), req.uri().path()))
-                .unwrap_or(&s.fallback)
+            matched_route(s, &req)
         };
         let mut request = tokengate::scope::Request::new();
         request.route = matched.id;
-        if !s.keyed.is_empty() {
-            let head = Head {
-                method: req.method(),
-                uri: req.uri(),
-                headers: req.headers(),
-                extensions: req.extensions(),
-            };
-            // The configured keys alone, in kind order.
-            for (kind, key) in &s.keyed {
-                let kind = *kind;
-                let id = match key.extract(&head, &s.proxies, &s.hasher) {
-                    Ok(Some(id)) => id,
-                    // No peer address: the server does not record it. Skipping the scope
-                    // would serve every client unlimited; refuse loudly instead.
-                    Ok(None) if key.is_client_ip() => return ready(no_peer_address(s, kind)),
-                    Ok(None) if !key.is_required() => continue,
-                    Ok(None) => return missing(s, kind, KeyError::Absent),
-                    Err(e) => return missing(s, kind, e),
-                };
-                // Keys are only configured for the kinds that take one (checked at build).
-                set_key_id(&mut request, kind, id);
+        match &s.key_plan {
+            KeyPlan::None => {}
+            // The client's address, no trusted proxy: the peer is the client.
+            KeyPlan::Peer { kind, masks } => match peer_ip(req.extensions()) {
+                Some(peer) => {
+                    set_key_id(&mut request, *kind, s.hasher.peer(peer, masks));
+                }
+                // No peer address: the server does not record it. Skipping the scope
+                // would serve every client unlimited; refuse loudly instead.
+                None => return ready(no_peer_address(s, *kind)),
+            },
+            KeyPlan::Keys => {
+                if let Err(refused) = key_ids(s, &req, &mut request) {
+                    return refused;
+                }
             }
         }
-        let options = &matched.options;
-        let limiter = &s.limiter;
         // The small verdict for a request no one reads the scopes of; the whole decision
         // for a shadowed kind (decided again without it), the admitted fields of several
         // scopes (one scope's are the verdict's), a refund (its charge), or the decision
         // records.
-        let mut remote_down = false;
         if !matched.whole && !tracing_on() {
-            match limiter.try_acquire_verdict(&request, options.class) {
+            let verdict = s
+                .limiter
+                .try_acquire_verdict(&request, matched.options.class);
+            if let Ok(v) = &verdict {
                 // An admission: the inner service's future, the request moved once, into
-                // it (what `answer` does for it, inline; a remote scope to await takes the
-                // whole decision, so there is none here).
-                Ok(v) if v.is_admitted() => {
-                    near_limit(s, &v);
-                    // Each future built where it is returned (a `match` on the fields
-                    // after the call copied it twice).
-                    if s.admitted_fields {
-                        if let Some(after) = admitted_alone(s, &v) {
-                            let after = Some(Box::new(after));
-                            return ResponseFuture {
-                                state: State::After {
-                                    fut: self.inner.call(req),
-                                    after,
-                                },
-                            };
-                        }
-                    }
-                    return ResponseFuture {
-                        state: State::Inner {
-                            fut: self.inner.call(req),
-                        },
-                    };
+                // it (a remote scope to await takes the whole decision, so there is none
+                // here).
+                if v.is_admitted() && !s.admitted_fields {
+                    near_limit(s, v);
+                    return ResponseFuture::new(State::Inner {
+                        fut: self.inner.call(req),
+                    });
                 }
-                Ok(v) => {
-                    return answer(
-                        &mut self.inner,
-                        &self.shared,
-                        req,
-                        &request,
-                        matched.id,
-                        options,
-                        &v,
-                        None,
-                    );
-                }
-                Err(ScopeError::RemoteUnavailable { retry_after }) => {
-                    s.counts.store_unavailable();
-                    if !s.store_down_admits {
-                        return ready(store_unavailable(retry_after));
-                    }
-                    remote_down = true;
-                }
-                Err(_) => return ready(plain(StatusCode::INTERNAL_SERVER_ERROR)),
             }
+            return on_verdict(
+                &mut self.inner,
+                &self.shared,
+                req,
+                &request,
+                matched,
+                verdict,
+            );
         }
-        let decision = match decide(s, &request, options, remote_down) {
-            Ok(d) => d,
-            Err(response) => return ready(response),
-        };
-        let v = decision.verdict();
-        answer(
-            &mut self.inner,
-            &self.shared,
-            req,
-            &request,
-            matched.id,
-            options,
-            &v,
-            Some(&decision),
-        )
+        on_decision(&mut self.inner, &self.shared, req, &request, matched, false)
     }
+}
+
+/// The first route `req` matches, else the fallback.
+#[inline(never)]
+fn matched_route<'a, C: Clock, B>(s: &'a Shared<C>, req: &Request<B>) -> &'a CompiledRoute {
+    s.routes
+        .iter()
+        .find(|r| r.route.matches(req.method(), req.uri().path()))
+        .unwrap_or(&s.fallback)
+}
+
+/// Puts the configured keys' ids in `request`, in kind order: `Err` is the answer to a
+/// request without a required key.
+#[inline(never)]
+fn key_ids<F, B: From<Bytes>, E, C: Clock, ReqBody>(
+    s: &Shared<C>,
+    req: &Request<ReqBody>,
+    request: &mut tokengate::scope::Request,
+) -> Result<(), ResponseFuture<F, B, E, C>> {
+    let head = Head {
+        method: req.method(),
+        uri: req.uri(),
+        headers: req.headers(),
+        extensions: req.extensions(),
+    };
+    for (kind, key) in &s.keyed {
+        let kind = *kind;
+        let id = match key.extract(&head, &s.proxies, &s.hasher) {
+            Ok(Some(id)) => id,
+            // No peer address: the server does not record it. Skipping the scope would
+            // serve every client unlimited; refuse loudly instead.
+            Ok(None) if key.is_client_ip() => return Err(ready(no_peer_address(s, kind))),
+            Ok(None) if !key.is_required() => continue,
+            Ok(None) => return Err(missing(s, kind, KeyError::Absent)),
+            Err(e) => return Err(missing(s, kind, e)),
+        };
+        // Keys are only configured for the kinds that take one (checked at build).
+        set_key_id(request, kind, id);
+    }
+    Ok(())
+}
+
+/// Acts on the small verdict of every request but the common admission: the admitted
+/// fields, a refusal, a wait, or the store's unavailability (then the whole decision on
+/// the local scopes, when the layer serves without the store).
+#[inline(never)]
+fn on_verdict<S, C, ReqBody, ResBody>(
+    inner: &mut S,
+    shared: &Arc<Shared<C>>,
+    req: Request<ReqBody>,
+    request: &tokengate::scope::Request,
+    matched: &CompiledRoute,
+    verdict: Result<ScopeVerdict<'_>, ScopeError>,
+) -> ResponseFuture<S::Future, ResBody, S::Error, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+    C: Clock + Send + Sync + 'static,
+{
+    let s = &**shared;
+    match verdict {
+        Ok(v) if v.is_admitted() => {
+            near_limit(s, &v);
+            let after = if s.admitted_fields {
+                admitted_alone(s, &v).map(Box::new)
+            } else {
+                None
+            };
+            call_inner(inner, req, after)
+        }
+        Ok(v) => answer(
+            inner,
+            shared,
+            req,
+            request,
+            matched.id,
+            &matched.options,
+            &v,
+            None,
+        ),
+        Err(ScopeError::RemoteUnavailable { retry_after }) => {
+            s.counts.store_unavailable();
+            if !s.store_down_admits {
+                return ready(store_unavailable(retry_after));
+            }
+            on_decision(inner, shared, req, request, matched, true)
+        }
+        Err(_) => ready(plain(StatusCode::INTERNAL_SERVER_ERROR)),
+    }
+}
+
+/// Takes the whole decision ([`decide`]) and acts on it.
+#[inline(never)]
+fn on_decision<S, C, ReqBody, ResBody>(
+    inner: &mut S,
+    shared: &Arc<Shared<C>>,
+    req: Request<ReqBody>,
+    request: &tokengate::scope::Request,
+    matched: &CompiledRoute,
+    remote_down: bool,
+) -> ResponseFuture<S::Future, ResBody, S::Error, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+    C: Clock + Send + Sync + 'static,
+{
+    let options = &matched.options;
+    let decision = match decide(shared, request, options, remote_down) {
+        Ok(d) => d,
+        Err(response) => return ready(response),
+    };
+    let v = decision.verdict();
+    answer(
+        inner,
+        shared,
+        req,
+        request,
+        matched.id,
+        options,
+        &v,
+        Some(&decision),
+    )
 }
 
 /// Whether the decision records are wanted (a `tracing` subscriber at `DEBUG` for the
 /// engine's target): a cached check.
-#[inline]
+#[inline(always)]
 fn tracing_on() -> bool {
     #[cfg(feature = "tracing")]
     {
@@ -403,26 +507,28 @@ where
 }
 
 /// Counts an admission that left its tightest scope below a tenth of its quota.
-#[inline]
+#[inline(always)]
 fn near_limit<C: Clock>(s: &Shared<C>, v: &ScopeVerdict<'_>) {
     let Some(kind) = v.tightest() else {
         return;
     };
-    if let Some(q) = &s.quotas.by_kind[kind] {
-        if v.remaining().saturating_mul(10) < q.quota() {
-            s.counts.near_limit(kind);
-        }
+    if v.remaining() < s.quotas.near[kind] {
+        s.counts.near_limit(kind);
     }
 }
 
 #[inline(always)]
-fn call_inner<S, C: Clock, ReqBody, ResBody>(
+fn call_inner<S, C, ReqBody, ResBody>(
     inner: &mut S,
     req: Request<ReqBody>,
     after: Option<Box<After<C>>>,
 ) -> ResponseFuture<S::Future, ResBody, S::Error, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Send + 'static,
+    C: Clock + Send + Sync + 'static,
 {
     ResponseFuture::inner(inner.call(req), after)
 }
@@ -459,9 +565,7 @@ where
         }
         Ok(response)
     };
-    ResponseFuture {
-        state: State::Waiting { fut: Box::pin(fut) },
-    }
+    ResponseFuture::new(State::Waiting { fut: Box::pin(fut) })
 }
 
 /// Counts a delayed request dropped before its time.
@@ -482,11 +586,9 @@ impl<C: Clock> Drop for CancelWatch<C> {
 }
 
 fn ready<F, B, E, C: Clock>(response: Response<B>) -> ResponseFuture<F, B, E, C> {
-    ResponseFuture {
-        state: State::Ready {
-            response: Some(response),
-        },
-    }
+    ResponseFuture::new(State::Ready {
+        response: Some(response),
+    })
 }
 
 /// 503 with `Retry-After` ([`retry_after_seconds`]) and a problem-details
