@@ -202,8 +202,9 @@ impl<C: Clock + Clone, S: BuildHasher + Clone> ScopedLimiter<C, S> {
     /// never more; a charge keeps its generation's number modulo 2^32, so one kept
     /// unrefunded across 2^32 switches could be taken for a recent one's). Older generations are freed once no request can still hold them.
     /// What is kept until the limiter is dropped is each distinct configuration's
-    /// policies and classes (about 6 KiB for a switch to policies the limiter never had;
-    /// a switch back to one it had shares it) and each distinct tier layout's table
+    /// policies and classes (about 6 KiB for a switch to policies the limiter never had,
+    /// stored as the switch publishes: a refused one stores none; a switch back to one
+    /// it had shares it) and each distinct tier layout's table
     /// (tiers and overridden keys: about 8 KiB for one overridden key, 73 KiB for 1,000
     /// keys in 4 tiers of 2 limits; one back to a layout it had fills that table's
     /// emptied maps again). A service flipping between a few configurations keeps a flat
