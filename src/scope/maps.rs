@@ -11,7 +11,8 @@ use crate::clock::Clock;
 use crate::hint::cold_path;
 use crate::inherit::Inherit;
 use crate::keyed::{
-    KeyedLimiter, KeyedOptions, Overflow, Sections, Slot, SweepReport, Switch, convert_between,
+    Announced, KeyedLimiter, KeyedOptions, Overflow, Sections, Slot, SweepReport, Switch,
+    convert_between,
 };
 use crate::owned::Place;
 use crate::policy::Policy;
@@ -169,6 +170,29 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher> KindMap<K, C, S> {
             None => (0, &self.rule),
             Some(t) => self.tier_limits(t, key),
         }
+    }
+
+    /// The first step of holding `key`'s bucket in a reader section
+    /// ([`KeyedMaps::hold`], [`KeyedMaps::hold_one`]): its local tier and maps in
+    /// generation `g`, and the section of its shard announced in `sections`; `None`
+    /// when its policies hold several limits, or a writer is on the shard.
+    #[inline(always)]
+    fn announce_held<'h, const N: usize>(
+        &'h self,
+        g: &Generation,
+        key: &K,
+        sections: &Sections<'h, N>,
+    ) -> Option<(u8, &'h Limits<K, C, S>, Announced)> {
+        let (tier, limits) = self.limits_of(g, key);
+        if !limits.extra.is_empty() {
+            cold_path();
+            return None;
+        }
+        let Some(at) = limits.map.announce(key, sections) else {
+            cold_path();
+            return None;
+        };
+        Some((tier, limits, at))
     }
 
     #[inline(never)]
@@ -1196,13 +1220,7 @@ macro_rules! define_maps {
                         cold_path();
                         return false;
                     };
-                    let (tier, limits) = m.limits_of(g, &key);
-                    if !limits.extra.is_empty() {
-                        cold_path();
-                        return false;
-                    }
-                    let Some(at) = limits.map.announce(&key, sections) else {
-                        cold_path();
+                    let Some((tier, limits, at)) = m.announce_held(g, &key, sections) else {
                         return false;
                     };
                     $kind.write((key, tier, limits, at));
@@ -1256,15 +1274,7 @@ macro_rules! define_maps {
                         cold_path();
                         return None;
                     };
-                    let (tier, limits) = m.limits_of(g, &key);
-                    if !limits.extra.is_empty() {
-                        cold_path();
-                        return None;
-                    }
-                    let Some(at) = limits.map.announce(&key, sections) else {
-                        cold_path();
-                        return None;
-                    };
+                    let (tier, limits, at) = m.announce_held(g, &key, sections)?;
                     let fenced = sections.fence();
                     let Some(h) = limits.map.hold(&key, at, &fenced, sections) else {
                         cold_path();
