@@ -673,7 +673,11 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// A request that pays one bucket (the global scope alone, or one keyed scope and
     /// no global one, its key already in its map) is answered without building the
     /// decision: the verdict is made from that bucket's own decision where it was taken.
-    #[inline]
+    ///
+    /// Only the choice of path is made where this is called (inlined into the caller):
+    /// each path is one call that decides the request whole, with no frame of this
+    /// function's between the caller and it.
+    #[inline(always)]
     pub fn try_acquire_verdict(
         &self,
         request: &Request,
@@ -682,7 +686,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         // The paths of `try_acquire`, the verdict made where the decision would be.
         if class.limiter == self.id && self.remote.is_none() {
             let Some(g) = self.generations.try_pin() else {
-                return self.pay_scopes(request, class).map(|d| d.verdict());
+                return self.verdict_of_scopes(request, class);
             };
             let config = self.generations.config(&g);
             if let Some(work) = config.classes.get(class.index as usize) {
@@ -690,22 +694,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 if g.global_single {
                     let paid = self.maps.paid_in(request, work.charged());
                     if paid == 0 {
-                        let policies = Policies::new(g.number, &config.policies);
-                        let now = self.now_on(&g);
-                        let k = ScopeKind::Global.index();
-                        return self.decide_global(
-                            &g,
-                            costs,
-                            request,
-                            now,
-                            |d| match d {
-                                None => ScopeVerdict::nothing(policies),
-                                Some((d, wait)) => {
-                                    ScopeVerdict::alone(policies, k, 0, costs[k], d, wait)
-                                }
-                            },
-                            || self.pay_scopes(request, class).map(|d| d.verdict()),
-                        );
+                        return self.verdict_global(g, costs, request, class);
                     }
                     if paid.is_power_of_two() {
                         match &self.global {
@@ -723,7 +712,46 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 }
             }
         }
-        self.pay_scopes(request, class).map(|d| d.verdict())
+        self.verdict_of_scopes(request, class)
+    }
+
+    /// [`try_acquire_verdict`](ScopedLimiter::try_acquire_verdict) of a request that pays
+    /// the global scope alone (a plain word or a leased bucket) on generation `g`,
+    /// whose pin it ends.
+    #[inline(never)]
+    fn verdict_global<'s>(
+        &'s self,
+        g: Pinned<'_, Generation>,
+        costs: &'s PerKind<u64>,
+        request: &Request,
+        class: ClassId,
+    ) -> Result<ScopeVerdict<'s>, ScopeError> {
+        let pinned = g;
+        let g: &Generation = &pinned;
+        let policies = self.generations.policies(g);
+        let now = self.now_on(g);
+        let k = ScopeKind::Global.index();
+        self.decide_global(
+            g,
+            costs,
+            request,
+            now,
+            |d| match d {
+                None => ScopeVerdict::nothing(policies),
+                Some((d, wait)) => ScopeVerdict::alone(policies, k, 0, costs[k], d, wait),
+            },
+            || self.verdict_of_scopes(request, class),
+        )
+    }
+
+    /// [`pay_scopes`](ScopedLimiter::pay_scopes), reduced to its verdict.
+    #[inline(never)]
+    fn verdict_of_scopes(
+        &self,
+        request: &Request,
+        class: ClassId,
+    ) -> Result<ScopeVerdict<'_>, ScopeError> {
+        self.pay(request, class, &[], true).map(|d| d.verdict())
     }
 
     /// [`pay`](ScopedLimiter::pay) of every scope, out of line: the path of a request
