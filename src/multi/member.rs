@@ -210,6 +210,23 @@ impl<C: Clock> WordBacked for Bucket<C> {
     }
 }
 
+/// [`take_at`](sealed::Sealed::take_at) of a word-backed member, inlined where it is
+/// called: for a path that takes from one bucket and nothing else, where the call's own
+/// frame would be most of what the path adds to the take.
+#[inline(always)]
+pub(crate) fn take_inline<T: WordBacked>(
+    member: &T,
+    cost: u64,
+    now: u64,
+) -> Result<Decision, AcquireError> {
+    let b = member.bucket_ref();
+    let now = b.clock.observe(now);
+    if member.is_due(now) {
+        return member.acquire_due(cost, now);
+    }
+    b.raw.try_acquire(b.layout, b.clock, now, cost)
+}
+
 impl<T: WordBacked> sealed::Sealed for T {
     #[inline]
     fn now_nanos(&self) -> u64 {
@@ -218,12 +235,7 @@ impl<T: WordBacked> sealed::Sealed for T {
 
     #[inline]
     fn take_at(&self, cost: u64, now: u64) -> Result<Decision, AcquireError> {
-        let b = self.bucket_ref();
-        let now = b.clock.observe(now);
-        if self.is_due(now) {
-            return self.acquire_due(cost, now);
-        }
-        b.raw.try_acquire(b.layout, b.clock, now, cost)
+        take_inline(self, cost, now)
     }
 
     #[inline]

@@ -38,7 +38,7 @@ pub use member::Member;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use member::sealed::Sealed as MemberOps;
-pub(crate) use member::{BucketRef, Planned, Prepared, WordBacked, sealed};
+pub(crate) use member::{BucketRef, Planned, Prepared, WordBacked, sealed, take_inline};
 
 /// Why [`acquire_all`] refused to decide. Nothing was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -42,14 +42,15 @@ use super::generation::{Generation, GlobalWord};
 use super::inline::Inline;
 use super::kind::{PerKind, ScopeKind};
 use super::maps::KEYED_KINDS;
-use super::rules::{ClassId, Request};
+use super::rules::Request;
+use super::OwnClass;
 use super::{Payer, ScopeDecision, ScopeError, ScopeVerdict, ScopedLimiter};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::epoch::Pinned;
 use crate::hint::cold_path;
 use crate::keyed::{Handle, Held, Sections};
-use crate::multi::{Prepared, sealed::Sealed};
+use crate::multi::{Prepared, sealed::Sealed, take_inline};
 use crate::pass::Passes;
 use crate::telemetry::Attempt;
 
@@ -121,7 +122,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         request: &Request,
-        class: ClassId,
+        class: OwnClass,
         paid: KindSet,
     ) -> Result<O, ScopeError> {
         let mut out = MaybeUninit::uninit();
@@ -141,7 +142,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         request: &Request,
-        class: ClassId,
+        class: OwnClass,
         paid: KindSet,
         out: &mut MaybeUninit<Result<O, ScopeError>>,
     ) {
@@ -178,7 +179,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             cold_path();
             // The locked path takes the shards' locks: the sections end first.
             drop(sections);
-            ret!(self.pay_scopes(request, class).map(O::of))
+            ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
         }
         let now = self.now_on(g);
         let keyed = held.list.as_slice();
@@ -186,7 +187,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if keyed.iter().any(|e| e.passes.is_due(now)) {
             cold_path();
             drop(sections);
-            ret!(self.pay_scopes(request, class).map(O::of))
+            ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
         }
         let global = self.global_payer(g, costs);
         let global_cost = costs[ScopeKind::Global.index()];
@@ -266,7 +267,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Ok(d) => refused!(None, &d),
                 Err(_) => {
                     drop(sections);
-                    ret!(self.pay_scopes(request, class).map(O::of))
+                    ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
                 }
             }
         }
@@ -287,7 +288,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Err(_) => {
                     give_back(global.as_ref(), costs, &keyed[..i], now);
                     drop(sections);
-                    ret!(self.pay_scopes(request, class).map(O::of))
+                    ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
                 }
             }
         }
@@ -317,7 +318,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         request: &Request,
-        class: ClassId,
+        class: OwnClass,
         paid: KindSet,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
         // Held until this call returns: the caller hands its pin over, so that nothing
@@ -334,7 +335,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(e) = held else {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, class).map(|d| d.verdict());
+            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
         };
         let e = &e;
         let now = self.now_on(g);
@@ -342,12 +343,12 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if e.passes.is_due(now) {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, class).map(|d| d.verdict());
+            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
         }
         let (k, cost) = (e.kind.index(), e.cost(costs));
         #[cfg(test)]
         ONE_HELD.with(|c| c.set(c.get() + 1));
-        match e.handle.take_at(cost, now) {
+        match take_inline(&e.handle, cost, now) {
             Ok(d) if d.is_admitted() => {
                 e.handle.counters.record(true, cost, request.attempt);
                 Ok(ScopeVerdict::alone(policies, k, e.tier, cost, &d, None))
@@ -367,7 +368,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Err(_) => {
                 cold_path();
                 drop(sections);
-                self.pay_scopes(request, class).map(|d| d.verdict())
+                self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict())
             }
         }
     }
@@ -388,7 +389,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         request: &Request,
-        class: ClassId,
+        class: OwnClass,
         paid: KindSet,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
         // Held until this call returns: the caller hands its pin over, so that nothing
@@ -405,7 +406,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(e) = held else {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, class).map(|d| d.verdict());
+            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
         };
         let e = &e;
         let now = self.now_on(g);
@@ -413,13 +414,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(w) = GlobalWord::new(g, 0, &self.clock, counters) else {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, class).map(|d| d.verdict());
+            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
         };
         // A map's pass locks every shard: it runs on the locked path.
         if e.passes.is_due(now) {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, class).map(|d| d.verdict());
+            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
         }
         let global_cost = costs[ScopeKind::Global.index()];
         let (k, cost) = (e.kind.index(), e.cost(costs));
@@ -475,7 +476,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Ok(d) => refused!(None, &d),
             Err(_) => {
                 drop(sections);
-                return self.pay_scopes(request, class).map(|d| d.verdict());
+                return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
             }
         };
         let outcome = match plan {
@@ -491,7 +492,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Err(_) => {
                 give_back(Some(&Payer::Global(w)), costs, &[], now);
                 drop(sections);
-                return self.pay_scopes(request, class).map(|d| d.verdict());
+                return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
             }
         };
         counters.record(true, global_cost, request.attempt);

@@ -551,6 +551,12 @@ type Held<'a, 'b, C> = PerKind<&'a KindSlots<'b, C>>;
 /// and starts again on the new generation.
 pub(super) struct Retry;
 
+/// One of this limiter's classes, by its index in the limiter's list: what the paths
+/// after [`ScopedLimiter::try_acquire`]'s class check are handed (one register, where a
+/// [`ClassId`] takes two).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OwnClass(u32);
+
 /// [`Retry`] where a request's outcome is built (no wrapper around the decision on the
 /// hot path: moving a (then) 208-byte decision through a nested `Result` measured 80
 /// instructions per request): the error a sealed global word gives, which no bucket of
@@ -653,7 +659,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         );
                     }
                     // Keys already in their maps, held in reader sections.
-                    return self.pay_held(g, costs, request, class, paid);
+                    return self.pay_held(g, costs, request, OwnClass(class.index), paid);
                 }
             }
         }
@@ -694,21 +700,21 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 if g.global_single {
                     let paid = self.maps.paid_in(request, work.charged());
                     if paid == 0 {
-                        return self.verdict_global(g, costs, request, class);
+                        return self.verdict_global(g, costs, request, OwnClass(class.index));
                     }
                     if paid.is_power_of_two() {
                         match &self.global {
                             Some(global) if costs[ScopeKind::Global.index()] != 0 => {
                                 if global.leased.is_none() {
-                                    return self.pay_two_held(g, costs, request, class, paid);
+                                    return self.pay_two_held(g, costs, request, OwnClass(class.index), paid);
                                 }
                             }
                             _ => {
-                                return self.pay_one_held(g, costs, request, class, paid);
+                                return self.pay_one_held(g, costs, request, OwnClass(class.index), paid);
                             }
                         }
                     }
-                    return self.pay_held(g, costs, request, class, paid);
+                    return self.pay_held(g, costs, request, OwnClass(class.index), paid);
                 }
             }
         }
@@ -724,7 +730,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         request: &Request,
-        class: ClassId,
+        class: OwnClass,
     ) -> Result<ScopeVerdict<'s>, ScopeError> {
         let pinned = g;
         let g: &Generation = &pinned;
@@ -740,8 +746,17 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 None => ScopeVerdict::nothing(policies),
                 Some((d, wait)) => ScopeVerdict::alone(policies, k, 0, costs[k], d, wait),
             },
-            || self.verdict_of_scopes(request, class),
+            || self.verdict_of_scopes(request, self.class_id(class)),
         )
+    }
+
+    /// The id of `class`, one of this limiter's.
+    #[inline(always)]
+    fn class_id(&self, class: OwnClass) -> ClassId {
+        ClassId {
+            limiter: self.id,
+            index: class.0,
+        }
     }
 
     /// [`pay_scopes`](ScopedLimiter::pay_scopes), reduced to its verdict.
