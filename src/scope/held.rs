@@ -42,7 +42,7 @@ use super::generation::{Generation, GlobalWord};
 use super::inline::Inline;
 use super::kind::{PerKind, ScopeKind};
 use super::maps::KEYED_KINDS;
-use super::rules::Request;
+use super::rules::{ClassId, Request};
 use super::OwnClass;
 use super::{Payer, ScopeDecision, ScopeError, ScopeVerdict, ScopedLimiter};
 use crate::clock::Clock;
@@ -122,7 +122,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         request: &Request,
-        class: OwnClass,
+        class: ClassId,
         paid: KindSet,
     ) -> Result<O, ScopeError> {
         let mut out = MaybeUninit::uninit();
@@ -142,7 +142,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         g: Pinned<'_, Generation>,
         costs: &'s PerKind<u64>,
         request: &Request,
-        class: OwnClass,
+        class: ClassId,
         paid: KindSet,
         out: &mut MaybeUninit<Result<O, ScopeError>>,
     ) {
@@ -179,7 +179,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             cold_path();
             // The locked path takes the shards' locks: the sections end first.
             drop(sections);
-            ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
+            ret!(self.pay_scopes(request, class).map(O::of))
         }
         let now = self.now_on(g);
         let keyed = held.list.as_slice();
@@ -187,7 +187,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if keyed.iter().any(|e| e.passes.is_due(now)) {
             cold_path();
             drop(sections);
-            ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
+            ret!(self.pay_scopes(request, class).map(O::of))
         }
         let global = self.global_payer(g, costs);
         let global_cost = costs[ScopeKind::Global.index()];
@@ -267,7 +267,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Ok(d) => refused!(None, &d),
                 Err(_) => {
                     drop(sections);
-                    ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
+                    ret!(self.pay_scopes(request, class).map(O::of))
                 }
             }
         }
@@ -288,7 +288,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                 Err(_) => {
                     give_back(global.as_ref(), costs, &keyed[..i], now);
                     drop(sections);
-                    ret!(self.pay_scopes(request, self.class_id(class)).map(O::of))
+                    ret!(self.pay_scopes(request, class).map(O::of))
                 }
             }
         }

@@ -1249,7 +1249,7 @@ macro_rules! define_maps {
             /// one kind is found at once, not tested for in turn with the others, and
             /// nothing is listed.
             #[inline(always)]
-            #[allow(non_snake_case, non_upper_case_globals)]
+            #[allow(non_snake_case)]
             pub(super) fn hold_one<'h, const N: usize>(
                 &'h self,
                 g: &Generation,
@@ -1260,14 +1260,8 @@ macro_rules! define_maps {
             ) -> Option<Keyed<'h, C>> {
                 debug_assert!(paid.is_power_of_two(), "one kind paid");
                 let kind = paid.trailing_zeros() as usize;
-                // Each kind's index as a constant, so that the kinds are one `match`
-                // (a jump to the kind's arm), not a test of each in turn.
                 $(
-                const $kind: usize = ScopeKind::$kind.index();
-                )*
-                match kind {
-                $(
-                $kind => {
+                if kind == ScopeKind::$kind.index() {
                     let key = match ($(request.$field,)+) {
                         ($(Some($field),)+) => ($($field,)+),
                         #[allow(unreachable_patterns)]
@@ -1290,11 +1284,10 @@ macro_rules! define_maps {
                         cold_path();
                         return None;
                     }
-                    Some(Keyed::new(ScopeKind::$kind, tier, h))
+                    return Some(Keyed::new(ScopeKind::$kind, tier, h));
                 }
                 )*
-                _ => None,
-                }
+                None
             }
 
             /// Runs `f` with the slots of every keyed kind `request` pays (at `costs`)

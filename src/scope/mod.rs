@@ -551,8 +551,9 @@ type Held<'a, 'b, C> = PerKind<&'a KindSlots<'b, C>>;
 /// and starts again on the new generation.
 pub(super) struct Retry;
 
-/// One of this limiter's classes, by its index in the limiter's list: what the paths
-/// after [`ScopedLimiter::try_acquire`]'s class check are handed (one register, where a
+/// One of this limiter's classes, by its index in the limiter's list: what the
+/// verdict's paths of one or two buckets are handed after
+/// [`ScopedLimiter::try_acquire_verdict`]'s class check (one register, where a
 /// [`ClassId`] takes two).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct OwnClass(u32);
@@ -659,7 +660,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         );
                     }
                     // Keys already in their maps, held in reader sections.
-                    return self.pay_held(g, costs, request, OwnClass(class.index), paid);
+                    return self.pay_held(g, costs, request, class, paid);
                 }
             }
         }
@@ -714,7 +715,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                             }
                         }
                     }
-                    return self.pay_held(g, costs, request, OwnClass(class.index), paid);
+                    return self.pay_held(g, costs, request, class, paid);
                 }
             }
         }
