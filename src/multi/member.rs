@@ -309,3 +309,60 @@ impl<T: WordBacked> Member for T {
         self.bucket_ref().layout.capacity()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::sealed::Sealed;
+    use super::{WordBacked, take_inline};
+    use crate::{Bucket, ManualClock, Policy};
+
+    /// `take_inline` is `take_at`'s steps, written apart (see its docs): on twin buckets
+    /// driven alike (small steps, idles long enough that a re-anchoring pass falls due,
+    /// costs the bucket cannot pay, a clock read behind the last), the two give the
+    /// same decisions and leave the same balances.
+    #[test]
+    fn take_inline_decides_as_take_at() {
+        let clock = ManualClock::new();
+        let policy = Policy::new(50, 5.0).unwrap();
+        let (a, b) = (
+            Bucket::with_clock(policy, clock.clone()),
+            Bucket::with_clock(policy, clock.clone()),
+        );
+        let mut due = 0;
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Idles of years now and then: this policy's passes are about 4.5 years
+            // apart.
+            let step = match x % 500 {
+                0 => Duration::from_secs(86_400 * 365 * (1 + x % 4)),
+                1..=200 => Duration::ZERO,
+                _ => Duration::from_micros(x % 400_000),
+            };
+            clock.advance(step);
+            let now = crate::Clock::now_nanos(&clock);
+            // Now and then a reading from before the last one.
+            let now = if i % 97 == 0 {
+                now.saturating_sub(1_000_000)
+            } else {
+                now
+            };
+            // (Not through the clock's `observe`, which a reading behind would move.)
+            due += u64::from(WordBacked::is_due(&a, now));
+            let cost = (x >> 8) % 60;
+            let inline = take_inline(&a, cost, now);
+            let called = Sealed::take_at(&b, cost, now);
+            assert_eq!(
+                inline.map(|d| d.parts()),
+                called.map(|d| d.parts()),
+                "call {i}, cost {cost}"
+            );
+            assert_eq!(a.available(), b.available(), "call {i}");
+        }
+        assert!(due > 10, "a pass fell due {due} times");
+    }
+}

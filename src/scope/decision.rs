@@ -1169,6 +1169,16 @@ mod tests {
                     Request::new().tenant(TenantId(i % 3)).user(UserId(i % 4))
                 };
                 let name = if i % 5 == 0 { "two" } else { "one" };
+                if i % 50 == 0 {
+                    // Another limiter's class: refused, nothing taken (the two limiters
+                    // stay in step below).
+                    let foreign = decided.class(name).unwrap();
+                    assert_eq!(
+                        verdicts.try_acquire_verdict(&request, foreign),
+                        Err(crate::scope::ScopeError::UnknownClass(foreign)),
+                        "rule set {n}"
+                    );
+                }
                 let d = decided.try_acquire(&request, decided.class(name).unwrap());
                 let v = verdicts.try_acquire_verdict(&request, verdicts.class(name).unwrap());
                 let (d, v) = (d.unwrap().verdict(), v.unwrap());
@@ -1191,6 +1201,11 @@ mod tests {
         assert!(
             two_held > 100,
             "the global + one keyed bucket held path took {two_held} requests"
+        );
+        let global = crate::scope::held::GLOBAL_VERDICT.with(std::cell::Cell::get);
+        assert!(
+            global > 100,
+            "the global-only verdict's path took {global} requests"
         );
     }
 

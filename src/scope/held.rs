@@ -37,13 +37,13 @@ use std::hash::BuildHasher;
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
+use super::OwnClass;
 use super::decision::{KindSet, Policies};
 use super::generation::{Generation, GlobalWord};
 use super::inline::Inline;
 use super::kind::{PerKind, ScopeKind};
 use super::maps::KEYED_KINDS;
 use super::rules::{ClassId, Request};
-use super::OwnClass;
 use super::{Payer, ScopeDecision, ScopeError, ScopeVerdict, ScopedLimiter};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -335,7 +335,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(e) = held else {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
+            return self.verdict_of_scopes(request, self.class_id(class));
         };
         let e = &e;
         let now = self.now_on(g);
@@ -343,7 +343,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         if e.passes.is_due(now) {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
+            return self.verdict_of_scopes(request, self.class_id(class));
         }
         let (k, cost) = (e.kind.index(), e.cost(costs));
         #[cfg(test)]
@@ -368,7 +368,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Err(_) => {
                 cold_path();
                 drop(sections);
-                self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict())
+                self.verdict_of_scopes(request, self.class_id(class))
             }
         }
     }
@@ -406,7 +406,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(e) = held else {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
+            return self.verdict_of_scopes(request, self.class_id(class));
         };
         let e = &e;
         let now = self.now_on(g);
@@ -414,13 +414,13 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let Some(w) = GlobalWord::new(g, 0, &self.clock, counters) else {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
+            return self.verdict_of_scopes(request, self.class_id(class));
         };
         // A map's pass locks every shard: it runs on the locked path.
         if e.passes.is_due(now) {
             cold_path();
             drop(sections);
-            return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
+            return self.verdict_of_scopes(request, self.class_id(class));
         }
         let global_cost = costs[ScopeKind::Global.index()];
         let (k, cost) = (e.kind.index(), e.cost(costs));
@@ -476,7 +476,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Ok(d) => refused!(None, &d),
             Err(_) => {
                 drop(sections);
-                return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
+                return self.verdict_of_scopes(request, self.class_id(class));
             }
         };
         let outcome = match plan {
@@ -492,7 +492,7 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
             Err(_) => {
                 give_back(Some(&Payer::Global(w)), costs, &[], now);
                 drop(sections);
-                return self.pay_scopes(request, self.class_id(class)).map(|d| d.verdict());
+                return self.verdict_of_scopes(request, self.class_id(class));
             }
         };
         counters.record(true, global_cost, request.attempt);
@@ -563,6 +563,8 @@ std::thread_local! {
     pub(super) static ONE_HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Requests this thread's limiters took on [`ScopedLimiter::pay_two_held`]'s own path.
     pub(super) static TWO_HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Requests this thread's limiters took on [`ScopedLimiter::verdict_global`]'s path.
+    pub(super) static GLOBAL_VERDICT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// What the held path writes a request's outcome as: the whole [`ScopeDecision`], or

@@ -681,9 +681,9 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     /// no global one, its key already in its map) is answered without building the
     /// decision: the verdict is made from that bucket's own decision where it was taken.
     ///
-    /// Only the choice of path is made where this is called (inlined into the caller):
-    /// each path is one call that decides the request whole, with no frame of this
-    /// function's between the caller and it.
+    /// The pin, the class's look-up and the choice of path are made where this is called
+    /// (inlined into the caller): each path is one call that decides the request whole,
+    /// with no frame of this function's between the caller and it.
     #[inline(always)]
     pub fn try_acquire_verdict(
         &self,
@@ -707,11 +707,23 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
                         match &self.global {
                             Some(global) if costs[ScopeKind::Global.index()] != 0 => {
                                 if global.leased.is_none() {
-                                    return self.pay_two_held(g, costs, request, OwnClass(class.index), paid);
+                                    return self.pay_two_held(
+                                        g,
+                                        costs,
+                                        request,
+                                        OwnClass(class.index),
+                                        paid,
+                                    );
                                 }
                             }
                             _ => {
-                                return self.pay_one_held(g, costs, request, OwnClass(class.index), paid);
+                                return self.pay_one_held(
+                                    g,
+                                    costs,
+                                    request,
+                                    OwnClass(class.index),
+                                    paid,
+                                );
                             }
                         }
                     }
@@ -723,8 +735,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
     }
 
     /// [`try_acquire_verdict`](ScopedLimiter::try_acquire_verdict) of a request that pays
-    /// the global scope alone (a plain word or a leased bucket) on generation `g`,
-    /// whose pin it ends.
+    /// no keyed scope (the global scope's plain word or leased bucket, or nothing where
+    /// the global scope charges nothing) on generation `g`, whose pin it ends.
     #[inline(never)]
     fn verdict_global<'s>(
         &'s self,
@@ -738,6 +750,8 @@ impl<C: Clock, S: BuildHasher> ScopedLimiter<C, S> {
         let policies = self.generations.policies(g);
         let now = self.now_on(g);
         let k = ScopeKind::Global.index();
+        #[cfg(test)]
+        held::GLOBAL_VERDICT.with(|c| c.set(c.get() + 1));
         self.decide_global(
             g,
             costs,
