@@ -31,24 +31,34 @@ fn global_limits(caps: &[u64]) -> RuleSet {
         .class(WorkClass::new("one", 1))
 }
 
-/// Thread A: pay 1, give it back if admitted, pay 1 again. Thread S: switch the global
-/// limits from capacities `before` to `after` (`AsIs`). `after_switch` counts
-/// executions where a request was paid after the switch.
+/// How thread A asks.
+#[derive(Clone, Copy)]
+enum Ask {
+    /// `try_acquire`: pay 1, give it back if admitted, pay 1 again.
+    Decision,
+    /// `try_acquire_verdict` twice (a verdict has no charge to give back).
+    Verdict,
+}
+
+/// Thread A: pay as `ask` says. Thread S: switch the global limits from capacities
+/// `before` to `after` (`AsIs`). `after_switch` counts executions where a request was
+/// paid after the switch.
 fn global_switch_racing_requests(
     before: &'static [u64],
     after: &'static [u64],
+    ask: Ask,
     after_switch: &Tally,
 ) -> impl Fn() + Sync + Send + 'static {
     let after_switch = after_switch.clone();
     move || {
         let after_switch = after_switch.clone();
-        spawn_scoped(move || model_global(before, after, &after_switch))
+        spawn_scoped(move || model_global(before, after, ask, &after_switch))
             .join()
             .unwrap();
     }
 }
 
-fn model_global(before: &[u64], after: &'static [u64], after_switch: &Tally) {
+fn model_global(before: &[u64], after: &'static [u64], ask: Ask, after_switch: &Tally) {
     {
         let limiter = Arc::new(
             global_limits(before)
@@ -61,14 +71,25 @@ fn model_global(before: &[u64], after: &'static [u64], after_switch: &Tally) {
                 let one = limiter.class("one").unwrap();
                 let r = Request::new();
                 let mut net = 0i64;
-                let d = limiter.try_acquire(&r, one).unwrap();
-                if d.is_admitted() {
-                    net += 1;
-                    limiter.refund(&d.charge().unwrap());
-                    net -= 1;
-                }
-                if limiter.try_acquire(&r, one).unwrap().is_admitted() {
-                    net += 1;
+                match ask {
+                    Ask::Decision => {
+                        let d = limiter.try_acquire(&r, one).unwrap();
+                        if d.is_admitted() {
+                            net += 1;
+                            limiter.refund(&d.charge().unwrap());
+                            net -= 1;
+                        }
+                        if limiter.try_acquire(&r, one).unwrap().is_admitted() {
+                            net += 1;
+                        }
+                    }
+                    Ask::Verdict => {
+                        for _ in 0..2 {
+                            if limiter.try_acquire_verdict(&r, one).unwrap().is_admitted() {
+                                net += 1;
+                            }
+                        }
+                    }
                 }
                 net
             })
@@ -112,7 +133,12 @@ fn a_switch_racing_requests_and_a_give_back_loses_and_mints_nothing() {
         preemption_bound: Some(3),
         ..Model::exhaustive("scoped reconfigure: requests vs switch", 4)
     }
-    .check(global_switch_racing_requests(&[2, 3], &[4, 5], &after));
+    .check(global_switch_racing_requests(
+        &[2, 3],
+        &[4, 5],
+        Ask::Decision,
+        &after,
+    ));
     assert!(after.get() > 0, "no request was ever paid after the switch");
 }
 
@@ -121,9 +147,32 @@ fn a_switch_racing_requests_and_a_give_back_loses_and_mints_nothing() {
 #[test]
 fn a_switch_racing_requests_on_the_global_path_loses_and_mints_nothing() {
     let after = Tally::new();
-    Model::exhaustive("scoped reconfigure: global-only requests vs switch", 4)
-        .check(global_switch_racing_requests(&[2], &[4], &after));
+    Model::exhaustive("scoped reconfigure: global-only requests vs switch", 4).check(
+        global_switch_racing_requests(&[2], &[4], Ask::Decision, &after),
+    );
     assert!(after.get() > 0, "no request was ever paid after the switch");
+}
+
+/// The same race asked for verdicts: the global-only verdict's own path, which a seal
+/// sends to the general path's retry loop.
+#[test]
+fn a_switch_racing_verdicts_on_the_global_path_loses_and_mints_nothing() {
+    let after = Tally::new();
+    Model::exhaustive("scoped reconfigure: global-only verdicts vs switch", 4).check(
+        global_switch_racing_requests(&[2], &[4], Ask::Verdict, &after),
+    );
+    assert!(after.get() > 0, "no request was ever paid after the switch");
+}
+
+#[test]
+fn a_switch_that_does_not_seal_is_caught_on_the_global_verdict_path() {
+    let after = Tally::new();
+    let message = Model::exhaustive("scoped reconfigure: global-only verdicts vs switch", 4)
+        .expect_violation(
+            &tokengate::mutants::SCOPED_SWITCH_SKIPS_SEAL,
+            global_switch_racing_requests(&[2], &[4], Ask::Verdict, &after),
+        );
+    assert!(message.contains("lost or minted"), "{message}");
 }
 
 #[test]
@@ -132,7 +181,7 @@ fn a_switch_that_does_not_seal_is_caught_on_the_global_path() {
     let message = Model::exhaustive("scoped reconfigure: global-only requests vs switch", 4)
         .expect_violation(
             &tokengate::mutants::SCOPED_SWITCH_SKIPS_SEAL,
-            global_switch_racing_requests(&[2], &[4], &after),
+            global_switch_racing_requests(&[2], &[4], Ask::Decision, &after),
         );
     assert!(message.contains("lost or minted"), "{message}");
 }
@@ -146,7 +195,7 @@ fn a_scoped_switch_that_does_not_seal_is_caught() {
     }
     .expect_violation(
         &tokengate::mutants::SCOPED_SWITCH_SKIPS_SEAL,
-        global_switch_racing_requests(&[2, 3], &[4, 5], &after),
+        global_switch_racing_requests(&[2, 3], &[4, 5], Ask::Decision, &after),
     );
     assert!(message.contains("lost or minted"), "{message}");
 }
