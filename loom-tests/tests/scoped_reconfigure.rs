@@ -40,6 +40,16 @@ enum Ask {
     Verdict,
 }
 
+impl Ask {
+    /// The name of the global-only model asked so.
+    fn global_model(self) -> &'static str {
+        match self {
+            Ask::Decision => "scoped reconfigure: global-only requests vs switch",
+            Ask::Verdict => "scoped reconfigure: global-only verdicts vs switch",
+        }
+    }
+}
+
 /// Thread A: pay as `ask` says. Thread S: switch the global limits from capacities
 /// `before` to `after` (`AsIs`). `after_switch` counts executions where a request was
 /// paid after the switch.
@@ -143,47 +153,32 @@ fn a_switch_racing_requests_and_a_give_back_loses_and_mints_nothing() {
 }
 
 /// The same race on a global scope of one limit: its requests are paid on the global
-/// scope's own path, which a seal sends to the retry loop of the keyed kinds' nest.
+/// scope's own path (a verdict's on the global-only verdict's own path), which a seal
+/// sends to the retry loop of the keyed kinds' nest.
 #[test]
 fn a_switch_racing_requests_on_the_global_path_loses_and_mints_nothing() {
-    let after = Tally::new();
-    Model::exhaustive("scoped reconfigure: global-only requests vs switch", 4).check(
-        global_switch_racing_requests(&[2], &[4], Ask::Decision, &after),
-    );
-    assert!(after.get() > 0, "no request was ever paid after the switch");
-}
-
-/// The same race asked for verdicts: the global-only verdict's own path, which a seal
-/// sends to the general path's retry loop.
-#[test]
-fn a_switch_racing_verdicts_on_the_global_path_loses_and_mints_nothing() {
-    let after = Tally::new();
-    Model::exhaustive("scoped reconfigure: global-only verdicts vs switch", 4).check(
-        global_switch_racing_requests(&[2], &[4], Ask::Verdict, &after),
-    );
-    assert!(after.get() > 0, "no request was ever paid after the switch");
-}
-
-#[test]
-fn a_switch_that_does_not_seal_is_caught_on_the_global_verdict_path() {
-    let after = Tally::new();
-    let message = Model::exhaustive("scoped reconfigure: global-only verdicts vs switch", 4)
-        .expect_violation(
-            &tokengate::mutants::SCOPED_SWITCH_SKIPS_SEAL,
-            global_switch_racing_requests(&[2], &[4], Ask::Verdict, &after),
-        );
-    assert!(message.contains("lost or minted"), "{message}");
+    for ask in [Ask::Decision, Ask::Verdict] {
+        let after = Tally::new();
+        Model::exhaustive(ask.global_model(), 4).check(global_switch_racing_requests(
+            &[2],
+            &[4],
+            ask,
+            &after,
+        ));
+        assert!(after.get() > 0, "no request was ever paid after the switch");
+    }
 }
 
 #[test]
 fn a_switch_that_does_not_seal_is_caught_on_the_global_path() {
-    let after = Tally::new();
-    let message = Model::exhaustive("scoped reconfigure: global-only requests vs switch", 4)
-        .expect_violation(
+    for ask in [Ask::Decision, Ask::Verdict] {
+        let after = Tally::new();
+        let message = Model::exhaustive(ask.global_model(), 4).expect_violation(
             &tokengate::mutants::SCOPED_SWITCH_SKIPS_SEAL,
-            global_switch_racing_requests(&[2], &[4], Ask::Decision, &after),
+            global_switch_racing_requests(&[2], &[4], ask, &after),
         );
-    assert!(message.contains("lost or minted"), "{message}");
+        assert!(message.contains("lost or minted"), "{message}");
+    }
 }
 
 #[test]
