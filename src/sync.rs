@@ -19,6 +19,7 @@ pub(crate) use loom::sync::{Arc, Mutex};
 /// loom's, whose pointers report to the model every access that no synchronization
 /// orders against a conflicting one.
 #[cfg(loom)]
+#[allow(clippy::unsafe_removed_from_name)] // one name for both builds' cells
 pub(crate) use loom::cell::{ConstPtr, MutPtr, UnsafeCell as RawCell};
 
 /// See the loom build's `RawCell`.

@@ -72,6 +72,7 @@ fn race(model: Model, capacity: u64, plans: &'static [&'static [u64]]) -> usize 
 
 #[test]
 fn two_threads_racing_try_acquire_conserve_tokens() {
+    loom_tests::in_own_process!();
     // 3 tokens, each thread asks 2 then 1: whichever wins the 2 leaves the other thread
     // only the last token.
     let drained = race(
@@ -87,6 +88,7 @@ fn two_threads_racing_try_acquire_conserve_tokens() {
 /// up to four interruptions. The two-thread model above stays exhaustive.
 #[test]
 fn three_threads_racing_try_acquire_conserve_tokens() {
+    loom_tests::in_own_process!();
     let drained = race(
         Model {
             name: "try_acquire, frozen clock",

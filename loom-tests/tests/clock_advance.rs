@@ -17,6 +17,7 @@ use tokengate::{AcquireError, Bucket, Clock, Policy};
 
 #[test]
 fn a_reading_racing_an_advance_sees_either_time() {
+    loom_tests::in_own_process!();
     let (before, after) = (Tally::new(), Tally::new());
     let (b, a) = (before.clone(), after.clone());
     Model::exhaustive("clock read racing an advance", 2).check(move || {
@@ -109,6 +110,7 @@ fn advancing_clock(
 
 #[test]
 fn clock_advancing_between_two_acquirers_within_the_race_tolerance() {
+    loom_tests::in_own_process!();
     // 1e6 tokens/s: one token of refill is far inside the race tolerance, so an acquirer
     // whose reading predates the other's CAS decides on the stored state.
     let policy = Policy::new(4, 1e6).unwrap().start_empty();
@@ -148,6 +150,7 @@ fn clock_advancing_between_two_acquirers_within_the_race_tolerance() {
 /// the re-read return the old time, and loom finds such executions.
 #[test]
 fn clock_advancing_beyond_the_race_tolerance_between_two_acquirers() {
+    loom_tests::in_own_process!();
     let policy = Policy::new(8, 1000.0).unwrap().start_empty();
     let layout = *policy.layout();
     let two_tokens = 2 * ticks_per_token(&layout);

@@ -64,6 +64,7 @@ fn reader_racing_retirements(reads: usize, freed: &Tally) -> impl Fn() + Sync + 
 
 #[test]
 fn a_reader_racing_retirements_never_reads_a_freed_epoch() {
+    loom_tests::in_own_process!();
     let freed = Tally::new();
     Model::exhaustive("epoch: pinned reader vs two retirements", 2)
         .check(reader_racing_retirements(1, &freed));
@@ -73,6 +74,7 @@ fn a_reader_racing_retirements_never_reads_a_freed_epoch() {
 
 #[test]
 fn a_reader_pinning_twice_racing_retirements_never_reads_a_freed_epoch() {
+    loom_tests::in_own_process!();
     let freed = Tally::new();
     Model {
         preemption_bound: Some(3),
@@ -84,6 +86,7 @@ fn a_reader_pinning_twice_racing_retirements_never_reads_a_freed_epoch() {
 
 #[test]
 fn a_retirement_that_frees_at_once_is_caught() {
+    loom_tests::in_own_process!();
     let freed = Tally::new();
     let message = Model::exhaustive("epoch: pinned reader vs two retirements", 2).expect_violation(
         &tokengate::mutants::EPOCH_FREES_EARLY,

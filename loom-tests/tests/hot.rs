@@ -150,16 +150,19 @@ fn frozen_two_threads() {
 
 #[test]
 fn frozen_clock_admits_exactly_the_balance() {
+    loom_tests::in_own_process!();
     assert!(FROZEN_TWO.check(frozen_two_threads).executions > 1);
 }
 
 #[test]
 fn frozen_clock_model_catches_a_lease_left_in_the_global_word() {
+    loom_tests::in_own_process!();
     FROZEN_TWO.expect_violation(&mutants::LEASE_KEEPS_GLOBAL, frozen_two_threads);
 }
 
 #[test]
 fn frozen_clock_model_catches_a_close_that_unstocks_a_lease_in_flight() {
+    loom_tests::in_own_process!();
     FROZEN_TWO.expect_violation(&mutants::CLOSE_UNSTOCKS_LEASES, frozen_two_threads);
 }
 
@@ -190,6 +193,7 @@ fn frozen_three_threads() {
 
 #[test]
 fn frozen_clock_three_threads_admit_exactly_the_balance() {
+    loom_tests::in_own_process!();
     assert!(FROZEN_THREE.check(frozen_three_threads).executions > 1);
 }
 
@@ -217,11 +221,13 @@ fn spend_racing_a_close() {
 
 #[test]
 fn a_spend_racing_a_close_admits_exactly_the_balance() {
+    loom_tests::in_own_process!();
     assert!(SPEND_AND_CLOSE.check(spend_racing_a_close).executions > 1);
 }
 
 #[test]
 fn spend_and_close_model_catches_a_spend_that_overwrites_a_close() {
+    loom_tests::in_own_process!();
     SPEND_AND_CLOSE.expect_violation(&mutants::SPEND_STORES_BLIND, spend_racing_a_close);
 }
 
@@ -250,6 +256,7 @@ fn capped_refund_with_a_lease_out() {
 
 #[test]
 fn a_capped_refund_takes_leases_back_first() {
+    loom_tests::in_own_process!();
     assert!(
         CAPPED_REFUND
             .check(capped_refund_with_a_lease_out)
@@ -260,6 +267,7 @@ fn a_capped_refund_takes_leases_back_first() {
 
 #[test]
 fn capped_refund_model_catches_credit_that_ignores_leases() {
+    loom_tests::in_own_process!();
     CAPPED_REFUND.expect_violation(
         &mutants::CREDIT_IGNORES_LEASES,
         capped_refund_with_a_lease_out,
@@ -290,11 +298,13 @@ fn refunds_racing_refunds() {
 
 #[test]
 fn refunds_racing_refunds_lose_nothing_below_the_cap() {
+    loom_tests::in_own_process!();
     assert!(RACING_REFUNDS.check(refunds_racing_refunds).executions > 1);
 }
 
 #[test]
 fn racing_refunds_model_catches_a_reserve_counting_closed_slots_twice() {
+    loom_tests::in_own_process!();
     RACING_REFUNDS.expect_violation(
         &mutants::RESERVE_COUNTS_CLOSED_TWICE,
         refunds_racing_refunds,
@@ -330,16 +340,19 @@ fn refund_racing_a_reclaim() {
 
 #[test]
 fn a_refund_leaves_room_for_a_reclaimer_s_hand() {
+    loom_tests::in_own_process!();
     assert!(REFUND_AND_RECLAIM.check(refund_racing_a_reclaim).executions > 1);
 }
 
 #[test]
 fn refund_and_reclaim_model_catches_a_close_that_forgets_the_hand() {
+    loom_tests::in_own_process!();
     REFUND_AND_RECLAIM.expect_violation(&mutants::CLOSE_FORGETS_HAND, refund_racing_a_reclaim);
 }
 
 #[test]
 fn refund_and_reclaim_model_catches_a_reserve_skipping_closed_slots() {
+    loom_tests::in_own_process!();
     REFUND_AND_RECLAIM.expect_violation(
         &mutants::RESERVE_SKIPS_CLOSED_SLOTS,
         refund_racing_a_reclaim,
@@ -387,11 +400,13 @@ fn tick_edge_with_a_lease_out() {
 
 #[test]
 fn a_lease_is_not_spent_after_its_tick() {
+    loom_tests::in_own_process!();
     assert!(TICK_EDGE.check(tick_edge_with_a_lease_out).executions > 1);
 }
 
 #[test]
 fn tick_edge_model_catches_a_lease_that_never_expires() {
+    loom_tests::in_own_process!();
     TICK_EDGE.expect_violation(&mutants::LEASE_NEVER_EXPIRES, tick_edge_with_a_lease_out);
 }
 
@@ -478,6 +493,7 @@ fn stale_spender_after_a_refill(wait: bool) {
 
 #[test]
 fn a_delayed_spender_cannot_spend_a_lease_across_a_refill() {
+    loom_tests::in_own_process!();
     let after = STALE_SPENDER.check(|| stale_spender_after_a_refill(true));
     assert!(after.executions > 1);
     let races = STALE_RACE.check(|| stale_spender_after_a_refill(false));
@@ -486,6 +502,7 @@ fn a_delayed_spender_cannot_spend_a_lease_across_a_refill() {
 
 #[test]
 fn stale_spender_model_catches_credit_that_ignores_leases() {
+    loom_tests::in_own_process!();
     STALE_SPENDER.expect_violation(&mutants::CREDIT_IGNORES_LEASES, || {
         stale_spender_after_a_refill(true)
     });
@@ -553,6 +570,7 @@ fn advancing_clock(seen: &AdvanceSeen) -> impl Fn() + Sync + Send + 'static {
 
 #[test]
 fn a_lost_race_beyond_the_tolerance_is_not_a_clock_step_back() {
+    loom_tests::in_own_process!();
     let seen = AdvanceSeen::default();
     ADVANCING_CLOCK.check(advancing_clock(&seen));
     println!(
@@ -569,6 +587,7 @@ fn a_lost_race_beyond_the_tolerance_is_not_a_clock_step_back() {
 
 #[test]
 fn advancing_clock_model_catches_a_decision_without_a_second_reading() {
+    loom_tests::in_own_process!();
     let seen = AdvanceSeen::default();
     ADVANCING_CLOCK.expect_violation(&mutants::LEASE_SKIPS_REREAD, advancing_clock(&seen));
 }

@@ -220,6 +220,7 @@ const RETIRE: Model = Model {
 
 #[test]
 fn a_found_key_racing_two_retirements_never_reads_a_freed_epoch() {
+    loom_tests::in_own_process!();
     let freed = Tally::new();
     RETIRE.check(decide_racing_two_retirements(freed.clone()));
     // Not vacuous: some executions free an epoch while the reader runs.
@@ -228,6 +229,7 @@ fn a_found_key_racing_two_retirements_never_reads_a_freed_epoch() {
 
 #[test]
 fn a_switch_that_leaves_shards_behind_is_caught() {
+    loom_tests::in_own_process!();
     let bug = &tokengate::mutants::KEYED_SWITCH_LEAVES_SHARDS_BEHIND;
     let message = RETIRE.expect_violation(bug, decide_racing_two_retirements(Tally::new()));
     assert!(message.contains("lost or minted"), "{message}");
@@ -235,6 +237,7 @@ fn a_switch_that_leaves_shards_behind_is_caught() {
 
 #[test]
 fn a_keyed_retirement_that_frees_at_once_is_caught() {
+    loom_tests::in_own_process!();
     let bug = &tokengate::mutants::EPOCH_FREES_EARLY;
     assert_race(&RETIRE.expect_violation(bug, decide_racing_two_retirements(Tally::new())));
 }
@@ -256,32 +259,38 @@ const TWO_WRITERS: Model = Model {
 
 #[test]
 fn two_sections_race_an_insert_exactly() {
+    loom_tests::in_own_process!();
     TWO_READERS.check(two_sections_racing_an_insert());
 }
 
 #[test]
 fn a_section_races_two_competing_inserts_exactly() {
+    loom_tests::in_own_process!();
     TWO_WRITERS.check(a_section_racing_two_inserts());
 }
 
 #[test]
 fn found_keys_in_two_shards_race_an_insert_exactly() {
+    loom_tests::in_own_process!();
     TWO_SHARDS.check(decide_in_two_shards_racing_an_insert());
 }
 
 #[test]
 fn a_section_entered_with_a_relaxed_store_is_caught() {
+    loom_tests::in_own_process!();
     let bug = &tokengate::mutants::SECTION_ENTRY_RELAXED;
     assert_race(&TWO_SHARDS.expect_violation(bug, decide_in_two_shards_racing_an_insert()));
 }
 
 #[test]
 fn a_found_key_decided_without_a_lock_races_an_insert_exactly() {
+    loom_tests::in_own_process!();
     INSERT.check(decide_racing_an_insert());
 }
 
 #[test]
 fn a_found_key_decided_without_a_lock_races_its_eviction_exactly() {
+    loom_tests::in_own_process!();
     let evicted = Tally::new();
     EVICT.check(decide_racing_an_eviction(evicted.clone()));
     assert!(evicted.get() > 0, "the sweep never evicted the key");
@@ -289,6 +298,7 @@ fn a_found_key_decided_without_a_lock_races_its_eviction_exactly() {
 
 #[test]
 fn a_found_key_decided_without_a_lock_races_a_switch_exactly() {
+    loom_tests::in_own_process!();
     SWITCH.check(decide_racing_a_switch());
 }
 
@@ -298,6 +308,7 @@ fn assert_race(message: &str) {
 
 #[test]
 fn a_writer_that_skips_the_readers_is_caught() {
+    loom_tests::in_own_process!();
     let bug = &tokengate::mutants::WRITER_SKIPS_READERS;
     assert_race(&INSERT.expect_violation(bug, decide_racing_an_insert()));
     assert_race(&EVICT.expect_violation(bug, decide_racing_an_eviction(Tally::new())));
@@ -308,6 +319,7 @@ fn a_writer_that_skips_the_readers_is_caught() {
 
 #[test]
 fn a_reader_that_skips_the_writing_flag_is_caught() {
+    loom_tests::in_own_process!();
     let bug = &tokengate::mutants::READER_SKIPS_FLAG;
     assert_race(&INSERT.expect_violation(bug, decide_racing_an_insert()));
     assert_race(&EVICT.expect_violation(bug, decide_racing_an_eviction(Tally::new())));

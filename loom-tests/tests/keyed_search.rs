@@ -77,6 +77,7 @@ const SEARCH: Model = Model {
 
 #[test]
 fn exactly_one_new_key_gets_the_room_of_a_bucket_evicted_in_another_shard() {
+    loom_tests::in_own_process!();
     let won = [Tally::new(), Tally::new()];
     SEARCH.check(two_new_keys_one_evictable_bucket(won.clone()));
     assert!(won[0].get() > 0, "the first thread never won");
@@ -85,6 +86,7 @@ fn exactly_one_new_key_gets_the_room_of_a_bucket_evicted_in_another_shard() {
 
 #[test]
 fn a_search_that_skips_other_shards_is_caught() {
+    loom_tests::in_own_process!();
     let message = SEARCH.expect_violation(
         &tokengate::mutants::KEYED_SEARCH_SKIPS_OTHER_SHARDS,
         two_new_keys_one_evictable_bucket([Tally::new(), Tally::new()]),

@@ -95,6 +95,7 @@ const SWITCH: Model = Model {
 
 #[test]
 fn a_switch_racing_a_slot_admission_and_a_pool_trip_loses_and_mints_nothing() {
+    loom_tests::in_own_process!();
     // One preemption: every operation also pins its epoch (a store and a fence more to
     // interleave), and two took 326,353 executions (110 s) per strategy. The planted
     // bugs below are still run at two.
@@ -116,6 +117,7 @@ fn a_switch_racing_a_slot_admission_and_a_pool_trip_loses_and_mints_nothing() {
 
 #[test]
 fn a_switch_that_does_not_seal_the_pool_is_caught() {
+    loom_tests::in_own_process!();
     let message = SWITCH.expect_violation(
         &tokengate::mutants::LEASED_SWITCH_SKIPS_SEAL,
         switch_racing_a_slot_and_the_pool(20, Inherit::AsIs, &Tally::new()),
@@ -125,6 +127,7 @@ fn a_switch_that_does_not_seal_the_pool_is_caught() {
 
 #[test]
 fn a_switch_that_does_not_wait_for_hands_in_flight_is_caught() {
+    loom_tests::in_own_process!();
     let message = SWITCH.expect_violation(
         &tokengate::mutants::LEASED_SWITCH_SKIPS_WAIT,
         switch_racing_a_slot_and_the_pool(32, Inherit::Proportional, &Tally::new()),

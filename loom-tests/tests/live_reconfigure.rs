@@ -77,6 +77,7 @@ fn reconfigure_racing(
 
 #[test]
 fn a_switch_racing_admissions_and_a_refund_loses_and_mints_nothing() {
+    loom_tests::in_own_process!();
     for (to, how) in [(4, Inherit::Proportional), (3, Inherit::AsIs)] {
         let after = Tally::new();
         // Bounded: every operation pins its epoch (a store and a fence more for the
@@ -95,6 +96,7 @@ fn a_switch_racing_admissions_and_a_refund_loses_and_mints_nothing() {
 /// whichever capacity is current to 5), and the admission lands wholly in one epoch.
 #[test]
 fn two_switches_racing_an_admission_apply_one_after_the_other() {
+    loom_tests::in_own_process!();
     let model = || {
         let bucket = Arc::new(LiveBucket::with_clock(
             Policy::new(2, 1.0).unwrap(),
@@ -161,6 +163,7 @@ fn two_switches_racing_an_admission_apply_one_after_the_other() {
 
 #[test]
 fn a_switch_that_does_not_seal_is_caught() {
+    loom_tests::in_own_process!();
     let after = Tally::new();
     let message = Model {
         preemption_bound: Some(2),
@@ -215,11 +218,13 @@ const KEYED_SWITCH: Model = Model {
 
 #[test]
 fn a_keyed_switch_racing_admissions_loses_and_mints_nothing() {
+    loom_tests::in_own_process!();
     KEYED_SWITCH.check(keyed_switch_racing_admissions());
 }
 
 #[test]
 fn a_keyed_shard_not_converted_is_caught() {
+    loom_tests::in_own_process!();
     let message = KEYED_SWITCH.expect_violation(
         &tokengate::mutants::KEYED_SHARD_NOT_CONVERTED,
         keyed_switch_racing_admissions(),
@@ -261,12 +266,14 @@ fn keyed_switch_racing_a_clock_advance() -> impl Fn() + Sync + Send + 'static {
 
 #[test]
 fn a_keyed_switch_racing_a_clock_advance_credits_nothing_twice() {
+    loom_tests::in_own_process!();
     Model::exhaustive("keyed reconfigure: admit vs switch vs clock", 3)
         .check(keyed_switch_racing_a_clock_advance());
 }
 
 #[test]
 fn a_keyed_switch_without_its_barrier_is_caught() {
+    loom_tests::in_own_process!();
     let message = Model::exhaustive("keyed reconfigure: admit vs switch vs clock", 3)
         .expect_violation(
             &tokengate::mutants::KEYED_SWITCH_SKIPS_BARRIER,

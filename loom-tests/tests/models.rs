@@ -1,6 +1,7 @@
 //! The loom models, one module per file of `tests/`, in one test binary so that the test
 //! harness runs them side by side on every core (separate binaries would run one after
-//! the other).
+//! the other), each test in a process of its own (`loom_tests::in_own_process!`, the
+//! first line of every test: two models in one process stall each other's stack unmaps).
 //!
 //! Run them all, or one file's, from the repository root:
 //!
@@ -25,3 +26,43 @@ mod scoped_retire;
 mod scoped_two_held;
 mod stale_now;
 mod step_back;
+
+/// Every model runs in a process of its own (`loom_tests::ran_in_own_process`): this
+/// test's body runs only there, and every test of `tests/` opens with the line that
+/// sends it there.
+#[test]
+fn every_model_runs_in_a_process_of_its_own() {
+    loom_tests::in_own_process!();
+    assert!(
+        std::env::var_os("LOOM_TESTS_OWN_PROCESS").is_some(),
+        "the test body ran in the harness's process"
+    );
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut tests = 0;
+    for file in std::fs::read_dir(&dir).unwrap() {
+        let path = file.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line != "#[test]" {
+                continue;
+            }
+            let mut header = lines.next().unwrap_or_default();
+            while header.starts_with("#[") {
+                header = lines.next().unwrap_or_default();
+            }
+            let first = lines.next().unwrap_or_default();
+            assert_eq!(
+                first.trim(),
+                "loom_tests::in_own_process!();",
+                "{}: `{header}` does not open with it",
+                path.display()
+            );
+            tests += 1;
+        }
+    }
+    assert!(tests > 90, "found {tests} tests in {}", dir.display());
+}

@@ -129,6 +129,7 @@ const OVERLAPPING: Model = Model {
 
 #[test]
 fn overlapping_multi_acquisitions_are_all_or_nothing() {
+    loom_tests::in_own_process!();
     overlapping(OVERLAPPING);
 }
 
@@ -136,6 +137,7 @@ fn overlapping_multi_acquisitions_are_all_or_nothing() {
 #[test]
 #[ignore = "exhaustive, 5 to 7 minutes; the bounded model runs by default"]
 fn overlapping_multi_acquisitions_are_all_or_nothing_exhaustive() {
+    loom_tests::in_own_process!();
     overlapping(Model::exhaustive(OVERLAPPING.name, 3));
 }
 
@@ -158,6 +160,7 @@ fn overlapping(model: Model) {
 
 #[test]
 fn rollback_that_skips_the_refund_is_caught() {
+    loom_tests::in_own_process!();
     let message = OVERLAPPING.expect_violation(
         &tokengate::mutants::ROLLBACK_SKIPS_REFUND,
         overlapping_sets(&Seen::default()),
@@ -202,11 +205,13 @@ const OPPOSITE: Model = Model::exhaustive("acquire_all x2 on one pair, opposite 
 
 #[test]
 fn opposite_listed_orders_meet_on_the_first_shared_bucket() {
+    loom_tests::in_own_process!();
     OPPOSITE.check(opposite_orders());
 }
 
 #[test]
 fn taking_in_listed_order_is_caught() {
+    loom_tests::in_own_process!();
     let message =
         OPPOSITE.expect_violation(&tokengate::mutants::TAKE_IN_LISTED_ORDER, opposite_orders());
     assert!(message.contains("I7"), "{message}");
@@ -217,6 +222,7 @@ fn taking_in_listed_order_is_caught() {
 /// made in between is overwritten (a token minted).
 #[test]
 fn a_planned_take_landed_without_a_compare_and_swap_is_caught() {
+    loom_tests::in_own_process!();
     let message = OVERLAPPING.expect_violation(
         &tokengate::mutants::PLANNED_TAKE_STORES_BLIND,
         overlapping_sets(&Seen::default()),

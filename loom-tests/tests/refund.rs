@@ -83,6 +83,7 @@ fn refund_racing_acquire(refused: &Tally) -> impl Fn() + Sync + Send + 'static {
 
 #[test]
 fn refund_racing_acquire_restores_the_state_without_the_reservation() {
+    loom_tests::in_own_process!();
     let refused = Tally::new();
     Model::exhaustive("refund racing acquire, frozen clock", 2)
         .check(refund_racing_acquire(&refused));
@@ -158,6 +159,7 @@ const CAPPED: Model = Model::exhaustive("refund racing refill and acquire", 3);
 
 #[test]
 fn refund_racing_refill_never_overfills_the_bucket() {
+    loom_tests::in_own_process!();
     let full = Tally::new();
     CAPPED.check(refund_racing_refill(&full));
     assert!(full.get() > 0, "no execution ended full");
@@ -165,6 +167,7 @@ fn refund_racing_refill_never_overfills_the_bucket() {
 
 #[test]
 fn refund_skipping_the_cap_is_caught() {
+    loom_tests::in_own_process!();
     let message = CAPPED.expect_violation(
         &tokengate::mutants::REFUND_SKIPS_CAP,
         refund_racing_refill(&Tally::new()),

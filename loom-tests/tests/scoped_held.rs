@@ -204,6 +204,7 @@ const RACE: Model = Model::exhaustive("scoped held: two requests for one user's 
 
 #[test]
 fn two_held_requests_for_one_token_are_all_or_nothing() {
+    loom_tests::in_own_process!();
     let lost = Tally::new();
     RACE.check(two_held_racing_for_one_token(lost.clone()));
     assert!(lost.get() > 0, "no execution refused on user 1");
@@ -211,6 +212,7 @@ fn two_held_requests_for_one_token_are_all_or_nothing() {
 
 #[test]
 fn a_held_rollback_that_skips_the_refund_is_caught() {
+    loom_tests::in_own_process!();
     let message = RACE.expect_violation(
         &tokengate::mutants::ROLLBACK_SKIPS_REFUND,
         two_held_racing_for_one_token(Tally::new()),
@@ -220,6 +222,7 @@ fn a_held_rollback_that_skips_the_refund_is_caught() {
 
 #[test]
 fn a_held_take_landed_without_a_compare_and_swap_is_caught() {
+    loom_tests::in_own_process!();
     let message = RACE.expect_violation(
         &tokengate::mutants::PLANNED_TAKE_STORES_BLIND,
         two_held_racing_for_one_token(Tally::new()),
@@ -243,11 +246,13 @@ const SWITCH: Model = Model {
 
 #[test]
 fn a_held_request_races_an_insert_exactly() {
+    loom_tests::in_own_process!();
     INSERT.check(held_racing_an_insert());
 }
 
 #[test]
 fn a_held_request_races_a_sweep_evicting_its_keys_exactly() {
+    loom_tests::in_own_process!();
     let evicted = Tally::new();
     SWEEP.check(held_racing_a_sweep(evicted.clone()));
     assert!(evicted.get() > 0, "the sweep never evicted a key");
@@ -255,6 +260,7 @@ fn a_held_request_races_a_sweep_evicting_its_keys_exactly() {
 
 #[test]
 fn a_held_request_races_a_switch_of_both_kinds_exactly() {
+    loom_tests::in_own_process!();
     SWITCH.check(held_racing_a_switch());
 }
 
@@ -262,6 +268,7 @@ fn a_held_request_races_a_switch_of_both_kinds_exactly() {
 #[test]
 #[ignore = "exhaustive, about five minutes; the bounded model runs by default"]
 fn a_held_request_races_a_switch_exhaustively() {
+    loom_tests::in_own_process!();
     Model::exhaustive(SWITCH.name, 3).check(held_racing_a_switch());
 }
 
@@ -286,6 +293,7 @@ fn caught_by_each_held_model(bug: &'static tokengate::mutants::Mutant) {
 
 #[test]
 fn a_writer_that_skips_the_held_sections_is_caught() {
+    loom_tests::in_own_process!();
     caught_by_each_held_model(&tokengate::mutants::WRITER_SKIPS_READERS);
 }
 
@@ -293,11 +301,13 @@ fn a_writer_that_skips_the_held_sections_is_caught() {
 /// it, a record store may follow its shard's flag load.
 #[test]
 fn held_sections_without_their_fence_are_caught() {
+    loom_tests::in_own_process!();
     caught_by_each_held_model(&tokengate::mutants::SECTIONS_SKIP_FENCE);
 }
 
 #[test]
 fn a_held_section_that_skips_the_writing_flag_is_caught() {
+    loom_tests::in_own_process!();
     caught_by_each_held_model(&tokengate::mutants::READER_SKIPS_FLAG);
 }
 
@@ -329,11 +339,13 @@ const ONE: Model = Model::exhaustive("scoped held: one section (a verdict) vs an
 
 #[test]
 fn a_verdict_of_one_held_bucket_races_an_insert_exactly() {
+    loom_tests::in_own_process!();
     ONE.check(one_held_racing_an_insert());
 }
 
 #[test]
 fn a_writer_that_skips_a_verdicts_section_is_caught() {
+    loom_tests::in_own_process!();
     let message = ONE.expect_violation(
         &tokengate::mutants::WRITER_SKIPS_READERS,
         one_held_racing_an_insert(),

@@ -137,6 +137,7 @@ fn model_global(before: &[u64], after: &'static [u64], ask: Ask, after_switch: &
 
 #[test]
 fn a_switch_racing_requests_and_a_give_back_loses_and_mints_nothing() {
+    loom_tests::in_own_process!();
     let after = Tally::new();
     // Exhaustive, it runs 168,715 executions (54 s); at most 3 preemptions, 5,308.
     Model {
@@ -157,6 +158,7 @@ fn a_switch_racing_requests_and_a_give_back_loses_and_mints_nothing() {
 /// sends to the retry loop of the keyed kinds' nest.
 #[test]
 fn a_switch_racing_requests_on_the_global_path_loses_and_mints_nothing() {
+    loom_tests::in_own_process!();
     for ask in [Ask::Decision, Ask::Verdict] {
         let after = Tally::new();
         Model::exhaustive(ask.global_model(), 4).check(global_switch_racing_requests(
@@ -171,6 +173,7 @@ fn a_switch_racing_requests_on_the_global_path_loses_and_mints_nothing() {
 
 #[test]
 fn a_switch_that_does_not_seal_is_caught_on_the_global_path() {
+    loom_tests::in_own_process!();
     for ask in [Ask::Decision, Ask::Verdict] {
         let after = Tally::new();
         let message = Model::exhaustive(ask.global_model(), 4).expect_violation(
@@ -183,6 +186,7 @@ fn a_switch_that_does_not_seal_is_caught_on_the_global_path() {
 
 #[test]
 fn a_scoped_switch_that_does_not_seal_is_caught() {
+    loom_tests::in_own_process!();
     let after = Tally::new();
     let message = Model {
         preemption_bound: Some(3),
@@ -200,6 +204,7 @@ fn a_scoped_switch_that_does_not_seal_is_caught() {
 /// with what it had lost.
 #[test]
 fn a_request_holding_a_map_lock_is_decided_wholly_on_one_generation() {
+    loom_tests::in_own_process!();
     let set = |global: u64, tenant: u64| {
         RuleSet::new()
             .rule(
@@ -318,12 +323,14 @@ fn tier_move_racing_a_give_back_and_a_request() {
 
 #[test]
 fn a_tier_move_racing_a_give_back_and_a_request_loses_and_mints_nothing() {
+    loom_tests::in_own_process!();
     Model::exhaustive("scoped reconfigure: tier move vs give-back", 4)
         .check(tier_move_racing_a_give_back_and_a_request);
 }
 
 #[test]
 fn a_give_back_that_does_not_recheck_its_generation_is_caught() {
+    loom_tests::in_own_process!();
     let message = Model::exhaustive("scoped reconfigure: tier move vs give-back", 4)
         .expect_violation(
             &tokengate::mutants::SCOPED_REFUND_SKIPS_RECHECK,
@@ -396,12 +403,14 @@ fn tier_layout_refilled_racing_a_give_back_and_a_request() {
 
 #[test]
 fn a_tier_layout_refilled_racing_a_give_back_and_a_request_loses_and_mints_nothing() {
+    loom_tests::in_own_process!();
     Model::exhaustive("scoped reconfigure: tier table refilled vs give-back", 4)
         .check(tier_layout_refilled_racing_a_give_back_and_a_request);
 }
 
 #[test]
 fn a_give_back_on_a_refilled_table_that_does_not_recheck_is_caught() {
+    loom_tests::in_own_process!();
     let message = Model::exhaustive("scoped reconfigure: tier table refilled vs give-back", 4)
         .expect_violation(
             &tokengate::mutants::SCOPED_REFUND_SKIPS_RECHECK,

@@ -92,6 +92,7 @@ fn assert_freed_read(message: &str) {
 
 #[test]
 fn a_refund_racing_four_switches_never_reads_a_freed_generation() {
+    loom_tests::in_own_process!();
     let freed = Tally::new();
     RETIRE.check(refund_racing_four_switches(&freed));
     // Not vacuous: some executions free the first generation.
@@ -100,12 +101,14 @@ fn a_refund_racing_four_switches_never_reads_a_freed_generation() {
 
 #[test]
 fn a_window_that_retires_a_generation_too_early_is_caught() {
+    loom_tests::in_own_process!();
     let bug = &tokengate::mutants::EPOCH_WINDOW_SHORT;
     assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_four_switches(&Tally::new())));
 }
 
 #[test]
 fn a_scoped_retirement_that_frees_at_once_is_caught() {
+    loom_tests::in_own_process!();
     let bug = &tokengate::mutants::EPOCH_FREES_EARLY;
     assert_freed_read(&RETIRE.expect_violation(bug, refund_racing_four_switches(&Tally::new())));
 }

@@ -100,21 +100,25 @@ const INSERT: Model = Model::exhaustive("two-bucket verdicts racing an insert", 
 
 #[test]
 fn two_bucket_verdicts_for_the_last_global_token_are_all_or_nothing() {
+    loom_tests::in_own_process!();
     GLOBAL.check(racing_for_the_last_token(1, 2));
 }
 
 #[test]
 fn two_bucket_verdicts_for_a_users_last_token_are_all_or_nothing() {
+    loom_tests::in_own_process!();
     USER.check(racing_for_the_last_token(3, 1));
 }
 
 #[test]
 fn a_two_bucket_verdict_races_an_insert_exactly() {
+    loom_tests::in_own_process!();
     INSERT.check(racing_an_insert());
 }
 
 #[test]
 fn a_two_bucket_rollback_that_keeps_the_global_token_is_caught() {
+    loom_tests::in_own_process!();
     let message = USER.expect_violation(
         &tokengate::mutants::ROLLBACK_SKIPS_REFUND,
         racing_for_the_last_token(3, 1),
@@ -124,6 +128,7 @@ fn a_two_bucket_rollback_that_keeps_the_global_token_is_caught() {
 
 #[test]
 fn a_two_bucket_take_stored_without_a_compare_and_swap_is_caught() {
+    loom_tests::in_own_process!();
     for message in [
         GLOBAL.expect_violation(
             &tokengate::mutants::PLANNED_TAKE_STORES_BLIND,
@@ -140,6 +145,7 @@ fn a_two_bucket_take_stored_without_a_compare_and_swap_is_caught() {
 
 #[test]
 fn a_writer_that_skips_a_two_bucket_section_is_caught() {
+    loom_tests::in_own_process!();
     let message = INSERT.expect_violation(
         &tokengate::mutants::WRITER_SKIPS_READERS,
         racing_an_insert(),

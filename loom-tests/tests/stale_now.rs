@@ -118,6 +118,7 @@ const MODEL: Model = Model::exhaustive("stale reading loses a CAS race", 3);
 
 #[test]
 fn stale_reader_losing_a_cas_race_adds_no_credit() {
+    loom_tests::in_own_process!();
     let stale = Tally::new();
     MODEL.check(stale_reader(&stale));
     println!("  executions on the stale path: {}", stale.get());
@@ -126,6 +127,7 @@ fn stale_reader_losing_a_cas_race_adds_no_credit() {
 
 #[test]
 fn stale_reading_writing_its_tick_back_is_caught() {
+    loom_tests::in_own_process!();
     let message = MODEL.expect_violation(
         &tokengate::mutants::STALE_NOW_MOVES_TICK_BACK,
         stale_reader(&Tally::new()),

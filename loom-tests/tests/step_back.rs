@@ -72,6 +72,7 @@ fn step_back_between_acquirers(refused: &Tally) -> impl Fn() + Sync + Send + 'st
 
 #[test]
 fn clock_stepping_back_between_two_acquirers_stands_still() {
+    loom_tests::in_own_process!();
     let refused = Tally::new();
     let explored = Model::exhaustive("clock stepping back between two acquirers", 3)
         .check(step_back_between_acquirers(&refused));
@@ -80,6 +81,7 @@ fn clock_stepping_back_between_two_acquirers_stands_still() {
 
 #[test]
 fn the_model_catches_a_step_back_read_without_the_guard() {
+    loom_tests::in_own_process!();
     let refused = Tally::new();
     let message = Model::exhaustive("clock stepping back between two acquirers", 3)
         .expect_violation(
