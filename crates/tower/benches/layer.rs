@@ -25,6 +25,9 @@
 //!     --toggle-collect='layer::repeat*' target/release/deps/layer-*
 //! # every case that way, then the goals' ratios (and criterion's, from its last run):
 //! crates/tower/benches/ratios.sh
+//! # time on one thread, robust to a busy machine (cases interleaved batch by batch;
+//! # the 5th percentile and median of 2,000-call batch means, and each case minus bare):
+//! LAYER_PERCENTILE=bare,tokengate_per_ip_quiet,governor_per_ip target/release/deps/layer-*
 //! ```
 //!
 //! The goals' ratios (`ratios.sh` prints them): (a) the layer's own cost per admitted
@@ -363,6 +366,79 @@ fn count(spec: &str) {
     assert!(found, "no case {name}");
 }
 
+/// `LAYER_PERCENTILE=case,case,...`: one thread, time robust to a busy machine. Each
+/// case runs `LAYER_BATCHES` (default 400) batches of 2,000 calls, one batch of each case
+/// in turn, so that the cases meet the same machine; printed per case: the 5th
+/// percentile and the median of the batch means, and, beside `bare` when it is listed,
+/// the case's own cost (minus `bare`'s). Preempted or disturbed batches drop out of the
+/// 5th percentile; compare ratios of one run.
+fn percentile(spec: &str) {
+    const BATCH: u32 = 2000;
+    let batches: usize = std::env::var("LAYER_BATCHES")
+        .map(|b| b.parse().expect("LAYER_BATCHES: a number"))
+        .unwrap_or(400);
+    let names: Vec<&str> = spec.split(',').map(str::trim).collect();
+    let peer: SocketAddr = PEER.parse().unwrap();
+    // One batch of a case: its calls, timed, in a loop compiled for its service.
+    type Batch<'a> = Box<dyn FnMut(u32) -> Duration + 'a>;
+    let mut cases: Vec<(&str, Batch<'_>)> = Vec::new();
+    macro_rules! one {
+        ($name:expr, $svc:expr) => {{
+            if let Some(&name) = names.iter().find(|n| **n == $name) {
+                let mut svc = $svc;
+                black_box(call(&mut svc, peer));
+                cases.push((
+                    name,
+                    Box::new(move |n| {
+                        let start = Instant::now();
+                        for _ in 0..n {
+                            black_box(call(&mut svc, peer));
+                        }
+                        start.elapsed()
+                    }),
+                ));
+            }
+        }};
+    }
+    cases!(one);
+    for name in &names {
+        assert!(cases.iter().any(|(n, _)| n == name), "no case {name}");
+    }
+    // Warm-up: a few batches of each, not kept.
+    for _ in 0..20 {
+        for (_, batch) in cases.iter_mut() {
+            black_box(batch(BATCH));
+        }
+    }
+    let mut means: Vec<Vec<f64>> = vec![Vec::with_capacity(batches); cases.len()];
+    for _ in 0..batches {
+        for (i, (_, batch)) in cases.iter_mut().enumerate() {
+            means[i].push(batch(BATCH).as_nanos() as f64 / f64::from(BATCH));
+        }
+    }
+    let stat = |m: &mut Vec<f64>| {
+        m.sort_by(f64::total_cmp);
+        (m[m.len() / 20], m[m.len() / 2])
+    };
+    let stats: Vec<(f64, f64)> = means.iter_mut().map(stat).collect();
+    let bare = cases
+        .iter()
+        .position(|(n, _)| *n == "bare")
+        .map(|i| stats[i]);
+    println!(
+        "{:<28} {:>9} {:>9} {:>9} {:>9}   ns per call, {batches} batches of {BATCH}",
+        "case", "p5", "median", "own p5", "own med"
+    );
+    for ((name, _), (p5, med)) in cases.iter().zip(&stats) {
+        let own = |v: f64, b: f64| format!("{:.1}", v - b);
+        let (op5, omed) = match bare {
+            Some((b5, bm)) if *name != "bare" => (own(*p5, b5), own(*med, bm)),
+            _ => (String::new(), String::new()),
+        };
+        println!("{name:<28} {p5:>9.1} {med:>9.1} {op5:>9} {omed:>9}");
+    }
+}
+
 /// Runs `f` `n` times: the one function whose instructions `ratios.sh` counts
 /// (`--toggle-collect`), so that building the service, the clock's calibration and the
 /// first call (a new key, the thread's first pin) are left out.
@@ -378,6 +454,10 @@ criterion_group!(benches, layer);
 fn main() {
     if let Ok(spec) = std::env::var("LAYER_CALLS") {
         count(&spec);
+        return;
+    }
+    if let Ok(spec) = std::env::var("LAYER_PERCENTILE") {
+        percentile(&spec);
         return;
     }
     benches();
