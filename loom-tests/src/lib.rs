@@ -148,7 +148,8 @@ impl Model {
     }
 }
 
-/// Set in the environment of a model's own process: there the test runs as it is.
+/// Set, to the test's name, in the environment of a test's own process: there that test
+/// runs as it is.
 const OWN_PROCESS: &str = "LOOM_TESTS_OWN_PROCESS";
 
 /// Runs the calling test again in a process of its own and waits for it: `true` once it
@@ -164,22 +165,24 @@ const OWN_PROCESS: &str = "LOOM_TESTS_OWN_PROCESS";
 /// system) and 22.6 s in two processes (24.1 s user, 16.6 s system).
 ///
 /// The test harness names the thread a test runs on after the test, which is how the
-/// test is found again (`--exact`). A test run on a thread without that name (not by the
-/// harness) runs where it is. The own process must report one test run and passed, so a
-/// name that matches nothing fails rather than passing vacuously.
+/// test is found again (`--exact`). A test on the main thread or an unnamed one runs where
+/// it is. The own process must report one test run and passed, so a name that matches
+/// nothing fails rather than passing vacuously; and it runs the test only where the
+/// variable names that very test, so a variable left in the environment does not send
+/// every test back into one process.
 pub fn ran_in_own_process() -> bool {
-    if std::env::var_os(OWN_PROCESS).is_some() {
-        return false;
-    }
     let current = std::thread::current();
     let Some(name) = current.name().filter(|n| *n != "main") else {
         return false;
     };
+    if std::env::var_os(OWN_PROCESS).is_some_and(|v| v == name) {
+        return false;
+    }
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
         .args(["--exact", name, "--include-ignored", "--nocapture"])
         .args(["--test-threads", "1"])
-        .env(OWN_PROCESS, "1")
+        .env(OWN_PROCESS, name)
         .output()
         .expect("the test binary starts again");
     let (stdout, stderr) = (

@@ -9,6 +9,7 @@
 //! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release
 //! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release -- hot::
 //! ```
+#![cfg(loom)]
 
 mod acquire_race;
 mod clock_advance;
@@ -33,8 +34,9 @@ mod step_back;
 #[test]
 fn every_model_runs_in_a_process_of_its_own() {
     loom_tests::in_own_process!();
-    assert!(
-        std::env::var_os("LOOM_TESTS_OWN_PROCESS").is_some(),
+    assert_eq!(
+        std::env::var("LOOM_TESTS_OWN_PROCESS").as_deref(),
+        Ok("every_model_runs_in_a_process_of_its_own"),
         "the test body ran in the harness's process"
     );
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");

@@ -366,17 +366,21 @@ fn count(spec: &str) {
     assert!(found, "no case {name}");
 }
 
-/// `LAYER_PERCENTILE=case,case,...`: one thread, time robust to a busy machine. Each
-/// case runs `LAYER_BATCHES` (default 400) batches of 2,000 calls, one batch of each case
-/// in turn, so that the cases meet the same machine; printed per case: the 5th
-/// percentile and the median of the batch means, and, beside `bare` when it is listed,
-/// the case's own cost (minus `bare`'s). Preempted or disturbed batches drop out of the
-/// 5th percentile; compare ratios of one run.
+/// `LAYER_PERCENTILE=case,case,...` (the service cases, not the `engine_*` ones): one
+/// thread, time robust to a busy machine. Each case runs `LAYER_BATCHES` (default 400)
+/// rounds of one 2,000-call batch per case, the cases in turn from a start that moves by
+/// one each round, so that they meet the same machine and none always follows the same
+/// other. Printed per case: the 5th percentile and the median of the batch means; with
+/// `bare` listed, also the case's own cost, each figure minus bare's. Preempted or
+/// disturbed batches drop out of the 5th percentile (a difference taken round by round
+/// would not: its low tail is the rounds where bare's batch was disturbed); compare
+/// ratios of one run.
 fn percentile(spec: &str) {
     const BATCH: u32 = 2000;
     let batches: usize = std::env::var("LAYER_BATCHES")
         .map(|b| b.parse().expect("LAYER_BATCHES: a number"))
         .unwrap_or(400);
+    assert!(batches > 0, "LAYER_BATCHES: at least 1");
     let names: Vec<&str> = spec.split(',').map(str::trim).collect();
     let peer: SocketAddr = PEER.parse().unwrap();
     // One batch of a case: its calls, timed, in a loop compiled for its service.
@@ -404,29 +408,33 @@ fn percentile(spec: &str) {
     for name in &names {
         assert!(cases.iter().any(|(n, _)| n == name), "no case {name}");
     }
-    // Warm-up: a few batches of each, not kept.
+    let count = cases.len();
+    // Warm-up: a few rounds, not kept.
     for _ in 0..20 {
         for (_, batch) in cases.iter_mut() {
             black_box(batch(BATCH));
         }
     }
-    let mut means: Vec<Vec<f64>> = vec![Vec::with_capacity(batches); cases.len()];
-    for _ in 0..batches {
-        for (i, (_, batch)) in cases.iter_mut().enumerate() {
-            means[i].push(batch(BATCH).as_nanos() as f64 / f64::from(BATCH));
+    // means[i][r]: case i's batch mean in round r.
+    let mut means: Vec<Vec<f64>> = vec![Vec::with_capacity(batches); count];
+    for round in 0..batches {
+        for j in 0..count {
+            let i = (round + j) % count;
+            let mean = (cases[i].1)(BATCH).as_nanos() as f64 / f64::from(BATCH);
+            means[i].push(mean);
         }
     }
-    let stat = |m: &mut Vec<f64>| {
+    let stat = |mut m: Vec<f64>| {
         m.sort_by(f64::total_cmp);
         (m[m.len() / 20], m[m.len() / 2])
     };
-    let stats: Vec<(f64, f64)> = means.iter_mut().map(stat).collect();
+    let stats: Vec<(f64, f64)> = means.into_iter().map(stat).collect();
     let bare = cases
         .iter()
         .position(|(n, _)| *n == "bare")
-        .map(|i| stats[i]);
+        .map(|b| stats[b]);
     println!(
-        "{:<28} {:>9} {:>9} {:>9} {:>9}   ns per call, {batches} batches of {BATCH}",
+        "{:<28} {:>9} {:>9} {:>9} {:>9}   ns per call, {batches} rounds of {BATCH}",
         "case", "p5", "median", "own p5", "own med"
     );
     for ((name, _), (p5, med)) in cases.iter().zip(&stats) {
