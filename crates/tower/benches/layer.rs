@@ -25,9 +25,10 @@
 //!     --toggle-collect='layer::repeat*' target/release/deps/layer-*
 //! # every case that way, then the goals' ratios (and criterion's, from its last run):
 //! crates/tower/benches/ratios.sh
-//! # time on one thread, robust to a busy machine (cases interleaved batch by batch;
-//! # the 5th percentile and median of 2,000-call batch means, and each case minus bare):
+//! # time robust to a busy machine (cases interleaved batch by batch; the 5th percentile
+//! # and median of 2,000-call batch means, and each case minus bare), 1 or 2 threads:
 //! LAYER_PERCENTILE=bare,tokengate_per_ip_quiet,governor_per_ip target/release/deps/layer-*
+//! LAYER_THREADS=2 LAYER_PERCENTILE=bare,tokengate_per_ip_quiet,governor_per_ip target/release/deps/layer-*
 //! ```
 //!
 //! The goals' ratios (`ratios.sh` prints them): (a) the layer's own cost per admitted
@@ -366,78 +367,114 @@ fn count(spec: &str) {
     assert!(found, "no case {name}");
 }
 
-/// `LAYER_PERCENTILE=case,case,...` (the service cases, not the `engine_*` ones): one
-/// thread, time robust to a busy machine. Each case runs `LAYER_BATCHES` (default 400)
-/// rounds of one 2,000-call batch per case, the cases in turn from a start that moves by
-/// one each round, so that they meet the same machine and none always follows the same
-/// other. Printed per case: the 5th percentile and the median of the batch means; with
-/// `bare` listed, also the case's own cost, each figure minus bare's. Preempted or
-/// disturbed batches drop out of the 5th percentile (a difference taken round by round
-/// would not: its low tail is the rounds where bare's batch was disturbed); compare
-/// ratios of one run.
+/// `LAYER_PERCENTILE=case,case,...` (the service cases, not the `engine_*` ones): time
+/// robust to a busy machine, on `LAYER_THREADS` threads (default 1; each thread with its
+/// own clone of every case's service, all clones paying the same buckets, as in the
+/// criterion groups). Each case runs `LAYER_BATCHES` (default 400) rounds of one
+/// 2,000-call batch per case, the cases in turn from a start that moves by one each round,
+/// so that they meet the same machine and none always follows the same other; on several
+/// threads every thread runs the same batch at once (a barrier before each), and the
+/// batch's time is the slowest thread's. Printed per case: the 5th percentile and the
+/// median of the batch means (ns per call per thread); with `bare` listed, also the case's
+/// own cost, each figure minus bare's. Preempted or disturbed batches drop out of the 5th
+/// percentile (a difference taken round by round would not: its low tail is the rounds
+/// where bare's batch was disturbed); compare ratios of one run.
 fn percentile(spec: &str) {
     const BATCH: u32 = 2000;
-    let batches: usize = std::env::var("LAYER_BATCHES")
-        .map(|b| b.parse().expect("LAYER_BATCHES: a number"))
-        .unwrap_or(400);
-    assert!(batches > 0, "LAYER_BATCHES: at least 1");
+    let var = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
+            .unwrap_or(default)
+    };
+    let rounds = var("LAYER_BATCHES", 400);
+    let threads = var("LAYER_THREADS", 1);
+    assert!(rounds > 0, "LAYER_BATCHES: at least 1");
+    assert!((1..=64).contains(&threads), "LAYER_THREADS: 1 to 64");
     let names: Vec<&str> = spec.split(',').map(str::trim).collect();
     let peer: SocketAddr = PEER.parse().unwrap();
-    // One batch of a case: its calls, timed, in a loop compiled for its service.
-    type Batch<'a> = Box<dyn FnMut(u32) -> Duration + 'a>;
-    let mut cases: Vec<(&str, Batch<'_>)> = Vec::new();
+    // One batch of a case on one thread: its calls, timed, in a loop compiled for its
+    // service.
+    type Batch = Box<dyn FnMut(u32) -> Duration + Send>;
+    let mut listed: Vec<&str> = Vec::new();
+    let mut per_thread: Vec<Vec<Batch>> = (0..threads).map(|_| Vec::new()).collect();
     macro_rules! one {
         ($name:expr, $svc:expr) => {{
             if let Some(&name) = names.iter().find(|n| **n == $name) {
-                let mut svc = $svc;
-                black_box(call(&mut svc, peer));
-                cases.push((
-                    name,
-                    Box::new(move |n| {
+                let svc = $svc;
+                // The first call pays the new key.
+                black_box(call(&mut svc.clone(), peer));
+                listed.push(name);
+                for batches in per_thread.iter_mut() {
+                    let mut svc = svc.clone();
+                    batches.push(Box::new(move |n| {
                         let start = Instant::now();
                         for _ in 0..n {
                             black_box(call(&mut svc, peer));
                         }
                         start.elapsed()
-                    }),
-                ));
+                    }));
+                }
             }
         }};
     }
     cases!(one);
     for name in &names {
-        assert!(cases.iter().any(|(n, _)| n == name), "no case {name}");
+        assert!(listed.contains(name), "no case {name}");
     }
-    let count = cases.len();
-    // Warm-up: a few rounds, not kept.
-    for _ in 0..20 {
-        for (_, batch) in cases.iter_mut() {
-            black_box(batch(BATCH));
-        }
-    }
-    // means[i][r]: case i's batch mean in round r.
-    let mut means: Vec<Vec<f64>> = vec![Vec::with_capacity(batches); count];
-    for round in 0..batches {
-        for j in 0..count {
-            let i = (round + j) % count;
-            let mean = (cases[i].1)(BATCH).as_nanos() as f64 / f64::from(BATCH);
-            means[i].push(mean);
-        }
-    }
+    let count = listed.len();
+    // Every thread walks the same schedule: a few rounds of warm-up, not kept, then the
+    // rounds, each batch started together.
+    let barrier = Barrier::new(threads);
+    let times: Vec<Vec<Vec<Duration>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = per_thread
+            .into_iter()
+            .map(|mut batches| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    for _ in 0..20 {
+                        for batch in batches.iter_mut() {
+                            barrier.wait();
+                            black_box(batch(BATCH));
+                        }
+                    }
+                    // times[i][r]: case i's batch in round r on this thread.
+                    let mut times = vec![Vec::with_capacity(rounds); count];
+                    for round in 0..rounds {
+                        for j in 0..count {
+                            let i = (round + j) % count;
+                            barrier.wait();
+                            times[i].push(batches[i](BATCH));
+                        }
+                    }
+                    times
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // A batch's mean per call: its slowest thread's time over the batch's calls.
+    let means: Vec<Vec<f64>> = (0..count)
+        .map(|i| {
+            (0..rounds)
+                .map(|r| {
+                    let slowest = times.iter().map(|t| t[i][r]).max().unwrap();
+                    slowest.as_nanos() as f64 / f64::from(BATCH)
+                })
+                .collect()
+        })
+        .collect();
     let stat = |mut m: Vec<f64>| {
         m.sort_by(f64::total_cmp);
         (m[m.len() / 20], m[m.len() / 2])
     };
     let stats: Vec<(f64, f64)> = means.into_iter().map(stat).collect();
-    let bare = cases
-        .iter()
-        .position(|(n, _)| *n == "bare")
-        .map(|b| stats[b]);
+    let bare = listed.iter().position(|n| *n == "bare").map(|b| stats[b]);
     println!(
-        "{:<28} {:>9} {:>9} {:>9} {:>9}   ns per call, {batches} rounds of {BATCH}",
+        "{:<28} {:>9} {:>9} {:>9} {:>9}   ns per call per thread, {threads} thread(s), \
+         {rounds} rounds of {BATCH}",
         "case", "p5", "median", "own p5", "own med"
     );
-    for ((name, _), (p5, med)) in cases.iter().zip(&stats) {
+    for (name, (p5, med)) in listed.iter().zip(&stats) {
         let own = |v: f64, b: f64| format!("{:.1}", v - b);
         let (op5, omed) = match bare {
             Some((b5, bm)) if *name != "bare" => (own(*p5, b5), own(*med, bm)),
