@@ -1,9 +1,10 @@
 //! One-thread cost per call, robust to a busy machine: each case runs many short batches
 //! (2000 calls, tens of microseconds) and reports the 5th percentile (and the median) of
 //! the batch means, so batches hit by preemption or a neighbour's burst drop out. The
-//! cases chosen run interleaved, one batch of each in turn, so that the ones compared
-//! meet the same machine: compare ratios of one run. A complement to
-//! `benches/engine.rs` (criterion reports the median of much longer samples).
+//! cases chosen run interleaved, one batch of each per round from a start that moves each
+//! round (`common::in_turn`), so that the ones compared meet the same machine: compare
+//! ratios of one run. A complement to `benches/engine.rs` (criterion reports the median
+//! of much longer samples).
 //!
 //! ```text
 //! cargo bench --bench percentile                   # every case, about 2 s
@@ -118,24 +119,20 @@ fn batch_nanos(call: &mut dyn FnMut()) -> f64 {
 }
 
 /// The 5th percentile and the median of each case's `batches` batch means, the cases'
-/// batches interleaved (one batch of each in turn, `batches` rounds), so that every case
-/// meets the same machine: on a shared virtual machine the speed of the same code moves
-/// by 30% from one second to the next, and cases timed one after the other would compare
-/// different machines.
+/// batches interleaved (one batch of each per round, `batches` rounds, in the order of
+/// [`common::in_turn`]), so that every case meets the same machine: on a shared virtual
+/// machine the speed of the same code moves by 30% from one second to the next, and
+/// cases timed one after the other would compare different machines.
 fn interleaved(batches: usize, calls: &mut [&mut dyn FnMut()]) -> Vec<(f64, f64)> {
+    let count = calls.len();
     let mut means: Vec<Vec<f64>> = calls.iter().map(|_| Vec::with_capacity(batches)).collect();
-    for _ in 0..batches {
-        for (call, m) in calls.iter_mut().zip(&mut means) {
-            m.push(batch_nanos(&mut **call));
+    for round in 0..batches {
+        for j in 0..count {
+            let i = common::in_turn(round, j, count);
+            means[i].push(batch_nanos(&mut *calls[i]));
         }
     }
-    means
-        .iter_mut()
-        .map(|m| {
-            m.sort_by(f64::total_cmp);
-            (m[m.len() / 20], m[m.len() / 2])
-        })
-        .collect()
+    means.into_iter().map(common::p5_median).collect()
 }
 
 /// Keys of `keyed_admit` and `keyed_reject`.

@@ -18,6 +18,23 @@ pub fn env_count(name: &str, max: usize, default: impl FnOnce() -> usize) -> usi
     }
 }
 
+/// Which case runs `j`-th in round `round` of `count` interleaved cases: each round runs
+/// every case once, from a start that moves by one each round, so that no case always
+/// follows the same other. In a fixed order a case's time carries what the case before
+/// it left behind (caches, branch history, a hypervisor exit): on the HTTP layer's cases
+/// that moved a ratio by a few nanoseconds (BENCHMARKS.md, "HTTP layer").
+#[allow(dead_code)] // only the interleaved benches
+pub fn in_turn(round: usize, j: usize, count: usize) -> usize {
+    (round + j) % count
+}
+
+/// The 5th percentile and the median of a case's batch means.
+#[allow(dead_code)] // only the interleaved benches
+pub fn p5_median(mut means: Vec<f64>) -> (f64, f64) {
+    means.sort_by(f64::total_cmp);
+    (means[means.len() / 20], means[means.len() / 2])
+}
+
 /// The largest thread count of a sweep: `TOKENGATE_THREADS` (1 to 1024, as `tokengate
 /// bench --threads`), or every core.
 #[allow(dead_code)] // not every bench sweeps threads

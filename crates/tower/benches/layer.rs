@@ -57,6 +57,11 @@ use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::{GlobalKeyExtractor, PeerIpKeyExtractor};
 
+// The benches' shared helpers (counts from the environment, the interleaved order and
+// its statistics), with the engine's benches.
+#[path = "../../../benches/common/mod.rs"]
+mod common;
+
 type Handler = tower::util::ServiceFn<
     fn(Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>>,
 >;
@@ -381,15 +386,8 @@ fn count(spec: &str) {
 /// where bare's batch was disturbed); compare ratios of one run.
 fn percentile(spec: &str) {
     const BATCH: u32 = 2000;
-    let var = |name: &str, default: usize| -> usize {
-        std::env::var(name)
-            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
-            .unwrap_or(default)
-    };
-    let rounds = var("LAYER_BATCHES", 400);
-    let threads = var("LAYER_THREADS", 1);
-    assert!(rounds > 0, "LAYER_BATCHES: at least 1");
-    assert!((1..=64).contains(&threads), "LAYER_THREADS: 1 to 64");
+    let rounds = common::env_count("LAYER_BATCHES", 1_000_000, || 400);
+    let threads = common::env_count("LAYER_THREADS", 64, || 1);
     let names: Vec<&str> = spec.split(',').map(str::trim).collect();
     let peer: SocketAddr = PEER.parse().unwrap();
     // One batch of a case on one thread: its calls, timed, in a loop compiled for its
@@ -441,7 +439,7 @@ fn percentile(spec: &str) {
                     let mut times = vec![Vec::with_capacity(rounds); count];
                     for round in 0..rounds {
                         for j in 0..count {
-                            let i = (round + j) % count;
+                            let i = common::in_turn(round, j, count);
                             barrier.wait();
                             times[i].push(batches[i](BATCH));
                         }
@@ -463,11 +461,7 @@ fn percentile(spec: &str) {
                 .collect()
         })
         .collect();
-    let stat = |mut m: Vec<f64>| {
-        m.sort_by(f64::total_cmp);
-        (m[m.len() / 20], m[m.len() / 2])
-    };
-    let stats: Vec<(f64, f64)> = means.into_iter().map(stat).collect();
+    let stats: Vec<(f64, f64)> = means.into_iter().map(common::p5_median).collect();
     let bare = listed.iter().position(|n| *n == "bare").map(|b| stats[b]);
     println!(
         "{:<28} {:>9} {:>9} {:>9} {:>9}   ns per call per thread, {threads} thread(s), \
