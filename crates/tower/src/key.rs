@@ -515,6 +515,39 @@ mod tests {
         assert_eq!(format!("{s:?}"), "KeyHasher(<secret>)");
     }
 
+    /// Ids are names a fleet shares (remote scopes' keys) and operators look buckets up
+    /// by: under a given secret they stay what they are from one release to the next.
+    /// A change of the hash, the domains or the messages fails here, on purpose.
+    #[test]
+    fn ids_under_a_given_secret_are_fixed_across_releases() {
+        let s = KeyHasher::with_secret(*b"0123456789abcdef");
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let v6: IpAddr = "2001:db8::7".parse().unwrap();
+        let known = [
+            ("text acme", s.text(b"acme"), 9_333_696_975_683_537_767),
+            (
+                "custom 42",
+                s.id(CUSTOM, 42_u64),
+                12_401_295_046_436_872_535,
+            ),
+            ("192.0.2.7", s.addr(v4), 18_031_644_285_874_955_216),
+            ("2001:db8::7", s.addr(v6), 4_203_129_613_841_075_170),
+            (
+                "peer 192.0.2.7 /24",
+                s.peer(v4, &PeerMasks::new(24, 128)),
+                10_118_985_990_340_410_907,
+            ),
+            (
+                "peer 2001:db8::7 /64",
+                s.peer(v6, &PeerMasks::new(32, 64)),
+                12_490_299_479_960_431_119,
+            ),
+        ];
+        for (what, id, expected) in known {
+            assert_eq!(id, expected, "{what}");
+        }
+    }
+
     #[test]
     fn an_address_id_is_siphash_1_3_of_its_domain_and_bytes_under_the_secret() {
         let s = KeyHasher::with_secret(*b"0123456789abcdef");
